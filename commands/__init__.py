@@ -1,0 +1,1 @@
+"""The hmt command line: thin wrappers that turn library calls into terminal output."""

@@ -1,0 +1,14 @@
+"""Option aliases shared by every command, so flags mean the same thing everywhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else there.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print only errors.")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors (or set HMT_DEBUG=1).")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of every random generator the command uses.")]
+OutDirOpt = Annotated[Path, typer.Option("--out", "-o", help="Output artifact directory (replaced atomically).")]

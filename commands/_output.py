@@ -1,0 +1,107 @@
+"""One output object per invocation: human (rich), --json (one document on stdout) or quiet.
+
+In --json mode nothing but the final JSON document goes to stdout; progress and notes go
+to stderr so that CI scripts can pipe stdout straight into ``jq``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from hmt.progress import ProgressCallback
+
+
+class Output:
+    def __init__(self, *, json_mode: bool = False, quiet: bool = False) -> None:
+        self.json_mode = json_mode
+        self.quiet = quiet
+        self.out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
+        self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+
+    def note(self, message: str) -> None:
+        """A line of human information (stderr in --json mode)."""
+        if self.quiet:
+            return
+        (self.err if self.json_mode else self.out).print(message)
+
+    def warn(self, message: str) -> None:
+        self.err.print(f"[yellow]warning:[/yellow] {message}")
+
+    def table(self, title: str, columns: list[str], rows: list[list[Any]]) -> None:
+        if self.quiet or self.json_mode:
+            return
+        table = Table(title=title)
+        for column in columns:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*[_fmt(cell) for cell in row])
+        self.out.print(table)
+
+    def result(self, document: dict[str, Any], human: str | None = None) -> None:
+        """The command's final result: the JSON document, or a human line."""
+        if self.json_mode:
+            sys.stdout.write(json.dumps(document, indent=2, sort_keys=True, default=str) + "\n")
+            sys.stdout.flush()
+        elif human and not self.quiet:
+            self.out.print(human)
+
+    @contextmanager
+    def progress(self) -> Iterator[ProgressCallback]:
+        """A callback the library reports progress to; a rich bar on a TTY, plain lines otherwise."""
+        console = self.err
+        if self.quiet:
+            yield lambda task, done, total, info=None: None
+            return
+        if not console.is_terminal:
+            last: dict[str, int] = {}
+
+            def plain(task: str, done: int, total: int | None, info: str | None = None) -> None:
+                # Plain output: one line per ~10% so CI logs stay readable.
+                step = max(1, (total or 10) // 10)
+                if done == total or done - last.get(task, -step) >= step:
+                    last[task] = done
+                    suffix = f" {info}" if info else ""
+                    console.print(f"{task}: {done}/{total if total else '?'}{suffix}")
+
+            yield plain
+            return
+        bars = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        )
+        ids: dict[str, Any] = {}
+
+        def rich_cb(task: str, done: int, total: int | None, info: str | None = None) -> None:
+            if task not in ids:
+                ids[task] = bars.add_task(task, total=total, info=info or "")
+            bars.update(ids[task], completed=done, total=total, info=info or "")
+
+        with bars:
+            yield rich_cb
+
+
+def _fmt(cell: Any) -> str:
+    if isinstance(cell, float):
+        return f"{cell:.4g}"
+    return str(cell)

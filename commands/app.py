@@ -1,0 +1,105 @@
+"""Wiring of the ``hmt`` command line, and the one place errors become exit codes."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from commands._output import Output
+from hmt import __version__
+from hmt.errors import HmtError
+
+T = TypeVar("T")
+
+INTERNAL_ERROR_EXIT = 70
+
+app = typer.Typer(
+    name="hmt",
+    help=(
+        "Port a deep-learning model to heterogeneous, changing edge devices.\n\n"
+        "Offline: train-supernet -> profile-device -> pareto -> convert -> fuse -> deploy.\n"
+        "Online: serve. Each stage reads earlier artifacts by path and writes a directory\n"
+        "with a checksummed manifest.json.\n\n"
+        "Example (the embedded default, a few minutes on a laptop CPU):\n\n"
+        "  hmt train-supernet --preset tiny --out runs/supernet"
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
+)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"hmt {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version_callback, is_eager=True, help="Show the version."
+    ),
+) -> None:
+    """hmt command line."""
+
+
+def run_command(body: Callable[[Output], T], *, json_mode: bool, quiet: bool = False, debug: bool = False) -> T:
+    """Run a command body, mapping hmt's typed errors to a message and an exit code.
+
+    Tracebacks are shown only with --debug or HMT_DEBUG=1.
+    """
+    output = Output(json_mode=json_mode, quiet=quiet)
+    show_trace = debug or os.environ.get("HMT_DEBUG", "") not in ("", "0")
+    err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+    try:
+        return body(output)
+    except HmtError as exc:
+        if show_trace:
+            traceback.print_exc()
+        err.print(f"[bold red]error:[/bold red] {exc}", markup=True, highlight=False)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        raise typer.Exit(130) from None
+    except typer.Exit:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the one place unexpected errors are reported
+        if show_trace:
+            traceback.print_exc()
+        err.print(
+            f"[bold red]internal error:[/bold red] {type(exc).__name__}: {exc}\n"
+            "rerun with --debug for the traceback, and report it",
+        )
+        raise typer.Exit(INTERNAL_ERROR_EXIT) from None
+
+
+COMMAND_MODULES = ("train_supernet", "profile_device", "convert", "fuse")
+
+
+def _register() -> None:
+    # Each command module adds itself to ``app``; imports stay light (no torch) so
+    # ``hmt --help`` is instant.
+    import importlib
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"commands.{name}")
+
+
+def cli(argv: list[str] | None = None) -> Any:
+    _register()
+    return app(args=argv)
+
+
+if __name__ == "__main__":
+    # Run through the imported module so command modules register on the same ``app``.
+    from commands.app import cli as _cli
+
+    _cli()

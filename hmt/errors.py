@@ -1,0 +1,59 @@
+"""Typed errors raised by every stage of hmt.
+
+The CLI maps each class to an exit code in one place (``commands/app.py``); library code
+raises these with a message that names the file or field at fault and what was expected.
+"""
+
+from __future__ import annotations
+
+
+class HmtError(Exception):
+    """Base of every error hmt raises on purpose. ``exit_code`` is what the CLI returns."""
+
+    exit_code = 1
+
+
+class UsageError(HmtError):
+    """An option or argument is out of range or inconsistent with another."""
+
+    exit_code = 2
+
+
+class InputError(HmtError):
+    """An input file or directory is missing, malformed or of the wrong shape."""
+
+    exit_code = 3
+
+
+class ArtifactError(HmtError):
+    """An artifact failed verification: wrong kind, unknown schema, missing file, bad checksum."""
+
+    exit_code = 4
+
+
+class UnsafePathError(ArtifactError):
+    """A path inside an artifact, archive or model points outside it."""
+
+
+class ModelError(HmtError):
+    """A model cannot be built, loaded, exported or compiled."""
+
+    exit_code = 5
+
+
+class VerificationError(HmtError):
+    """A converted or compiled model does not match its reference within tolerance."""
+
+    exit_code = 6
+
+
+class DeviceError(HmtError):
+    """A device, power monitor or runtime needed for the command is absent or failed."""
+
+    exit_code = 7
+
+
+class BudgetError(HmtError):
+    """No candidate meets the requested budgets."""
+
+    exit_code = 8

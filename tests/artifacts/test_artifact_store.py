@@ -1,0 +1,116 @@
+"""The artifact layer: atomic writes, verified loads, path containment."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hmt.artifacts import ArtifactWriter, load_artifact, safe_join
+from hmt.errors import ArtifactError, InputError, UnsafePathError
+
+
+def _write(out: Path, payload: bytes = b"hello", kind: str = "demo") -> None:
+    with ArtifactWriter(out, kind=kind, config={"a": 1}) as writer:
+        writer.write_bytes("data.bin", payload)
+        writer.write_json("nested/info.json", {"x": 1})
+        writer.metrics["score"] = 0.5
+
+
+def test_round_trip_records_everything(tmp_path: Path) -> None:
+    out = tmp_path / "art"
+    _write(out)
+    art = load_artifact(out, kind="demo")
+    m = art.manifest
+    assert m.kind == "demo" and m.config == {"a": 1} and m.metrics == {"score": 0.5}
+    assert {f.path for f in m.files} == {"data.bin", "nested/info.json"}
+    record = next(f for f in m.files if f.path == "data.bin")
+    assert record.size_bytes == 5 and len(record.sha256) == 64
+    assert m.environment["python"]
+    assert art.read_json("nested/info.json") == {"x": 1}
+
+
+def test_parent_lineage(tmp_path: Path) -> None:
+    _write(tmp_path / "parent")
+    parent = load_artifact(tmp_path / "parent", kind="demo")
+    with ArtifactWriter(tmp_path / "child", kind="child", config={}, parents=[parent]) as w:
+        w.write_bytes("x", b"1")
+    child = load_artifact(tmp_path / "child", kind="child")
+    assert child.manifest.parents[0].manifest_sha256 == parent.manifest_sha256
+
+
+def test_failure_inside_writer_keeps_previous_artifact(tmp_path: Path) -> None:
+    out = tmp_path / "art"
+    _write(out, b"first")
+    with pytest.raises(RuntimeError), ArtifactWriter(out, kind="demo", config={}) as writer:
+        writer.write_bytes("data.bin", b"second")
+        raise RuntimeError("stage failed")
+    assert (out / "data.bin").read_bytes() == b"first"
+    assert not list(tmp_path.glob("*.partial"))
+    load_artifact(out, kind="demo")
+
+
+def test_interrupted_swap_is_recovered(tmp_path: Path) -> None:
+    out = tmp_path / "art"
+    _write(out)
+    # Simulate a kill between the two renames: only the backup exists.
+    out.rename(tmp_path / "art.hmt-previous")
+    load_artifact(out, kind="demo")
+    assert out.is_dir()
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+def test_tampered_file_is_refused_naming_it(tmp_path: Path, damage: str) -> None:
+    out = tmp_path / "art"
+    _write(out)
+    target = out / "data.bin"
+    if damage == "flip":
+        target.write_bytes(b"hellp")
+    elif damage == "truncate":
+        target.write_bytes(b"hel")
+    else:
+        target.unlink()
+    with pytest.raises(ArtifactError, match="data.bin"):
+        load_artifact(out, kind="demo")
+
+
+def test_wrong_kind_and_schema_refused(tmp_path: Path) -> None:
+    out = tmp_path / "art"
+    _write(out)
+    with pytest.raises(ArtifactError, match="kind is 'demo', expected supernet"):
+        load_artifact(out, kind="supernet")
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["schema_version"] = 99
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="schema_version 99"):
+        load_artifact(out, kind="demo")
+
+
+def test_manifest_entry_escaping_directory_refused(tmp_path: Path) -> None:
+    out = tmp_path / "art"
+    _write(out)
+    (tmp_path / "secret").write_bytes(b"x")
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["files"].append({"path": "../secret", "sha256": "0" * 64, "size_bytes": 1, "media_type": "x"})
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UnsafePathError):
+        load_artifact(out, kind="demo")
+
+
+def test_missing_directory_and_manifest(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="no such artifact"):
+        load_artifact(tmp_path / "nope", kind="demo")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ArtifactError, match="manifest.json: missing"):
+        load_artifact(tmp_path / "empty", kind="demo")
+
+
+def test_safe_join(tmp_path: Path) -> None:
+    assert safe_join(tmp_path, "a/b.txt") == tmp_path.resolve() / "a" / "b.txt"
+    for bad in ("../x", "/etc/passwd", "a/../../x", ""):
+        with pytest.raises(UnsafePathError):
+            safe_join(tmp_path, bad)
+    (tmp_path / "link").symlink_to("/etc")
+    with pytest.raises(UnsafePathError, match="outside"):
+        safe_join(tmp_path, "link/passwd")
