@@ -1,0 +1,158 @@
+"""``hmt train-supernet``: train the elastic supernet and write its artifact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from commands._options import DebugOpt, JsonOpt, QuietOpt
+from commands._output import Output
+from commands.app import app, run_command
+
+_EPILOG = """
+Examples:
+
+  # the embedded default: a tiny CIFAR ResNet on 2,000 images, a few minutes on a laptop CPU
+  hmt train-supernet --preset tiny --out runs/supernet
+
+  # full CIFAR-10 on a GPU, starting from nothing, ResNet-18 backbone
+  hmt train-supernet --preset cifar10 --data ../shared/datasets/cifar10-jpeg --out runs/r18
+
+  # ResNet-56 elastified from its pretrained weights
+  hmt train-supernet --backbone cifar_resnet56 --pretrained ../shared/models/resnet-cifar10/resnet56-4bfd9763.th \\
+      --data ../shared/datasets/cifar10-jpeg --backbone-epochs 10 --out runs/r56
+
+Kill it at any time and rerun the same command: it resumes from the last epoch's checkpoint
+(OUT.ckpt/ beside the output). Several GPUs: torchrun --nproc-per-node 2 -m commands.app train-supernet ...
+"""
+
+
+@app.command("train-supernet", epilog=_EPILOG)
+def train_supernet_command(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output artifact directory (replaced atomically).")] = Path(
+        "runs/supernet"
+    ),
+    preset: Annotated[str | None, typer.Option(help="Start from a preset: tiny, cifar10, basicmotions, fsdd.")] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="JSON file of training options (overrides the preset).")
+    ] = None,
+    backbone: Annotated[str | None, typer.Option(help="Backbone (see --list-backbones).")] = None,
+    dataset: Annotated[str | None, typer.Option(help="Dataset kind: cifar10, mnist, basicmotions, fsdd.")] = None,
+    data: Annotated[
+        Path | None, typer.Option("--data", help="Dataset location; default: the embedded CIFAR-10 subset.")
+    ] = None,
+    pretrained: Annotated[
+        Path | None, typer.Option(help="Weights of the original network (loaded weights-only).")
+    ] = None,
+    operators: Annotated[
+        str | None, typer.Option(help="Comma-separated operators to offer, e.g. w50,lr50,skip.")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of every random draw.")] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Training batch size per device.")] = None,
+    backbone_epochs: Annotated[
+        int | None, typer.Option(help="Epochs of phase 1 (backbone / pretrained fine-tuning).")
+    ] = None,
+    partition_epochs: Annotated[
+        int | None, typer.Option(help="Epochs per partition of phase 2 (AdaScale Alg. 1).")
+    ] = None,
+    partition_mode: Annotated[
+        str | None, typer.Option(help="freeze or update-if-better (Alg. 1 modes a and b).")
+    ] = None,
+    distill_epochs: Annotated[int | None, typer.Option(help="Epochs of phase 3 (branch-wise distillation).")] = None,
+    finetune_epochs: Annotated[int | None, typer.Option(help="Epochs of phase 4 (sampled-subnet fine-tuning).")] = None,
+    eval_variants: Annotated[
+        int | None, typer.Option(help="Random variants in the table (plus largest and smallest).")
+    ] = None,
+    max_train_samples: Annotated[int | None, typer.Option(help="Use at most this many training samples.")] = None,
+    checkpoint_dir: Annotated[
+        Path | None, typer.Option(help="Where resumable checkpoints go (default OUT.ckpt).")
+    ] = None,
+    restart: Annotated[bool, typer.Option("--restart", help="Discard an existing checkpoint and start over.")] = False,
+    keep_checkpoint: Annotated[
+        bool, typer.Option("--keep-checkpoint", help="Keep the checkpoint after success.")
+    ] = False,
+    cache_dir: Annotated[Path | None, typer.Option(help="Decoded-dataset cache (default ~/.cache/hmt/data).")] = None,
+    list_backbones: Annotated[
+        bool, typer.Option("--list-backbones", help="List the built-in backbones and exit.")
+    ] = False,
+    json_mode: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Train one elastic supernet (compression operators eta1-eta6 per block, an early exit
+    per stage) with the four-phase recipe, then measure the largest, the smallest and
+    random variants. Writes weights (safetensors), the search space, a per-variant CSV,
+    training curves and a manifest."""
+
+    def body(output: Output) -> None:
+        if list_backbones:
+            from hmt.supernet.backbones import BACKBONES
+
+            output.result({"backbones": sorted(BACKBONES)}, "\n".join(sorted(BACKBONES)))
+            return
+        from hmt.supernet.train import resolve_config, train_supernet
+
+        overrides: dict[str, Any] = {
+            "backbone": backbone,
+            "dataset": dataset,
+            "data_path": str(data) if data else None,
+            "pretrained": str(pretrained) if pretrained else None,
+            "operators": [o.strip() for o in operators.split(",") if o.strip()] if operators else None,
+            "seed": seed,
+            "device": device,
+            "batch_size": batch_size,
+            "backbone_epochs": backbone_epochs,
+            "partition_epochs": partition_epochs,
+            "partition_mode": partition_mode,
+            "distill_epochs": distill_epochs,
+            "finetune_epochs": finetune_epochs,
+            "eval_variants": eval_variants,
+            "max_train_samples": max_train_samples,
+        }
+        resolved = resolve_config(preset=preset, config_file=config, overrides=overrides)
+        output.note(
+            f"training {resolved.backbone} supernet on {resolved.dataset} "
+            f"({resolved.data_path or 'embedded subset'}) -> {out}"
+        )
+        with output.progress() as progress:
+            result = train_supernet(
+                resolved,
+                out,
+                checkpoint_dir=checkpoint_dir,
+                restart=restart,
+                keep_checkpoint=keep_checkpoint,
+                cache_dir=cache_dir,
+                progress=progress,
+            )
+        if result is None:
+            return
+        m = result.metrics
+        table = result.variants.sort_values("params", ascending=False)
+        rows = [
+            [
+                r.arch_id,
+                r.role,
+                r.exit_stage,
+                f"{100 * r.val_acc:.2f}",
+                f"{100 * r.test_acc:.2f}",
+                f"{r.params / 1e6:.3f}",
+                f"{r.macs / 1e6:.1f}",
+            ]
+            for r in table.head(12).itertuples()
+        ]
+        output.table(
+            "variants (largest 12 by parameters)",
+            ["arch id", "role", "exit", "val %", "test %", "params M", "MMACs"],
+            rows,
+        )
+        output.result(
+            {"out": str(out), "metrics": m},
+            f"wrote {out}: largest {100 * m['largest_test_acc']:.2f}% test, "
+            f"smallest {100 * m['smallest_test_acc']:.2f}% "
+            f"({m['variants_evaluated']} variants in {out / 'variants.csv'})",
+        )
+
+    run_command(body, json_mode=json_mode, quiet=quiet, debug=debug)

@@ -1,0 +1,376 @@
+"""Elastic blocks: one block position holding its original path and every alternative.
+
+``forward(x, choice)`` runs one choice; ``materialize(choice)`` returns a plain module with
+only that choice's weights, whose output equals ``forward(x, choice)``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hmt.supernet.operators import (
+    FireUnit,
+    GhostUnit,
+    LowRankUnit,
+    bn,
+    conv,
+    conv_bn,
+    make_depthwise_separable_unit,
+    make_kernel_unit,
+)
+from hmt.supernet.operators.lowrank import full_rank
+from hmt.supernet.space import WIDTH_RATIOS
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    kind: str  # "basic" | "inverted" | "plain"
+    in_channels: int
+    out_channels: int
+    mid_channels: int
+    stride: int
+    kernel: int
+    dims: int
+    shortcut: str  # "identity" | "option_a" | "projection" | "none"
+    choices: tuple[str, ...]
+
+
+def width_channels(channels: int, choice: str) -> int:
+    return max(1, round(channels * WIDTH_RATIOS[choice]))
+
+
+class OptionAShortcut(nn.Module):
+    """He et al.'s CIFAR shortcut: subsample and zero-pad the new channels (no weights)."""
+
+    def __init__(self, in_ch: int, out_ch: int, stride: int, dims: int) -> None:
+        super().__init__()
+        self.stride = stride
+        self.dims = dims
+        extra = out_ch - in_ch
+        self.pad_front = extra // 2
+        self.pad_back = extra - extra // 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x[:, :, :: self.stride, :: self.stride] if self.dims == 2 else x[:, :, :: self.stride]
+        spatial = (0, 0) * self.dims
+        return F.pad(x, (*spatial, self.pad_front, self.pad_back))
+
+
+def make_shortcut(spec: BlockSpec) -> nn.Module:
+    if spec.shortcut == "identity":
+        return nn.Identity()
+    if spec.shortcut == "option_a":
+        return OptionAShortcut(spec.in_channels, spec.out_channels, spec.stride, spec.dims)
+    if spec.shortcut == "projection":
+        return conv_bn(spec.dims, spec.in_channels, spec.out_channels, 1, spec.stride)
+    raise ValueError(f"unknown shortcut {spec.shortcut!r}")
+
+
+class Residual(nn.Module):
+    """A materialised residual block: act(path(x) + shortcut(x))."""
+
+    def __init__(self, path: nn.Module, shortcut: nn.Module | None, act: nn.Module) -> None:
+        super().__init__()
+        self.path = path
+        self.shortcut = shortcut
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.path(x)
+        if self.shortcut is not None:
+            out = out + self.shortcut(x)
+        return self.act(out)
+
+
+def _conv_fn(dims: int):  # type: ignore[no-untyped-def]
+    return F.conv2d if dims == 2 else F.conv1d
+
+
+def _copy_conv(dims: int, weight: torch.Tensor, stride: int, kernel: int) -> nn.Module:
+    layer = conv(dims, weight.shape[1], weight.shape[0], kernel, stride)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+    return layer
+
+
+def _pair_unit(make: object, spec: BlockSpec) -> nn.Sequential:
+    """Two units in sequence (in -> mid with the stride, mid -> out), ReLU between."""
+    first = make(spec.in_channels, spec.mid_channels, spec.stride)
+    second = make(spec.mid_channels, spec.out_channels, 1)
+    return nn.Sequential(first, nn.ReLU(inplace=True), second)
+
+
+class ElasticBasicBlock(nn.Module):
+    """ResNet basic block (two k x k convs) with every compression operator as an option."""
+
+    def __init__(self, spec: BlockSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        d, k = spec.dims, spec.kernel
+        self.conv1 = conv(d, spec.in_channels, spec.mid_channels, k, spec.stride)
+        self.conv2 = conv(d, spec.mid_channels, spec.out_channels, k, 1)
+        widths = [c for c in spec.choices if c in WIDTH_RATIOS]
+        # Width options share conv weights but keep private BN statistics (switchable BN).
+        self.bn1 = nn.ModuleDict({c: bn(d, width_channels(spec.mid_channels, c)) for c in widths})
+        self.bn2 = nn.ModuleDict({c: bn(d, spec.out_channels) for c in widths})
+        self.alts = nn.ModuleDict()
+        for choice in spec.choices:
+            alt = self._make_alt(choice)
+            if alt is not None:
+                self.alts[choice] = alt
+        self.shortcut = make_shortcut(spec)
+
+    def _make_alt(self, choice: str) -> nn.Module | None:
+        spec, d, k = self.spec, self.spec.dims, self.spec.kernel
+        if choice.startswith("lr"):
+            fraction = int(choice[2:]) / 100
+
+            def make_lr(i: int, o: int, s: int) -> nn.Module:
+                return LowRankUnit(d, i, o, k, s, max(1, round(full_rank(i, o, k, d) * fraction)))
+
+            return _pair_unit(make_lr, spec)
+        if choice == "dws":
+            return _pair_unit(lambda i, o, s: make_depthwise_separable_unit(d, i, o, k, s), spec)
+        if choice == "fire":
+            return _pair_unit(lambda i, o, s: FireUnit(d, i, o, k, s), spec)
+        if choice == "ghost":
+            return _pair_unit(lambda i, o, s: GhostUnit(d, i, o, k, s), spec)
+        if choice == "k1":
+            return _pair_unit(lambda i, o, s: make_kernel_unit(d, i, o, 1, s), spec)
+        if choice == "merge":
+            return _pair_unit(lambda i, o, s: conv_bn(d, i, o, k, s), spec)
+        return None  # base, widths, skip
+
+    @torch.no_grad()
+    def rank_channels(self) -> None:
+        """eta6: order inner channels by importance (|gamma| x L1 of the filter), so that
+        every width keeps the most important ones."""
+        gamma = self.bn1["base"].weight.abs()
+        importance = self.conv1.weight.abs().flatten(1).sum(1) * gamma
+        order = torch.argsort(importance, descending=True)
+        self.conv1.weight.copy_(self.conv1.weight[order])
+        self.conv2.weight.copy_(self.conv2.weight[:, order])
+        norm = self.bn1["base"]
+        for name in ("weight", "bias", "running_mean", "running_var"):
+            tensor = getattr(norm, name)
+            tensor.copy_(tensor[order])
+
+    @torch.no_grad()
+    def init_alternatives(self) -> None:
+        """Start every alternative from the original weights where the operator allows."""
+        base_bn1, base_bn2 = self.bn1["base"], self.bn2["base"]
+        for choice, norm in self.bn1.items():
+            m = width_channels(self.spec.mid_channels, choice)
+            for name in ("weight", "bias", "running_mean", "running_var"):
+                getattr(norm, name).copy_(getattr(base_bn1, name)[:m])
+            self.bn2[choice].load_state_dict(base_bn2.state_dict())
+        for choice, alt in self.alts.items():
+            first, second = alt[0], alt[2]
+            if isinstance(first, LowRankUnit):
+                first.init_from_svd(self.conv1.weight, base_bn1)
+                second.init_from_svd(self.conv2.weight, base_bn2)
+            elif choice == "merge" or choice == "k1":
+                source_kernel = self.spec.kernel
+                for unit, weight, norm in ((first, self.conv1.weight, base_bn1), (second, self.conv2.weight, base_bn2)):
+                    if choice == "merge":
+                        unit[0].weight.copy_(weight)
+                    else:
+                        start = (source_kernel - 1) // 2
+                        idx = (slice(None), slice(None)) + (slice(start, start + 1),) * self.spec.dims
+                        unit[0].weight.copy_(weight[idx])
+                    unit[1].load_state_dict(norm.state_dict())
+
+    def _width_forward(self, x: torch.Tensor, choice: str) -> torch.Tensor:
+        m = width_channels(self.spec.mid_channels, choice)
+        fn = _conv_fn(self.spec.dims)
+        pad = self.spec.kernel // 2
+        h = fn(x, self.conv1.weight[:m], None, self.spec.stride, pad)
+        h = F.relu(self.bn1[choice](h))
+        h = fn(h, self.conv2.weight[:, :m], None, 1, pad)
+        return self.bn2[choice](h)
+
+    def forward(self, x: torch.Tensor, choice: str) -> torch.Tensor:
+        if choice == "skip":
+            return x
+        path = self._width_forward(x, choice) if choice in self.bn1 else self.alts[choice](x)
+        return F.relu(path + self.shortcut(x))
+
+    def materialize(self, choice: str) -> nn.Module:
+        if choice == "skip":
+            return nn.Identity()
+        if choice in self.bn1:
+            m = width_channels(self.spec.mid_channels, choice)
+            d, k = self.spec.dims, self.spec.kernel
+            path: nn.Module = nn.Sequential(
+                _copy_conv(d, self.conv1.weight[:m].detach(), self.spec.stride, k),
+                copy.deepcopy(self.bn1[choice]),
+                nn.ReLU(inplace=True),
+                _copy_conv(d, self.conv2.weight[:, :m].detach(), 1, k),
+                copy.deepcopy(self.bn2[choice]),
+            )
+        else:
+            path = copy.deepcopy(self.alts[choice])
+        return Residual(path, copy.deepcopy(self.shortcut), nn.ReLU(inplace=True))
+
+
+class ElasticInvertedResidual(nn.Module):
+    """MobileNetV2 block: expand 1x1 -> depthwise k x k -> project 1x1."""
+
+    def __init__(self, spec: BlockSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        d, hidden = spec.dims, spec.mid_channels
+        self.has_expand = hidden != spec.in_channels
+        self.expand = conv(d, spec.in_channels, hidden, 1) if self.has_expand else None
+        self.dw = conv(d, hidden, hidden, spec.kernel, spec.stride, groups=hidden)
+        self.project = conv(d, hidden, spec.out_channels, 1)
+        widths = [c for c in spec.choices if c in WIDTH_RATIOS]
+        self.bn_expand = (
+            nn.ModuleDict({c: bn(d, width_channels(hidden, c)) for c in widths}) if self.has_expand else None
+        )
+        self.bn_dw = nn.ModuleDict({c: bn(d, width_channels(hidden, c)) for c in widths})
+        self.bn_project = nn.ModuleDict({c: bn(d, spec.out_channels) for c in widths})
+        self.alts = nn.ModuleDict()
+        if "ghost" in spec.choices:
+            self.alts["ghost"] = nn.Sequential(
+                GhostUnit(d, spec.in_channels, hidden, 1, 1),
+                nn.ReLU6(inplace=True),
+                conv_bn(d, hidden, hidden, spec.kernel, spec.stride, groups=hidden),
+                nn.ReLU6(inplace=True),
+                conv_bn(d, hidden, spec.out_channels, 1),
+            )
+        self.use_residual = spec.shortcut == "identity"
+
+    @torch.no_grad()
+    def rank_channels(self) -> None:
+        if not self.has_expand:
+            return
+        assert self.expand is not None and self.bn_expand is not None
+        importance = self.expand.weight.abs().flatten(1).sum(1) * self.bn_expand["base"].weight.abs()
+        order = torch.argsort(importance, descending=True)
+        self.expand.weight.copy_(self.expand.weight[order])
+        self.dw.weight.copy_(self.dw.weight[order])
+        self.project.weight.copy_(self.project.weight[:, order])
+        for norm in (self.bn_expand["base"], self.bn_dw["base"]):
+            for name in ("weight", "bias", "running_mean", "running_var"):
+                tensor = getattr(norm, name)
+                tensor.copy_(tensor[order])
+
+    @torch.no_grad()
+    def init_alternatives(self) -> None:
+        hidden = self.spec.mid_channels
+        dicts = [(self.bn_dw, True), (self.bn_project, False)]
+        if self.bn_expand is not None:
+            dicts.append((self.bn_expand, True))
+        for norms, sliced in dicts:
+            base = norms["base"]
+            for choice, norm in norms.items():
+                m = width_channels(hidden, choice) if sliced else self.spec.out_channels
+                for name in ("weight", "bias", "running_mean", "running_var"):
+                    getattr(norm, name).copy_(getattr(base, name)[:m])
+        if "ghost" in self.alts:
+            ghost = self.alts["ghost"]
+            ghost[2][0].weight.copy_(self.dw.weight)
+            ghost[2][1].load_state_dict(self.bn_dw["base"].state_dict())
+            ghost[4][0].weight.copy_(self.project.weight)
+            ghost[4][1].load_state_dict(self.bn_project["base"].state_dict())
+
+    def _width_forward(self, x: torch.Tensor, choice: str) -> torch.Tensor:
+        m = width_channels(self.spec.mid_channels, choice) if self.has_expand else self.spec.mid_channels
+        fn = _conv_fn(self.spec.dims)
+        h = x
+        if self.expand is not None and self.bn_expand is not None:
+            h = F.relu6(self.bn_expand[choice](fn(h, self.expand.weight[:m])))
+        h = F.relu6(self.bn_dw[choice](fn(h, self.dw.weight[:m], None, self.spec.stride, self.spec.kernel // 2, 1, m)))
+        return self.bn_project[choice](fn(h, self.project.weight[:, :m]))
+
+    def forward(self, x: torch.Tensor, choice: str) -> torch.Tensor:
+        if choice == "skip":
+            return x
+        out = self._width_forward(x, choice) if choice in self.bn_dw else self.alts[choice](x)
+        return out + x if self.use_residual else out
+
+    def materialize(self, choice: str) -> nn.Module:
+        if choice == "skip":
+            return nn.Identity()
+        if choice in self.bn_dw:
+            d = self.spec.dims
+            m = width_channels(self.spec.mid_channels, choice) if self.has_expand else self.spec.mid_channels
+            layers: list[nn.Module] = []
+            if self.expand is not None and self.bn_expand is not None:
+                layers += [
+                    _copy_conv(d, self.expand.weight[:m].detach(), 1, 1),
+                    copy.deepcopy(self.bn_expand[choice]),
+                    nn.ReLU6(inplace=True),
+                ]
+            dw = conv(d, m, m, self.spec.kernel, self.spec.stride, groups=m)
+            with torch.no_grad():
+                dw.weight.copy_(self.dw.weight[:m])
+            layers += [dw, copy.deepcopy(self.bn_dw[choice]), nn.ReLU6(inplace=True)]
+            layers += [_copy_conv(d, self.project.weight[:, :m].detach(), 1, 1), copy.deepcopy(self.bn_project[choice])]
+            path: nn.Module = nn.Sequential(*layers)
+        else:
+            path = copy.deepcopy(self.alts[choice])
+        return Residual(path, nn.Identity() if self.use_residual else None, nn.Identity())
+
+
+class ElasticPlainBlock(nn.Module):
+    """VGG block: one k x k conv + BN + ReLU, with the conv-replacing operators."""
+
+    def __init__(self, spec: BlockSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        d, k, i, o = spec.dims, spec.kernel, spec.in_channels, spec.out_channels
+        self.base = conv_bn(d, i, o, k, spec.stride)
+        self.alts = nn.ModuleDict()
+        for choice in spec.choices:
+            if choice.startswith("lr"):
+                self.alts[choice] = LowRankUnit(
+                    d, i, o, k, spec.stride, max(1, round(full_rank(i, o, k, d) * int(choice[2:]) / 100))
+                )
+            elif choice == "dws":
+                self.alts[choice] = make_depthwise_separable_unit(d, i, o, k, spec.stride)
+            elif choice == "fire":
+                self.alts[choice] = FireUnit(d, i, o, k, spec.stride)
+            elif choice == "ghost":
+                self.alts[choice] = GhostUnit(d, i, o, k, spec.stride)
+            elif choice == "k1":
+                self.alts[choice] = make_kernel_unit(d, i, o, 1, spec.stride)
+
+    def rank_channels(self) -> None:
+        """Plain blocks have no inner channels to rank (their output feeds the next block)."""
+
+    @torch.no_grad()
+    def init_alternatives(self) -> None:
+        for choice, alt in self.alts.items():
+            if isinstance(alt, LowRankUnit):
+                alt.init_from_svd(self.base[0].weight, self.base[1])
+            elif choice == "k1":
+                start = (self.spec.kernel - 1) // 2
+                idx = (slice(None), slice(None)) + (slice(start, start + 1),) * self.spec.dims
+                alt[0].weight.copy_(self.base[0].weight[idx])
+                alt[1].load_state_dict(self.base[1].state_dict())
+
+    def forward(self, x: torch.Tensor, choice: str) -> torch.Tensor:
+        if choice == "skip":
+            return x
+        unit = self.base if choice == "base" else self.alts[choice]
+        return F.relu(unit(x))
+
+    def materialize(self, choice: str) -> nn.Module:
+        if choice == "skip":
+            return nn.Identity()
+        unit = self.base if choice == "base" else self.alts[choice]
+        return nn.Sequential(copy.deepcopy(unit), nn.ReLU(inplace=True))
+
+
+BLOCK_TYPES: dict[str, type[nn.Module]] = {
+    "basic": ElasticBasicBlock,
+    "inverted": ElasticInvertedResidual,
+    "plain": ElasticPlainBlock,
+}

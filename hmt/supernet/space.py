@@ -1,0 +1,191 @@
+"""The search space as data: block positions, their operator choices, exits, and arch ids.
+
+Pure Python (no torch) so that pareto and serve can parse ids and configs anywhere.
+
+An architecture is one choice per block position plus the exit (the stage after which
+the variant stops). Its id is short and stable::
+
+    cres20-1a2b3c.e2.BB5LSFxG2
+
+``cres20`` names the backbone, ``1a2b3c`` is a hash of the space definition (so an id is
+never applied to a different space), ``e2`` the exit, then one character per block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from hmt.errors import UsageError
+
+# Operator choices and their one-character codes. eta numbers follow CrowdHMTware.
+CHOICE_CODES: dict[str, str] = {
+    "base": "B",  # the original block
+    "w75": "7",  # eta6: 75% of the block's inner channels (importance-ranked, shared weights)
+    "w50": "5",
+    "w25": "2",
+    "lr50": "L",  # eta1: low-rank pair at 50% rank, SVD-initialised
+    "lr25": "l",
+    "dws": "D",  # eta1: depthwise-separable
+    "fire": "F",  # eta2: squeeze 1x1 -> expand 1x1 + kxk
+    "k1": "K",  # eta3: kernel-size option (1x1)
+    "ghost": "G",  # eta4: primary conv for half the channels, cheap depthwise for the rest
+    "skip": "S",  # eta5: skip a residual block
+    "merge": "M",  # eta5: one block replacing this block and the next (AdaptiveNet merged block)
+    "-": "x",  # not executed (after the exit, or covered by a merge)
+}
+CODE_CHOICES = {code: choice for choice, code in CHOICE_CODES.items()}
+WIDTH_RATIOS = {"base": 1.0, "w75": 0.75, "w50": 0.5, "w25": 0.25}
+NOT_EXECUTED = "-"
+
+
+@dataclass(frozen=True)
+class BlockPosition:
+    """One block slot of the backbone and the operators it may take."""
+
+    name: str  # "s{stage}.b{index}"
+    stage: int
+    index: int
+    kind: str  # "basic" | "inverted" | "plain"
+    in_channels: int
+    out_channels: int
+    stride: int
+    choices: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """One architecture of the space: a choice per position and the exit stage."""
+
+    space_tag: str
+    exit_stage: int
+    choices: tuple[str, ...]
+
+    @property
+    def arch_id(self) -> str:
+        return f"{self.space_tag}.e{self.exit_stage}." + "".join(CHOICE_CODES[c] for c in self.choices)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"arch_id": self.arch_id, "exit_stage": self.exit_stage, "choices": list(self.choices)}
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    backbone: str
+    num_classes: int
+    input_shape: tuple[int, ...]
+    num_stages: int
+    positions: tuple[BlockPosition, ...]
+
+    @property
+    def fingerprint(self) -> str:
+        payload = json.dumps(self.to_json_dict(), sort_keys=True).encode()
+        return hashlib.sha256(payload).hexdigest()[:6]
+
+    @property
+    def tag(self) -> str:
+        return f"{self.backbone}-{self.fingerprint}"
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "backbone": self.backbone,
+            "num_classes": self.num_classes,
+            "input_shape": list(self.input_shape),
+            "num_stages": self.num_stages,
+            "positions": [asdict(p) | {"choices": list(p.choices)} for p in self.positions],
+        }
+
+    @classmethod
+    def from_json_dict(cls, data: dict[str, Any]) -> SearchSpace:
+        try:
+            return cls(
+                backbone=str(data["backbone"]),
+                num_classes=int(data["num_classes"]),
+                input_shape=tuple(int(v) for v in data["input_shape"]),
+                num_stages=int(data["num_stages"]),
+                positions=tuple(BlockPosition(**{**p, "choices": tuple(p["choices"])}) for p in data["positions"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"search space JSON is malformed ({exc})") from exc
+
+    # -- building and checking configs -------------------------------------------------
+
+    def make(self, choices: Sequence[str], exit_stage: int | None = None) -> ArchConfig:
+        """Validate and canonicalise a config (positions past the exit become '-')."""
+        exit_stage = self.num_stages - 1 if exit_stage is None else exit_stage
+        if not 0 <= exit_stage < self.num_stages:
+            raise UsageError(f"exit stage {exit_stage} out of range 0..{self.num_stages - 1}")
+        if len(choices) != len(self.positions):
+            raise UsageError(f"expected {len(self.positions)} block choices for {self.backbone}, got {len(choices)}")
+        out: list[str] = []
+        covered = False
+        for pos, choice in zip(self.positions, choices, strict=True):
+            if pos.stage > exit_stage:
+                out.append(NOT_EXECUTED)
+                continue
+            if covered:
+                out.append(NOT_EXECUTED)
+                covered = False
+                continue
+            if choice not in pos.choices:
+                raise UsageError(f"block {pos.name}: choice {choice!r} not in {list(pos.choices)}")
+            out.append(choice)
+            covered = choice == "merge"
+        return ArchConfig(self.tag, exit_stage, tuple(out))
+
+    def parse(self, arch_id: str) -> ArchConfig:
+        """Parse an arch id; refuses ids of another space or with unknown codes."""
+        parts = arch_id.split(".")
+        if len(parts) != 3 or not parts[1].startswith("e"):
+            raise UsageError(f"arch id {arch_id!r} is not of the form <space>.e<exit>.<codes>")
+        tag, exit_part, codes = parts
+        if tag != self.tag:
+            raise UsageError(f"arch id {arch_id!r} belongs to space {tag!r}, this supernet's space is {self.tag!r}")
+        try:
+            exit_stage = int(exit_part[1:])
+            choices = [CODE_CHOICES[c] for c in codes]
+        except (ValueError, KeyError) as exc:
+            raise UsageError(f"arch id {arch_id!r}: bad exit or block code ({exc})") from exc
+        # Positions written as '-' before the exit are kept so the merge coverage checks hold.
+        config = self.make([c if c != NOT_EXECUTED else "base" for c in choices], exit_stage)
+        if config.arch_id != arch_id:
+            raise UsageError(f"arch id {arch_id!r} is not canonical; did you mean {config.arch_id!r}?")
+        return config
+
+    def from_json(self, data: dict[str, Any]) -> ArchConfig:
+        if "arch_id" in data and "choices" not in data:
+            return self.parse(str(data["arch_id"]))
+        return self.make([str(c) if c != NOT_EXECUTED else "base" for c in data["choices"]], int(data["exit_stage"]))
+
+    def largest(self) -> ArchConfig:
+        return self.make(["base"] * len(self.positions))
+
+    def smallest(self) -> ArchConfig:
+        """The cheapest config: exit 0, and in stage 0 the cheapest choice of each block."""
+        preference = ("skip", "w25", "lr25", "k1", "dws", "ghost", "fire", "w50", "lr50", "w75", "base")
+        picks = []
+        for pos in self.positions:
+            picks.append(next((c for c in preference if c in pos.choices), "base"))
+        return self.make(picks, 0)
+
+    def sample(self, rng: np.random.Generator, *, exit_stage: int | None = None) -> ArchConfig:
+        """A uniformly random choice per block; a random exit unless one is given."""
+        exit_stage = int(rng.integers(self.num_stages)) if exit_stage is None else exit_stage
+        picks = [pos.choices[int(rng.integers(len(pos.choices)))] for pos in self.positions]
+        return self.make(picks, exit_stage)
+
+    def size(self) -> int:
+        """Number of distinct (non-canonicalised) configs, for reporting."""
+        total = 0
+        for exit_stage in range(self.num_stages):
+            count = 1
+            for pos in self.positions:
+                if pos.stage <= exit_stage:
+                    count *= len(pos.choices)
+            total += count
+        return total

@@ -1,0 +1,146 @@
+"""``train_supernet``: train (or resume) the supernet and write its artifact."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hmt.artifacts import ArtifactWriter
+from hmt.data import BatchLoader
+from hmt.progress import ProgressCallback, no_progress
+from hmt.supernet.artifact import CURVES, HISTORY, KIND, MODEL, SPACE, VARIANTS, WEIGHTS, write_model_info
+from hmt.supernet.train.config import PRESETS, TrainConfig, resolve_config
+from hmt.supernet.train.trainer import TrainingInterrupted, derive_seed, train_supernet_model
+
+__all__ = ["PRESETS", "TrainConfig", "TrainResult", "TrainingInterrupted", "resolve_config", "train_supernet"]
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    out_dir: Path
+    metrics: dict[str, Any]
+    variants: Any  # pandas DataFrame
+
+
+def default_checkpoint_dir(out_dir: Path) -> Path:
+    return out_dir.with_name(out_dir.name + ".ckpt")
+
+
+def train_supernet(
+    config: TrainConfig,
+    out_dir: Path,
+    *,
+    checkpoint_dir: Path | None = None,
+    restart: bool = False,
+    keep_checkpoint: bool = False,
+    cache_dir: Path | None = None,
+    progress: ProgressCallback = no_progress,
+    stop_after_epochs: int | None = None,
+) -> TrainResult | None:
+    """Train every phase (resuming from ``checkpoint_dir`` if a checkpoint of the same
+    config exists), evaluate the variant table and write the artifact atomically.
+
+    Returns None on non-zero ranks of a multi-GPU run (rank 0 writes the artifact).
+    """
+    from safetensors.torch import save_file
+
+    from hmt.supernet.train.report import loader_epoch_s, pick_variants, plot_curves, variant_table
+
+    out_dir = Path(out_dir)
+    checkpoint_dir = checkpoint_dir or default_checkpoint_dir(out_dir)
+    trained = train_supernet_model(
+        config,
+        checkpoint_dir=checkpoint_dir,
+        restart=restart,
+        cache_dir=cache_dir,
+        progress=progress,
+        stop_after_epochs=stop_after_epochs,
+    )
+    if not trained.ctx.is_main:
+        return None
+    net, data, device = trained.net, trained.dataset, trained.device
+    autocast = device.type == "cuda" and config.amp
+    channels_last = device.type == "cuda" and data.info.modality == "image"
+
+    def eval_loader(x: np.ndarray, y: np.ndarray) -> BatchLoader:
+        return BatchLoader(
+            x,
+            y,
+            info=data.info,
+            batch_size=config.eval_batch_size,
+            device=device,
+            augment=False,
+            shuffle=False,
+            generator=torch.Generator().manual_seed(0),
+            channels_last=channels_last,
+        )
+
+    val_loader = eval_loader(*trained.val)
+    test_loader = eval_loader(data.test_x, data.test_y)
+    variants = pick_variants(net, config.eval_variants, np.random.default_rng(derive_seed(config.seed, 6)))
+    table = variant_table(
+        net, variants, val_loader=val_loader, test_loader=test_loader, autocast=autocast, progress=progress
+    )
+    train_loader = BatchLoader(
+        data.train_x,
+        data.train_y,
+        info=data.info,
+        batch_size=config.batch_size,
+        device=device,
+        augment=True,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(1),
+        channels_last=channels_last,
+    )
+    fetch_s = loader_epoch_s(train_loader, device)
+    history = trained.state.history
+    timed = [h for h in history if "epoch_s" in h]
+    largest = table[table.role == "largest"].iloc[0]
+    smallest = table[table.role == "smallest"].iloc[0]
+    per_image_s = [h["epoch_s"] / max(1, h["images_per_s"] * h["epoch_s"]) for h in timed]
+    metrics: dict[str, Any] = {
+        "largest_val_acc": float(largest.val_acc),
+        "largest_test_acc": float(largest.test_acc),
+        "smallest_val_acc": float(smallest.val_acc),
+        "smallest_test_acc": float(smallest.test_acc),
+        "largest_params": int(largest.params),
+        "smallest_params": int(smallest.params),
+        "variants_evaluated": len(table),
+        "space_size": net.space.size(),
+        "train_wall_s": trained.wall_s,
+        "train_epochs": len(timed),
+        "train_images_per_s_median": float(np.median([h["images_per_s"] for h in timed])) if timed else None,
+        "loader_epoch_s": fetch_s,
+        # The loader alone vs a training epoch over the same number of images: an upper
+        # bound on the share of step time spent waiting for data.
+        "data_wait_share": (fetch_s / (float(np.median(per_image_s)) * len(data.train_x))) if timed else None,
+        "partition_acc": trained.state.partition_acc,
+        "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
+        "world_size": trained.ctx.world_size,
+    }
+    with ArtifactWriter(out_dir, kind=KIND, config=config.to_json_dict()) as writer:
+        state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
+        save_file(state, str(writer.path(WEIGHTS)))
+        writer.write_json(SPACE, net.space.to_json_dict())
+        writer.write_bytes(
+            MODEL,
+            write_model_info(
+                config.backbone,
+                data.info.num_classes,
+                data.info.input_shape,
+                config.operators,
+                data.info.to_json_dict(),
+            ).encode(),
+        )
+        table.to_csv(writer.path(VARIANTS), index=False)
+        writer.write_json(HISTORY, history)
+        plot_curves(history, writer.path(CURVES))
+        writer.metrics.update(metrics)
+    if not keep_checkpoint:
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    return TrainResult(out_dir=out_dir, metrics=metrics, variants=table)

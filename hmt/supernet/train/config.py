@@ -1,0 +1,187 @@
+"""Training configuration: one frozen dataclass, presets, and loading from a JSON file.
+
+Resolution order: preset -> config file -> command-line overrides. The resolved config
+goes into the artifact's manifest and its hash guards resume (a checkpoint made with
+another config is never silently continued).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hmt.errors import InputError, UsageError
+
+PARTITION_MODES = ("freeze", "update-if-better")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    backbone: str = "cifar_resnet20"
+    dataset: str = "cifar10"
+    data_path: str | None = None  # None: the small CIFAR-10 subset embedded in the repo
+    pretrained: str | None = None  # the original network's weights (torch.load weights_only)
+    operators: tuple[str, ...] | None = None  # None: every operator the block kind admits
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    batch_size: int = 128
+    val_fraction: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    label_smoothing: float = 0.1
+    amp: bool = True  # bf16 autocast on CUDA; ignored on CPU
+    # Phase 1: the backbone (or the pretrained network fine-tuned to the data).
+    backbone_epochs: int = 2
+    backbone_lr: float = 0.1
+    # Phase 2: multi-stage partition training (AdaScale Algorithm 1), epochs per partition.
+    partition_epochs: int = 1
+    partition_lr: float = 0.02
+    partition_mode: str = "freeze"
+    # Phase 3: branch-wise feature distillation of every alternative (AdaptiveNet eq. 1).
+    distill_epochs: int = 1
+    distill_lr: float = 0.05
+    # Phase 4: sampled-subnet fine-tuning (largest + smallest + random; the largest teaches).
+    finetune_epochs: int = 1
+    finetune_lr: float = 0.02
+    finetune_random_subnets: int = 2
+    kd_temperature: float = 1.0
+    exit_loss_weight: float = 0.5
+    # The per-variant table.
+    eval_variants: int = 50
+    eval_batch_size: int = 512
+    max_train_samples: int | None = None  # cap for quick runs and tests
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> TrainConfig:
+        if self.batch_size < 1 or self.eval_batch_size < 1:
+            raise UsageError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not 0.0 < self.val_fraction < 0.9:
+            raise UsageError(f"val_fraction must be in (0, 0.9), got {self.val_fraction}")
+        if self.partition_mode not in PARTITION_MODES:
+            raise UsageError(f"partition_mode must be one of {PARTITION_MODES}, got {self.partition_mode!r}")
+        for name in (
+            "backbone_epochs",
+            "partition_epochs",
+            "distill_epochs",
+            "finetune_epochs",
+            "eval_variants",
+            "finetune_random_subnets",
+        ):
+            if getattr(self, name) < 0:
+                raise UsageError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("backbone_lr", "partition_lr", "distill_lr", "finetune_lr"):
+            if not 0.0 < getattr(self, name) <= 10.0:
+                raise UsageError(f"{name} must be in (0, 10], got {getattr(self, name)}")
+        if self.max_train_samples is not None and self.max_train_samples < 10:
+            raise UsageError(f"max_train_samples must be >= 10, got {self.max_train_samples}")
+        return self
+
+    def to_json_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["operators"] = list(self.operators) if self.operators is not None else None
+        return data
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_json_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Minutes on a laptop CPU, on the embedded CIFAR-10 subset: shows every phase working.
+    "tiny": {
+        "backbone": "cifar_resnet8",
+        "batch_size": 64,
+        "backbone_epochs": 3,
+        "partition_epochs": 1,
+        "distill_epochs": 1,
+        "finetune_epochs": 2,
+        "eval_variants": 50,
+        "backbone_lr": 0.05,
+        "finetune_random_subnets": 1,
+    },
+    # Full CIFAR-10 on one GPU (see benchmarks/README.md).
+    "cifar10": {
+        "backbone": "resnet18",
+        "batch_size": 512,
+        "backbone_epochs": 60,
+        "backbone_lr": 0.2,
+        "partition_epochs": 2,
+        "distill_epochs": 8,
+        "distill_lr": 0.05,
+        "finetune_epochs": 30,
+        "finetune_lr": 0.05,
+        "finetune_random_subnets": 2,
+        "eval_variants": 50,
+    },
+    "basicmotions": {
+        "backbone": "conv1d",
+        "dataset": "basicmotions",
+        "batch_size": 16,
+        "val_fraction": 0.2,
+        "backbone_epochs": 60,
+        "backbone_lr": 0.05,
+        "partition_epochs": 5,
+        "distill_epochs": 20,
+        "finetune_epochs": 40,
+        "finetune_lr": 0.02,
+        "eval_variants": 50,
+        "label_smoothing": 0.0,
+    },
+    "fsdd": {
+        "backbone": "conv1d",
+        "dataset": "fsdd",
+        "batch_size": 64,
+        "backbone_epochs": 30,
+        "backbone_lr": 0.05,
+        "partition_epochs": 2,
+        "distill_epochs": 5,
+        "finetune_epochs": 15,
+        "eval_variants": 50,
+    },
+}
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    if name not in fields:
+        raise UsageError(f"{source}: unknown training option {name!r}; known: {', '.join(sorted(fields))}")
+    if name == "operators" and value is not None:
+        if not isinstance(value, (list, tuple)):
+            raise UsageError(f"{source}: 'operators' must be a list of operator names")
+        return tuple(str(v) for v in value)
+    default = fields[name].default
+    if isinstance(default, bool) and not isinstance(value, bool):
+        raise UsageError(f"{source}: {name!r} must be true or false, got {value!r}")
+    if isinstance(default, int) and not isinstance(default, bool) and not isinstance(value, int):
+        raise UsageError(f"{source}: {name!r} must be an integer, got {value!r}")
+    if isinstance(default, float) and not isinstance(value, (int, float)):
+        raise UsageError(f"{source}: {name!r} must be a number, got {value!r}")
+    return value
+
+
+def resolve_config(
+    *, preset: str | None = None, config_file: Path | None = None, overrides: dict[str, Any] | None = None
+) -> TrainConfig:
+    values: dict[str, Any] = {}
+    if preset is not None:
+        if preset not in PRESETS:
+            raise UsageError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+        values.update(PRESETS[preset])
+    if config_file is not None:
+        try:
+            loaded = json.loads(Path(config_file).read_text())
+        except FileNotFoundError as exc:
+            raise InputError(f"{config_file}: no such config file") from exc
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{config_file}: not valid JSON ({exc})") from exc
+        if not isinstance(loaded, dict):
+            raise InputError(f"{config_file}: expected a JSON object of training options")
+        for key, value in loaded.items():
+            values[key] = _coerce(key, value, str(config_file))
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            values[key] = _coerce(key, value, "command line")
+    return TrainConfig(**values).validate()

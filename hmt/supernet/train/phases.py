@@ -1,0 +1,129 @@
+"""One training step per phase of the recipe, and the parameter groups each phase trains."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hmt.supernet.space import NOT_EXECUTED, ArchConfig
+from hmt.supernet.supernet import Supernet
+
+
+def partition_parameters(net: Supernet, stages: range) -> list[nn.Parameter]:
+    """Base (original-network) parameters of the given stages and their exits."""
+    alt_ids = {id(p) for p in net.alternative_parameters()}
+    params: list[nn.Parameter] = []
+    if 0 in stages:
+        params += list(net.stem.parameters())
+    for s in stages:
+        params += list(net.entries[s].parameters())
+        for p_index in net._stage_positions(s):
+            params += [p for p in net.blocks[p_index].parameters() if id(p) not in alt_ids]
+        params += list(net.exits[s].parameters())
+    return params
+
+
+def exit_arch(net: Supernet, exit_stage: int) -> ArchConfig:
+    return net.space.make(["base"] * len(net.space.positions), exit_stage)
+
+
+def step_supervised(
+    net: Supernet, arch: ArchConfig, x: torch.Tensor, y: torch.Tensor, label_smoothing: float
+) -> torch.Tensor:
+    return F.cross_entropy(net(x, arch), y, label_smoothing=label_smoothing)
+
+
+def _block_io(net: Supernet, x: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Inputs and outputs of every block along the original network (the teacher)."""
+    inputs, outputs = [], []
+    h = net.stem(x)
+    for s in range(net.space.num_stages):
+        h = net.entries[s](h)
+        for p in net._stage_positions(s):
+            inputs.append(h)
+            h = net.blocks[p](h, "base")
+            outputs.append(h)
+    return inputs, outputs
+
+
+def step_distill(net: Supernet, x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+    """AdaptiveNet eq. 1: every block runs a randomly chosen alternative on the original
+    network's input features and matches the original block's output (MSE); a merged
+    block matches the output of the block after it. One random subnet per step."""
+    was_training = net.training
+    net.eval()
+    with torch.no_grad():
+        inputs, targets = _block_io(net, x)
+    net.train(was_training)
+    _freeze_base_statistics(net)
+    losses = []
+    for p, pos in enumerate(net.space.positions):
+        options = [c for c in pos.choices if c not in ("base", "skip")]
+        if not options:
+            continue
+        choice = options[int(rng.integers(len(options)))]
+        target = targets[p + 1] if choice == "merge" else targets[p]
+        out = net.blocks[p](inputs[p], choice)
+        losses.append(F.mse_loss(out.float(), target.float()))
+    if not losses:
+        return torch.zeros((), device=x.device, requires_grad=True)
+    return torch.stack(losses).mean()
+
+
+def _freeze_base_statistics(net: Supernet) -> None:
+    # Alternatives share the block's shortcut; its BN statistics belong to the original
+    # network and must not drift while the alternatives learn.
+    for block in net.blocks:
+        shortcut = getattr(block, "shortcut", None)
+        if isinstance(shortcut, nn.Module):
+            shortcut.eval()
+
+
+def kd_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    t = temperature
+    return (
+        F.kl_div(F.log_softmax(student.float() / t, 1), F.softmax(teacher.float() / t, 1), reduction="batchmean")
+        * t
+        * t
+    )
+
+
+def iter_finetune_archs(net: Supernet, rng: np.random.Generator, random_subnets: int) -> Iterator[ArchConfig]:
+    """The sandwich rule: smallest, then ``random_subnets`` random ones (the largest runs first, separately)."""
+    yield net.space.smallest()
+    for _ in range(random_subnets):
+        yield net.space.sample(rng)
+
+
+def step_finetune(
+    net: Supernet,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    rng: np.random.Generator,
+    *,
+    random_subnets: int,
+    label_smoothing: float,
+    exit_loss_weight: float,
+    temperature: float,
+) -> torch.Tensor:
+    """Largest (labels, every exit) then smallest + random subnets distilled from the
+    largest's final logits. Calls backward itself (one graph at a time keeps memory flat)."""
+    largest = net.space.largest()
+    logits = net.forward_exits(x, largest)
+    loss = F.cross_entropy(logits[-1], y, label_smoothing=label_smoothing)
+    for early in logits[:-1]:
+        loss = loss + exit_loss_weight * F.cross_entropy(early, y, label_smoothing=label_smoothing)
+    loss.backward()
+    teacher = logits[-1].detach()
+    total = loss.detach()
+    for arch in iter_finetune_archs(net, rng, random_subnets):
+        if all(c == NOT_EXECUTED for c in arch.choices):
+            continue
+        sub_loss = kd_loss(net(x, arch), teacher, temperature)
+        sub_loss.backward()
+        total = total + sub_loss.detach()
+    return total

@@ -1,0 +1,96 @@
+"""Train one architecture alone (its "standalone twin"), the baseline a supernet variant's
+accuracy is judged against: same data, optimiser, schedule, augmentation and epochs."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hmt.data import BatchLoader, Dataset, split_train_val
+from hmt.supernet.space import ArchConfig
+from hmt.supernet.supernet import VariantModule, build_supernet
+from hmt.supernet.train.config import TrainConfig
+from hmt.supernet.train.trainer import derive_seed, lr_at
+
+
+@dataclass(frozen=True)
+class StandaloneResult:
+    arch_id: str
+    epochs: int
+    test_acc: float
+    wall_s: float
+
+
+def train_standalone(
+    arch: ArchConfig, data: Dataset, config: TrainConfig, *, epochs: int, device: torch.device, lr: float
+) -> StandaloneResult:
+    """Randomly initialise ``arch`` (same seed scheme as the supernet) and train its final exit
+    with cross-entropy for ``epochs`` epochs on the supernet's training split."""
+    started = time.perf_counter()
+    with torch.random.fork_rng():
+        torch.manual_seed(derive_seed(config.seed, 10))
+        net = build_supernet(
+            config.backbone,
+            num_classes=data.info.num_classes,
+            input_shape=data.info.input_shape,
+            operators=config.operators,
+        )
+    net.prepare_alternatives()
+    model: VariantModule = net.materialize(net.space.parse(arch.arch_id))
+    model.to(device).train()
+    channels_last = device.type == "cuda" and data.info.modality == "image"
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+    train, _ = split_train_val(data, config.val_fraction, np.random.default_rng(derive_seed(config.seed, 1)))
+    loader = BatchLoader(
+        train.x,
+        train.y,
+        info=data.info,
+        batch_size=config.batch_size,
+        device=device,
+        augment=True,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(derive_seed(config.seed, 3)),
+        drop_last=True,
+        channels_last=channels_last,
+    )
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=lr, momentum=config.momentum, nesterov=True, weight_decay=config.weight_decay
+    )
+    autocast = device.type == "cuda" and config.amp
+    total = len(loader) * epochs
+    step = 0
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for xb, yb in loader:
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(lr, step, total)
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
+                loss = F.cross_entropy(model(xb), yb, label_smoothing=config.label_smoothing)
+            loss.backward()
+            optimizer.step()
+            step += 1
+    model.eval()
+    test = BatchLoader(
+        data.test_x,
+        data.test_y,
+        info=data.info,
+        batch_size=config.eval_batch_size,
+        device=device,
+        augment=False,
+        shuffle=False,
+        generator=torch.Generator().manual_seed(0),
+        channels_last=channels_last,
+    )
+    correct = seen = 0
+    with torch.no_grad():
+        for xb, yb in test:
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
+                correct += int((model(xb).argmax(1) == yb).sum())
+            seen += len(yb)
+    return StandaloneResult(arch.arch_id, epochs, correct / max(1, seen), time.perf_counter() - started)
