@@ -18,6 +18,7 @@ MODEL = "supernet.json"
 VARIANTS = "variants.csv"
 HISTORY = "history.json"
 CURVES = "curves.png"
+CALIBRATION = "calibration.npz"
 
 
 @dataclass
@@ -30,6 +31,42 @@ class LoadedSupernet:
     @property
     def dataset_info(self) -> dict[str, Any]:
         return dict(self.model_info["dataset"])
+
+    def calibration_batches(self, *, batch_size: int = 256, device: str = "cpu") -> list[Any]:
+        """The stored calibration samples, normalised as in training, as tensors on ``device``."""
+        import numpy as np
+        import torch
+
+        from hmt.data import BatchLoader, DatasetInfo
+
+        with np.load(self.artifact.file(CALIBRATION), allow_pickle=False) as blob:
+            x = blob["x"]
+        info = DatasetInfo.from_json_dict(self.dataset_info)
+        loader = BatchLoader(
+            x,
+            np.zeros(len(x), dtype=np.int64),
+            info=info,
+            batch_size=batch_size,
+            device=device,
+            augment=False,
+            shuffle=False,
+            generator=torch.Generator().manual_seed(0),
+        )
+        return [xb for xb, _ in loader]
+
+    def materialize(self, arch: Any, *, calibrate: bool = True) -> Any:
+        """A plain eval-mode module for ``arch`` (an ArchConfig or an arch id). With
+        ``calibrate`` its BN statistics are re-estimated on the stored calibration set,
+        which is what the variant table's accuracies were measured with."""
+        from hmt.supernet.calibrate import recalibrate_bn
+
+        if isinstance(arch, str):
+            arch = self.space.parse(arch)
+        variant = self.net.materialize(arch)
+        if calibrate:
+            device = next(self.net.parameters()).device
+            recalibrate_bn(variant, self.calibration_batches(device=str(device)))
+        return variant.eval()
 
 
 def load_supernet(path: Path | str, *, device: str = "cpu") -> LoadedSupernet:

@@ -13,7 +13,7 @@ import torch
 from hmt.artifacts import ArtifactWriter
 from hmt.data import BatchLoader
 from hmt.progress import ProgressCallback, no_progress
-from hmt.supernet.artifact import CURVES, HISTORY, KIND, MODEL, SPACE, VARIANTS, WEIGHTS, write_model_info
+from hmt.supernet.artifact import CALIBRATION, CURVES, HISTORY, KIND, MODEL, SPACE, VARIANTS, WEIGHTS, write_model_info
 from hmt.supernet.train.config import PRESETS, TrainConfig, resolve_config
 from hmt.supernet.train.trainer import TrainingInterrupted, derive_seed, train_supernet_model
 
@@ -49,6 +49,7 @@ def train_supernet(
     """
     from safetensors.torch import save_file
 
+    from hmt.supernet.train.evaluate import batches_of
     from hmt.supernet.train.report import loader_epoch_s, pick_variants, plot_curves, variant_table
 
     out_dir = Path(out_dir)
@@ -83,8 +84,15 @@ def train_supernet(
     val_loader = eval_loader(*trained.val)
     test_loader = eval_loader(data.test_x, data.test_y)
     variants = pick_variants(net, config.eval_variants, np.random.default_rng(derive_seed(config.seed, 6)))
+    calibration = batches_of(eval_loader(trained.calibration_x, np.zeros(len(trained.calibration_x), dtype=np.int64)))
     table = variant_table(
-        net, variants, val_loader=val_loader, test_loader=test_loader, autocast=autocast, progress=progress
+        net,
+        variants,
+        val_loader=val_loader,
+        test_loader=test_loader,
+        calibration=calibration,
+        autocast=autocast,
+        progress=progress,
     )
     train_loader = BatchLoader(
         data.train_x,
@@ -138,6 +146,7 @@ def train_supernet(
             ).encode(),
         )
         table.to_csv(writer.path(VARIANTS), index=False)
+        np.savez(writer.path(CALIBRATION), x=trained.calibration_x)
         writer.write_json(HISTORY, history)
         plot_curves(history, writer.path(CURVES))
         writer.metrics.update(metrics)

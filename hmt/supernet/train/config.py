@@ -52,6 +52,8 @@ class TrainConfig:
     exit_loss_weight: float = 0.5
     # The per-variant table.
     eval_variants: int = 50
+    # Training images stored in the artifact to re-estimate each variant's BN statistics.
+    calibration_samples: int = 2048
     eval_batch_size: int = 512
     max_train_samples: int | None = None  # cap for quick runs and tests
     extra: dict[str, Any] = field(default_factory=dict)
@@ -73,6 +75,8 @@ class TrainConfig:
         ):
             if getattr(self, name) < 0:
                 raise UsageError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.calibration_samples < 1:
+            raise UsageError(f"calibration_samples must be >= 1, got {self.calibration_samples}")
         for name in ("backbone_lr", "partition_lr", "distill_lr", "finetune_lr"):
             if not 0.0 < getattr(self, name) <= 10.0:
                 raise UsageError(f"{name} must be in (0, 10], got {getattr(self, name)}")

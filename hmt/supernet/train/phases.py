@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hmt.supernet.calibrate import frozen_bn_statistics
 from hmt.supernet.space import NOT_EXECUTED, ArchConfig
 from hmt.supernet.supernet import Supernet
 
@@ -123,7 +124,10 @@ def step_finetune(
     for arch in iter_finetune_archs(net, rng, random_subnets):
         if all(c == NOT_EXECUTED for c in arch.choices):
             continue
-        sub_loss = kd_loss(net(x, arch), teacher, temperature)
+        # Shared running statistics stay the largest network's; variants get their own
+        # at materialisation (hmt.supernet.calibrate).
+        with frozen_bn_statistics(net):
+            sub_loss = kd_loss(net(x, arch), teacher, temperature)
         sub_loss.backward()
         total = total + sub_loss.detach()
     return total

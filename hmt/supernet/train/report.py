@@ -15,7 +15,7 @@ from hmt.progress import ProgressCallback, no_progress
 from hmt.supernet.metrics import measure_cost
 from hmt.supernet.space import ArchConfig
 from hmt.supernet.supernet import Supernet
-from hmt.supernet.train.evaluate import evaluate_exits
+from hmt.supernet.train.evaluate import calibrated_variant, evaluate_variant
 
 
 def pick_variants(net: Supernet, count: int, rng: np.random.Generator) -> list[tuple[str, ArchConfig]]:
@@ -37,15 +37,18 @@ def variant_table(
     *,
     val_loader: BatchLoader,
     test_loader: BatchLoader,
+    calibration: list[torch.Tensor],
     autocast: bool,
     progress: ProgressCallback = no_progress,
 ) -> pd.DataFrame:
+    """Accuracy per exit of each variant, materialised with its own BN statistics."""
     rows: list[dict[str, Any]] = []
     input_shape = tuple(net.space.input_shape)
     for i, (role, arch) in enumerate(variants):
-        val_acc = evaluate_exits(net, arch, val_loader, autocast=autocast)
-        test_acc = evaluate_exits(net, arch, test_loader, autocast=autocast)
-        cost = measure_cost(net.materialize(arch).cpu().float(), input_shape)
+        variant = calibrated_variant(net, arch, calibration)
+        val_acc = evaluate_variant(variant, val_loader, autocast=autocast)
+        test_acc = evaluate_variant(variant, test_loader, autocast=autocast)
+        cost = measure_cost(variant.cpu().float(), input_shape)
         row: dict[str, Any] = {"arch_id": arch.arch_id, "role": role, "exit_stage": arch.exit_stage}
         for e in range(net.space.num_stages):
             row[f"val_acc_exit{e}"] = val_acc[e] if e < len(val_acc) else np.nan

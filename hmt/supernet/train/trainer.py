@@ -26,7 +26,7 @@ from hmt.supernet.train import phases
 from hmt.supernet.train.checkpoint import load_checkpoint, save_checkpoint
 from hmt.supernet.train.config import TrainConfig
 from hmt.supernet.train.distributed import DistContext, all_reduce_gradients, barrier, broadcast_state, init_distributed
-from hmt.supernet.train.evaluate import evaluate_exits
+from hmt.supernet.train.evaluate import batches_of, calibrated_variant, evaluate_exits, evaluate_variant
 
 
 class TrainingInterrupted(Exception):
@@ -55,6 +55,7 @@ class TrainedSupernet:
     net: Supernet
     dataset: Dataset
     val: tuple[np.ndarray, np.ndarray]
+    calibration_x: np.ndarray
     state: TrainingState
     device: torch.device
     wall_s: float
@@ -91,6 +92,13 @@ def lr_at(base_lr: float, step: int, total_steps: int) -> float:
         return base_lr * (step + 1) / warm
     progress = (step - warm) / max(1, total_steps - warm)
     return base_lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def calibration_subset(train_x: np.ndarray, config: TrainConfig) -> np.ndarray:
+    """The training samples every variant's BN statistics are re-estimated on."""
+    count = min(config.calibration_samples, len(train_x))
+    pick = np.sort(np.random.default_rng(derive_seed(config.seed, 7)).permutation(len(train_x))[:count])
+    return np.ascontiguousarray(train_x[pick])
 
 
 def _prepare_data(config: TrainConfig, cache_dir: Path | None, progress: ProgressCallback) -> tuple[Dataset, Any, Any]:
@@ -198,6 +206,18 @@ def train_supernet_model(
         generator=torch.Generator().manual_seed(0),
         channels_last=channels_last,
     )
+    calibration_x = calibration_subset(train.x, config)
+    calib_loader = BatchLoader(
+        calibration_x,
+        np.zeros(len(calibration_x), dtype=np.int64),
+        info=data.info,
+        batch_size=config.eval_batch_size,
+        device=device,
+        augment=False,
+        shuffle=False,
+        generator=torch.Generator().manual_seed(0),
+        channels_last=channels_last,
+    )
     autocast = device.type == "cuda" and config.amp
     specs = build_phases(config, net.space.num_stages)
     epochs_run = 0
@@ -264,7 +284,7 @@ def train_supernet_model(
                 "epoch_s": epoch_s,
                 "images_per_s": steps_per_epoch * config.batch_size * ctx.world_size / epoch_s,
             }
-            record.update(_phase_eval(spec.name, net, val_loader, autocast))
+            record.update(_phase_eval(spec.name, net, val_loader, calib_loader, autocast))
             state.history.append(record)
             state.epoch += 1
             if state.epoch == spec.epochs and spec.name.startswith("partition"):
@@ -280,7 +300,7 @@ def train_supernet_model(
         state.alternatives_prepared = True
     state.phase_index = len(specs)
     net.eval()
-    return TrainedSupernet(net, data, (val.x, val.y), state, device, time.perf_counter() - started, ctx)
+    return TrainedSupernet(net, data, (val.x, val.y), calibration_x, state, device, time.perf_counter() - started, ctx)
 
 
 def _phase_setup(
@@ -341,7 +361,9 @@ def _phase_setup(
     raise UsageError(f"unknown phase {name!r}")
 
 
-def _phase_eval(name: str, net: Supernet, val_loader: BatchLoader, autocast: bool) -> dict[str, Any]:
+def _phase_eval(
+    name: str, net: Supernet, val_loader: BatchLoader, calib_loader: BatchLoader, autocast: bool
+) -> dict[str, Any]:
     if name == "distill":
         return {}
     if name.startswith("partition"):
@@ -352,7 +374,8 @@ def _phase_eval(name: str, net: Supernet, val_loader: BatchLoader, autocast: boo
     acc = evaluate_exits(net, largest, val_loader, autocast=autocast)
     out: dict[str, Any] = {"val_acc": acc[-1], "exit": net.space.num_stages - 1}
     if name == "finetune":
-        out["val_acc_smallest"] = evaluate_exits(net, net.space.smallest(), val_loader, autocast=autocast)[-1]
+        smallest = calibrated_variant(net, net.space.smallest(), batches_of(calib_loader))
+        out["val_acc_smallest"] = evaluate_variant(smallest, val_loader, autocast=autocast)[-1]
     return out
 
 
