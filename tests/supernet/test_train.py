@@ -44,6 +44,7 @@ def test_artifact_is_complete_and_consistent(trained: Path) -> None:
         "curves.png",
         "history.json",
         "supernet.json",
+        "calibration.npz",
     }
     assert manifest.config["backbone"] == "cifar_resnet8"
     assert 0.0 <= manifest.metrics["largest_test_acc"] <= 1.0
@@ -60,6 +61,21 @@ def test_artifact_is_complete_and_consistent(trained: Path) -> None:
         with torch.no_grad():
             torch.testing.assert_close(loaded.net.materialize(arch)(x), loaded.net(x, arch), atol=1e-4, rtol=1e-4)
     assert not trained.with_name("supernet.ckpt").exists()  # checkpoint removed after success
+
+
+def test_calibrated_materialisation_reestimates_bn(trained: Path) -> None:
+    loaded = load_supernet(trained)
+    arch = loaded.space.smallest()
+    plain = loaded.materialize(arch, calibrate=False)
+    calibrated = loaded.materialize(arch.arch_id)
+    again = loaded.materialize(arch.arch_id)
+    norm = [m for m in calibrated.modules() if isinstance(m, torch.nn.BatchNorm2d)][0]
+    plain_norm = [m for m in plain.modules() if isinstance(m, torch.nn.BatchNorm2d)][0]
+    assert not torch.equal(norm.running_mean, plain_norm.running_mean)
+    x = torch.randn(3, *loaded.space.input_shape)
+    with torch.no_grad():
+        torch.testing.assert_close(calibrated(x), again(x))  # deterministic
+    assert not calibrated.training
 
 
 def test_tampered_weights_refused(trained: Path, tmp_path: Path) -> None:
