@@ -8,11 +8,7 @@ bash scripts/setup.sh
 OUT=${HMT_DEMO_OUT:-runs/demo}
 mkdir -p "$OUT"
 hmt train-supernet --preset tiny --out "$OUT/supernet"
-if hmt --help | grep -q "profile-device"; then
-  hmt profile-device --quick --supernet "$OUT/supernet" --out "$OUT/profile"
-fi
-LARGEST=$(python3 -c "import pandas as pd,sys; t=pd.read_csv(sys.argv[1]); print(t[t.role=='largest'].arch_id.iloc[0])" "$OUT/supernet/variants.csv")
-SMALLEST=$(python3 -c "import pandas as pd,sys; t=pd.read_csv(sys.argv[1]); print(t[t.role=='smallest'].arch_id.iloc[0])" "$OUT/supernet/variants.csv")
-hmt convert --supernet "$OUT/supernet" --variant "$LARGEST" --variant "$SMALLEST" --out "$OUT/converted"
+hmt profile-device --quick --supernet "$OUT/supernet" --out "$OUT/profile"
+hmt convert --supernet "$OUT/supernet" --variant largest --variant smallest --out "$OUT/converted"
 hmt fuse "$OUT/converted" --out "$OUT/fused"
 echo "demo done: artifacts in $OUT"

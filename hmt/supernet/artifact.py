@@ -37,22 +37,15 @@ class LoadedSupernet:
         import numpy as np
         import torch
 
-        from hmt.data import BatchLoader, DatasetInfo
+        from hmt.data import DatasetInfo
+        from hmt.supernet.train.evaluate import batches_of, eval_loader
 
         with np.load(self.artifact.file(CALIBRATION), allow_pickle=False) as blob:
             x = blob["x"]
         info = DatasetInfo.from_json_dict(self.dataset_info)
-        loader = BatchLoader(
-            x,
-            np.zeros(len(x), dtype=np.int64),
-            info=info,
-            batch_size=batch_size,
-            device=device,
-            augment=False,
-            shuffle=False,
-            generator=torch.Generator().manual_seed(0),
+        return batches_of(
+            eval_loader(x, None, info=info, batch_size=batch_size, device=torch.device(device), channels_last=False)
         )
-        return [xb for xb, _ in loader]
 
     def materialize(self, arch: Any, *, calibrate: bool = True) -> Any:
         """A plain eval-mode module for ``arch`` (an ArchConfig or an arch id). With

@@ -224,7 +224,8 @@ class Supernet(nn.Module):
             segments.append(nn.Sequential(*layers))
             heads.append(copy.deepcopy(self.exits[s]))
         variant = VariantModule(segments, heads, tuple(self.space.input_shape), arch.arch_id)
-        return variant.eval()
+        # sliced copies (_copy_conv) are built on the CPU: keep the variant on the supernet's device
+        return variant.to(next(self.parameters()).device).eval()
 
     def block_input_shapes(self) -> dict[str, tuple[int, ...]]:
         """Input shape (no batch) of every position, traced once with the largest arch."""

@@ -49,7 +49,7 @@ def train_supernet(
     """
     from safetensors.torch import save_file
 
-    from hmt.supernet.train.evaluate import batches_of
+    from hmt.supernet.train.evaluate import batches_of, eval_loader
     from hmt.supernet.train.report import loader_epoch_s, pick_variants, plot_curves, variant_table
 
     out_dir = Path(out_dir)
@@ -68,23 +68,15 @@ def train_supernet(
     autocast = device.type == "cuda" and config.amp
     channels_last = device.type == "cuda" and data.info.modality == "image"
 
-    def eval_loader(x: np.ndarray, y: np.ndarray) -> BatchLoader:
-        return BatchLoader(
-            x,
-            y,
-            info=data.info,
-            batch_size=config.eval_batch_size,
-            device=device,
-            augment=False,
-            shuffle=False,
-            generator=torch.Generator().manual_seed(0),
-            channels_last=channels_last,
+    def evaluation(x: np.ndarray, y: np.ndarray | None) -> BatchLoader:
+        return eval_loader(
+            x, y, info=data.info, batch_size=config.eval_batch_size, device=device, channels_last=channels_last
         )
 
-    val_loader = eval_loader(*trained.val)
-    test_loader = eval_loader(data.test_x, data.test_y)
+    val_loader = evaluation(*trained.val)
+    test_loader = evaluation(data.test_x, data.test_y)
     variants = pick_variants(net, config.eval_variants, np.random.default_rng(derive_seed(config.seed, 6)))
-    calibration = batches_of(eval_loader(trained.calibration_x, np.zeros(len(trained.calibration_x), dtype=np.int64)))
+    calibration = batches_of(evaluation(trained.calibration_x, None))
     table = variant_table(
         net,
         variants,

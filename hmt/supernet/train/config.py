@@ -98,13 +98,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
         "backbone": "cifar_resnet8",
         "batch_size": 64,
-        "backbone_epochs": 3,
-        "partition_epochs": 1,
-        "distill_epochs": 1,
-        "finetune_epochs": 2,
-        "eval_variants": 50,
+        "backbone_epochs": 8,
         "backbone_lr": 0.05,
+        "partition_epochs": 1,
+        "distill_epochs": 2,
+        "finetune_epochs": 3,
         "finetune_random_subnets": 1,
+        "eval_variants": 50,
+        "calibration_samples": 512,
     },
     # Full CIFAR-10 on one GPU (see benchmarks/README.md).
     "cifar10": {

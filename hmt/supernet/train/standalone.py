@@ -14,6 +14,7 @@ from hmt.data import BatchLoader, Dataset, split_train_val
 from hmt.supernet.space import ArchConfig
 from hmt.supernet.supernet import VariantModule, build_supernet
 from hmt.supernet.train.config import TrainConfig
+from hmt.supernet.train.evaluate import eval_loader
 from hmt.supernet.train.trainer import derive_seed, lr_at
 
 
@@ -76,15 +77,12 @@ def train_standalone(
             optimizer.step()
             step += 1
     model.eval()
-    test = BatchLoader(
+    test = eval_loader(
         data.test_x,
         data.test_y,
         info=data.info,
         batch_size=config.eval_batch_size,
         device=device,
-        augment=False,
-        shuffle=False,
-        generator=torch.Generator().manual_seed(0),
         channels_last=channels_last,
     )
     correct = seen = 0

@@ -26,7 +26,13 @@ from hmt.supernet.train import phases
 from hmt.supernet.train.checkpoint import load_checkpoint, save_checkpoint
 from hmt.supernet.train.config import TrainConfig
 from hmt.supernet.train.distributed import DistContext, all_reduce_gradients, barrier, broadcast_state, init_distributed
-from hmt.supernet.train.evaluate import batches_of, calibrated_variant, evaluate_exits, evaluate_variant
+from hmt.supernet.train.evaluate import (
+    batches_of,
+    calibrated_variant,
+    eval_loader,
+    evaluate_exits,
+    evaluate_variant,
+)
 
 
 class TrainingInterrupted(Exception):
@@ -195,29 +201,15 @@ def train_supernet_model(
         rank=ctx.rank,
         world_size=ctx.world_size,
     )
-    val_loader = BatchLoader(
-        val.x,
-        val.y,
-        info=data.info,
-        batch_size=config.eval_batch_size,
-        device=device,
-        augment=False,
-        shuffle=False,
-        generator=torch.Generator().manual_seed(0),
-        channels_last=channels_last,
-    )
+
+    def evaluation(x: np.ndarray, y: np.ndarray | None) -> BatchLoader:
+        return eval_loader(
+            x, y, info=data.info, batch_size=config.eval_batch_size, device=device, channels_last=channels_last
+        )
+
+    val_loader = evaluation(val.x, val.y)
     calibration_x = calibration_subset(train.x, config)
-    calib_loader = BatchLoader(
-        calibration_x,
-        np.zeros(len(calibration_x), dtype=np.int64),
-        info=data.info,
-        batch_size=config.eval_batch_size,
-        device=device,
-        augment=False,
-        shuffle=False,
-        generator=torch.Generator().manual_seed(0),
-        channels_last=channels_last,
-    )
+    calib_loader = evaluation(calibration_x, None)
     autocast = device.type == "cuda" and config.amp
     specs = build_phases(config, net.space.num_stages)
     epochs_run = 0
