@@ -1,0 +1,116 @@
+"""``hmt fuse``: fusion passes, memory plan and the fastest measured engine per variant."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from commands._options import DebugOpt, JsonOpt, QuietOpt, SeedOpt
+from commands._output import Output
+from commands.app import app, run_command
+
+_EPILOG = """
+**Examples**
+
+Fuse, plan memory, compile with TVM, measure ORT and TVM here, keep the fastest:
+
+    hmt fuse runs/converted --out runs/fused
+
+Only some fusion classes, ORT only:
+
+    hmt fuse runs/converted --pass conv-batchnorm --pass channel-wise --engine ort --out runs/fused
+
+MetaSchedule tuning (slow: minutes per model); the database is reused across runs and variants:
+
+    hmt fuse runs/converted --tune-trials 400 --tuning-dir runs/tvm-tuning --out runs/fused
+
+Every candidate is checked against ORT on the converted graph before it is timed; the
+timings, the choice and the memory plans are in OUT/report.json and the manifest.
+"""
+
+
+def _pass_choice() -> type[Enum]:
+    # The choices are the registry's keys, so the help never drifts from the passes.
+    from hmt.fuse.passes.registry import fusion_pass_names
+
+    return Enum("PassChoice", {name: name for name in fusion_pass_names()}, type=str)  # type: ignore[return-value]
+
+
+PassChoice = _pass_choice()
+
+
+class EngineChoice(str, Enum):
+    ort = "ort"
+    tvm = "tvm"
+
+
+class DeviceChoice(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+@app.command("fuse", epilog=_EPILOG)
+def fuse_command(
+    converted: Annotated[Path, typer.Argument(help="A converted artifact directory (from hmt convert).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output artifact directory (replaced atomically).")] = Path(
+        "runs/fused"
+    ),
+    passes: Annotated[list[PassChoice] | None, typer.Option(  # type: ignore[valid-type]
+        "--pass", help="Fusion pass to run (repeatable; default: all).")] = None,
+    engine: Annotated[list[EngineChoice] | None, typer.Option(
+        "--engine", help="Engine to try (repeatable; default: both).")] = None,
+    device: Annotated[DeviceChoice, typer.Option(
+        "--device", help="cpu, or cuda (TVM CUDA target, ORT CUDA provider when installed).")] = DeviceChoice.cpu,
+    tune_trials: Annotated[int, typer.Option(
+        "--tune-trials", help="MetaSchedule trials per graph (0: no tuning).")] = 0,
+    tuning_dir: Annotated[Path | None, typer.Option(
+        "--tuning-dir", help="Tuning database directory, reused across runs (default OUT/../tvm-tuning).")] = None,
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed runs per candidate (alternating).")] = 30,
+    warmup: Annotated[int, typer.Option("--warmup", help="Warm-up runs per candidate.")] = 3,
+    seed: SeedOpt = 0,
+    json_mode: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Apply the five fusion classes (each verified against ONNX Runtime), plan activation
+    memory by tensor lifetimes, build ORT and TVM Relax candidates, measure them here and
+    keep the fastest per variant. Writes optimised ONNX (portable), TVM .so modules,
+    memory plans and a report."""
+
+    def body(output: Output) -> None:
+        import os
+
+        # TVM's idle workers otherwise spin and slow the candidate timed after them.
+        os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+        from hmt.fuse import FuseOptions, fuse_model
+
+        options = FuseOptions(
+            passes=tuple(str(getattr(p, "value", p)) for p in passes) if passes else None,
+            engines=tuple(e.value for e in engine) if engine else ("ort", "tvm"),
+            device=device.value,
+            tune_trials=tune_trials,
+            tuning_dir=tuning_dir,
+            repeats=repeats,
+            warmup=warmup,
+            seed=seed,
+        )
+        with output.progress() as progress:
+            result = fuse_model(converted, out, options=options, progress=progress)
+        rows = []
+        for v in result.variants:
+            fired = ", ".join(f"{k} x{n}" for k, n in v.fired.items()) or "none"
+            rows.append([v.name, v.engine, f"{v.latency_ms:.3f}", f"{v.speedup_vs_ort_default:.2f}x",
+                         f"{v.planned_peak_bytes / 1024:.0f}/{v.naive_bytes / 1024:.0f}", fired])
+        output.table("fused (ms: median here; memory: planned/naive KiB)",
+                     ["variant", "chosen engine", "ms", "vs ORT default", "memory", "fusions fired"], rows)
+        output.result(
+            {"out": str(out), "metrics": {v.name: {"engine": v.engine, "latency_ms": v.latency_ms,
+                                                   "ort_default_ms": v.baseline_ms} for v in result.variants},
+             "report": result.report},
+            f"wrote {out}: {len(result.variants)} variant(s)",
+        )
+
+    run_command(body, json_mode=json_mode, quiet=quiet, debug=debug)

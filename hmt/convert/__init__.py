@@ -1,0 +1,29 @@
+"""convert: any model -> verified, simplified static ONNX graphs (CrowdHMTware III-B2)."""
+
+from hmt.convert.export import EXPORTERS
+from hmt.convert.passes import FOLDERS
+from hmt.convert.pipeline import (
+    CONVERTED_KIND,
+    ConvertedVariant,
+    ConvertOptions,
+    ConvertResult,
+    convert_model,
+    load_converted,
+)
+from hmt.convert.sources import ModelSource, OnnxSource, SupernetSource, TorchSource, parse_shape
+
+__all__ = [
+    "CONVERTED_KIND",
+    "EXPORTERS",
+    "FOLDERS",
+    "ConvertOptions",
+    "ConvertResult",
+    "ConvertedVariant",
+    "ModelSource",
+    "OnnxSource",
+    "SupernetSource",
+    "TorchSource",
+    "convert_model",
+    "load_converted",
+    "parse_shape",
+]

@@ -1,0 +1,435 @@
+"""``convert``: a model (torch factory, ONNX file or supernet variants) -> verified ONNX graphs.
+
+For each graph: export (torch) or load (ONNX), pass 1 (fusion + redundancy removal),
+pass 2 (constant classification + folding), ``onnx.checker`` full check, then ONNX
+Runtime outputs compared with the reference (torch, or ORT on the original ONNX) on
+seeded inputs. Any failure raises inside the ArtifactWriter, so nothing is written.
+
+A variant with early exits becomes separate static graphs: ``segment_i.onnx`` (segment
+0 reads the model input, segment i reads segment i-1's output) and ``exit_i.onnx``
+(reads segment i's output, returns logits). Verification runs the chain in ORT from the
+input, so error that accumulates along it is measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hmt.artifacts import Artifact, ArtifactWriter
+from hmt.convert.export import DEFAULT_OPSET, Exporter, export_module
+from hmt.convert.graph import (
+    TensorSpec,
+    check_model,
+    graph_inputs,
+    graph_outputs,
+    load_onnx,
+    op_counts,
+    run_ort,
+    save_onnx,
+    seeded_inputs,
+    unknown_ops,
+)
+from hmt.convert.passes import Folder, PassStage, fold_constants, fuse_and_deduplicate
+from hmt.convert.sources import (
+    ModelSource,
+    OnnxSource,
+    SupernetSource,
+    TorchSource,
+    apply_weights,
+    example_inputs,
+    load_factory_module,
+    run_reference,
+    safe_variant_name,
+)
+from hmt.convert.verify import DEFAULT_ATOL, DEFAULT_RTOL, Comparison, compare, require
+from hmt.errors import InputError, ModelError, UsageError
+from hmt.progress import ProgressCallback, no_progress
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+    import torch
+
+REPORT_NAME = "report.json"
+CONVERTED_KIND = "converted"
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    opset: int = DEFAULT_OPSET
+    exporter: Exporter = "auto"
+    folder: Folder = "onnxslim"
+    seed: int = 0
+    atol: float = DEFAULT_ATOL
+    rtol: float = DEFAULT_RTOL
+
+
+@dataclass
+class ConvertedGraph:
+    file: str
+    role: str  # "model", "segment" or "exit"
+    index: int
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    exporter: str
+    stages: list[PassStage]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "role": self.role,
+            "index": self.index,
+            "inputs": [s.to_json() for s in self.inputs],
+            "outputs": [s.to_json() for s in self.outputs],
+            "exporter": self.exporter,
+            "op_counts": self.stages[-1].op_counts_after if self.stages else {},
+            "passes": [s.to_json() for s in self.stages],
+        }
+
+
+@dataclass
+class ConvertedVariant:
+    name: str
+    arch_id: str | None
+    graphs: list[ConvertedGraph] = field(default_factory=list)
+    comparisons: list[Comparison] = field(default_factory=list)
+
+    @property
+    def max_abs_error(self) -> float:
+        return max((c.max_abs_error for c in self.comparisons), default=0.0)
+
+    @property
+    def max_rel_error(self) -> float:
+        return max((c.max_rel_error for c in self.comparisons), default=0.0)
+
+    def chain(self) -> dict[str, Any] | None:
+        segments = [g for g in self.graphs if g.role == "segment"]
+        if not segments:
+            return None
+        exits = [g for g in self.graphs if g.role == "exit"]
+        return {
+            "segments": [
+                {"index": g.index, "file": g.file, "input": g.inputs[0].to_json(), "output": g.outputs[0].to_json(),
+                 "reads": "model input" if g.index == 0 else f"segment {g.index - 1} output"}
+                for g in segments
+            ],
+            "exits": [
+                {"index": g.index, "file": g.file, "consumes_segment": g.index, "input": g.inputs[0].to_json(),
+                 "output": g.outputs[0].to_json()}
+                for g in exits
+            ],
+            "run": "x -> segment_0 -> ... -> segment_i -> exit_i; stop after any i",
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        nodes_before = sum(sum(g.stages[0].op_counts_before.values()) for g in self.graphs if g.stages)
+        nodes_after = sum(sum(g.stages[-1].op_counts_after.values()) for g in self.graphs if g.stages)
+        return {
+            "name": self.name,
+            "arch_id": self.arch_id,
+            "folder": self.name,
+            "graphs": [g.to_json() for g in self.graphs],
+            "chain": self.chain(),
+            "verification": [c.to_json() for c in self.comparisons],
+            "max_abs_error": float(f"{self.max_abs_error:.6g}"),
+            "max_rel_error": float(f"{self.max_rel_error:.6g}"),
+            "nodes_before": nodes_before,
+            "nodes_after": nodes_after,
+        }
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    out_dir: Path
+    variants: tuple[ConvertedVariant, ...]
+    report: dict[str, Any]
+
+
+def _optimise(model: onnx.ModelProto, options: ConvertOptions, *, what: str) -> tuple[onnx.ModelProto, list[PassStage]]:
+    missing = unknown_ops(model)
+    if missing:
+        raise ModelError(f"{what}: unsupported operator(s) {', '.join(missing)} (no ONNX schema for them)")
+    check_model(model, what=f"{what} (as exported)")
+    model, stage1 = fuse_and_deduplicate(model, seed=options.seed)
+    model, stage2 = fold_constants(model, folder=options.folder)
+    check_model(model, what=f"{what} (after the passes)")
+    return model, [stage1, stage2]
+
+
+def _save(writer: ArtifactWriter, folder: str, file: str, model: onnx.ModelProto) -> str:
+    rel = f"{folder}/{file}"
+    save_onnx(model, writer.path(rel))
+    return rel
+
+
+def _export_graph(
+    module: torch.nn.Module,
+    inputs: list[torch.Tensor],
+    *,
+    input_names: list[str],
+    output_names: list[str],
+    options: ConvertOptions,
+    what: str,
+) -> tuple[onnx.ModelProto, str, list[PassStage]]:
+    raw, exporter = export_module(module, inputs, input_names=input_names, output_names=output_names,
+                                  opset=options.opset, exporter=options.exporter, what=what)
+    model, stages = _optimise(raw, options, what=what)
+    return model, exporter, stages
+
+
+def _convert_torch_module(
+    writer: ArtifactWriter, net: torch.nn.Module, shapes: tuple[tuple[int, ...], ...], *, name: str,
+    arch_id: str | None, options: ConvertOptions,
+) -> ConvertedVariant:
+    inputs = example_inputs(shapes, seed=options.seed)
+    reference = run_reference(net, inputs, what=name)
+    input_names = ["input"] if len(inputs) == 1 else [f"input_{i}" for i in range(len(inputs))]
+    output_names = ["logits"] if len(reference) == 1 else [f"output_{i}" for i in range(len(reference))]
+    model, exporter, stages = _export_graph(net, inputs, input_names=input_names, output_names=output_names,
+                                            options=options, what=name)
+    feeds = {n: t.numpy() for n, t in zip(input_names, inputs, strict=True)}
+    outputs = run_ort(model, feeds)
+    variant = ConvertedVariant(name, arch_id)
+    variant.comparisons.append(require(compare(f"{name}: ORT vs torch", reference, outputs,
+                                               atol=options.atol, rtol=options.rtol)))
+    file = _save(writer, name, "model.onnx", model)
+    variant.graphs.append(ConvertedGraph(file, "model", 0, graph_inputs(model), graph_outputs(model), exporter, stages))
+    return variant
+
+
+def _convert_segmented(
+    writer: ArtifactWriter, net: Any, shape: tuple[int, ...], *, name: str, arch_id: str | None,
+    options: ConvertOptions,
+) -> ConvertedVariant:
+    """Segments + exit heads as separate graphs, verified as a chain."""
+    import torch
+
+    segments, heads = list(net.segments), list(net.exit_heads)
+    if not segments or len(heads) != len(segments):
+        raise ModelError(f"{name}: {len(segments)} segments but {len(heads)} exit heads; expected one head per segment")
+    (x,) = example_inputs((shape,), seed=options.seed)
+    variant = ConvertedVariant(name, arch_id)
+    ort_features: np.ndarray = x.numpy()
+    features = x
+    for i, (segment, head) in enumerate(zip(segments, heads, strict=True)):
+        segment.eval()
+        head.eval()
+        in_name = "input" if i == 0 else f"features_{i - 1}"
+        seg_model, exporter, seg_stages = _export_graph(
+            segment, [features], input_names=[in_name], output_names=[f"features_{i}"], options=options,
+            what=f"{name} segment {i}",
+        )
+        with torch.no_grad():
+            next_features = segment(features)
+            logits = head(next_features)
+        if not isinstance(next_features, torch.Tensor) or not isinstance(logits, torch.Tensor):
+            raise ModelError(f"{name}: segment {i} and exit head {i} must each return one tensor")
+        exit_model, exit_exporter, exit_stages = _export_graph(
+            head, [next_features], input_names=[f"features_{i}"], output_names=[f"logits_{i}"], options=options,
+            what=f"{name} exit {i}",
+        )
+        (ort_features,) = run_ort(seg_model, {in_name: ort_features})
+        (ort_logits,) = run_ort(exit_model, {f"features_{i}": ort_features})
+        variant.comparisons.append(require(compare(
+            f"{name}: exit {i} through the ORT chain vs torch", [logits.numpy()], [ort_logits],
+            atol=options.atol, rtol=options.rtol)))
+        seg_file = _save(writer, name, f"segment_{i}.onnx", seg_model)
+        exit_file = _save(writer, name, f"exit_{i}.onnx", exit_model)
+        variant.graphs.append(ConvertedGraph(seg_file, "segment", i, graph_inputs(seg_model),
+                                             graph_outputs(seg_model), exporter, seg_stages))
+        variant.graphs.append(ConvertedGraph(exit_file, "exit", i, graph_inputs(exit_model),
+                                             graph_outputs(exit_model), exit_exporter, exit_stages))
+        features = next_features
+    with torch.no_grad():
+        full = net(x)
+    if isinstance(full, torch.Tensor):
+        variant.comparisons.append(require(compare(f"{name}: last exit vs the whole variant in torch",
+                                                   [full.numpy()], [ort_logits], atol=options.atol,
+                                                   rtol=options.rtol)))
+    return variant
+
+
+def _make_static(model: onnx.ModelProto, shapes: tuple[tuple[int, ...], ...] | None, *, what: str) -> list[str]:
+    """Give symbolic input dims a value (the given shapes, else 1). Returns notes on what changed."""
+    import onnx
+
+    initializers = {init.name for init in model.graph.initializer}
+    real_inputs = [v for v in model.graph.input if v.name not in initializers]
+    if shapes is not None and len(shapes) != len(real_inputs):
+        raise UsageError(f"{what}: {len(shapes)} --input-shape given, the model has {len(real_inputs)} inputs")
+    notes = []
+    changed = False
+    for i, value in enumerate(real_inputs):
+        dims = value.type.tensor_type.shape.dim
+        wanted = shapes[i] if shapes is not None else None
+        if wanted is not None and len(wanted) != len(dims):
+            raise UsageError(f"{what}: input {value.name!r} has rank {len(dims)}, --input-shape gives {wanted}")
+        for j, dim in enumerate(dims):
+            static = dim.HasField("dim_value") and dim.dim_value > 0
+            if wanted is not None and (not static or dim.dim_value != wanted[j]):
+                if static:
+                    raise UsageError(f"{what}: input {value.name!r} dim {j} is fixed at {dim.dim_value}, "
+                                     f"--input-shape asks {wanted[j]}")
+                dim.Clear()
+                dim.dim_value = wanted[j]
+                changed = True
+            elif not static:
+                dim.Clear()
+                dim.dim_value = 1
+                notes.append(f"input {value.name!r} dim {j} was symbolic; fixed to 1")
+                changed = True
+    if changed:
+        del model.graph.value_info[:]
+        for out in model.graph.output:
+            out.type.tensor_type.ClearField("shape")
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model)
+        except Exception as exc:
+            raise ModelError(f"{what}: shape inference with static inputs failed ({exc})") from exc
+        model.graph.ClearField("output")
+        model.graph.output.extend(inferred.graph.output)
+    return notes
+
+
+def _convert_onnx(writer: ArtifactWriter, source: OnnxSource, shapes: tuple[tuple[int, ...], ...] | None, *,
+                  options: ConvertOptions) -> tuple[ConvertedVariant, list[str]]:
+    original = load_onnx(source.path)
+    what = source.path.name
+    missing = unknown_ops(original)
+    if missing:
+        raise ModelError(f"{source.path}: unsupported operator(s) {', '.join(missing)} (no ONNX schema for them)")
+    notes = _make_static(original, shapes, what=what)
+    check_model(original, what=str(source.path))
+    feeds = seeded_inputs(graph_inputs(original), seed=options.seed)
+    reference = run_ort(original, feeds, level="disable")
+    model, stages = _optimise(original, options, what=what)
+    outputs = run_ort(model, feeds)
+    variant = ConvertedVariant(source.name, None)
+    variant.comparisons.append(require(compare(f"{source.name}: converted vs original (ORT)", reference, outputs,
+                                               atol=options.atol, rtol=options.rtol)))
+    file = _save(writer, source.name, "model.onnx", model)
+    variant.graphs.append(ConvertedGraph(file, "model", 0, graph_inputs(model), graph_outputs(model), "onnx-input",
+                                         stages))
+    return variant, notes
+
+
+def _supernet_variants(source: SupernetSource) -> tuple[Artifact | None, list[tuple[str, Any]]]:
+    from hmt.supernet import load_supernet
+
+    loaded = load_supernet(source.artifact_dir)
+    if not source.variant_ids:
+        raise UsageError("give at least one --variant ID (or 'largest' / 'smallest') with a supernet artifact")
+    variants = []
+    for variant_id in source.variant_ids:
+        if variant_id == "largest":
+            arch = loaded.space.largest()
+        elif variant_id == "smallest":
+            arch = loaded.space.smallest()
+        else:
+            arch = loaded.space.parse(variant_id)
+        variants.append((_arch_id(arch, variant_id), loaded.materialize(arch)))
+    artifact = getattr(loaded, "artifact", None)
+    return artifact if isinstance(artifact, Artifact) else None, variants
+
+
+def _arch_id(arch: Any, fallback: str) -> str:
+    for attribute in ("arch_id", "id"):
+        value = getattr(arch, attribute, None)
+        if callable(value):
+            value = value()
+        if isinstance(value, str) and value:
+            return value
+    return fallback
+
+
+def convert_model(
+    source: ModelSource,
+    out_dir: Path | str,
+    *,
+    options: ConvertOptions | None = None,
+    onnx_input_shapes: tuple[tuple[int, ...], ...] | None = None,
+    progress: ProgressCallback = no_progress,
+) -> ConvertResult:
+    """Convert ``source`` into a verified "converted" artifact at ``out_dir`` (atomically)."""
+    options = options or ConvertOptions()
+    config: dict[str, Any] = {
+        "opset": options.opset,
+        "exporter": options.exporter,
+        "constant_folder": options.folder,
+        "seed": options.seed,
+        "atol": options.atol,
+        "rtol": options.rtol,
+    }
+    parents: list[Artifact] = []
+    variants: list[ConvertedVariant] = []
+    notes: list[str] = []
+    if isinstance(source, TorchSource):
+        config["source"] = {"type": "torch", "factory": source.factory,
+                            "weights": str(source.weights) if source.weights else None,
+                            "input_shapes": [list(s) for s in source.input_shapes]}
+    elif isinstance(source, OnnxSource):
+        config["source"] = {"type": "onnx", "path": str(source.path),
+                            "input_shapes": [list(s) for s in onnx_input_shapes] if onnx_input_shapes else None}
+    else:
+        config["source"] = {"type": "supernet", "artifact": str(source.artifact_dir),
+                            "variants": list(source.variant_ids), "batch": source.batch}
+    with ArtifactWriter(out_dir, kind=CONVERTED_KIND, config=config, parents=parents) as writer:
+        if isinstance(source, TorchSource):
+            progress("convert", 0, 1, source.name)
+            net = load_factory_module(source.factory)
+            if source.weights is not None:
+                apply_weights(net, source.weights)
+            if len(source.input_shapes) == 1 and hasattr(net, "segments") and hasattr(net, "exit_heads"):
+                variants.append(_convert_segmented(writer, net, source.input_shapes[0], name=source.name,
+                                                   arch_id=None, options=options))
+            else:
+                variants.append(_convert_torch_module(writer, net, source.input_shapes, name=source.name,
+                                                      arch_id=None, options=options))
+            progress("convert", 1, 1, source.name)
+        elif isinstance(source, OnnxSource):
+            progress("convert", 0, 1, source.name)
+            variant, notes = _convert_onnx(writer, source, onnx_input_shapes, options=options)
+            variants.append(variant)
+            progress("convert", 1, 1, source.name)
+        else:
+            artifact, materialised = _supernet_variants(source)
+            if artifact is not None:
+                writer.parents = (artifact.as_parent(),)
+            total = len(materialised)
+            for i, (arch_id, net) in enumerate(materialised):
+                progress("convert", i, total, arch_id)
+                name = safe_variant_name(arch_id)
+                if any(v.name == name for v in variants):
+                    continue
+                shape = (source.batch, *tuple(net.input_shape))
+                variants.append(_convert_segmented(writer, net, shape, name=name, arch_id=arch_id, options=options))
+            progress("convert", total, total, None)
+        report = {"variants": [v.to_json() for v in variants], "notes": notes}
+        writer.write_json(REPORT_NAME, report)
+        writer.metrics.update({
+            "variants": len(variants),
+            "max_abs_error": max((v.max_abs_error for v in variants), default=0.0),
+            "max_rel_error": max((v.max_rel_error for v in variants), default=0.0),
+            "per_variant": {v.name: {"max_abs_error": v.to_json()["max_abs_error"],
+                                     "max_rel_error": v.to_json()["max_rel_error"],
+                                     "graphs": len(v.graphs),
+                                     "nodes_before": v.to_json()["nodes_before"],
+                                     "nodes_after": v.to_json()["nodes_after"]} for v in variants},
+        })
+    return ConvertResult(Path(out_dir), tuple(variants), report)
+
+
+def load_converted(path: Path | str) -> tuple[Artifact, dict[str, Any]]:
+    """A verified "converted" artifact and its report."""
+    from hmt.artifacts import load_artifact
+
+    artifact = load_artifact(path, kind=CONVERTED_KIND)
+    report = artifact.read_json(REPORT_NAME)
+    if not isinstance(report, dict) or not isinstance(report.get("variants"), list):
+        raise InputError(f"{artifact.root / REPORT_NAME}: malformed convert report")
+    return artifact, report
+
+
+__all__ = ["ConvertOptions", "ConvertResult", "ConvertedVariant", "convert_model", "load_converted", "op_counts"]

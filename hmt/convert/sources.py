@@ -1,0 +1,177 @@
+"""Where a model to convert comes from: a torch factory, an ONNX file, or a supernet variant.
+
+Weights files are never unpickled freely: ``.safetensors`` through safetensors, anything
+else through ``torch.load(weights_only=True)``, which refuses pickles that build
+arbitrary objects (a malicious ``.pt`` is refused before its payload runs).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hmt.errors import InputError, ModelError, UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class TorchSource:
+    """``path/to/file.py:factory`` returning an ``nn.Module``; optional weights; input shapes with batch."""
+
+    factory: str
+    input_shapes: tuple[tuple[int, ...], ...]
+    weights: Path | None = None
+    name: str = "model"
+
+
+@dataclass(frozen=True)
+class OnnxSource:
+    path: Path
+    name: str = "model"
+
+
+@dataclass(frozen=True)
+class SupernetSource:
+    artifact_dir: Path
+    variant_ids: tuple[str, ...] = field(default_factory=tuple)
+    batch: int = 1
+
+
+ModelSource = TorchSource | OnnxSource | SupernetSource
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"1,3,32,32"`` -> ``(1, 3, 32, 32)``; UsageError on anything else."""
+    parts = [p.strip() for p in re.split(r"[,x]", text.strip())]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise UsageError(f"input shape {text!r}: expected comma-separated positive integers like 1,3,32,32")
+    shape = tuple(int(p) for p in parts)
+    if any(d <= 0 for d in shape):
+        raise UsageError(f"input shape {text!r}: expected comma-separated positive integers like 1,3,32,32")
+    return shape
+
+
+def safe_variant_name(name: str) -> str:
+    """A folder name for a variant id: letters, digits, ``._-`` only."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "variant"
+    return cleaned[:120]
+
+
+def load_factory_module(spec: str) -> torch.nn.Module:
+    """Import ``file.py`` and call ``factory()``; ModelError naming the file and cause on failure."""
+    import torch
+
+    if ":" not in spec:
+        raise UsageError(f"--model {spec!r}: expected path/to/file.py:factory_function")
+    file_text, _, func_name = spec.rpartition(":")
+    path = Path(file_text)
+    if not path.is_file() or path.suffix != ".py":
+        raise InputError(f"--model {spec!r}: {path} is not a Python file")
+    if not func_name.isidentifier():
+        raise UsageError(f"--model {spec!r}: {func_name!r} is not a function name")
+    module_name = f"hmt_user_model_{uuid.uuid4().hex[:12]}"
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise InputError(f"{path}: cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(module_name, None)
+        raise ModelError(f"{path}: importing the model file failed: {type(exc).__name__}: {exc}") from exc
+    factory = getattr(module, func_name, None)
+    if not callable(factory):
+        raise InputError(f"{path}: defines no function {func_name!r}")
+    try:
+        net = factory()
+    except Exception as exc:
+        raise ModelError(f"{path}:{func_name}() raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(net, torch.nn.Module):
+        raise ModelError(f"{path}:{func_name}() returned {type(net).__name__}, expected a torch.nn.Module")
+    return net.eval()
+
+
+def load_state_dict(path: Path) -> dict[str, Any]:
+    """A flat state dict from safetensors or a ``weights_only`` torch file (nested "state_dict" accepted)."""
+    import torch
+
+    if not path.is_file():
+        raise InputError(f"{path}: no such weights file")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            return dict(load_file(str(path), device="cpu"))
+        except Exception as exc:
+            raise InputError(f"{path}: not a readable safetensors file ({exc})") from exc
+    try:
+        data = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(
+            f"{path}: refused: not a plain tensor state dict that torch.load(weights_only=True) accepts "
+            f"({type(exc).__name__}: {first[:300]}); save weights with safetensors or torch.save(model.state_dict())"
+        ) from exc
+    for key in ("state_dict", "model", "model_state_dict"):
+        if isinstance(data, dict) and isinstance(data.get(key), dict):
+            data = data[key]
+            break
+    if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
+        raise InputError(f"{path}: expected a dict of tensor names to tensors (a state dict)")
+    return dict(data)
+
+
+def apply_weights(net: torch.nn.Module, path: Path) -> None:
+    state = load_state_dict(path)
+    try:
+        result = net.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise InputError(f"{path}: weights do not fit the model: {str(exc).splitlines()[0]} ({exc})") from exc
+    del result
+
+
+def example_inputs(shapes: tuple[tuple[int, ...], ...], *, seed: int) -> list[torch.Tensor]:
+    """Seeded standard-normal inputs of the given shapes (a torch.Generator, never global state)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=generator) for shape in shapes]
+
+
+def run_reference(net: torch.nn.Module, inputs: list[torch.Tensor], *, what: str) -> list[Any]:
+    """Outputs of ``net`` as numpy arrays; ModelError (naming the shapes) when the forward fails."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            out = net(*inputs)
+    except Exception as exc:
+        shapes = ", ".join(str(tuple(t.shape)) for t in inputs)
+        raise ModelError(
+            f"{what}: forward failed on input shape {shapes} (wrong --input-shape?): {type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        ) from exc
+    return [t.detach().cpu().numpy() for t in flatten_outputs(out, what=what)]
+
+
+def flatten_outputs(out: Any, *, what: str) -> list[Any]:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        items: list[Any] = []
+        for item in out:
+            items.extend(flatten_outputs(item, what=what))
+        return items
+    if isinstance(out, dict):
+        return flatten_outputs(list(out.values()), what=what)
+    raise ModelError(f"{what}: forward returned {type(out).__name__}; expected tensors")

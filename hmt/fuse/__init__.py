@@ -1,0 +1,18 @@
+"""fuse: fusion passes, memory plan and engine choice for converted graphs (CrowdHMTware III-C)."""
+
+from hmt.fuse.memory_plan import MemoryPlan, TensorLifetime, plan_arena, plan_memory, tensor_lifetimes
+from hmt.fuse.pipeline import ENGINES, FUSED_KIND, FusedVariant, FuseOptions, FuseResult, fuse_model
+
+__all__ = [
+    "ENGINES",
+    "FUSED_KIND",
+    "FuseOptions",
+    "FuseResult",
+    "FusedVariant",
+    "MemoryPlan",
+    "TensorLifetime",
+    "fuse_model",
+    "plan_arena",
+    "plan_memory",
+    "tensor_lifetimes",
+]

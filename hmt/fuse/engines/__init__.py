@@ -1,0 +1,1 @@
+"""Inference engines fuse measures and chooses from: ONNX Runtime and TVM Relax."""

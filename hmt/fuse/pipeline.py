@@ -1,0 +1,358 @@
+"""``fuse``: a converted artifact -> fused graphs, compiled modules, memory plans, engine choice.
+
+Per variant (all its graphs: one model, or segments + exit heads):
+1. the registered fusion passes, each verified against ORT on its input graph;
+2. the tensor-lifetime memory plan of the fused graph;
+3. candidate engines: ONNX Runtime (the converted graph with default options: the
+   baseline; the fused graph with a few session settings) and TVM Relax (untuned, and
+   tuned with MetaSchedule when asked), each checked against the converted graph's
+   outputs and timed on this machine, alternating candidates in one loop;
+4. the fastest verified candidate becomes the variant's runtime; every timing and the
+   choice go in the manifest. For segmented variants the timed path is the full chain
+   (every segment, then the last exit head).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hmt.artifacts import ArtifactWriter
+from hmt.convert.graph import check_model, graph_inputs, load_onnx, save_onnx, seeded_inputs
+from hmt.convert.pipeline import load_converted
+from hmt.convert.verify import compare
+from hmt.errors import HmtError, UsageError
+from hmt.fuse.engines import ort as ort_engine
+from hmt.fuse.engines.timing import Timing, measure_alternating
+from hmt.fuse.memory_plan import plan_memory
+from hmt.fuse.passes import apply_passes, fusion_pass_names, resolve_passes
+from hmt.fuse.runtime import Step, chain, ort_step, tvm_step
+from hmt.progress import ProgressCallback, no_progress
+
+if TYPE_CHECKING:
+    import onnx
+
+FUSED_KIND = "fused"
+REPORT_NAME = "report.json"
+ENGINES = ("ort", "tvm")
+BASELINE = "ort-default(converted)"
+
+
+@dataclass(frozen=True)
+class FuseOptions:
+    passes: tuple[str, ...] | None = None  # None: every registered fusion pass
+    engines: tuple[str, ...] = ENGINES
+    device: str = "cpu"
+    tune_trials: int = 0
+    tuning_dir: Path | None = None
+    warmup: int = 3
+    repeats: int = 30
+    seed: int = 0
+    atol: float = 1e-3
+    rtol: float = 1e-3
+    # A candidate other than ORT's default settings is chosen only when its median beats
+    # the default's by this fraction: on a shared 2-core machine medians of equal engines
+    # differ by a few percent, and a noisy win must not make the output slower than ORT.
+    switch_margin: float = 0.05
+
+
+@dataclass
+class _Graph:
+    file: str
+    role: str
+    index: int
+    converted: onnx.ModelProto
+    fused: onnx.ModelProto
+    feeds: dict[str, Any]
+    reference: list[Any]
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FusedVariant:
+    name: str
+    engine: str
+    latency_ms: float
+    baseline_ms: float
+    planned_peak_bytes: int
+    naive_bytes: int
+    lower_bound_bytes: int
+    fired: dict[str, int]
+    timings: dict[str, dict[str, Any]]
+
+    @property
+    def speedup_vs_ort_default(self) -> float:
+        return self.baseline_ms / self.latency_ms if self.latency_ms > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class FuseResult:
+    out_dir: Path
+    variants: tuple[FusedVariant, ...]
+    report: dict[str, Any]
+
+
+def _timed_path(graphs: list[_Graph]) -> list[_Graph]:
+    """The graphs run for one full-depth inference: the model, or every segment then the last exit."""
+    if len(graphs) == 1:
+        return graphs
+    segments = [g for g in graphs if g.role == "segment"]
+    exits = [g for g in graphs if g.role == "exit"]
+    return [*segments, exits[-1]] if exits else segments
+
+
+def _chain_runner(steps: list[Step], path: list[_Graph]) -> Callable[[], list[Any]]:
+    """Segment k+1 reads segment k's output, the exit reads the last segment's."""
+    return chain(steps, path[0].feeds, [next(iter(g.feeds)) for g in path[1:]])
+
+
+DEFAULT_LIKE = (BASELINE, "ort[all,threads=default](fused)")
+
+
+def choose(timings: dict[str, Timing], *, margin: float) -> Timing:
+    """The fastest candidate by median; one with settings other than ORT's defaults must win by ``margin``."""
+    defaults = [timings[k] for k in DEFAULT_LIKE if k in timings]
+    best_default = min(defaults, key=lambda t: t.median_ms)
+    best = min(timings.values(), key=lambda t: t.median_ms)
+    if best.name in DEFAULT_LIKE or best.median_ms < best_default.median_ms * (1 - margin):
+        return best
+    return best_default
+
+
+def _fuse_graph(graph: _Graph, options: FuseOptions) -> None:
+    passes = resolve_passes(list(options.passes) if options.passes is not None else None, category="fusion")
+    fused, reports = apply_passes(graph.converted, passes, seed=options.seed)
+    check_model(fused, what=f"{graph.file} after fusion")
+    graph.fused = fused
+    plan = plan_memory(fused)
+    graph.report.update({
+        "passes": [r.to_json() for r in reports],
+        "memory_plan": plan.summary(),
+        "_plan": plan,
+    })
+
+
+def _variant_engines(
+    writer: ArtifactWriter, name: str, graphs: list[_Graph], options: FuseOptions, progress: ProgressCallback,
+) -> tuple[dict[str, Callable[[], list[Any]]], dict[str, Any], dict[str, str]]:
+    """Build every candidate for one variant; returns (runners, per-candidate runtime config, failures)."""
+    path = _timed_path(graphs)
+    runners: dict[str, Callable[[], list[Any]]] = {}
+    runtime: dict[str, Any] = {}
+    failures: dict[str, str] = {}
+    # Baseline: ORT with its defaults on the converted graphs.
+    base_cfg = ort_engine.OrtConfig()
+    runners[BASELINE] = _chain_runner([ort_step(g.converted.SerializeToString(), base_cfg, options.device)
+                                       for g in path], path)
+    ort_device = ort_engine.effective_device(options.device)
+    runtime[BASELINE] = {"engine": "ort", "graphs": "converted", "ort": base_cfg.to_json(), "ort_device": ort_device}
+    if "ort" in options.engines:
+        for graph in graphs:
+            rel = f"{name}/{Path(graph.file).stem}.onnx"
+            info = ort_engine.save_portable(graph.fused, writer.path(rel))
+            portable = load_onnx(writer.path(rel))
+            if info["ort_only"]:
+                save_onnx(graph.fused, writer.path(rel))  # keep the hmt graph; ORT's needs ORT
+                portable = graph.fused
+                info = {**info, "ort_only": False, "note": "ORT's basic rewrite was not portable; hmt graph kept"}
+            graph.report["onnx"] = {"file": rel, **info}
+            graph.report["_portable"] = portable
+        configs = [ort_engine.OrtConfig(), ort_engine.OrtConfig(intra_op_threads=1)]
+        for cfg in configs:
+            label = f"{cfg.name}(fused)"
+            try:
+                runners[label] = _chain_runner([ort_step(g.report["_portable"].SerializeToString(), cfg,
+                                                         options.device) for g in path], path)
+                runtime[label] = {"engine": "ort", "graphs": "fused", "ort": cfg.to_json(), "ort_device": ort_device}
+            except HmtError as exc:
+                failures[label] = str(exc)
+    if "tvm" in options.engines:
+        _add_tvm(writer, name, graphs, path, options, runners, runtime, failures, progress)
+    return runners, runtime, failures
+
+
+def _add_tvm(
+    writer: ArtifactWriter, name: str, graphs: list[_Graph], path: list[_Graph], options: FuseOptions,
+    runners: dict[str, Callable[[], list[Any]]], runtime: dict[str, Any], failures: dict[str, str],
+    progress: ProgressCallback,
+) -> None:
+    import time
+
+    from hmt.fuse.engines import tvm as tvm_engine
+
+    try:
+        target = tvm_engine.target_config(options.device)
+    except HmtError as exc:
+        failures["tvm"] = str(exc)
+        return
+    variants: list[tuple[str, Path | None]] = [("tvm", None)]
+    if options.tune_trials > 0:
+        tuning_dir = options.tuning_dir or (writer.out_dir.parent / "tvm-tuning")
+        variants.append(("tvm-tuned", tuning_dir))
+    for label, database in variants:
+        libraries: dict[str, str] = {}
+        compile_s = 0.0
+        tuning: list[dict[str, Any]] = []
+        try:
+            for graph in graphs:
+                mod = tvm_engine.import_onnx(graph.fused)
+                if database is not None:
+                    record = tvm_engine.tune(mod, target, work_dir=database, trials=options.tune_trials,
+                                             seed=options.seed, progress=progress)
+                    tuning.append({"graph": graph.file, **record.to_json()})
+                t0 = time.perf_counter()
+                executable = tvm_engine.compile_module(mod, target, database_dir=database)
+                compile_s += time.perf_counter() - t0
+                suffix = "" if label == "tvm" else ".tuned"
+                rel = f"{name}/{Path(graph.file).stem}{suffix}.so"
+                tvm_engine.export_library(executable, writer.path(rel))
+                libraries[graph.file] = rel
+            steps = [
+                tvm_step(writer.path(libraries[g.file]), next(iter(g.feeds)), options.device)
+                for g in path
+            ]
+            runners[label] = _chain_runner(steps, path)
+            runtime[label] = {"engine": "tvm", "target": target, "libraries": libraries,
+                              "compile_s": round(compile_s, 2), "tuning": tuning or None}
+        except HmtError as exc:
+            failures[label] = str(exc)
+
+
+def _verify_candidates(runners: dict[str, Callable[[], list[Any]]], reference: list[Any],
+                       options: FuseOptions) -> dict[str, dict[str, Any]]:
+    checks = {}
+    for label, run in list(runners.items()):
+        try:
+            outputs = [o if not hasattr(o, "numpy") else o.numpy() for o in run()]
+            comparison = compare(label, reference, outputs, atol=options.atol, rtol=options.rtol)
+            checks[label] = comparison.to_json()
+            if not comparison.passed:
+                del runners[label]
+        except HmtError as exc:
+            checks[label] = {"passed": False, "error": str(exc)}
+            del runners[label]
+    return checks
+
+
+def fuse_model(
+    converted_dir: Path | str,
+    out_dir: Path | str,
+    *,
+    options: FuseOptions | None = None,
+    progress: ProgressCallback = no_progress,
+) -> FuseResult:
+    """Fuse, plan, compile and choose an engine for every variant of a converted artifact."""
+    options = options or FuseOptions()
+    unknown = [e for e in options.engines if e not in ENGINES]
+    if unknown:
+        raise UsageError(f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(ENGINES)}")
+    if options.device not in ("cpu", "cuda"):
+        raise UsageError(f"unknown device {options.device!r}; choose cpu or cuda")
+    if options.tune_trials < 0:
+        raise UsageError("--tune-trials must be >= 0")
+    if options.tune_trials and "tvm" not in options.engines:
+        raise UsageError("--tune-trials needs the tvm engine")
+    passes = list(options.passes) if options.passes is not None else fusion_pass_names()
+    resolve_passes(passes, category="fusion")
+    artifact, converted = load_converted(converted_dir)
+    config = {
+        "passes": passes, "engines": list(options.engines), "device": options.device,
+        "tune_trials": options.tune_trials, "tuning_dir": str(options.tuning_dir) if options.tuning_dir else None,
+        "warmup": options.warmup, "repeats": options.repeats, "seed": options.seed,
+        "switch_margin": options.switch_margin,
+        "atol": options.atol, "rtol": options.rtol,
+    }
+    results: list[FusedVariant] = []
+    report_variants: list[dict[str, Any]] = []
+    total = len(converted["variants"])
+    with ArtifactWriter(out_dir, kind=FUSED_KIND, config=config, parents=[artifact]) as writer:
+        for vi, entry in enumerate(converted["variants"]):
+            name = str(entry["name"])
+            progress("fuse", vi, total, name)
+            graphs = []
+            for g in entry["graphs"]:
+                model = load_onnx(artifact.file(g["file"]))
+                feeds = seeded_inputs(graph_inputs(model), seed=options.seed)
+                graphs.append(_Graph(g["file"], g["role"], int(g["index"]), model, model, feeds, []))
+            for graph in graphs:
+                _fuse_graph(graph, options)
+            path = _timed_path(graphs)
+            runners, runtime, failures = _variant_engines(writer, name, graphs, options, progress)
+            reference = runners[BASELINE]()
+            checks = _verify_candidates(runners, reference, options)
+            progress("measure", 0, 1, name)
+            timings = measure_alternating(runners, warmup=options.warmup, repeats=options.repeats)
+            progress("measure", 1, 1, name)
+            best = choose(timings, margin=options.switch_margin)
+            results.append(_variant_result(name, best, timings, graphs))
+            report_variants.append(_variant_report(entry, name, graphs, path, runtime, failures, checks, timings,
+                                                   best))
+            for graph in graphs:
+                writer.write_json(f"{name}/{Path(graph.file).stem}.memory_plan.json", graph.report["_plan"].to_json())
+        report = {"variants": report_variants, "device": options.device}
+        writer.write_json(REPORT_NAME, report)
+        writer.metrics.update({
+            "variants": len(results),
+            "per_variant": {
+                r.name: {"engine": r.engine, "latency_ms": round(r.latency_ms, 4),
+                         "ort_default_ms": round(r.baseline_ms, 4),
+                         "speedup_vs_ort_default": round(r.speedup_vs_ort_default, 3),
+                         "planned_peak_bytes": r.planned_peak_bytes, "naive_bytes": r.naive_bytes,
+                         "lower_bound_bytes": r.lower_bound_bytes, "fired": r.fired}
+                for r in results
+            },
+        })
+        progress("fuse", total, total, None)
+    return FuseResult(Path(out_dir), tuple(results), report)
+
+
+def _variant_result(name: str, best: Timing, timings: dict[str, Timing], graphs: list[_Graph]) -> FusedVariant:
+    fired: dict[str, int] = {}
+    for graph in graphs:
+        for r in graph.report["passes"]:
+            if r["status"] == "applied":
+                fired[r["name"]] = fired.get(r["name"], 0) + r["fired"]
+    # Variant level, over the graphs of one full-depth run (they run one after another, so
+    # one arena of the largest graph's plan serves them all; naive gives every tensor of
+    # every graph its own buffer).
+    plans = [graph.report["_plan"] for graph in _timed_path(graphs)]
+    return FusedVariant(
+        name=name,
+        engine=best.name,
+        latency_ms=best.median_ms,
+        baseline_ms=timings[BASELINE].median_ms,
+        planned_peak_bytes=max(p.planned_peak_bytes for p in plans),
+        naive_bytes=sum(p.naive_bytes for p in plans),
+        lower_bound_bytes=max(p.lower_bound_bytes for p in plans),
+        fired=fired,
+        timings={k: v.to_json() for k, v in timings.items()},
+    )
+
+
+def _variant_report(entry: dict[str, Any], name: str, graphs: list[_Graph], path: list[_Graph],
+                    runtime: dict[str, Any], failures: dict[str, str], checks: dict[str, Any],
+                    timings: dict[str, Timing], best: Timing) -> dict[str, Any]:
+    return {
+        "name": name,
+        "arch_id": entry.get("arch_id"),
+        "chain": entry.get("chain"),
+        "timed_path": [g.file for g in path],
+        "graphs": [
+            {"file": g.file, "role": g.role, "index": g.index, "input_name": next(iter(g.feeds)),
+             **{k: v for k, v in g.report.items() if not k.startswith("_")},
+             "memory_plan_file": f"{name}/{Path(g.file).stem}.memory_plan.json"}
+            for g in graphs
+        ],
+        "candidates": {label: {**runtime.get(label, {}), "verification": checks.get(label),
+                               "timing": timings[label].to_json() if label in timings else None}
+                       for label in runtime},
+        "unavailable": failures,
+        "choice": {"candidate": best.name, **runtime[best.name], "median_ms": round(best.median_ms, 4),
+                   "ort_default_ms": round(timings[BASELINE].median_ms, 4),
+                   "speedup_vs_ort_default": round(timings[BASELINE].median_ms / best.median_ms, 3)},
+    }
+
+
+__all__ = ["ENGINES", "FUSED_KIND", "FuseOptions", "FuseResult", "FusedVariant", "fuse_model"]

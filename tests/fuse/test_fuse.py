@@ -1,0 +1,114 @@
+"""fuse end to end on a tiny converted artifact: passes, plan, engines, choice, manifest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from hmt.artifacts import load_artifact
+from hmt.errors import ArtifactError, UsageError
+from hmt.fuse import FuseOptions, fuse_model
+
+
+def test_fuse_with_ort_only(converted_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "fused"
+    result = fuse_model(converted_dir, out, options=FuseOptions(engines=("ort",), repeats=5, warmup=1))
+    artifact = load_artifact(out, kind="fused")
+    assert artifact.manifest.parents[0].kind == "converted"
+    (variant,) = result.variants
+    assert variant.engine in result.report["variants"][0]["candidates"]
+    report = json.loads((out / "report.json").read_text())
+    graph = report["variants"][0]["graphs"][0]
+    assert {p["name"] for p in graph["passes"]} == {"linear", "conv-batchnorm", "element-wise", "channel-wise",
+                                                     "reduction"}
+    assert graph["passes"][-1]["name"] == "reduction" and graph["passes"][-1]["fired"] == 1
+    plan = graph["memory_plan"]
+    assert plan["lower_bound_bytes"] <= plan["planned_peak_bytes"] <= plan["naive_bytes"]
+    saved = onnx.load(str(out / graph["onnx"]["file"]))
+    assert all(n.domain in ("", "ai.onnx") for n in saved.graph.node)  # portable
+    onnx.checker.check_model(saved, full_check=True)
+    timings = artifact.manifest.metrics["per_variant"]["model"]
+    assert timings["latency_ms"] > 0 and timings["ort_default_ms"] > 0
+    # The saved graph computes the same thing as the converted one.
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    ref = ort.InferenceSession(str(converted_dir / "model" / "model.onnx")).run(None, {"input": x})[0]
+    got = ort.InferenceSession(str(out / graph["onnx"]["file"])).run(None, {"input": x})[0]
+    np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-4)
+
+
+def test_fuse_with_tvm_compiles_and_verifies(converted_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "fused"
+    result = fuse_model(converted_dir, out, options=FuseOptions(engines=("ort", "tvm"), repeats=3, warmup=1))
+    report = result.report["variants"][0]
+    tvm = report["candidates"]["tvm"]
+    assert tvm["verification"]["passed"], tvm
+    assert tvm["target"]["kind"] == "llvm" and tvm["target"]["mcpu"]
+    assert (out / tvm["libraries"]["model/model.onnx"]).is_file()
+    assert report["choice"]["candidate"] in report["candidates"]
+
+
+def test_bad_options_and_inputs(converted_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="unknown graph pass"):
+        fuse_model(converted_dir, tmp_path / "o", options=FuseOptions(passes=("nope",)))
+    with pytest.raises(UsageError, match="tvm"):
+        fuse_model(converted_dir, tmp_path / "o", options=FuseOptions(engines=("ort",), tune_trials=5))
+    with pytest.raises(ArtifactError):
+        fuse_model(tmp_path, tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+
+
+def test_segmented_variant_is_timed_as_a_chain(segmented_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "fused"
+    result = fuse_model(segmented_dir, out, options=FuseOptions(engines=("ort",), repeats=3, warmup=1))
+    report = result.report["variants"][0]
+    assert report["timed_path"] == ["model/segment_0.onnx", "model/segment_1.onnx", "model/exit_1.onnx"]
+    assert len(report["graphs"]) == 4
+    assert all(c["verification"]["passed"] for c in report["candidates"].values())
+    for graph in report["graphs"]:
+        assert (out / graph["onnx"]["file"]).is_file() and (out / graph["memory_plan_file"]).is_file()
+
+
+def test_load_fused_runner_reproduces_the_choice(segmented_dir: Path, tmp_path: Path) -> None:
+    from hmt.fuse.runtime import load_fused_runner
+
+    out = tmp_path / "fused"
+    result = fuse_model(segmented_dir, out, options=FuseOptions(engines=("ort",), repeats=2, warmup=1))
+    x = np.random.default_rng(3).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    outputs = {}
+    for label in result.report["variants"][0]["candidates"]:
+        outputs[label] = load_fused_runner(out, "model", {"input": x}, candidate=label)()[0]
+    chosen = load_fused_runner(out, "model", {"input": x})()[0]
+    for value in outputs.values():
+        np.testing.assert_allclose(value, chosen, atol=1e-5, rtol=1e-4)
+    assert chosen.shape == (1, 4)
+
+
+def test_choice_needs_a_clear_win_to_leave_ort_defaults() -> None:
+    from hmt.fuse.engines.timing import Timing
+    from hmt.fuse.pipeline import BASELINE, choose
+
+    def t(name: str, ms: float) -> Timing:
+        return Timing(name, (ms, ms, ms))
+
+    timings = {BASELINE: t(BASELINE, 10.0), "ort[all,threads=1](fused)": t("ort[all,threads=1](fused)", 9.8),
+               "tvm": t("tvm", 50.0)}
+    assert choose(timings, margin=0.05).name == BASELINE
+    timings["tvm-tuned"] = t("tvm-tuned", 7.0)
+    assert choose(timings, margin=0.05).name == "tvm-tuned"
+
+
+@pytest.mark.slow
+def test_tvm_tuning_writes_and_reuses_a_database(converted_dir: Path, tmp_path: Path) -> None:
+    db = tmp_path / "tuning"
+    options = FuseOptions(engines=("ort", "tvm"), tune_trials=8, tuning_dir=db, repeats=3, warmup=1)
+    first = fuse_model(converted_dir, tmp_path / "f1", options=options)
+    tuned = first.report["variants"][0]["candidates"]["tvm-tuned"]
+    assert tuned["verification"]["passed"] and tuned["tuning"][0]["database_records_after"] > 0
+    second = fuse_model(converted_dir, tmp_path / "f2", options=options)
+    again = second.report["variants"][0]["candidates"]["tvm-tuned"]["tuning"][0]
+    assert again["database_records_before"] == tuned["tuning"][0]["database_records_after"]
