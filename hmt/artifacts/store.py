@@ -73,6 +73,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def _recover_interrupted_swap(out_dir: Path) -> None:
+    out_dir = Path(os.path.abspath(out_dir))  # "." has no name to derive the backup's from
     backup = out_dir.with_name(out_dir.name + _BACKUP_SUFFIX)
     if backup.exists():
         if out_dir.exists():
@@ -169,7 +170,7 @@ class ArtifactWriter:
         config: dict[str, Any],
         parents: Iterable[Artifact | ParentRecord] = (),
     ) -> None:
-        self.out_dir = Path(out_dir)
+        self.out_dir = Path(os.path.abspath(out_dir))
         self.kind = kind
         self.config = config
         self.parents = tuple(p.as_parent() if isinstance(p, Artifact) else p for p in parents)

@@ -114,3 +114,10 @@ def test_safe_join(tmp_path: Path) -> None:
     (tmp_path / "link").symlink_to("/etc")
     with pytest.raises(UnsafePathError, match="outside"):
         safe_join(tmp_path, "link/passwd")
+
+
+def test_current_directory_as_artifact_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "art"
+    _write(out)
+    monkeypatch.chdir(out)
+    assert load_artifact(Path("."), kind="demo").kind == "demo"

@@ -1,0 +1,263 @@
+"""The steps of ``profile_device`` after the micro-benchmarks (see ``run.py`` for the order)."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hmt.errors import ModelError
+from hmt.profile.blocktable import BLOCK_UNITS, measure_block_table
+from hmt.profile.calibrate import Workload, calibrate
+from hmt.profile.devices import DEVICES, shipped_profile
+from hmt.profile.fits import LATENCY_FORMS, fit_latency
+from hmt.profile.load import measure_load_model
+from hmt.profile.power.base import PowerSource
+from hmt.profile.predictor import HitRateCurve, Predictor
+from hmt.profile.run import (
+    _LATENCY_UNITS,
+    ProfileOptions,
+    ProfileRun,
+    _Doc,
+    _fit_entry,
+    default_energy_doc,
+    energy_rows,
+)
+from hmt.profile.schema import DeviceProfile, quantity, write_profile_artifact
+from hmt.profile.timing import ROW_UNITS, OrtRunner, TorchRunner
+from hmt.progress import ProgressCallback
+
+
+def open_supernet(path: Path) -> Any:
+    """Load and verify a supernet artifact (hmt.supernet.load_supernet)."""
+    try:
+        from hmt.supernet import load_supernet
+    except (ImportError, AttributeError) as exc:
+        raise ModelError(f"this hmt has no supernet loader (hmt.supernet.load_supernet: {exc})") from exc
+    return load_supernet(path)
+
+
+def make_runner(options: ProfileOptions) -> Any:
+    if options.rpc is not None or options.engine == "tvm":
+        from hmt.profile.rpc import TvmRunner
+
+        return TvmRunner(tracker=options.rpc, key=options.rpc_key, target=options.rpc_target, cc=options.rpc_cc)
+    if options.engine == "torch":
+        return TorchRunner(device=options.processor, threads=options.threads)
+    return OrtRunner(threads=options.threads, device=options.processor)
+
+
+def remote_curve(d: _Doc, name: str, options: ProfileOptions) -> HitRateCurve:
+    """A remote device gets the cache-hit curve of its shipped estimated profile."""
+    d.doc["facts"] = {"rpc_tracker": options.rpc, "rpc_key": options.rpc_key, "tvm_target": options.rpc_target}
+    d.note("remote device: micro-benchmarks run only on the machine hmt runs on; facts and the cache-hit "
+           "curve are taken from the shipped estimated profile where there is one")
+    if DEVICES[name].shipped:
+        shipped = shipped_profile(name)
+        table = shipped.table("cache_hit_rate")
+        meta = shipped.doc["tables"]["cache_hit_rate"]
+        pid = d.estimated("hit-rate-shipped", shipped.doc["provenance"][meta["source"]].get(
+            "citation", f"profiles/{DEVICES[name].shipped}"))
+        d.profile.add_table("cache_hit_rate", table, units=meta["units"], source=pid)
+        return HitRateCurve(tuple(int(s) for s in table.size_bytes), tuple(float(r) for r in table.hit_rate))
+    import pandas as pd
+
+    sizes, rates = [64 * 1024, 512 * 1024, 1024 * 1024, 64 * 1024 * 1024], [1.0, 1.0, 0.0, 0.0]
+    pid = d.estimated("hit-rate-assumed", "assumption: a 512 KiB-1 MiB last-level cache, typical of Cortex-A "
+                                          "boards (Arm Cortex-A53/A72 TRMs: L2 of 128 KiB-2 MiB)")
+    d.profile.add_table("cache_hit_rate", pd.DataFrame({"size_bytes": sizes, "hit_rate": rates}),
+                        units={"size_bytes": "byte", "hit_rate": "fraction"}, source=pid)
+    return HitRateCurve(tuple(sizes), tuple(rates))
+
+
+MIN_LOAD_SPREAD = 0.15
+
+
+def load_section(d: _Doc, options: ProfileOptions, runner: Any, probes: list[Any], loaded: Any,
+                 progress: ProgressCallback) -> None:
+    """Time representative workloads with and without busy processes; fit alpha.
+
+    Representative: with a supernet, its smallest, largest and one random variant (what
+    serve will run); else small, median and upper-quartile probes (the largest probe is
+    far bigger than any block and its multi-threaded slowdown misleads). When the load
+    index barely moves (the machine is already busy), alpha is not identifiable: it is
+    set to 0 (what was observed: no measurable slowdown) and the profile says so.
+    """
+    import os
+
+    import pandas as pd
+
+    warmup, repeats = options.timing
+    if loaded is not None:
+        rng = np.random.default_rng(options.seed + 1)
+        archs = [loaded.space.smallest(), loaded.space.sample(rng), loaded.space.largest()]
+        workloads = []
+        for arch in archs:
+            model = loaded.net.materialize(arch)
+            workloads.append((arch.arch_id, model, (1, *model.input_shape)))
+        what = "3 supernet variants (smallest, random, largest)"
+    else:
+        ranked = sorted(probes, key=lambda p: sum(f.macs for f in p[3]))
+        chosen = [ranked[len(ranked) // 10], ranked[len(ranked) // 2], ranked[(3 * len(ranked)) // 4]]
+        workloads = [(name, module, shape) for name, module, shape, _ in chosen]
+        what = "3 probe layers (10th, 50th, 75th percentile of MACs)"
+    timers = [(name, partial(runner.time, module, shape, warmup=warmup, repeats=repeats))
+              for name, module, shape in workloads]
+    cores = os.cpu_count() or 1
+    processes = (1,) if options.quick or cores == 1 else (1, cores)
+    progress("load model", 0, 1, f"{processes} busy processes")
+    model, samples = measure_load_model(timers, processes=processes)
+    progress("load model", 1, 1, None)
+    pid = d.measured("load", f"{what} timed as found and beside {processes} processes each burning a core; load "
+                             "index I = background CPU utilisation (AdaScale eq. 2 with CPU weight only)")
+    d.profile.add_table("load_samples", pd.DataFrame([dataclasses.asdict(s) for s in samples]),
+                        units={"label": "name", "processes": "count", "latency_ms": "ms", "load_index": "fraction"},
+                        source=pid)
+    indices = [s.load_index for s in samples]
+    spread_i = max(indices) - min(indices)
+    identifiable = spread_i >= MIN_LOAD_SPREAD
+    alpha = model.alpha if identifiable else 0.0
+    fid = d.fitted("fit-load", "T = T0_w * (1 + alpha*I) jointly over the workloads, least squares in log T",
+                   ["load"])
+    d.doc.setdefault("models", {})["load"] = {
+        "form": "T_load = T_idle * (1 + alpha * I)", "identifiable": identifiable,
+        "alpha": quantity(alpha, "1", fid), "r2": quantity(model.r2, "1", fid), "n": quantity(model.n, "count", fid),
+        "load_index_spread": quantity(spread_i, "fraction", pid),
+    }
+    if not identifiable:
+        d.note(f"load model: the load index moved only {spread_i:.2f} between runs (the machine was already busy), "
+               f"so alpha cannot be fitted (the fit gave {model.alpha:.2f}); alpha = 0, i.e. the slowdown observed")
+
+
+def energy_section(d: _Doc, options: ProfileOptions, runner: Any, probes: list[Any], curve: HitRateCurve,
+                   power_source: PowerSource | None, progress: ProgressCallback) -> None:
+    import pandas as pd
+
+    shared = options.processor == "cuda"
+    design, names = energy_rows(probes, curve, shared_memory=shared)
+    models = d.doc.setdefault("models", {})
+    if power_source is None:
+        models["energy"] = default_energy_doc(d, names, shared_memory=shared)
+        d.note("energy model uncalibrated: eq. 1 with the paper's default ratios, in MAC-equivalents")
+        return
+    source = power_source
+    workloads = [Workload(name, runner.prepare(module, shape, seed=options.seed), tuple(float(v) for v in row))
+                 for (name, module, shape, _), row in zip(probes, design, strict=True)]
+    result = calibrate(source, workloads, names=names, window_s=0.4 if options.quick else 1.5,
+                       idle_s=0.5 if options.quick else 2.0, progress=progress)
+    pid = d.measured("power", f"{source.describe()}: idle baseline, sync pattern, then each probe back to back "
+                              "for a window; dynamic energy = window energy - idle power * duration",
+                     trace_span_s=list(result.trace_span_s))
+    fid = d.fitted("fit-energy", "CrowdHMTware eq. 1 fitted to the dynamic energy per inference", ["power", "probes",
+                                                                                                     "cold-warm"])
+    entry = _fit_entry(result.fit, fid, {n: "mJ per access" for n in names})
+    entry.update({"calibrated": True, "unit": "mJ", "idle_w": quantity(result.idle_w, "W", pid)})
+    entry["coefficients"] = {n: quantity(c, "mJ per MAC" if n.endswith("mac") else "mJ per access", fid)
+                             for n, c in result.fit.as_dict().items()}
+    models["energy"] = entry
+    work = [w for w in result.windows]
+    energies = iter(result.energy_mj)
+    d.profile.add_table("energy_timeline", pd.DataFrame([{
+        "label": w.label, "t_start": w.t_start, "t_end": w.t_end, "runs": w.runs,
+        "energy_mj": (next(energies) if w.runs and not w.label.startswith("sync") and w.label != "idle"
+                      else float("nan"))} for w in work]),
+        units={"label": "name", "t_start": "unix s", "t_end": "unix s", "runs": "count",
+               "energy_mj": "mJ per inference"}, source=pid)
+
+
+def block_table_section(d: _Doc, options: ProfileOptions, runner: Any, loaded: Any, curve: HitRateCurve,
+                        progress: ProgressCallback) -> None:
+    warmup, repeats = options.timing
+    frame, layers = measure_block_table(loaded.net.iter_block_choices(), runner, batches=options.batches,
+                                        warmup=warmup, repeats=repeats, progress=progress)
+    pid = d.measured("block-table", f"every (position, choice) of the supernet timed alone on {runner.engine} "
+                                    f"({warmup} warm-up, median of >= {repeats} runs and >= 0.2 s); overhead_ms = "
+                                    "a pass-through model at the block's input; net_ms = latency - overhead")
+    d.profile.add_table("block_latency", frame, units={**BLOCK_UNITS, **ROW_UNITS}, source=pid)
+    d.doc["supernet"] = {"path": str(loaded.artifact.root), "manifest_sha256": loaded.artifact.manifest_sha256,
+                         "space_tag": getattr(loaded.space, "tag", None)}
+    batch1 = frame[frame.batch == 1]
+    samples = [layers[(r.position, r.choice, 1)] for r in batch1.itertuples(index=False)]
+    keep = [i for i, s in enumerate(samples) if s]
+    if len(keep) >= 8:
+        eps = [[curve(f.bytes_moved) for f in samples[i]] for i in keep]
+        fits = {}
+        for form in LATENCY_FORMS:
+            labels = [f"{r.position}/{r.choice}" for r in batch1.itertuples(index=False)]
+            fit = fit_latency([samples[i] for i in keep], eps, batch1.latency_ms.to_numpy()[keep].tolist(), form=form,
+                              seed=options.seed, labels=[labels[i] for i in keep])
+            fid = d.fitted(f"fit-latency-blocks-{form}", f"CrowdHMTware eq. 2 ({form}) by NNLS on the block table",
+                           ["block-table", "cold-warm"])
+            fits[form] = _fit_entry(fit, fid, _LATENCY_UNITS)
+        d.doc.setdefault("models", {})["latency_fits_blocks"] = fits
+
+
+def validation_section(d: _Doc, options: ProfileOptions, runner: Any, loaded: Any, progress: ProgressCallback) -> Any:
+    from hmt.profile.validate import VALIDATION_UNITS, validate_variants
+
+    warmup, repeats = options.timing
+    predictor = Predictor(d.profile)
+    processes = options.validate_load_processes if options.rpc is None else 0
+    result = validate_variants(loaded.net, loaded.space, predictor, runner, n=options.validate,
+                               rng=np.random.default_rng(options.seed), warmup=warmup, repeats=repeats,
+                               load_processes=processes, progress=progress)
+    pid = d.measured("validation", f"{options.validate} random variants (seed {options.seed}) materialised, exported "
+                                   f"and timed end to end vs the block-table sum; then beside {processes} busy "
+                                   "process(es) vs the load-aware prediction")
+    d.profile.add_table("validation", result.table, units=VALIDATION_UNITS, source=pid)
+    section = {"idle": {k: quantity(v, "count" if k == "n" else "1" if k == "kendall_tau" else "fraction", pid)
+                        for k, v in result.idle.as_dict().items() if np.isfinite(v)}}
+    if result.loaded is not None:
+        section["loaded"] = {k: quantity(v, "count" if k == "n" else "1" if k == "kendall_tau" else "fraction", pid)
+                             for k, v in result.loaded.as_dict().items() if np.isfinite(v)}
+    d.doc["validation"] = section
+    return result
+
+
+def summary(profile: DeviceProfile) -> dict[str, Any]:
+    out: dict[str, Any] = {"device": profile.name, "device_id": profile.device_id,
+                           "origin": profile.doc["device"]["origin"]}
+    for key in ("benchmarks.peak_gemm_gmacs", "benchmarks.peak_conv_gmacs", "benchmarks.dram_read_gbps",
+                "benchmarks.cache_read_gbps", "models.latency.r2", "models.latency.cv_mape", "models.load.alpha",
+                "validation.idle.kendall_tau", "validation.idle.mape", "validation.idle.within_10pct",
+                "validation.loaded.within_20pct"):
+        value = profile.get_value(key)
+        if value is not None:
+            out[key] = value
+    models = profile.doc.get("models", {})
+    if "latency" in models:
+        out["latency_form"] = models["latency"]["form"]
+    if "energy" in models:
+        out["energy_calibrated"] = bool(models["energy"].get("calibrated"))
+    if "block_latency" in profile.tables:
+        out["block_table_rows"] = len(profile.tables["block_latency"])
+    if "load" in models:
+        out["load_model_identifiable"] = bool(models["load"].get("identifiable", True))
+    return out
+
+
+def _config(options: ProfileOptions) -> dict[str, Any]:
+    config = dataclasses.asdict(options)
+    config["supernet"] = str(options.supernet) if options.supernet else None
+    config["power_options"] = {k: str(v) for k, v in options.power_options.items()}
+    config["batches"] = list(options.batches)
+    return config
+
+
+def write_measured(out_dir: Path, profile: DeviceProfile, options: ProfileOptions, loaded: Any,
+                   validation: Any, metrics: dict[str, Any]) -> None:
+    extra = {"validation.png": validation.plot_png} if validation is not None else {}
+    parents = (loaded.artifact,) if loaded is not None else ()
+    write_profile_artifact(profile, out_dir, config=_config(options), parents=parents, extra_files=extra,
+                           metrics=metrics)
+
+
+def write_estimated(out_dir: Path, profile: DeviceProfile, options: ProfileOptions) -> ProfileRun:
+    info = summary(profile)
+    write_profile_artifact(profile, out_dir, config=_config(options), metrics=info)
+    notes = [f"{profile.name}: estimated profile from profiles/ (datasheet and published figures, cited inside); "
+             "nothing was measured; pass --rpc host:port --key NAME to measure the device"]
+    return ProfileRun(out_dir, profile, info, notes)
