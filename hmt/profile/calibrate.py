@@ -64,6 +64,9 @@ def record_timeline(source: PowerSource, workloads: Sequence[Workload], *, windo
     windows: list[Window] = []
     source.start()
     try:
+        # Live sources (NVML, RAPL) sample on a thread: let the first sample land before
+        # the first window opens, or the trace starts a few ms after the run (seen on NVML).
+        time.sleep(0.25)
         t0 = time.time()
         time.sleep(idle_s)
         windows.append(Window("idle", t0, time.time(), 0))
