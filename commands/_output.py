@@ -47,7 +47,7 @@ class Output:
             return
         table = Table(title=title)
         for column in columns:
-            table.add_column(column)
+            table.add_column(column, overflow="fold")
         for row in rows:
             table.add_row(*[_fmt(cell) for cell in row])
         self.out.print(table)
