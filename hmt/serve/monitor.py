@@ -1,0 +1,256 @@
+"""Resource monitor: CPU, memory, GPU, battery and temperature, sampled on a thread and on demand.
+
+The sampler is any callable returning a :class:`ResourceSample`; :class:`PsutilSampler`
+reads the live machine (psutil, plus NVML through ``pynvml`` when it is importable and a
+GPU answers). Tests and scenario replay pass their own sampler instead.
+
+CPU utilisation is psutil's ``cpu_percent(interval=None)``: the busy share of all cores
+since the previous call (the /proc/stat difference of AdaScale IV-A), so the sampler
+never blocks. The first reading after construction covers the time since construction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import psutil
+
+from hmt.errors import DeviceError, UsageError
+
+Sampler = Callable[[], "ResourceSample"]
+
+
+@dataclass(frozen=True)
+class ResourceSample:
+    """One reading of the device's resources. ``None`` means the device does not expose it."""
+
+    time_s: float  # monotonic clock of the sampler
+    cpu_util: float  # 0..1, all cores together
+    mem_available_bytes: int
+    mem_total_bytes: int
+    cpu_freq_mhz: float | None = None
+    gpu_util: float | None = None  # 0..1
+    battery_percent: float | None = None  # 0..100
+    battery_plugged: bool | None = None
+    temperature_c: float | None = None  # hottest sensor
+
+    @property
+    def mem_util(self) -> float:
+        """Share of memory in use, 0..1 (1 - available / total)."""
+        if self.mem_total_bytes <= 0:
+            return 0.0
+        return min(1.0, max(0.0, 1.0 - self.mem_available_bytes / self.mem_total_bytes))
+
+
+class _Nvml:
+    """GPU utilisation of device 0 through NVML; absent (``None``) when pynvml or a GPU is missing."""
+
+    def __init__(self) -> None:
+        self._nvml: Any = None
+        self._handle: Any = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+        except Exception:  # noqa: BLE001 - no NVML library, no driver or no GPU: GPU is absent
+            return
+        try:
+            if pynvml.nvmlDeviceGetCount() > 0:
+                self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+                self._nvml = pynvml
+            else:
+                pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001 - a broken driver reads as no GPU
+            with contextlib.suppress(Exception):
+                pynvml.nvmlShutdown()
+
+    @property
+    def present(self) -> bool:
+        return self._nvml is not None
+
+    def util(self) -> float | None:
+        if self._nvml is None:
+            return None
+        try:
+            return float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu) / 100.0
+        except Exception:  # noqa: BLE001 - a GPU that stops answering is reported as absent
+            return None
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            with contextlib.suppress(Exception):
+                self._nvml.nvmlShutdown()
+            self._nvml = None
+
+
+class PsutilSampler:
+    """Samples the live machine. ``use_nvml=False`` skips the GPU even where NVML exists."""
+
+    def __init__(self, use_nvml: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._nvml = _Nvml() if use_nvml else None
+        psutil.cpu_percent(interval=None)  # prime: the next call measures from here
+
+    @property
+    def has_gpu(self) -> bool:
+        return self._nvml is not None and self._nvml.present
+
+    def __call__(self) -> ResourceSample:
+        cpu_util = psutil.cpu_percent(interval=None) / 100.0
+        mem = psutil.virtual_memory()
+        freq_mhz: float | None = None
+        with contextlib.suppress(Exception):
+            freq = psutil.cpu_freq()
+            if freq is not None and freq.current > 0:
+                freq_mhz = float(freq.current)
+        battery_percent: float | None = None
+        plugged: bool | None = None
+        sensors_battery = getattr(psutil, "sensors_battery", None)
+        if sensors_battery is not None:
+            with contextlib.suppress(Exception):
+                battery = sensors_battery()
+                if battery is not None:
+                    battery_percent = float(battery.percent)
+                    plugged = None if battery.power_plugged is None else bool(battery.power_plugged)
+        return ResourceSample(
+            time_s=self._clock(),
+            cpu_util=min(1.0, max(0.0, cpu_util)),
+            mem_available_bytes=int(mem.available),
+            mem_total_bytes=int(mem.total),
+            cpu_freq_mhz=freq_mhz,
+            gpu_util=self._nvml.util() if self._nvml is not None else None,
+            battery_percent=battery_percent,
+            battery_plugged=plugged,
+            temperature_c=_hottest_temperature_c(),
+        )
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            self._nvml.close()
+
+
+def _hottest_temperature_c() -> float | None:
+    sensors = getattr(psutil, "sensors_temperatures", None)
+    if sensors is None:
+        return None
+    try:
+        readings = sensors()
+    except Exception:  # noqa: BLE001 - unreadable sensors read as absent
+        return None
+    values = [float(t.current) for entries in readings.values() for t in entries if t.current is not None]
+    return max(values) if values else None
+
+
+class ResourceMonitor:
+    """Calls ``sampler`` every ``1 / frequency_hz`` seconds on a daemon thread and on demand.
+
+    Keeps the last ``history_len`` samples. ``on_sample`` (optional) is called with each
+    new sample, on the thread that took it. A sampler that raises on the thread is
+    counted (``error_count``, ``last_error``) and the loop goes on; ``sample_now`` raises
+    a :class:`DeviceError` instead.
+    """
+
+    def __init__(
+        self,
+        sampler: Sampler | None = None,
+        frequency_hz: float = 1.0,
+        history_len: int = 600,
+        on_sample: Callable[[ResourceSample], None] | None = None,
+    ) -> None:
+        if not frequency_hz > 0:
+            raise UsageError(f"monitor frequency_hz must be > 0, got {frequency_hz}")
+        if history_len < 1:
+            raise UsageError(f"monitor history_len must be >= 1, got {history_len}")
+        self._owns_sampler = sampler is None
+        self._sampler: Sampler = sampler if sampler is not None else PsutilSampler()
+        self.frequency_hz = float(frequency_hz)
+        self._on_sample = on_sample
+        self._history: deque[ResourceSample] = deque(maxlen=history_len)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error_count = 0
+        self.last_error: BaseException | None = None
+
+    @property
+    def period_s(self) -> float:
+        return 1.0 / self.frequency_hz
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def latest(self) -> ResourceSample | None:
+        with self._lock:
+            return self._history[-1] if self._history else None
+
+    def history(self) -> list[ResourceSample]:
+        """The kept samples, oldest first (a copy)."""
+        with self._lock:
+            return list(self._history)
+
+    def sample_now(self) -> ResourceSample:
+        """Take one sample on the calling thread, record it and return it."""
+        try:
+            sample = self._sampler()
+        except Exception as exc:
+            raise DeviceError(f"resource sampler failed: {type(exc).__name__}: {exc}") from exc
+        self._record(sample)
+        return sample
+
+    def _record(self, sample: ResourceSample) -> None:
+        with self._lock:
+            self._history.append(sample)
+        if self._on_sample is not None:
+            self._on_sample(sample)
+
+    def _loop(self) -> None:
+        period_s = self.period_s
+        next_s = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self._record(self._sampler())
+            except Exception as exc:  # noqa: BLE001 - keep monitoring; the failure is counted
+                self.error_count += 1
+                self.last_error = exc
+            next_s += period_s
+            now_s = time.monotonic()
+            if next_s < now_s:  # fell behind (slow sampler, suspended process): do not burst
+                next_s = now_s
+            self._stop.wait(next_s - now_s)
+
+    def start(self) -> None:
+        """Start the sampling thread (the first sample is taken at once). Starting twice is an error."""
+        if self.running:
+            raise UsageError("resource monitor is already running")
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="hmt-resource-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread and wait for it (idempotent). Closes a sampler the monitor created."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout_s)
+            if thread.is_alive():
+                raise DeviceError(f"resource monitor thread did not stop within {timeout_s} s")
+        if self._owns_sampler and isinstance(self._sampler, PsutilSampler):
+            self._sampler.close()
+
+    def __enter__(self) -> ResourceMonitor:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

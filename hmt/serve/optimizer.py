@@ -1,0 +1,338 @@
+"""Choose the variant to run: CrowdHMTware eq. 3 under load-scaled, measurement-corrected costs.
+
+``argmax_v mu*Norm(A_v) - (1-mu)*Norm(E_v)  s.t.  T_v <= T_budget,  M_v <= M_budget``
+
+- ``T_v = T0_v * (1 + alpha_latency * I) * r`` and ``E_v = E0_v * (1 + alpha_energy * I) * r``:
+  the profiled cost ``T0``/``E0`` scaled by the load index ``I`` (AdaScale eq. 2) and by
+  ``r = measured / predicted`` of the running variant (AdaptiveNet 5.3), smoothed by
+  :class:`LatencyCorrector`. Energy takes ``r`` too: energy per inference is power times
+  time, so a variant that runs slower than predicted also costs more than predicted.
+- ``Norm`` is min-max over the whole table (``norm="log"``: of the logarithm, the
+  paper's example). Both scale factors are the same for every variant, so they move the
+  latency feasibility line but never the normalised scores; the scores of the table
+  are therefore computed once, at construction, and a decision only has to find the
+  best score among the feasible variants.
+- ``mu = clip(battery_percent / 100, mu_min, mu_max)`` (CrowdHMTware: ``mu = Norm(B_r)``);
+  ``mu_no_battery`` on mains-only devices and ``mu_when_plugged`` while charging
+  (``None``: use the level anyway). ``mu`` is rounded to ``mu_step``.
+- Nothing feasible: the fastest variant that fits the memory budget, flagged
+  ``feasible=False``; if none fits memory, the one of least memory (a variant that does
+  not fit memory may fail to load at all, which is worse than running late).
+
+Decision cost: the variants are kept sorted by profiled latency, so the latency budget
+is a prefix found by bisection; the memory budget is reduced to a count by bisection
+on the sorted memory values. The answer for a (prefix, memory count, mu) triple is
+computed once with numpy and then cached, so the steady state (budgets and battery
+changing slowly) is a few dictionary and bisection operations.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hmt.errors import InputError, UsageError
+from hmt.serve.config import dataclass_from_mapping
+
+REASON_BEST = "best_within_budgets"
+REASON_FASTEST = "infeasible_fastest_in_memory"
+REASON_SMALLEST = "infeasible_least_memory"
+_CACHE_MAX_ENTRIES = 4096
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One candidate as profiled: accuracy (any scale, higher is better) and unloaded costs."""
+
+    arch_id: str
+    accuracy: float
+    latency_ms: float
+    energy_mj: float
+    memory_bytes: int
+
+    @classmethod
+    def from_mapping(cls, record: Mapping[str, Any], where: str = "variant") -> Variant:
+        try:
+            return cls(
+                arch_id=str(record["arch_id"]),
+                accuracy=float(record["accuracy"]),
+                latency_ms=float(record["latency_ms"]),
+                energy_mj=float(record["energy_mj"]),
+                memory_bytes=int(record["memory_bytes"]),
+            )
+        except KeyError as exc:
+            raise InputError(f"{where}: missing field {exc.args[0]!r}") from exc
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"{where}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Run-time budgets; ``None`` means unconstrained."""
+
+    latency_ms: float | None = None
+    memory_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.latency_ms is not None and not (math.isfinite(self.latency_ms) and self.latency_ms > 0):
+            raise UsageError(f"latency budget must be a finite number > 0 ms, got {self.latency_ms}")
+        if self.memory_bytes is not None and self.memory_bytes < 0:
+            raise UsageError(f"memory budget must be >= 0 bytes, got {self.memory_bytes}")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    alpha_latency: float = 1.0
+    alpha_energy: float = 1.0
+    accuracy_weight: float = 1.0
+    energy_weight: float = 1.0
+    mu_min: float = 0.2
+    mu_max: float = 1.0
+    mu_no_battery: float = 1.0
+    mu_when_plugged: float | None = 1.0
+    mu_step: float = 0.01
+    norm: str = "minmax"
+
+    def __post_init__(self) -> None:
+        for name in ("alpha_latency", "alpha_energy", "accuracy_weight", "energy_weight", "mu_step"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise UsageError(f"optimizer {name} must be a finite number >= 0, got {value}")
+        if not 0.0 <= self.mu_min <= self.mu_max <= 1.0:
+            raise UsageError(f"optimizer needs 0 <= mu_min <= mu_max <= 1, got {self.mu_min}, {self.mu_max}")
+        for name in ("mu_no_battery", "mu_when_plugged"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise UsageError(f"optimizer {name} must be in 0..1, got {value}")
+        if self.norm not in ("minmax", "log"):
+            raise UsageError(f"optimizer norm must be 'minmax' or 'log', got {self.norm!r}")
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any]) -> OptimizerConfig:
+        return dataclass_from_mapping(cls, mapping, "serve optimizer config")
+
+
+def mu_from_battery(
+    battery_percent: float | None, battery_plugged: bool | None = None, config: OptimizerConfig | None = None
+) -> float:
+    """The accuracy weight ``mu`` of eq. 3 from the battery (see the module docstring)."""
+    cfg = config if config is not None else OptimizerConfig()
+    if battery_percent is None or not math.isfinite(battery_percent):
+        mu = cfg.mu_no_battery
+    elif battery_plugged and cfg.mu_when_plugged is not None:
+        mu = cfg.mu_when_plugged
+    else:
+        mu = min(cfg.mu_max, max(cfg.mu_min, battery_percent / 100.0))
+    if cfg.mu_step > 0:
+        mu = round(mu / cfg.mu_step) * cfg.mu_step
+    return min(1.0, max(0.0, mu))
+
+
+class LatencyCorrector:
+    """Smoothed ``r = measured / predicted`` latency of the running variant (AdaptiveNet 5.3).
+
+    ``update`` takes the measured latency and the prediction it is compared with (the
+    load-scaled prediction, without ``r``) and moves ``r`` toward their ratio by
+    ``smoothing`` (exponential moving average); ``r`` is clipped to ``[r_min, r_max]`` so
+    that one outlier (a page fault, a cold cache) cannot swing the choice far.
+    """
+
+    def __init__(self, smoothing: float = 0.3, r_min: float = 0.2, r_max: float = 5.0) -> None:
+        if not 0.0 < smoothing <= 1.0:
+            raise UsageError(f"latency ratio smoothing must be in (0, 1], got {smoothing}")
+        if not 0.0 < r_min <= 1.0 <= r_max:
+            raise UsageError(f"latency ratio bounds need 0 < r_min <= 1 <= r_max, got {r_min}, {r_max}")
+        self.smoothing = smoothing
+        self.r_min = r_min
+        self.r_max = r_max
+        self.ratio = 1.0
+        self.count = 0
+
+    def update(self, measured_ms: float, predicted_ms: float) -> float:
+        if not (math.isfinite(measured_ms) and measured_ms >= 0):
+            raise UsageError(f"measured latency must be finite and >= 0 ms, got {measured_ms}")
+        if not (math.isfinite(predicted_ms) and predicted_ms > 0):
+            raise UsageError(f"predicted latency must be finite and > 0 ms, got {predicted_ms}")
+        sample = min(self.r_max, max(self.r_min, measured_ms / predicted_ms))
+        self.ratio = sample if self.count == 0 else self.ratio + self.smoothing * (sample - self.ratio)
+        self.count += 1
+        return self.ratio
+
+    def reset(self) -> None:
+        self.ratio = 1.0
+        self.count = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the optimizer chose and why. Latency and energy are the predictions under the load."""
+
+    arch_id: str
+    feasible: bool
+    reason_code: str
+    score: float
+    predicted_latency_ms: float
+    predicted_energy_mj: float
+    memory_bytes: int
+    mu: float
+    load_index: float
+    latency_scale: float
+    budgets: Budgets
+    current_arch_id: str | None = None
+    current_score: float | None = None
+    current_feasible: bool | None = None
+
+    @property
+    def reason(self) -> str:
+        if self.reason_code == REASON_BEST:
+            head = "best mu*Norm(A) - (1-mu)*Norm(E) within budgets"
+        elif self.reason_code == REASON_FASTEST:
+            head = "no variant meets the budgets: fastest that fits the memory budget"
+        else:
+            head = "no variant fits the memory budget: least memory"
+        return (
+            f"{head}; score {self.score:.4f}, mu {self.mu:.2f}, load {self.load_index:.2f}, "
+            f"latency x{self.latency_scale:.3f} -> {self.predicted_latency_ms:.3f} ms "
+            f"(budget {self.budgets.latency_ms} ms), memory {self.memory_bytes} B "
+            f"(budget {self.budgets.memory_bytes} B)"
+        )
+
+
+def _normalise(values: np.ndarray, log: bool) -> np.ndarray:
+    v = np.log(np.maximum(values, 1e-12)) if log else values
+    span = float(v.max() - v.min())
+    return np.zeros_like(v) if span <= 0 else (v - v.min()) / span
+
+
+class Optimizer:
+    """Eq. 3 over a fixed table of variants. Build once per table; ``decide`` per tick."""
+
+    def __init__(self, variants: Sequence[Variant | Mapping[str, Any]], config: OptimizerConfig | None = None) -> None:
+        self.config = config if config is not None else OptimizerConfig()
+        table = [
+            v if isinstance(v, Variant) else Variant.from_mapping(v, f"variant {i}") for i, v in enumerate(variants)
+        ]
+        if not table:
+            raise InputError("the optimizer needs at least one variant")
+        seen: set[str] = set()
+        for v in table:
+            if v.arch_id in seen:
+                raise InputError(f"duplicate variant arch_id {v.arch_id!r}")
+            seen.add(v.arch_id)
+            if not (math.isfinite(v.accuracy) and math.isfinite(v.latency_ms) and v.latency_ms > 0):
+                raise InputError(f"variant {v.arch_id!r}: accuracy must be finite and latency_ms > 0")
+            if not (math.isfinite(v.energy_mj) and v.energy_mj >= 0 and v.memory_bytes >= 0):
+                raise InputError(f"variant {v.arch_id!r}: energy_mj and memory_bytes must be >= 0")
+        # Latency order (ties: less memory, then higher accuracy, then id), so budgets are prefixes.
+        table.sort(key=lambda v: (v.latency_ms, v.memory_bytes, -v.accuracy, v.arch_id))
+        self.variants: tuple[Variant, ...] = tuple(table)
+        log = self.config.norm == "log"
+        accuracy = np.array([v.accuracy for v in table], dtype=np.float64)
+        energy = np.array([v.energy_mj for v in table], dtype=np.float64)
+        self._acc_term = self.config.accuracy_weight * _normalise(accuracy, log)
+        self._energy_term = self.config.energy_weight * _normalise(energy, log)
+        self._acc_list = self._acc_term.tolist()
+        self._energy_list = self._energy_term.tolist()
+        self._latency_list = [v.latency_ms for v in table]
+        self._memory = np.array([v.memory_bytes for v in table], dtype=np.int64)
+        self._memory_sorted = sorted(v.memory_bytes for v in table)
+        self._least_memory = int(np.argmin(self._memory))  # first in latency order among ties
+        self._position = {v.arch_id: i for i, v in enumerate(table)}
+        self._cache: dict[tuple[int, int, float], tuple[int, str]] = {}
+
+    def __len__(self) -> int:
+        return len(self.variants)
+
+    def variant(self, arch_id: str) -> Variant:
+        try:
+            return self.variants[self._position[arch_id]]
+        except KeyError as exc:
+            raise UsageError(f"unknown variant {arch_id!r}") from exc
+
+    def latency_scale(self, load_index: float, latency_ratio: float = 1.0) -> float:
+        return (1.0 + self.config.alpha_latency * load_index) * latency_ratio
+
+    def predicted_latency_ms(self, arch_id: str, load_index: float, latency_ratio: float = 1.0) -> float:
+        """The load-scaled (and ``r``-corrected) latency prediction of one variant."""
+        return self.variant(arch_id).latency_ms * self.latency_scale(load_index, latency_ratio)
+
+    def _choose(self, k: int, memory_count: int, memory_budget: int | None, mu: float) -> tuple[int, str]:
+        key = (k, memory_count, mu)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        if k > 0:
+            score = mu * self._acc_term[:k] - (1.0 - mu) * self._energy_term[:k]
+            if memory_budget is not None and memory_count < len(self.variants):
+                score = np.where(self._memory[:k] <= memory_budget, score, -np.inf)
+            best = int(np.argmax(score))
+            if score[best] > -np.inf:
+                result = (best, REASON_BEST)
+                return self._remember(key, result)
+        if memory_budget is None or memory_count == len(self.variants):
+            result = (0, REASON_FASTEST)
+        else:
+            fits = np.flatnonzero(self._memory <= memory_budget)
+            result = (int(fits[0]), REASON_FASTEST) if fits.size else (self._least_memory, REASON_SMALLEST)
+        return self._remember(key, result)
+
+    def _remember(self, key: tuple[int, int, float], result: tuple[int, str]) -> tuple[int, str]:
+        if len(self._cache) >= _CACHE_MAX_ENTRIES:
+            self._cache.clear()
+        self._cache[key] = result
+        return result
+
+    def decide(
+        self,
+        load_index: float = 0.0,
+        battery_percent: float | None = None,
+        battery_plugged: bool | None = None,
+        budgets: Budgets | None = None,
+        latency_ratio: float = 1.0,
+        current_arch_id: str | None = None,
+    ) -> Decision:
+        """The best variant now; also scores ``current_arch_id`` (for the switcher) when given."""
+        if not (0.0 <= load_index <= 1.0):
+            raise UsageError(f"load index must be in 0..1, got {load_index}")
+        if not (math.isfinite(latency_ratio) and latency_ratio > 0):
+            raise UsageError(f"latency ratio must be finite and > 0, got {latency_ratio}")
+        cfg = self.config
+        b = budgets if budgets is not None else Budgets()
+        mu = mu_from_battery(battery_percent, battery_plugged, cfg)
+        latency_scale = (1.0 + cfg.alpha_latency * load_index) * latency_ratio
+        n = len(self._latency_list)
+        k = n if b.latency_ms is None else bisect_right(self._latency_list, b.latency_ms / latency_scale)
+        memory_count = n if b.memory_bytes is None else bisect_right(self._memory_sorted, b.memory_bytes)
+        index, reason_code = self._choose(k, memory_count, b.memory_bytes, mu)
+        chosen = self.variants[index]
+        energy_scale = (1.0 + cfg.alpha_energy * load_index) * latency_ratio
+        current_score: float | None = None
+        current_feasible: bool | None = None
+        if current_arch_id is not None:
+            pos = self._position.get(current_arch_id)
+            if pos is None:
+                raise UsageError(f"unknown current variant {current_arch_id!r}")
+            current_score = mu * self._acc_list[pos] - (1.0 - mu) * self._energy_list[pos]
+            current = self.variants[pos]
+            current_feasible = pos < k and (b.memory_bytes is None or current.memory_bytes <= b.memory_bytes)
+        return Decision(
+            arch_id=chosen.arch_id,
+            feasible=reason_code == REASON_BEST,
+            reason_code=reason_code,
+            score=mu * self._acc_list[index] - (1.0 - mu) * self._energy_list[index],
+            predicted_latency_ms=chosen.latency_ms * latency_scale,
+            predicted_energy_mj=chosen.energy_mj * energy_scale,
+            memory_bytes=chosen.memory_bytes,
+            mu=mu,
+            load_index=load_index,
+            latency_scale=latency_scale,
+            budgets=b,
+            current_arch_id=current_arch_id,
+            current_score=current_score,
+            current_feasible=current_feasible,
+        )

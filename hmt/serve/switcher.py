@@ -1,0 +1,140 @@
+"""Hysteresis between the optimizer's proposals and the variant actually serving.
+
+Rules, applied to each :class:`~hmt.serve.optimizer.Decision` (one per tick):
+
+- nothing is active yet: adopt the proposal;
+- the active variant violates the budgets (``current_feasible`` is False) for
+  ``violation_patience`` consecutive decisions: switch to the proposal at once, dwell
+  time or not (getting back within budget comes first; the patience filters one-tick
+  spikes);
+- otherwise switch only when the same proposal has beaten the active variant's score
+  by at least ``score_margin`` for ``improve_patience`` consecutive decisions and the
+  active variant has served for at least ``min_dwell_s``.
+
+Inputs that alternate between two states therefore never switch back and forth: each
+state resets the other's streak, and a budget violation that clears every other tick
+never reaches its patience (given patiences of 2 or more).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hmt.errors import UsageError
+from hmt.serve.config import dataclass_from_mapping
+from hmt.serve.optimizer import Decision
+
+SWITCH_INITIAL = "initial"
+SWITCH_VIOLATION = "budget_violation"
+SWITCH_BETTER = "better_by_margin"
+STAY_SAME = "same_variant"
+STAY_VIOLATION_PENDING = "violation_pending"
+STAY_IMPROVEMENT_PENDING = "improvement_pending"
+STAY_BELOW_MARGIN = "below_margin"
+STAY_DWELL = "min_dwell"
+
+
+@dataclass(frozen=True)
+class SwitchPolicy:
+    score_margin: float = 0.05
+    violation_patience: int = 2
+    improve_patience: int = 2
+    min_dwell_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.score_margin >= 0:
+            raise UsageError(f"switch score_margin must be >= 0, got {self.score_margin}")
+        if self.violation_patience < 1 or self.improve_patience < 1:
+            raise UsageError("switch violation_patience and improve_patience must be >= 1")
+        if not self.min_dwell_s >= 0:
+            raise UsageError(f"switch min_dwell_s must be >= 0, got {self.min_dwell_s}")
+
+    @classmethod
+    def from_mapping(cls, mapping: dict[str, Any]) -> SwitchPolicy:
+        return dataclass_from_mapping(cls, mapping, "serve switch policy")
+
+
+@dataclass(frozen=True)
+class SwitchResult:
+    """Outcome of one decision: which variant serves now and why."""
+
+    switched: bool
+    active_arch_id: str
+    previous_arch_id: str | None
+    proposed_arch_id: str
+    reason: str
+
+
+class Switcher:
+    """Keeps the active variant; ``offer`` each decision, ``revert`` a switch whose load failed."""
+
+    def __init__(self, policy: SwitchPolicy | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.policy = policy if policy is not None else SwitchPolicy()
+        self._clock = clock
+        self.active_arch_id: str | None = None
+        self._since_s = 0.0
+        self._violations = 0
+        self._candidate: str | None = None
+        self._candidate_streak = 0
+        self.switch_count = 0
+
+    def _switch(self, decision: Decision, now_s: float, reason: str) -> SwitchResult:
+        previous = self.active_arch_id
+        self.active_arch_id = decision.arch_id
+        self._since_s = now_s
+        self._violations = 0
+        self._candidate = None
+        self._candidate_streak = 0
+        self.switch_count += previous is not None
+        return SwitchResult(True, decision.arch_id, previous, decision.arch_id, reason)
+
+    def _stay(self, decision: Decision, reason: str) -> SwitchResult:
+        assert self.active_arch_id is not None
+        return SwitchResult(False, self.active_arch_id, self.active_arch_id, decision.arch_id, reason)
+
+    def offer(self, decision: Decision, now_s: float | None = None) -> SwitchResult:
+        """Apply the rules to ``decision``, which must score the active variant (``current_arch_id``)."""
+        now = self._clock() if now_s is None else now_s
+        if self.active_arch_id is None:
+            return self._switch(decision, now, SWITCH_INITIAL)
+        if decision.current_arch_id != self.active_arch_id or decision.current_score is None:
+            raise UsageError(
+                f"decision scores {decision.current_arch_id!r}, but the active variant is {self.active_arch_id!r}: "
+                "pass current_arch_id=switcher.active_arch_id to Optimizer.decide"
+            )
+        if decision.arch_id == self.active_arch_id:
+            self._violations = 0
+            self._candidate, self._candidate_streak = None, 0
+            return self._stay(decision, STAY_SAME)
+        if decision.current_feasible is False:
+            self._violations += 1
+            self._candidate, self._candidate_streak = None, 0
+            if self._violations >= self.policy.violation_patience:
+                return self._switch(decision, now, SWITCH_VIOLATION)
+            return self._stay(decision, STAY_VIOLATION_PENDING)
+        self._violations = 0
+        if decision.score < decision.current_score + self.policy.score_margin:
+            self._candidate, self._candidate_streak = None, 0
+            return self._stay(decision, STAY_BELOW_MARGIN)
+        if decision.arch_id == self._candidate:
+            self._candidate_streak += 1
+        else:
+            self._candidate, self._candidate_streak = decision.arch_id, 1
+        if self._candidate_streak < self.policy.improve_patience:
+            return self._stay(decision, STAY_IMPROVEMENT_PENDING)
+        if now - self._since_s < self.policy.min_dwell_s:
+            return self._stay(decision, STAY_DWELL)
+        return self._switch(decision, now, SWITCH_BETTER)
+
+    def revert(self, result: SwitchResult) -> None:
+        """Undo ``result`` (the new variant failed to load): the previous one keeps serving."""
+        if not result.switched or result.active_arch_id != self.active_arch_id:
+            raise UsageError("only the latest switch can be reverted")
+        self.active_arch_id = result.previous_arch_id
+        self._violations = 0
+        self._candidate, self._candidate_streak = None, 0
+        if result.previous_arch_id is not None:
+            self.switch_count -= 1
