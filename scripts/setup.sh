@@ -3,5 +3,5 @@
 # CPU torch first and pinned, so that no resolver pulls a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-python3 -m pip install --quiet --disable-pip-version-check "torch==2.13.0" -e ".[offline,dev]"
+python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "torch==2.13.0"
+python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "torch==2.13.0" -e ".[offline,dev]"
