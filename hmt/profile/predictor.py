@@ -36,6 +36,16 @@ class HitRateCurve:
         return cls(tuple(int(s) for s in table["size_bytes"]), tuple(float(r) for r in table["hit_rate"]))
 
 
+def _coefficients(model: dict, names: Sequence[str]) -> np.ndarray:
+    """Coefficients in the design matrix's column order, matched by name: profile JSON is
+    written key-sorted, so the stored order is not the fit's."""
+    stored = model["coefficients"]
+    missing = [n for n in names if n not in stored]
+    if missing:
+        raise InputError(f"profile model {model.get('form')!r} lacks coefficients {missing}")
+    return np.asarray([float(stored[n]["value"]) for n in names])
+
+
 class Predictor:
     def __init__(self, profile: DeviceProfile) -> None:
         self.profile = profile
@@ -83,17 +93,16 @@ class Predictor:
         if not self._latency:
             raise InputError(f"profile {self.profile.name!r} has no fitted latency model")
         form = self._latency["form"]
-        coef = [float(c["value"]) for c in self._latency["coefficients"].values()]
-        design, _ = latency_design([layers], [self._hit_rates(layers)], form=form)
-        return float(design[0] @ np.asarray(coef))
+        design, names = latency_design([layers], [self._hit_rates(layers)], form=form)
+        return float(design[0] @ _coefficients(self._latency, names))
 
     def energy(self, layers: Sequence[LayerFeature]) -> tuple[float, str]:
         """(energy, unit): mJ when calibrated, MAC-equivalents otherwise."""
         if not self._energy:
             raise InputError(f"profile {self.profile.name!r} has no energy model")
-        coef = [float(c["value"]) for c in self._energy["coefficients"].values()]
-        design, _ = energy_design([layers], [self._hit_rates(layers)], shared_memory=len(coef) == 4)
-        return float(design[0] @ np.asarray(coef)), str(self._energy["unit"])
+        shared = len(self._energy["coefficients"]) == 4
+        design, names = energy_design([layers], [self._hit_rates(layers)], shared_memory=shared)
+        return float(design[0] @ _coefficients(self._energy, names)), str(self._energy["unit"])
 
     def under_load(self, latency_ms: float, load_index: float) -> float:
         if self.load_model is None:

@@ -19,7 +19,7 @@ def hmt(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
 def test_help_lists_every_stage() -> None:
     result = hmt("--help")
     assert result.returncode == 0
-    for command in ("train-supernet", "convert", "fuse", "profile-device"):
+    for command in ("train-supernet", "profile-device", "pareto", "convert", "fuse"):
         assert command in result.stdout
     sub = hmt("train-supernet", "--help")
     assert sub.returncode == 0 and "hmt train-supernet --preset tiny" in sub.stdout

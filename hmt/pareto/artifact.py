@@ -1,0 +1,78 @@
+"""The pareto artifact: front, runtime index, archive, plot; written atomically, loaded verified.
+
+Files:
+
+- ``front.json``: the front (per point: arch id and config, accuracy per exit,
+  predicted latency / energy / memory, the profile it was predicted for), the answer
+  for every budget combination (or the closest miss), the search's settings and work;
+- ``index.json``: the runtime index (``hmt.pareto.index``; loads without torch);
+- ``archive.csv``: every evaluated variant, with ``on_front``;
+- ``front.png``: accuracy vs latency, front highlighted, budgets drawn.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hmt.artifacts import Artifact, ArtifactWriter, ParentRecord, load_artifact
+from hmt.errors import ArtifactError
+from hmt.pareto.index import FrontIndex
+
+KIND = "pareto"
+FRONT = "front.json"
+INDEX = "index.json"
+ARCHIVE = "archive.csv"
+PLOT = "front.png"
+FRONT_SCHEMA = "hmt.pareto-front"
+FRONT_SCHEMA_VERSION = 1
+
+
+@dataclass
+class LoadedFront:
+    artifact: Artifact
+    doc: dict[str, Any]
+    index: FrontIndex
+
+    @property
+    def points(self) -> list[dict[str, Any]]:
+        return list(self.doc["points"])
+
+
+def write_pareto_artifact(out: Path, *, front_doc: Mapping[str, Any], index: FrontIndex,
+                          archive_rows: Iterable[Mapping[str, Any]], plot_png: bytes, config: dict[str, Any],
+                          parents: Iterable[Artifact | ParentRecord], metrics: Mapping[str, Any]) -> Path:
+    import csv
+
+    rows = list(archive_rows)
+    buffer = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    with ArtifactWriter(out, kind=KIND, config=config, parents=parents) as w:
+        w.write_json(FRONT, dict(front_doc))
+        w.write_json(INDEX, index.to_json_dict())
+        w.write_bytes(ARCHIVE, buffer.getvalue().encode())
+        w.write_bytes(PLOT, plot_png)
+        w.metrics.update(metrics)
+    return out
+
+
+def load_front(path: Path | str) -> LoadedFront:
+    """Load a pareto artifact, verifying every checksum, its schema and index."""
+    artifact = load_artifact(path, kind=KIND)
+    doc = artifact.read_json(FRONT)
+    if not isinstance(doc, dict) or doc.get("schema") != FRONT_SCHEMA:
+        raise ArtifactError(f"{artifact.file(FRONT)}: not an hmt pareto front (schema {FRONT_SCHEMA!r})")
+    if doc.get("schema_version") != FRONT_SCHEMA_VERSION:
+        raise ArtifactError(f"{artifact.file(FRONT)}: schema_version {doc.get('schema_version')!r}; "
+                            f"this hmt reads {FRONT_SCHEMA_VERSION}")
+    index = FrontIndex.from_json_dict(artifact.read_json(INDEX), source=str(artifact.file(INDEX)))
+    if len(index) != len(doc.get("points", [])):
+        raise ArtifactError(f"{artifact.root}: index has {len(index)} entries, front has "
+                            f"{len(doc.get('points', []))} points")
+    return LoadedFront(artifact, doc, index)

@@ -1,0 +1,279 @@
+"""``find_front``: the pareto stage end to end, from a supernet and a profile to an artifact.
+
+supernet + profile -> block costs -> predictor (block table or eq. 2 / eq. 1) -> budget
+pre-check -> held-out batches -> search (prefix-reuse evaluation) -> front, index, answers
+per budget, plot -> one atomic artifact write.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hmt.errors import BudgetError, UsageError
+from hmt.pareto.budgets import Budgets, describe
+from hmt.pareto.front import budget_excess, closest_to_budgets, hypervolume
+from hmt.pareto.index import FrontIndex, IndexEntry
+from hmt.pareto.objectives import COST_METRICS
+from hmt.pareto.search import Record, SearchOptions, SearchResult, minimise_metric, run_search
+from hmt.progress import ProgressCallback, no_progress
+
+
+@dataclass(frozen=True)
+class ParetoOptions:
+    budgets: Budgets = field(default_factory=Budgets)
+    search: SearchOptions = field(default_factory=SearchOptions)
+    data_path: Path | None = None  # the "edge" data; None: the supernet's validation split
+    data_split: str = "test"
+    max_eval_samples: int | None = None
+    batch_size: int = 256
+    cache_mb: float = 256.0  # bound of the cross-generation feature cache
+    device: str = "cpu"
+    use_block_table: bool = True
+    cache_dir: Path | None = None  # decoded-dataset cache
+    threads: int | None = None  # torch intra-op threads while evaluating (None: torch's default)
+    calibration_samples: int | None = None  # BN re-estimation on the first N stored samples (None: all)
+
+    def validate(self) -> ParetoOptions:
+        self.search.validate()
+        if self.batch_size < 1:
+            raise UsageError(f"batch size must be >= 1, got {self.batch_size}")
+        if self.cache_mb < 0:
+            raise UsageError(f"feature cache must be >= 0 MB, got {self.cache_mb}")
+        if self.threads is not None and self.threads < 1:
+            raise UsageError(f"threads must be >= 1, got {self.threads}")
+        return self
+
+    def to_json_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["budgets"] = self.budgets.to_json_dict()
+        data["search"] = dataclasses.asdict(self.search) | {"objectives": list(self.search.objectives)}
+        data["data_path"] = str(self.data_path) if self.data_path else None
+        data["cache_dir"] = str(self.cache_dir) if self.cache_dir else None
+        return data
+
+
+@dataclass(frozen=True)
+class BudgetAnswer:
+    budgets: dict[str, float]
+    point: dict[str, Any] | None  # the most accurate front point within them
+    closest: dict[str, Any] | None  # when none: the evaluated variant that misses them least
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"budgets": self.budgets, "arch_id": self.point["arch_id"] if self.point else None,
+                "accuracy": self.point["accuracy"] if self.point else None, "closest": self.closest}
+
+
+@dataclass
+class ParetoRun:
+    out: Path
+    points: list[dict[str, Any]]
+    answers: list[BudgetAnswer]
+    result: SearchResult
+    metrics: dict[str, Any]
+    energy_unit: str
+    notes: list[str]
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _point(record: Record, device_id: str) -> dict[str, Any]:
+    arch = record.candidate
+    return {
+        **arch.to_json_dict(),
+        "accuracy": record.accuracy.accuracy,
+        "accuracy_per_exit": list(record.accuracy.accuracy_per_exit),
+        **record.costs.to_json_dict(),
+        "predicted_for": device_id,
+        "evaluation_order": record.order,
+        "derived_from": record.derived_from,
+    }
+
+
+def _miss(record: Record, budgets: dict[str, float]) -> dict[str, Any]:
+    excess = budget_excess(record.costs.to_json_dict(), budgets)
+    return {"arch_id": record.candidate.arch.arch_id, "accuracy": record.accuracy.accuracy,
+            **{m: record.costs.metric(m) for m in COST_METRICS}, "excess": excess}
+
+
+def _budget_error(what: str, arch_id: str, values: dict[str, float], budgets: dict[str, float], unit: str) -> str:
+    excess = budget_excess(values, budgets)
+    parts = [f"{m} {values[m]:.4g} is {100 * e:.1f}% over {budgets[m]:g}" for m, e in excess.items()]
+    return (f"no variant meets {describe(budgets, unit)}: {what} is {arch_id} ({'; '.join(parts)}); "
+            "loosen the budgets or profile a faster engine")
+
+
+def precheck_budgets(encoding: Any, costs: Any, budgets: Budgets) -> None:
+    """Refuse budgets nothing in the space can meet, before any evaluation."""
+    limits = budgets.limits()
+    for metric, limit in limits.items():
+        candidate, best = minimise_metric(encoding, costs, metric)
+        if best.metric(metric) > limit:
+            values = {m: best.metric(m) for m in COST_METRICS}
+            raise BudgetError(_budget_error(f"the variant of least {metric} found", candidate.arch.arch_id,
+                                            values, {metric: limit}, costs.energy_unit))
+
+
+def find_front(supernet: Path | str, profile: Path | str, out: Path | str, options: ParetoOptions | None = None,
+               *, progress: ProgressCallback = no_progress) -> ParetoRun:
+    """Search the supernet for its accuracy / latency / energy / memory front on a device."""
+    import torch
+
+    options = (options or ParetoOptions()).validate()
+    threads_before = torch.get_num_threads()
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
+    try:
+        return _find_front(Path(supernet), Path(profile), Path(out), options, progress)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions,
+                progress: ProgressCallback) -> ParetoRun:
+    from hmt.pareto.data import calibration_batches, device_batches, held_out_data
+    from hmt.pareto.encoding import Encoding
+    from hmt.pareto.evaluate import PrefixEvaluator
+    from hmt.pareto.objectives import ProfilePredictor, VariantCostModel, measure_block_costs
+    from hmt.profile import load_profile
+    from hmt.supernet import load_supernet
+
+    start = time.perf_counter()
+    loaded = load_supernet(supernet, device=options.device)
+    device_profile = load_profile(profile)
+    progress("block costs", 0, None, "measuring every block choice once")
+    blocks = measure_block_costs(loaded.net)
+    predictor = ProfilePredictor(device_profile, blocks, loaded.space, use_block_table=options.use_block_table)
+    if options.budgets.energy and predictor.energy_unit != "mJ":
+        raise UsageError(f"profile {device_profile.name!r} has an uncalibrated energy model (unit "
+                         f"{predictor.energy_unit}); --energy-mj needs a profile calibrated with a power source")
+    costs = VariantCostModel(loaded.net, blocks, predictor)
+    encoding = Encoding(loaded.space, choice_order=costs.choice_order(loaded.space),
+                        engines=(str(device_profile.doc["device"].get("engine") or "default"),))
+    precheck_budgets(encoding, costs, options.budgets)
+
+    data = held_out_data(loaded, data_path=options.data_path, split=options.data_split,
+                         max_samples=options.max_eval_samples, seed=options.search.seed, cache_dir=options.cache_dir)
+    batches = device_batches(data, batch_size=options.batch_size, device=options.device)
+    calibration = calibration_batches(loaded, device=options.device, max_samples=options.calibration_samples)
+    evaluator = PrefixEvaluator(loaded.net, batches, calibration=calibration, cache_bytes=int(options.cache_mb * 1e6))
+    result = run_search(encoding, costs, evaluator, options.budgets, options.search, progress=progress)
+    limits = options.budgets.limits()
+    if not result.records:
+        closest = result.extras.get("closest_infeasible")
+        if closest is None:
+            raise BudgetError(f"no variant within {describe(limits, costs.energy_unit)} was found in "
+                              f"{result.priced} candidates ({result.stop_reason}); loosen the budgets")
+        candidate, miss = closest
+        raise BudgetError(_budget_error(f"after {result.priced} candidates ({result.stop_reason}) the closest",
+                                        candidate.arch.arch_id, {m: miss.metric(m) for m in COST_METRICS}, limits,
+                                        costs.energy_unit))
+
+    device_id = device_profile.device_id
+    front_records = [result.records[i] for i in result.front]
+    points = [_point(r, device_id) for r in front_records]
+    index = FrontIndex(
+        [IndexEntry(p["arch_id"], p["accuracy"], p["latency_ms"], p["energy"], p["memory_mb"], p["exit_stage"],
+                    tuple(p["accuracy_per_exit"]), p["engine"]) for p in points],
+        units={"accuracy": "fraction", "latency_ms": "ms", "energy": costs.energy_unit, "memory_mb": "MB"},
+        meta={"space_tag": loaded.space.tag, "predicted_for": device_id, "objectives": list(options.search.objectives)},
+    )
+    by_id = {p["arch_id"]: p for p in points}
+    answers = []
+    for combo in options.budgets.combos():
+        entry = index.best_within(**combo)
+        closest = None
+        if entry is None:
+            miss = closest_to_budgets([r.costs.to_json_dict() for r in result.records], combo)
+            closest = _miss(result.records[miss.index], combo) if miss else None
+        answers.append(BudgetAnswer(combo, by_id[entry.arch_id] if entry else None, closest))
+
+    hv_ref_latency = max(limits.get("latency_ms", 0.0), max(r.costs.latency_ms for r in result.records)) * 1.1
+    hv = hypervolume([[-r.accuracy.accuracy, r.costs.latency_ms] for r in front_records], [0.0, hv_ref_latency])
+    stats = result.eval_stats.to_json_dict()
+    metrics: dict[str, Any] = {
+        "front_size": len(points), "evaluations": result.evaluations, "archive_size": len(result.records),
+        "generations": result.generations,
+        "priced": result.priced, "infeasible": result.infeasible, "stop_reason": result.stop_reason,
+        "search_wall_s": result.wall_s, "eval_wall_s": stats["wall_s"],
+        "block_evals": stats["block_evals"] + stats["calib_block_evals"],
+        "block_evals_plain": stats["block_evals_plain"] + stats["calib_block_evals_plain"],
+        "reuse_saved_fraction": stats["saved_fraction"],
+        "best_accuracy": max(p["accuracy"] for p in points),
+        "hypervolume_acc_latency": hv, "hypervolume_reference": {"accuracy": 0.0, "latency_ms": hv_ref_latency},
+        "budgets_met": sum(a.point is not None for a in answers), "budget_combos": len(answers),
+    }
+    notes = []
+    if calibration is None:
+        notes.append("the supernet stores no calibration set: variants ran with the supernet's shared BN "
+                     "statistics, which underestimate most subnets' accuracy")
+    if predictor.energy_unit != "mJ":
+        notes.append(f"energy is in {predictor.energy_unit} (the profile's energy model is not calibrated)")
+    if device_profile.doc["device"].get("origin") == "estimated":
+        notes.append(f"profile {device_profile.name} is estimated from datasheets, not measured")
+    for answer in answers:
+        if answer.point is None:
+            notes.append(f"nothing on the front meets {describe(answer.budgets, costs.energy_unit)}"
+                         + (f"; closest: {answer.closest['arch_id']} ("
+                            + ", ".join(f"{m} +{100 * e:.1f}%" for m, e in answer.closest["excess"].items()) + ")"
+                            if answer.closest else ""))
+
+    profile_record: dict[str, Any] = {**predictor.describe(), "path": str(profile)}
+    parents: list[Any] = [loaded.artifact]
+    if profile.is_dir():
+        from hmt.artifacts import load_artifact
+        from hmt.profile.schema import ARTIFACT_KIND
+
+        profile_artifact = load_artifact(profile, kind=ARTIFACT_KIND)
+        parents.append(profile_artifact)
+        profile_record["manifest_sha256"] = profile_artifact.manifest_sha256
+    else:
+        profile_record["sha256"] = _sha256(profile)
+    from hmt.pareto.artifact import FRONT_SCHEMA, FRONT_SCHEMA_VERSION, write_pareto_artifact
+    from hmt.pareto.plot import front_png
+
+    sorted_points = sorted(points, key=lambda p: (p["latency_ms"], -p["accuracy"]))
+    front_doc = {
+        "schema": FRONT_SCHEMA, "schema_version": FRONT_SCHEMA_VERSION,
+        "supernet": {"path": str(supernet), "manifest_sha256": loaded.artifact.manifest_sha256,
+                     "space_tag": loaded.space.tag, "backbone": loaded.space.backbone},
+        "profile": profile_record, "data": data.describe(),
+        "bn_statistics": ("re-estimated per variant on the supernet's calibration set "
+                          f"({sum(len(b) for b in calibration)} samples)" if calibration is not None
+                          else "the supernet's shared statistics"),
+        "objectives": list(options.search.objectives),
+        "units": {"accuracy": "fraction", "latency_ms": "ms", "energy": costs.energy_unit, "memory_mb": "MB (1e6 B)",
+                  "params": "count", "macs": "MAC", "activation_peak_bytes": "byte"},
+        "budgets": options.budgets.to_json_dict(),
+        "answers": [a.to_json_dict() for a in answers],
+        "points": sorted_points,
+        "search": {"method": options.search.method, "evaluations": result.evaluations,
+                   "generations": result.generations, "priced": result.priced, "infeasible": result.infeasible,
+                   "stop_reason": result.stop_reason, "wall_s": result.wall_s, "evaluation": stats},
+        "notes": notes,
+    }
+    front_ids = {r.candidate.key for r in front_records}
+    archive_rows = [{"order": r.order, "generation": r.generation, "arch_id": r.candidate.arch.arch_id,
+                     "engine": r.candidate.engine, "exit_stage": r.candidate.arch.exit_stage,
+                     "accuracy": r.accuracy.accuracy, **r.costs.to_json_dict(),
+                     "derived_from": r.derived_from or "", "on_front": r.candidate.key in front_ids}
+                    for r in result.records]
+    picks = [a.point for a in answers if a.point is not None]
+    plot = front_png(
+        evaluated=[r.metrics() for r in result.records], front=points,
+        latency_budgets_ms=options.budgets.latency_ms, picks=picks,
+        other_budgets=", ".join(describe({m: v}, costs.energy_unit) for m, v in limits.items() if m != "latency_ms"),
+        title=f"{loaded.space.tag} on {device_profile.name} ({options.search.method}, "
+              f"{result.evaluations} evaluations)",
+    )
+    config = options.to_json_dict() | {"supernet": str(supernet), "profile": str(profile)}
+    metrics["total_wall_s"] = time.perf_counter() - start
+    write_pareto_artifact(out, front_doc=front_doc, index=index, archive_rows=archive_rows, plot_png=plot,
+                          config=config, parents=parents, metrics=metrics)
+    return ParetoRun(out, sorted_points, answers, result, metrics, costs.energy_unit, notes)
