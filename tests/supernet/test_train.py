@@ -69,8 +69,8 @@ def test_calibrated_materialisation_reestimates_bn(trained: Path) -> None:
     plain = loaded.materialize(arch, calibrate=False)
     calibrated = loaded.materialize(arch.arch_id)
     again = loaded.materialize(arch.arch_id)
-    norm = [m for m in calibrated.modules() if isinstance(m, torch.nn.BatchNorm2d)][0]
-    plain_norm = [m for m in plain.modules() if isinstance(m, torch.nn.BatchNorm2d)][0]
+    norm = next(m for m in calibrated.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    plain_norm = next(m for m in plain.modules() if isinstance(m, torch.nn.BatchNorm2d))
     assert not torch.equal(norm.running_mean, plain_norm.running_mean)
     x = torch.randn(3, *loaded.space.input_shape)
     with torch.no_grad():
