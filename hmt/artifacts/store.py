@@ -43,7 +43,8 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable; some filesystems refuse to fsync a directory."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -69,7 +70,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _recover_interrupted_swap(out_dir: Path) -> None:
@@ -253,12 +254,12 @@ class ArtifactWriter:
                 tmp / MANIFEST_NAME,
                 (json.dumps(self.manifest.to_json_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n").encode(),
             )
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             backup = self.out_dir.with_name(self.out_dir.name + _BACKUP_SUFFIX)
             if self.out_dir.exists():
                 os.replace(self.out_dir, backup)
             os.replace(tmp, self.out_dir)
-            _fsync_dir(self.out_dir.parent)
+            fsync_dir(self.out_dir.parent)
             shutil.rmtree(backup, ignore_errors=True)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

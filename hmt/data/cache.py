@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from hmt.artifacts.store import sha256_file
+from hmt.artifacts.store import fsync_dir, sha256_file
 
 # Bump when the arrays a reader produces change meaning (layout, feature recipe, order).
 CACHE_FORMAT_VERSION = 1
@@ -90,20 +90,6 @@ def load_cached(path: Path, key: str) -> tuple[dict[str, np.ndarray], dict[str, 
     return arrays, info
 
 
-def _fsync_dir(path: Path) -> None:
-    # Makes the rename itself durable; some filesystems refuse to fsync a directory.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def store_cached(path: Path, key: str, arrays: dict[str, np.ndarray], info: dict[str, Any]) -> None:
     """Write an entry atomically. A cache that cannot be written only costs speed: warn."""
     meta = {
@@ -124,7 +110,7 @@ def store_cached(path: Path, key: str, arrays: dict[str, np.ndarray], info: dict
             os.fsync(handle.fileno())
         os.replace(tmp_name, path)
         tmp_name = None
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except OSError as exc:
         warnings.warn(f"{path}: could not write the data cache ({exc})", RuntimeWarning, stacklevel=3)
     finally:
