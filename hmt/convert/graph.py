@@ -97,8 +97,10 @@ def load_onnx(path: Path | str) -> onnx.ModelProto:
         except (OSError, ValueError) as exc:
             raise InputError(f"{path}: cannot read external data {location!r} ({exc})") from exc
         if length is not None and len(data) != length:
-            raise InputError(f"{path}: external data {location!r} of tensor {tensor.name!r} is truncated "
-                             f"({len(data)} of {length} bytes)")
+            raise InputError(
+                f"{path}: external data {location!r} of tensor {tensor.name!r} is truncated "
+                f"({len(data)} of {length} bytes)"
+            )
         tensor.raw_data = data
         tensor.data_location = onnx.TensorProto.DEFAULT
         del tensor.external_data[:]
@@ -229,17 +231,24 @@ def seeded_inputs(specs: list[TensorSpec], *, seed: int) -> dict[str, np.ndarray
     return feeds
 
 
-def ort_session(model: onnx.ModelProto, *, level: str = "all", threads: int = 0) -> Any:
-    """An ONNX Runtime CPU session on an in-memory model; ModelError naming the cause on failure."""
+def ort_optimization_level(level: str) -> Any:
+    """ONNX Runtime's enum for a level name: disable, basic, extended or all."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = {
+    return {
         "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[level]
+
+
+def ort_session(model: onnx.ModelProto, *, level: str = "all", threads: int = 0) -> Any:
+    """An ONNX Runtime CPU session on an in-memory model; ModelError naming the cause on failure."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort_optimization_level(level)
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
     try:

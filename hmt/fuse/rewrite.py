@@ -7,6 +7,7 @@ cheap and keeps every pass simple.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -36,9 +37,7 @@ class GraphView:
         self.graph_outputs = {value.name for value in self.graph.output}
         self._shapes: dict[str, tuple[int | None, ...]] | None = None
         self._dtypes: dict[str, int] = {}
-        self.opset = next(
-            (entry.version for entry in self.model.opset_import if entry.domain in ("", "ai.onnx")), 1
-        )
+        self.opset = next((entry.version for entry in self.model.opset_import if entry.domain in ("", "ai.onnx")), 1)
 
     def shape(self, name: str) -> tuple[int | None, ...] | None:
         """The inferred shape of a value (None entries for unknown dims), or None when unknown."""
@@ -129,11 +128,7 @@ class GraphView:
         out = node.output[0]
         if out in self.graph_outputs:
             producer = self.producer.get(keep_input)
-            if (
-                producer is None
-                or keep_input in self.graph_outputs
-                or len(self.consumers.get(keep_input, [])) != 1
-            ):
+            if producer is None or keep_input in self.graph_outputs or len(self.consumers.get(keep_input, [])) != 1:
                 return
             for i, name in enumerate(producer.output):
                 if name == keep_input:
@@ -212,6 +207,15 @@ def _subgraph_reads(attr: Any) -> set[str]:
                 if sub.type in (5, 10):
                     names |= _subgraph_reads(sub)
     return names
+
+
+def apply_until_fixed(view: GraphView, rules: Sequence[Callable[[GraphView], bool]]) -> int:
+    """Apply each rewrite rule until it stops firing (one rewrite per call); the count."""
+    fired = 0
+    for rule in rules:
+        while rule(view):
+            fired += 1
+    return fired
 
 
 def attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hmt.convert.graph import ort_optimization_level
 from hmt.errors import ModelError
 
 if TYPE_CHECKING:
@@ -37,12 +38,7 @@ def session_options(config: OrtConfig) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.graph_optimization_level = {
-        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }[config.level]
+    options.graph_optimization_level = ort_optimization_level(config.level)
     options.intra_op_num_threads = config.intra_op_threads
     options.log_severity_level = 3
     if not config.allow_spinning:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hmt.fuse.passes.registry import register_pass
-from hmt.fuse.rewrite import GraphView, attr, set_attr
+from hmt.fuse.rewrite import GraphView, apply_until_fixed, attr, set_attr
 
 if TYPE_CHECKING:
     import numpy as np
@@ -51,14 +51,23 @@ def _per_channel(value: np.ndarray, channels: int, rank: int) -> np.ndarray | No
     return value.reshape(-1).astype(np.float64)
 
 
-def _replace_conv(view: GraphView, conv: onnx.NodeProto, tail: onnx.NodeProto, weight: np.ndarray,
-                  bias: np.ndarray, *, x: str | None = None, suffix: str) -> None:
+def _replace_conv(
+    view: GraphView,
+    conv: onnx.NodeProto,
+    tail: onnx.NodeProto,
+    weight: np.ndarray,
+    bias: np.ndarray,
+    *,
+    x: str | None = None,
+    suffix: str,
+) -> None:
     import onnx
 
     w_name = view.add_initializer(conv.input[1], weight)
     b_name = view.add_initializer((conv.name or "conv") + "_b", bias)
-    fused = onnx.helper.make_node("Conv", [x or conv.input[0], w_name, b_name], [tail.output[0]],
-                                  name=(conv.name or "conv") + suffix)
+    fused = onnx.helper.make_node(
+        "Conv", [x or conv.input[0], w_name, b_name], [tail.output[0]], name=(conv.name or "conv") + suffix
+    )
     fused.attribute.extend(conv.attribute)
     view.replace_output_producer(conv, fused)
 
@@ -147,8 +156,11 @@ def _pad_conv(view: GraphView) -> bool:
             raw = attr(pad, "pads")
             pads_value = np.array(raw) if raw is not None else None
             fill = np.array([attr(pad, "value", 0.0)])
-        if pads_value is None or fill is None or np.any(fill != 0) or attr(conv, "auto_pad", b"NOTSET") not in (
-            b"NOTSET", "NOTSET"
+        if (
+            pads_value is None
+            or fill is None
+            or np.any(fill != 0)
+            or attr(conv, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET")
         ):
             continue
         pads_list = [int(p) for p in pads_value.reshape(-1)]
@@ -175,8 +187,4 @@ def _pad_conv(view: GraphView) -> bool:
     summary="fold per-channel Mul/Add, pointwise 1x1 conv chains and zero Pad into Conv",
 )
 def fuse_channelwise(view: GraphView) -> int:
-    fired = 0
-    for rule in (_pad_conv, _conv_affine, _conv_pointwise):
-        while rule(view):
-            fired += 1
-    return fired
+    return apply_until_fixed(view, (_pad_conv, _conv_affine, _conv_pointwise))

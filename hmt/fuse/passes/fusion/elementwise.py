@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hmt.fuse.passes.registry import register_pass
-from hmt.fuse.rewrite import GraphView, attr
+from hmt.fuse.rewrite import GraphView, apply_until_fixed, attr
 
 if TYPE_CHECKING:
     import numpy as np
@@ -148,8 +148,4 @@ def _hardswish(view: GraphView) -> bool:
     summary="merge chains of constant Add/Sub, Mul/Div, Relu/Clip and x*HardSigmoid(x)",
 )
 def fuse_elementwise(view: GraphView) -> int:
-    fired = 0
-    for rule in (_merge_affine, _merge_clamps, _hardswish):
-        while rule(view):
-            fired += 1
-    return fired
+    return apply_until_fixed(view, (_merge_affine, _merge_clamps, _hardswish))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hmt.fuse.passes.registry import register_pass
-from hmt.fuse.rewrite import GraphView, attr
+from hmt.fuse.rewrite import GraphView, apply_until_fixed, attr
 
 if TYPE_CHECKING:
     import numpy as np
@@ -41,8 +41,9 @@ def _gemm_parts(view: GraphView, node: onnx.NodeProto) -> tuple[np.ndarray, np.n
     return w, b
 
 
-def _emit_gemm(view: GraphView, x: str, w: np.ndarray, b: np.ndarray, out: str, *, like: onnx.NodeProto,
-               dtype: np.dtype, name: str) -> onnx.NodeProto:
+def _emit_gemm(
+    view: GraphView, x: str, w: np.ndarray, b: np.ndarray, out: str, *, like: onnx.NodeProto, dtype: np.dtype, name: str
+) -> onnx.NodeProto:
     import onnx
 
     w_name = view.add_initializer(name + "_W", w.astype(dtype))
@@ -67,8 +68,16 @@ def _matmul_add(view: GraphView) -> bool:
         bias = view.const(other)
         if bias is None or bias.size != weight.shape[1] or bias.ndim > 2 or not np.issubdtype(bias.dtype, np.floating):
             continue
-        _emit_gemm(view, matmul.input[0], weight.T.astype(np.float64), bias.reshape(-1).astype(np.float64),
-                   add.output[0], like=matmul, dtype=weight.dtype, name=(matmul.name or "matmul") + "_gemm")
+        _emit_gemm(
+            view,
+            matmul.input[0],
+            weight.T.astype(np.float64),
+            bias.reshape(-1).astype(np.float64),
+            add.output[0],
+            like=matmul,
+            dtype=weight.dtype,
+            name=(matmul.name or "matmul") + "_gemm",
+        )
         view.remove(matmul, add)
         view.refresh()
         return True
@@ -92,8 +101,16 @@ def _gemm_batchnorm(view: GraphView) -> bool:
         if scale.shape != (w.shape[0],):
             continue
         dtype = view.const(gemm.input[1]).dtype  # type: ignore[union-attr]
-        _emit_gemm(view, gemm.input[0], w * scale[:, None], (b - mean) * scale + beta, bn.output[0],
-                   like=gemm, dtype=dtype, name=(gemm.name or "gemm") + "_bn")
+        _emit_gemm(
+            view,
+            gemm.input[0],
+            w * scale[:, None],
+            (b - mean) * scale + beta,
+            bn.output[0],
+            like=gemm,
+            dtype=dtype,
+            name=(gemm.name or "gemm") + "_bn",
+        )
         view.remove(gemm, bn)
         view.refresh()
         return True
@@ -112,8 +129,16 @@ def _gemm_gemm(view: GraphView) -> bool:
         if w2.shape[0] * w1.shape[1] > w1.size + w2.size:
             continue  # merging would add MACs (a bottleneck pair); keep it
         dtype = view.const(first.input[1]).dtype  # type: ignore[union-attr]
-        _emit_gemm(view, first.input[0], w2 @ w1, w2 @ b1 + b2, second.output[0], like=first, dtype=dtype,
-                   name=(first.name or "gemm") + "_merged")
+        _emit_gemm(
+            view,
+            first.input[0],
+            w2 @ w1,
+            w2 @ b1 + b2,
+            second.output[0],
+            like=first,
+            dtype=dtype,
+            name=(first.name or "gemm") + "_merged",
+        )
         view.remove(first, second)
         view.refresh()
         return True
@@ -122,8 +147,4 @@ def _gemm_gemm(view: GraphView) -> bool:
 
 @register_pass("linear", category="fusion", summary="MatMul+Add -> Gemm, Gemm+BatchNorm and Gemm+Gemm merges")
 def fuse_linear(view: GraphView) -> int:
-    fired = 0
-    for rule in (_matmul_add, _gemm_batchnorm, _gemm_gemm):
-        while rule(view):
-            fired += 1
-    return fired
+    return apply_until_fixed(view, (_matmul_add, _gemm_batchnorm, _gemm_gemm))

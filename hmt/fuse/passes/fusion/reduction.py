@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hmt.fuse.passes.registry import register_pass
-from hmt.fuse.rewrite import GraphView, attr, set_attr
+from hmt.fuse.rewrite import GraphView, apply_until_fixed, attr, set_attr
 
 if TYPE_CHECKING:
     import onnx
@@ -90,11 +90,22 @@ def _merge_reductions(view: GraphView) -> bool:
         new_style = (first.op_type == "ReduceSum" and view.opset >= 13) or view.opset >= 18
         if new_style:
             axes_name = view.add_initializer("axes", np.array(axes, dtype=np.int64))
-            node = onnx.helper.make_node(first.op_type, [first.input[0], axes_name], [second.output[0]],
-                                         name=(first.name or "reduce") + "_merged", keepdims=keep)
+            node = onnx.helper.make_node(
+                first.op_type,
+                [first.input[0], axes_name],
+                [second.output[0]],
+                name=(first.name or "reduce") + "_merged",
+                keepdims=keep,
+            )
         else:
-            node = onnx.helper.make_node(first.op_type, [first.input[0]], [second.output[0]],
-                                         name=(first.name or "reduce") + "_merged", keepdims=keep, axes=axes)
+            node = onnx.helper.make_node(
+                first.op_type,
+                [first.input[0]],
+                [second.output[0]],
+                name=(first.name or "reduce") + "_merged",
+                keepdims=keep,
+                axes=axes,
+            )
         view.replace_output_producer(first, node)
         view.remove(first, second)
         view.refresh()
@@ -146,8 +157,4 @@ def _pad_avgpool(view: GraphView) -> bool:
     summary="ReduceMean over space -> GlobalAveragePool, merge stacked reductions, fold Pad into AveragePool",
 )
 def fuse_reduction(view: GraphView) -> int:
-    fired = 0
-    for rule in (_mean_to_gap, _merge_reductions, _pad_avgpool):
-        while rule(view):
-            fired += 1
-    return fired
+    return apply_until_fixed(view, (_mean_to_gap, _merge_reductions, _pad_avgpool))
