@@ -1,0 +1,264 @@
+"""The deploy bundle's layout: written by ``hmt deploy``, read by ``hmt serve`` (no torch).
+
+A bundle is an artifact directory of kind ``bundle``::
+
+    bundle.json            what is inside (this module's :class:`BundleSpec`)
+    profile.json           the device profile the variants were predicted for
+    index.json             the pareto runtime index, restricted to the bundled variants
+    serve.json             the serve config (budgets, optimizer and switch settings, early exit)
+    variants/<arch_id>/    segment_<k>.onnx, exit_<k>.onnx (+ .so compiled for the target)
+
+and ``manifest.json`` with the sha256 of every file. Each variant runs as a chain: the
+input goes through ``segment_0 .. segment_i``, and ``exit_i`` reads segment ``i``'s output;
+serve may stop after any segment whose exit is confident enough. Every path in
+``bundle.json`` is relative to the bundle and must stay inside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hmt.artifacts import Artifact, load_artifact, safe_join
+from hmt.errors import ArtifactError
+
+BUNDLE_KIND = "bundle"
+BUNDLE_SPEC_NAME = "bundle.json"
+BUNDLE_SPEC_VERSION = 1
+PROFILE_NAME = "profile.json"
+INDEX_NAME = "index.json"
+SERVE_CONFIG_NAME = "serve.json"
+VARIANTS_DIR = "variants"
+ENGINES = ("onnxruntime", "tvm")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], where: str) -> TensorSpec:
+        try:
+            return cls(str(data["name"]), tuple(int(d) for d in data["shape"]), str(data["dtype"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{where}: expected {{name, shape, dtype}} ({exc})") from exc
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """One static graph of a variant's chain (a segment or an exit head).
+
+    ``onnx`` is always present (ONNX Runtime can run it anywhere); ``tvm`` is the shared
+    library compiled for the bundle's target, or None when none was built for it.
+    ``consumes_segment`` is the segment whose output an exit head reads (None for segments).
+    """
+
+    index: int
+    input: TensorSpec
+    output: TensorSpec
+    onnx: str
+    tvm: str | None = None
+    consumes_segment: int | None = None
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], where: str) -> GraphSpec:
+        try:
+            tvm = data.get("tvm")
+            consumes = data.get("consumes_segment")
+            return cls(
+                index=int(data["index"]),
+                input=TensorSpec.from_mapping(data["input"], f"{where}.input"),
+                output=TensorSpec.from_mapping(data["output"], f"{where}.output"),
+                onnx=str(data["onnx"]),
+                tvm=None if tvm is None else str(tvm),
+                consumes_segment=None if consumes is None else int(consumes),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{where}: malformed graph entry ({exc})") from exc
+
+
+@dataclass(frozen=True)
+class BundleVariant:
+    """One Pareto variant as bundled: its chain of graphs and what pareto measured/predicted.
+
+    ``latency_ms``/``energy``/``memory_mb`` are the predictions for the bundle's profile at
+    the variant's own exit (``exit_stage``); ``accuracy_per_exit[k]`` is the measured accuracy
+    when stopping after segment ``k``. ``preferred_engine`` is what fuse measured fastest
+    (or the only engine available on the target).
+    """
+
+    arch_id: str
+    exit_stage: int
+    accuracy: float
+    accuracy_per_exit: tuple[float, ...]
+    latency_ms: float
+    energy: float
+    memory_mb: float
+    segments: tuple[GraphSpec, ...]
+    exits: tuple[GraphSpec, ...]
+    preferred_engine: str
+    engines: tuple[str, ...]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], where: str) -> BundleVariant:
+        try:
+            segments = tuple(
+                GraphSpec.from_mapping(s, f"{where}.segments[{i}]") for i, s in enumerate(data["segments"])
+            )
+            exits = tuple(GraphSpec.from_mapping(s, f"{where}.exits[{i}]") for i, s in enumerate(data["exits"]))
+            variant = cls(
+                arch_id=str(data["arch_id"]),
+                exit_stage=int(data["exit_stage"]),
+                accuracy=float(data["accuracy"]),
+                accuracy_per_exit=tuple(float(a) for a in data["accuracy_per_exit"]),
+                latency_ms=float(data["latency_ms"]),
+                energy=float(data["energy"]),
+                memory_mb=float(data["memory_mb"]),
+                segments=segments,
+                exits=exits,
+                preferred_engine=str(data["preferred_engine"]),
+                engines=tuple(str(e) for e in data["engines"]),
+                extra=dict(data.get("extra", {})),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{where}: malformed variant entry ({exc})") from exc
+        variant._check(where)
+        return variant
+
+    def _check(self, where: str) -> None:
+        if not self.segments or len(self.exits) != len(self.segments):
+            raise ArtifactError(f"{where}: needs one exit head per segment (segments {len(self.segments)}, "
+                                f"exits {len(self.exits)})")
+        if not 0 <= self.exit_stage < len(self.segments):
+            raise ArtifactError(f"{where}: exit_stage {self.exit_stage} outside 0..{len(self.segments) - 1}")
+        for k, (segment, head) in enumerate(zip(self.segments, self.exits, strict=True)):
+            if segment.index != k or head.index != k or head.consumes_segment != k:
+                raise ArtifactError(f"{where}: graph {k} is out of order")
+            if k and segment.input.name != self.segments[k - 1].output.name:
+                raise ArtifactError(f"{where}: segment {k} reads {segment.input.name!r}, "
+                                    f"segment {k - 1} writes {self.segments[k - 1].output.name!r}")
+        unknown = [e for e in (*self.engines, self.preferred_engine) if e not in ENGINES]
+        if unknown:
+            raise ArtifactError(f"{where}: unknown engine(s) {unknown}; expected some of {list(ENGINES)}")
+        if self.preferred_engine not in self.engines:
+            raise ArtifactError(f"{where}: preferred_engine {self.preferred_engine!r} not in engines")
+        if "tvm" in self.engines and any(g.tvm is None for g in (*self.segments, *self.exits)):
+            raise ArtifactError(f"{where}: lists engine 'tvm' but a graph has no compiled library")
+
+    def graphs(self) -> tuple[GraphSpec, ...]:
+        return (*self.segments, *self.exits)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class BundleSpec:
+    """``bundle.json``: the target (a snapshot of its registry entry) and the variants."""
+
+    target: dict[str, Any]
+    input: TensorSpec
+    classes: int
+    variants: tuple[BundleVariant, ...]
+    notes: tuple[str, ...] = ()
+    version: int = BUNDLE_SPEC_VERSION
+
+    @classmethod
+    def from_mapping(cls, data: Any, where: str = BUNDLE_SPEC_NAME) -> BundleSpec:
+        if not isinstance(data, Mapping):
+            raise ArtifactError(f"{where}: expected a JSON object")
+        if data.get("version") != BUNDLE_SPEC_VERSION:
+            raise ArtifactError(f"{where}: version {data.get('version')!r}; this hmt reads {BUNDLE_SPEC_VERSION}")
+        try:
+            variants = tuple(
+                BundleVariant.from_mapping(v, f"{where}: variants[{i}]") for i, v in enumerate(data["variants"])
+            )
+            spec = cls(
+                target=dict(data["target"]),
+                input=TensorSpec.from_mapping(data["input"], f"{where}: input"),
+                classes=int(data["classes"]),
+                variants=variants,
+                notes=tuple(str(n) for n in data.get("notes", ())),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{where}: malformed ({exc})") from exc
+        if not variants:
+            raise ArtifactError(f"{where}: lists no variants")
+        ids = [v.arch_id for v in variants]
+        if len(set(ids)) != len(ids):
+            raise ArtifactError(f"{where}: a variant is listed twice")
+        return spec
+
+    def to_json_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["variants"] = [v.to_json_dict() for v in self.variants]
+        return data
+
+    def variant(self, arch_id: str) -> BundleVariant:
+        for candidate in self.variants:
+            if candidate.arch_id == arch_id:
+                return candidate
+        bundled = [v.arch_id for v in self.variants]
+        raise ArtifactError(f"{BUNDLE_SPEC_NAME}: no variant {arch_id!r}; bundled: {bundled}")
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A loaded, checksum-verified bundle."""
+
+    artifact: Artifact
+    spec: BundleSpec
+    serve_config: dict[str, Any]
+
+    @property
+    def root(self) -> Path:
+        return self.artifact.root
+
+    def path(self, relative: str) -> Path:
+        """A file the bundle lists, checked to stay inside the bundle."""
+        return self.artifact.file(relative)
+
+    def profile(self) -> dict[str, Any]:
+        data: dict[str, Any] = self.artifact.read_json(PROFILE_NAME)
+        return data
+
+    def index_path(self) -> Path:
+        return self.path(INDEX_NAME)
+
+
+def variant_dir(arch_id: str) -> str:
+    return f"{VARIANTS_DIR}/{arch_id}"
+
+
+def load_bundle(path: Path | str, *, verify_checksums: bool = True) -> Bundle:
+    """Load ``path`` as a bundle: manifest checksums, then ``bundle.json`` and its references."""
+    artifact = load_artifact(path, kind=BUNDLE_KIND, verify_checksums=verify_checksums)
+    spec = BundleSpec.from_mapping(artifact.read_json(BUNDLE_SPEC_NAME), str(artifact.root / BUNDLE_SPEC_NAME))
+    for variant in spec.variants:
+        for graph in variant.graphs():
+            for relative in (graph.onnx, graph.tvm):
+                if relative is not None:
+                    safe_join(artifact.root, relative, what=f"{BUNDLE_SPEC_NAME} entry")
+                    artifact.file(relative)
+    serve_config = artifact.read_json(SERVE_CONFIG_NAME)
+    if not isinstance(serve_config, dict):
+        raise ArtifactError(f"{artifact.root / SERVE_CONFIG_NAME}: expected a JSON object")
+    for name in (PROFILE_NAME, INDEX_NAME):
+        artifact.file(name)
+    return Bundle(artifact, spec, serve_config)
+
+
+def graph_names(variants: Sequence[BundleVariant]) -> list[str]:
+    """Every graph file the variants reference (for builders checking completeness)."""
+    names: list[str] = []
+    for variant in variants:
+        for graph in variant.graphs():
+            names.append(graph.onnx)
+            if graph.tvm is not None:
+                names.append(graph.tvm)
+    return names
