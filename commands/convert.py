@@ -27,6 +27,10 @@ Variants of a supernet artifact (segments + early-exit heads as separate graphs)
 
     hmt convert --supernet runs/supernet --variant largest --variant smallest --out runs/converted
 
+  Every point of a Pareto front (or 4 spread along it):
+
+    hmt convert --supernet runs/supernet --pareto runs/pareto --max-variants 4 --out runs/converted
+
 Each graph goes through pass 1 (fusion, duplicate/identity/no-op removal), pass 2 (constant
 folding), onnx.checker, and ONNX Runtime vs the reference on seeded inputs; above
 --atol + --rtol x max|reference| nothing is written. Next: hmt fuse runs/converted.
@@ -59,6 +63,11 @@ def convert_command(
     supernet: Annotated[Path | None, typer.Option("--supernet", help="A supernet artifact directory.")] = None,
     variant: Annotated[list[str] | None, typer.Option(
         "--variant", help="Variant id of --supernet (repeatable; also 'largest', 'smallest').")] = None,
+    pareto: Annotated[Path | None, typer.Option(
+        "--pareto", help="A pareto artifact searched on --supernet: convert the points of its front.")] = None,
+    max_variants: Annotated[int | None, typer.Option(
+        "--max-variants", min=1, help="With --pareto: at most N points, spread along the front (fastest and "
+        "most accurate kept).")] = None,
     batch: Annotated[int, typer.Option("--batch", help="Batch size of supernet variants.")] = 1,
     name: Annotated[str, typer.Option("--name", help="Folder name of a --model/--onnx variant.")] = "model",
     opset: Annotated[int, typer.Option("--opset", help="ONNX opset of the export.")] = 17,
@@ -93,6 +102,10 @@ def convert_command(
         given = [flag for flag, value in (("--model", model), ("--onnx", onnx_file), ("--supernet", supernet)) if value]
         if len(given) != 1:
             raise UsageError("give exactly one of --model, --onnx or --supernet (see hmt convert --help)")
+        if (pareto or max_variants) and not supernet:
+            raise UsageError("--pareto and --max-variants go with --supernet")
+        if max_variants and not pareto:
+            raise UsageError("--max-variants goes with --pareto")
         shapes = tuple(parse_shape(s) for s in input_shape) if input_shape else None
         source: TorchSource | OnnxSource | SupernetSource
         if model:
@@ -103,7 +116,8 @@ def convert_command(
             source = OnnxSource(onnx_file, name=safe_variant_name(name))
         else:
             assert supernet is not None
-            source = SupernetSource(supernet, tuple(variant or ()), batch=batch)
+            source = SupernetSource(supernet, tuple(variant or ()), batch=batch, pareto_dir=pareto,
+                                    max_variants=max_variants)
         if weights and not model:
             raise UsageError("--weights goes with --model")
         options = ConvertOptions(opset=opset, exporter=exporter.value, folder=folder.value,

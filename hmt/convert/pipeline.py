@@ -315,14 +315,24 @@ def _convert_onnx(writer: ArtifactWriter, source: OnnxSource, shapes: tuple[tupl
     return variant, notes
 
 
-def _supernet_variants(source: SupernetSource) -> tuple[Artifact | None, list[tuple[str, Any]]]:
+def _supernet_variants(source: SupernetSource) -> tuple[list[Artifact], list[tuple[str, Any]]]:
     from hmt.supernet import load_supernet
 
     loaded = load_supernet(source.artifact_dir)
-    if not source.variant_ids:
-        raise UsageError("give at least one --variant ID (or 'largest' / 'smallest') with a supernet artifact")
+    variant_ids = list(source.variant_ids)
+    front_artifact: Artifact | None = None
+    if source.pareto_dir is not None:
+        from hmt.pareto.artifact import front_variant_ids, load_front
+
+        front = load_front(source.pareto_dir)
+        front_artifact = front.artifact
+        variant_ids += front_variant_ids(front, supernet_manifest_sha256=loaded.artifact.manifest_sha256,
+                                         max_variants=source.max_variants)
+    if not variant_ids:
+        raise UsageError("give at least one --variant ID (or 'largest' / 'smallest') or --pareto with a "
+                         "supernet artifact")
     variants = []
-    for variant_id in source.variant_ids:
+    for variant_id in variant_ids:
         if variant_id == "largest":
             arch = loaded.space.largest()
         elif variant_id == "smallest":
@@ -331,7 +341,8 @@ def _supernet_variants(source: SupernetSource) -> tuple[Artifact | None, list[tu
             arch = loaded.space.parse(variant_id)
         variants.append((_arch_id(arch, variant_id), loaded.materialize(arch)))
     artifact = getattr(loaded, "artifact", None)
-    return artifact if isinstance(artifact, Artifact) else None, variants
+    parents = [a for a in (artifact, front_artifact) if isinstance(a, Artifact)]
+    return parents, variants
 
 
 def _arch_id(arch: Any, fallback: str) -> str:
@@ -374,7 +385,9 @@ def convert_model(
                             "input_shapes": [list(s) for s in onnx_input_shapes] if onnx_input_shapes else None}
     else:
         config["source"] = {"type": "supernet", "artifact": str(source.artifact_dir),
-                            "variants": list(source.variant_ids), "batch": source.batch}
+                            "variants": list(source.variant_ids), "batch": source.batch,
+                            "pareto": str(source.pareto_dir) if source.pareto_dir else None,
+                            "max_variants": source.max_variants}
     with ArtifactWriter(out_dir, kind=CONVERTED_KIND, config=config, parents=parents) as writer:
         if isinstance(source, TorchSource):
             progress("convert", 0, 1, source.name)
@@ -394,9 +407,8 @@ def convert_model(
             variants.append(variant)
             progress("convert", 1, 1, source.name)
         else:
-            artifact, materialised = _supernet_variants(source)
-            if artifact is not None:
-                writer.parents = (artifact.as_parent(),)
+            sources, materialised = _supernet_variants(source)
+            writer.parents = tuple(a.as_parent() for a in sources)
             total = len(materialised)
             for i, (arch_id, net) in enumerate(materialised):
                 progress("convert", i, total, arch_id)

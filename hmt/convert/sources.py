@@ -42,6 +42,9 @@ class SupernetSource:
     artifact_dir: Path
     variant_ids: tuple[str, ...] = field(default_factory=tuple)
     batch: int = 1
+    # Every point of this pareto artifact's front (searched on the same supernet) joins variant_ids.
+    pareto_dir: Path | None = None
+    max_variants: int | None = None
 
 
 ModelSource = TorchSource | OnnxSource | SupernetSource

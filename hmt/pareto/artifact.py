@@ -76,3 +76,39 @@ def load_front(path: Path | str) -> LoadedFront:
         raise ArtifactError(f"{artifact.root}: index has {len(index)} entries, front has "
                             f"{len(doc.get('points', []))} points")
     return LoadedFront(artifact, doc, index)
+
+
+def front_variant_ids(front: LoadedFront, *, supernet_manifest_sha256: str | None = None,
+                      max_variants: int | None = None) -> list[str]:
+    """Arch ids of the front's points, fastest first; at most ``max_variants`` spread along it.
+
+    The spread keeps the fastest and the most accurate point and takes the rest evenly by
+    rank in latency, so a small bundle still covers the whole latency range serve switches
+    over. ``supernet_manifest_sha256`` guards against a front searched on another supernet.
+    """
+    if supernet_manifest_sha256 is not None:
+        searched = [p.manifest_sha256 for p in front.artifact.manifest.parents if p.kind == "supernet"]
+        if searched and supernet_manifest_sha256 not in searched:
+            raise ArtifactError(f"{front.artifact.root}: this front was searched on another supernet "
+                                f"(manifest sha256 {searched[0][:12]}…, given {supernet_manifest_sha256[:12]}…)")
+    points = sorted(front.points, key=lambda p: (float(p["latency_ms"]), -float(p["accuracy"]), str(p["arch_id"])))
+    if not points:
+        raise ArtifactError(f"{front.artifact.root / FRONT}: the front has no points")
+    ids = [str(p["arch_id"]) for p in points]
+    if max_variants is None or max_variants >= len(ids):
+        return ids
+    if max_variants < 1:
+        raise ArtifactError(f"max_variants must be >= 1, got {max_variants}")
+    best = max(range(len(points)), key=lambda i: (float(points[i]["accuracy"]), -i))
+    chosen = {0, best}
+    if max_variants > len(chosen):
+        step = (len(points) - 1) / (max_variants - 1)
+        for k in range(max_variants):
+            if len(chosen) >= max_variants:
+                break
+            chosen.add(round(k * step))
+        for i in range(len(points)):
+            if len(chosen) >= max_variants:
+                break
+            chosen.add(i)
+    return [ids[i] for i in sorted(chosen)][:max_variants] if max_variants >= 2 else [ids[best]]
