@@ -76,14 +76,16 @@ def setup(args: argparse.Namespace) -> dict[str, Any]:
     from hmt.profile import load_profile
     from hmt.supernet import load_supernet
 
-    loaded = load_supernet(args.supernet)
-    blocks = measure_block_costs(loaded.net)
+    loaded = load_supernet(args.supernet, device=args.device)
+    # Costs are shapes and counts: traced on a CPU copy, whatever device evaluates accuracy.
+    cost_net = load_supernet(args.supernet).net if args.device != "cpu" else loaded.net
+    blocks = measure_block_costs(cost_net)
     profile = load_profile(args.profile)
-    costs = VariantCostModel(loaded.net, blocks, ProfilePredictor(profile, blocks, loaded.space))
+    costs = VariantCostModel(cost_net, blocks, ProfilePredictor(profile, blocks, loaded.space))
     encoding = Encoding(loaded.space, choice_order=costs.choice_order(loaded.space))
     data = held_out_data(loaded, max_samples=args.max_eval_samples, seed=0)
-    batches = device_batches(data, batch_size=args.batch_size)
-    calibration = calibration_batches(loaded, max_samples=args.calibration_samples)
+    batches = device_batches(data, batch_size=args.batch_size, device=args.device)
+    calibration = calibration_batches(loaded, device=args.device, max_samples=args.calibration_samples)
     rng = np.random.default_rng(12345)
     latencies = np.array([costs.costs(encoding.decode(x).arch).latency_ms for x in encoding.random(rng, 4000)])
     if args.latency_budgets:
@@ -339,6 +341,7 @@ def main() -> None:
         p.add_argument("--batch-size", type=int, default=250)
         p.add_argument("--cache-mb", type=float, default=512.0)
         p.add_argument("--latency-budgets", type=float, nargs="*", default=None)
+        p.add_argument("--device", default="cpu", help="where accuracy is evaluated (cpu, cuda)")
         p.add_argument("--out", type=Path, required=True)
         if name == "search":
             p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

@@ -211,7 +211,8 @@ class _Modules:
             elif kind == "exit":
                 module = copy.deepcopy(self.net.exits[index])
             else:
-                module = self.net.blocks[index].materialize(choice)
+                # materialize() slices on the CPU; evaluation runs where the supernet lives.
+                module = self.net.blocks[index].materialize(choice).to(next(self.net.parameters()).device)
             norms = [m for m in module.modules() if isinstance(m, _BatchNorm)]
             if self.calibrate:
                 for m in norms:

@@ -92,7 +92,8 @@ def measure_cost(model: nn.Module, input_shape: tuple[int, ...]) -> ModelCost:
     model.eval()
     try:
         with torch.no_grad():
-            model(torch.zeros(1, *input_shape))
+            device = next(model.parameters(), torch.empty(0)).device
+            model(torch.zeros(1, *input_shape, device=device))
     finally:
         for h in hooks:
             h.remove()

@@ -234,7 +234,7 @@ class Supernet(nn.Module):
             was_training = self.training
             self.eval()
             with torch.no_grad():
-                h = torch.zeros(1, *self.space.input_shape)
+                h = torch.zeros(1, *self.space.input_shape, device=next(self.parameters()).device)
                 shapes["stem"] = tuple(h.shape[1:])
                 h = self.stem(h)
                 for s in range(self.space.num_stages):
