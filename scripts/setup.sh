@@ -5,3 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "torch==2.13.0"
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "torch==2.13.0" -e ".[offline,dev]"
+# deploy cross-compiles TVM libraries for the Arm targets with Debian's aarch64 gcc. Best
+# effort: installed only where apt works (root, or sudo without a password); setup never
+# fails because of it (hmt deploy then says which package is missing).
+if ! command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo -n"; fi
+    { $SUDO apt-get install -y -qq gcc-aarch64-linux-gnu >/dev/null 2>&1 \
+        || { $SUDO apt-get update -qq >/dev/null 2>&1 && $SUDO apt-get install -y -qq gcc-aarch64-linux-gnu >/dev/null 2>&1; }; } \
+        || echo "setup: gcc-aarch64-linux-gnu not installed (apt unavailable); hmt deploy for Arm targets needs it" >&2
+fi

@@ -1,0 +1,188 @@
+"""``hmt deploy``: bundle fused Pareto variants for a target; verify a bundle; push it over ssh."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from commands._options import DebugOpt, JsonOpt, QuietOpt, SeedOpt
+from commands._output import Output
+from commands.app import app, run_command
+
+_EPILOG = """
+**Examples**
+
+The targets, their CPU/TVM target, cross-compiler, GPU and runtimes:
+
+    hmt deploy --list-targets
+
+A Raspberry Pi 4 bundle of every fused variant, with serve budgets (also writes runs/bundle-rpi.tar.gz):
+
+    hmt deploy --fused runs/fused --pareto runs/pareto --target raspberry-pi-4b --latency-ms 50 --out runs/bundle-rpi
+
+Check a bundle (directory or .tar.gz): checksums, extra files, target, ELF machine, and a seeded run here:
+
+    hmt deploy --verify runs/bundle-rpi.tar.gz
+
+Build and copy to the device (your ssh keys; rsync, else scp):
+
+    hmt deploy --fused runs/fused --pareto runs/pareto --target raspberry-pi-4b --push pi@rpi.local:/home/pi/hmt
+
+Jetson bundles carry no GPU code (see --list-targets): their ONNX graphs are for TensorRT on the device.
+"""
+
+
+class EngineChoice(str, Enum):
+    onnxruntime = "onnxruntime"
+    tvm = "tvm"
+
+
+class PushTool(str, Enum):
+    auto = "auto"
+    rsync = "rsync"
+    scp = "scp"
+
+
+def _list_targets(output: Output) -> None:
+    from hmt.deploy.targets import list_targets
+
+    targets = list_targets()
+    for t in targets:
+        tvm = t.tvm_target
+        output.note(f"[bold]{t.name}[/bold]: {t.description}")
+        output.note(f"  CPU {t.arch}: TVM target {tvm.get('mtriple')} mcpu={tvm.get('mcpu')} "
+                    f"mattr={','.join(tvm.get('mattr', [])) or '-'}; compiler {t.cross_compiler or 'host g++'}"
+                    + (f" (apt-get install -y {t.cross_compiler_package})" if t.cross_compiler_package else ""))
+        if t.gpu is not None:
+            output.note(f"  GPU {t.gpu.name} {t.gpu.cuda_arch}: {t.gpu.code}; needs {', '.join(t.gpu.runtimes)}")
+        output.note(f"  runtimes: {'; '.join(t.runtimes)}")
+        output.note(f"  default profile: {t.default_profile or 'none (pass --profile)'}")
+        for note in t.notes:
+            output.note(f"  note: {note}")
+    output.result({"targets": [t.to_json_dict() for t in targets]})
+
+
+def _show_verify(output: Output, report: Any) -> None:
+    output.table(f"verify {report.source} (target {report.target})", ["check", "status", "detail"],
+                 [[c.name, c.status, c.detail] for c in report.checks])
+
+
+@app.command("deploy", epilog=_EPILOG)
+def deploy_command(
+    fused: Annotated[Path | None, typer.Option("--fused", help="The fused artifact (from hmt fuse).")] = None,
+    pareto: Annotated[Path | None, typer.Option(
+        "--pareto", help="The pareto artifact the variants come from (their accuracy and predictions).")] = None,
+    target: Annotated[str | None, typer.Option(
+        "--target", "-t", help="Target name (see --list-targets); with --verify, the target expected.")] = None,
+    profile: Annotated[Path | None, typer.Option(
+        "--profile", help="Device profile (JSON file or profile-device artifact; default: the target's).")] = None,
+    variants: Annotated[list[str] | None, typer.Option(
+        "--variant", help="Variant arch id to bundle (repeatable; default: every fused variant).")] = None,
+    engines: Annotated[list[EngineChoice] | None, typer.Option(
+        "--engine", help="Engine to bundle (repeatable; default both; onnxruntime is always kept).")] = None,
+    strict: Annotated[bool, typer.Option(
+        "--strict", help="Fail the whole bundle if any variant does not compile for the target.")] = False,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Bundle directory (replaced atomically; OUT.tar.gz beside it). "
+                            "Default runs/bundle-TARGET.")] = None,
+    latency_ms: Annotated[float | None, typer.Option("--latency-ms", help="serve latency budget (ms).")] = None,
+    memory_mb: Annotated[float | None, typer.Option("--memory-mb", help="serve memory budget (MB).")] = None,
+    energy: Annotated[float | None, typer.Option(
+        "--energy", help="serve energy budget (the profile's energy unit).")] = None,
+    no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the verification after building.")] = False,
+    list_targets: Annotated[bool, typer.Option("--list-targets", help="List the targets and exit.")] = False,
+    verify: Annotated[Path | None, typer.Option(
+        "--verify", help="Verify this bundle (directory or .tar.gz) instead of building one.")] = None,
+    push: Annotated[str | None, typer.Option(
+        "--push", help="Copy the bundle to [user@]host:/path over ssh (BatchMode: your keys, no prompts).")] = None,
+    ssh_port: Annotated[int | None, typer.Option("--ssh-port", help="ssh port for --push.")] = None,
+    ssh_identity: Annotated[Path | None, typer.Option("--ssh-identity", help="ssh key file for --push.")] = None,
+    ssh_options: Annotated[list[str] | None, typer.Option(
+        "--ssh-option", help="Extra ssh -o KEY=VALUE for --push (repeatable).")] = None,
+    push_tool: Annotated[PushTool, typer.Option("--push-tool", help="rsync, scp, or auto.")] = PushTool.auto,
+    seed: SeedOpt = 0,
+    json_mode: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Bundle the chosen Pareto variants for one target: TVM libraries cross-compiled for its
+    CPU, ONNX graphs for ONNX Runtime (and on-device TensorRT), early-exit segments, device
+    profile, runtime index, serve config and a checksummed manifest; plus OUT.tar.gz.
+    Also verifies bundles and pushes them to a device over ssh."""
+
+    def do_push(output: Output, bundle_dir: Path) -> dict[str, Any] | None:
+        if push is None:
+            return None
+        from hmt.deploy.push import push_bundle
+
+        output.note(f"pushing {bundle_dir} to {push} ...")
+        pushed = push_bundle(bundle_dir, push, port=ssh_port, identity=ssh_identity,
+                             ssh_options=tuple(ssh_options or ()), tool=push_tool.value)
+        output.note(f"pushed with {pushed.tool} to {pushed.remote_dir} in {pushed.elapsed_s:.1f} s")
+        return {"destination": pushed.destination, "remote_dir": pushed.remote_dir, "tool": pushed.tool,
+                "elapsed_s": round(pushed.elapsed_s, 3)}
+
+    def body(output: Output) -> None:
+        from hmt.errors import UsageError
+
+        if list_targets:
+            _list_targets(output)
+            return
+        if verify is not None:
+            if push is not None and not verify.is_dir():
+                raise UsageError("--push with --verify needs a bundle directory, not an archive")
+            from hmt.deploy.verify import verify_bundle
+
+            report = verify_bundle(verify, expected_target=target, seed=seed)
+            _show_verify(output, report)
+            pushed = do_push(output, verify)
+            output.result({**report.to_json_dict(), "push": pushed}, f"{verify}: bundle OK for {report.target}")
+            return
+        missing = [name for name, value in (("--fused", fused), ("--pareto", pareto), ("--target", target))
+                   if value is None]
+        if missing:
+            raise UsageError(f"building a bundle needs {', '.join(missing)} (or use --list-targets / --verify)")
+        assert fused is not None and pareto is not None and target is not None
+        from hmt.deploy.build import DeployOptions, deploy_bundle
+        from hmt.deploy.verify import verify_bundle
+
+        out_dir = out or Path("runs") / f"bundle-{target}"
+        options = DeployOptions(
+            target=target, profile=profile, variants=tuple(variants or ()),
+            engines=tuple(e.value for e in engines) if engines else ("onnxruntime", "tvm"),
+            strict=strict, latency_ms=latency_ms, memory_mb=memory_mb, energy=energy,
+        )
+        with output.progress() as progress:
+            result = deploy_bundle(fused, pareto, out_dir, options=options, progress=progress)
+        output.table(
+            f"bundle {out_dir} for {result.target.name} (profile {result.profile_id})",
+            ["variant", "engines", "preferred", "graphs", "compile s", "KiB", "TVM error"],
+            [[v.arch_id, ", ".join(v.engines), v.preferred_engine, v.graphs, round(v.compile_s, 2),
+              round(v.size_bytes / 1024), v.tvm_error or "-"] for v in result.variants],
+        )
+        for failed, reason in result.failures.items():
+            output.warn(f"{failed}: TVM build for {result.target.name} failed; bundled for ONNX Runtime only "
+                        f"({reason})")
+        for note in result.notes:
+            output.note(f"note: {note}")
+        output.note(f"lineage: {result.lineage}")
+        verified = None
+        if not no_verify:
+            report = verify_bundle(out_dir, expected_target=result.target.name, seed=seed)
+            verified = report.to_json_dict()
+            skipped = [c.name for c in report.checks if c.status == "skipped"]
+            output.note(f"verified: {len(report.checks) - len(skipped)} checks ok"
+                        + (f", {len(skipped)} skipped (libraries for another CPU)" if skipped else ""))
+        pushed = do_push(output, out_dir)
+        size_mb = result.size_bytes / 1e6
+        archive_mb = (result.archive_size_bytes or 0) / 1e6
+        output.result(
+            {**result.to_json_dict(), "verify": verified, "push": pushed},
+            f"wrote {out_dir} ({size_mb:.2f} MB) and {result.archive} ({archive_mb:.2f} MB): "
+            f"{len(result.variants)} variant(s) for {result.target.name} in {result.build_s:.1f} s",
+        )
+
+    run_command(body, json_mode=json_mode, quiet=quiet, debug=debug)

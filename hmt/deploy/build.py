@@ -1,0 +1,312 @@
+"""``deploy``: a fused artifact + a pareto front -> a checksummed bundle for one target.
+
+The bundle (layout in :mod:`hmt.bundle`) holds, per chosen variant, its chain of segments
+and exit heads as ONNX (for ONNX Runtime, and for on-device TensorRT on Jetsons) and as
+TVM shared libraries cross-compiled for the target's CPU; the device profile; the runtime
+index restricted to the bundled variants; the serve config; and the manifest (sha256 of
+every file, the target, the versions that built it). A ``<out>.tar.gz`` is written beside
+the directory.
+
+A variant whose TVM build fails for the target is bundled with ONNX Runtime only and the
+failure is reported (bundle notes, manifest metrics, the result); with ``strict`` the
+whole bundle fails instead and nothing is written.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hmt import __version__
+from hmt.artifacts import ArtifactWriter, load_artifact
+from hmt.bundle import (
+    BUNDLE_KIND,
+    BUNDLE_SPEC_NAME,
+    ENGINES,
+    INDEX_NAME,
+    PROFILE_NAME,
+    SERVE_CONFIG_NAME,
+    BundleSpec,
+    BundleVariant,
+    GraphSpec,
+    variant_dir,
+)
+from hmt.deploy.archive import write_archive
+from hmt.deploy.sources import (
+    FUSED_KIND,
+    FusedVariant,
+    check_lineage,
+    front_points,
+    graph_spec,
+    match_points,
+    read_fused_variants,
+    read_profile,
+    select_variants,
+    supernet_hint,
+)
+from hmt.deploy.targets import Target, default_profile_path, get_target
+from hmt.errors import ModelError, UsageError
+from hmt.progress import ProgressCallback, no_progress
+
+
+@dataclass(frozen=True)
+class DeployOptions:
+    target: str
+    profile: Path | None = None  # None: the target's shipped profile
+    variants: tuple[str, ...] = ()  # arch ids (or fused names); empty: every fused variant
+    engines: tuple[str, ...] = ENGINES
+    strict: bool = False
+    latency_ms: float | None = None
+    memory_mb: float | None = None
+    energy: float | None = None
+    archive: bool = True
+
+
+@dataclass(frozen=True)
+class VariantBuild:
+    arch_id: str
+    engines: tuple[str, ...]
+    preferred_engine: str
+    graphs: int
+    compile_s: float
+    size_bytes: int
+    tvm_error: str | None = None
+
+
+@dataclass(frozen=True)
+class DeployResult:
+    out_dir: Path
+    archive: Path | None
+    target: Target
+    variants: tuple[VariantBuild, ...]
+    notes: tuple[str, ...]
+    lineage: str
+    size_bytes: int
+    archive_size_bytes: int | None
+    compile_s: float
+    build_s: float
+    profile_id: str
+    failures: dict[str, str] = field(default_factory=dict)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "out": str(self.out_dir),
+            "archive": str(self.archive) if self.archive else None,
+            "target": self.target.name,
+            "profile": self.profile_id,
+            "variants": [vars(v) | {"engines": list(v.engines)} for v in self.variants],
+            "notes": list(self.notes),
+            "lineage": self.lineage,
+            "size_bytes": self.size_bytes,
+            "archive_size_bytes": self.archive_size_bytes,
+            "compile_s": round(self.compile_s, 3),
+            "build_s": round(self.build_s, 3),
+            "tvm_failures": self.failures,
+        }
+
+
+def _compiler_version(target: Target) -> str | None:
+    try:
+        done = subprocess.run([target.compiler(), "--version"], capture_output=True, text=True, timeout=30,
+                              check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = done.stdout.strip().splitlines()
+    return lines[0] if lines else None
+
+
+def _notes(target: Target, engines: tuple[str, ...], pareto_profile: str | None, profile_id: str) -> list[str]:
+    notes: list[str] = []
+    if "tvm" in engines:
+        tvm = target.tvm_target
+        notes.append(f"TVM libraries (.so) are compiled for {tvm.get('mtriple')} mcpu={tvm.get('mcpu')}"
+                     + (" with the cross-compiler " + str(target.cross_compiler) if target.cross_compiler else "")
+                     + "; loading them needs the TVM 0.27 runtime on the device")
+    notes.append("ONNX graphs (.onnx) run under ONNX Runtime on any target")
+    if target.gpu is not None:
+        notes.append(f"GPU {target.gpu.name} ({target.gpu.cuda_arch}): {target.gpu.code}")
+    if pareto_profile and pareto_profile != profile_id:
+        notes.append(f"latency/energy/memory of the variants are the pareto front's predictions for profile "
+                     f"{pareto_profile}, not for the bundled profile {profile_id}; rerun pareto with this "
+                     "profile for predictions on this device")
+    if not target.matches_host() or "tvm" in engines:
+        notes.append("preferred_engine is what fuse measured fastest on the build host; serve may re-measure")
+    notes.extend(target.notes)
+    return notes
+
+
+def _build_variant(writer: ArtifactWriter, variant: FusedVariant, point: Mapping[str, Any], *, fused: Any,
+                   target: Target, engines: tuple[str, ...], strict: bool, progress: ProgressCallback,
+                   done: list[int], total: int) -> tuple[BundleVariant, VariantBuild]:
+    from hmt.deploy.compile import compile_graph
+
+    folder = variant_dir(variant.arch_id)
+    specs: dict[tuple[str, int], GraphSpec] = {}
+    tvm_error: str | None = None
+    compile_s = 0.0
+    size_bytes = 0
+    libraries: list[Path] = []
+    for graph in variant.graphs():
+        stem = f"{graph.role}_{graph.index}"
+        onnx_rel = f"{folder}/{stem}.onnx"
+        shutil.copyfile(fused.file(graph.onnx), writer.path(onnx_rel))
+        size_bytes += writer.path(onnx_rel).stat().st_size
+        tvm_rel: str | None = None
+        if "tvm" in engines and tvm_error is None:
+            tvm_rel = f"{folder}/{stem}.so"
+            progress("compile", done[0], total, f"{variant.arch_id}/{stem}")
+            try:
+                compile_s += compile_graph(writer.path(onnx_rel), target, writer.path(tvm_rel))
+                libraries.append(writer.path(tvm_rel))
+            except ModelError as exc:
+                if strict:
+                    raise ModelError(f"variant {variant.arch_id} does not compile for {target.name} "
+                                     f"(--strict): {exc}") from exc
+                tvm_error = str(exc)
+        done[0] += 1
+        specs[(graph.role, graph.index)] = graph_spec(graph, onnx=onnx_rel, tvm=tvm_rel)
+    if tvm_error is not None:
+        # ONNX Runtime only: drop the libraries already built so the chain is all or nothing.
+        for library in libraries:
+            library.unlink(missing_ok=True)
+        specs = {k: GraphSpec(s.index, s.input, s.output, s.onnx, None, s.consumes_segment) for k, s in specs.items()}
+        progress("compile", done[0], total, f"{variant.arch_id}: TVM failed, ONNX Runtime only")
+    else:
+        size_bytes += sum(p.stat().st_size for p in libraries)
+    bundled_engines = tuple(e for e in engines if e != "tvm" or tvm_error is None)
+    preferred = variant.fuse_engine if variant.fuse_engine in bundled_engines else bundled_engines[0]
+    extra = {
+        "fused_name": variant.name,
+        "fuse_choice": variant.fuse_candidate,
+        "predicted_for": point.get("predicted_for"),
+        "macs": point.get("macs"),
+        "params": point.get("params"),
+        "compile_s": round(compile_s, 3),
+        "tvm_error": tvm_error,
+    }
+    bundle_variant = BundleVariant(
+        arch_id=variant.arch_id,
+        exit_stage=int(point["exit_stage"]),
+        accuracy=float(point["accuracy"]),
+        accuracy_per_exit=tuple(float(a) for a in point["accuracy_per_exit"]),
+        latency_ms=float(point["latency_ms"]),
+        energy=float(point["energy"]),
+        memory_mb=float(point["memory_mb"]),
+        segments=tuple(specs[("segment", g.index)] for g in variant.segments),
+        exits=tuple(specs[("exit", g.index)] for g in variant.exits),
+        preferred_engine=preferred,
+        engines=bundled_engines,
+        extra={k: v for k, v in extra.items() if v is not None},
+    )
+    build = VariantBuild(variant.arch_id, bundled_engines, preferred, len(specs), compile_s, size_bytes, tvm_error)
+    return bundle_variant, build
+
+
+def _check_options(options: DeployOptions, target: Target) -> None:
+    unknown = [e for e in options.engines if e not in ENGINES]
+    if unknown or not options.engines:
+        raise UsageError(f"unknown or no engine(s) {unknown}; choose from {', '.join(ENGINES)}")
+    if "onnxruntime" not in options.engines:
+        # The ONNX graphs are the portable fallback (and what serve verifies against).
+        raise UsageError("the onnxruntime engine cannot be left out: every bundle carries the ONNX graphs")
+    if options.memory_mb is not None and target.memory_bytes and options.memory_mb * 1e6 > target.memory_bytes:
+        raise UsageError(f"--memory-mb {options.memory_mb} exceeds {target.name}'s memory "
+                         f"({target.memory_bytes / 1e6:.0f} MB)")
+    if "tvm" in options.engines:
+        target.compiler()  # a missing cross-compiler is a clear error before any work
+
+
+def deploy_bundle(
+    fused_dir: Path | str,
+    pareto_dir: Path | str,
+    out_dir: Path | str,
+    *,
+    options: DeployOptions,
+    progress: ProgressCallback = no_progress,
+) -> DeployResult:
+    """Build the bundle for ``options.target`` in ``out_dir`` (atomically) and ``<out>.tar.gz``."""
+    from hmt.pareto.artifact import load_front
+    from hmt.pareto.index import FrontIndex
+    from hmt.serve.settings import BudgetSettings, ServeSettings
+
+    start = time.perf_counter()
+    target = get_target(options.target)
+    _check_options(options, target)
+    serve = ServeSettings(budgets=BudgetSettings(latency_ms=options.latency_ms, memory_mb=options.memory_mb,
+                                                 energy=options.energy))
+    fused = load_artifact(fused_dir, kind=FUSED_KIND)
+    front = load_front(pareto_dir)
+    lineage = check_lineage(fused, front.artifact)
+    variants = select_variants(read_fused_variants(fused), options.variants)
+    points = front_points(front.doc, front.artifact.root)
+    match_points(variants, points, fused_root=fused.root, pareto_root=front.artifact.root,
+                 supernet_hint=supernet_hint(front.artifact))
+    profile_path = Path(options.profile) if options.profile is not None else default_profile_path(target)
+    profile_bytes, profile_doc, profile_artifact = read_profile(profile_path)
+    profile_id = str(profile_doc["device"]["id"])
+    pareto_profile = (front.doc.get("profile") or {}).get("id")
+    first = variants[0].segments[0]
+    classes = variants[0].exits[0].output.shape[-1]
+    for v in variants:
+        if v.segments[0].input != first.input or any(e.output.shape[-1] != classes for e in v.exits):
+            raise ModelError(f"variant {v.arch_id} takes {v.segments[0].input} / gives {classes} classes unlike "
+                             f"{variants[0].arch_id}; a bundle serves one input and one set of classes")
+    config = {
+        "target": target.name,
+        "fused": str(fused.root),
+        "pareto": str(front.artifact.root),
+        "profile": str(profile_path),
+        "variants": [v.arch_id for v in variants],
+        "engines": list(options.engines),
+        "strict": options.strict,
+        "budgets": {"latency_ms": options.latency_ms, "memory_mb": options.memory_mb, "energy": options.energy},
+        "toolchain": {"hmt": __version__, "tvm_target": target.tvm_target,
+                      "compiler": _compiler_version(target) if "tvm" in options.engines else None},
+    }
+    parents = [fused, front.artifact, *([profile_artifact] if profile_artifact is not None else [])]
+    total = sum(len(v.graphs()) for v in variants)
+    done = [0]
+    builds: list[VariantBuild] = []
+    bundled: list[BundleVariant] = []
+    notes = _notes(target, options.engines, pareto_profile, profile_id)
+    with ArtifactWriter(out_dir, kind=BUNDLE_KIND, config=config, parents=parents) as writer:
+        for variant in variants:
+            bundle_variant, build = _build_variant(
+                writer, variant, points[variant.arch_id], fused=fused, target=target, engines=options.engines,
+                strict=options.strict, progress=progress, done=done, total=total)
+            bundled.append(bundle_variant)
+            builds.append(build)
+            if build.tvm_error:
+                notes.append(f"variant {build.arch_id}: TVM build for {target.name} failed ({build.tvm_error}); "
+                             "bundled for ONNX Runtime only")
+        progress("compile", total, total, None)
+        spec = BundleSpec(target=target.to_json_dict(), input=first.input, classes=int(classes),
+                          variants=tuple(bundled), notes=tuple(notes))
+        keep = {v.arch_id for v in variants}
+        index = FrontIndex([e for e in front.index.entries if e.arch_id in keep], units=front.index.units,
+                           meta={**front.index.meta, "bundle_target": target.name, "bundle_profile": profile_id})
+        writer.write_json(BUNDLE_SPEC_NAME, spec.to_json_dict())
+        writer.write_bytes(PROFILE_NAME, profile_bytes)
+        writer.write_json(INDEX_NAME, index.to_json_dict())
+        writer.write_json(SERVE_CONFIG_NAME, serve.to_json_dict())
+        BundleSpec.from_mapping(spec.to_json_dict())  # what serve will read must parse
+        size_bytes = sum(p.stat().st_size for p in writer.tmp_dir.rglob("*") if p.is_file())
+        compile_s = sum(b.compile_s for b in builds)
+        failures = {b.arch_id: b.tvm_error for b in builds if b.tvm_error}
+        writer.metrics.update({
+            "target": target.name, "variants": len(builds), "size_bytes": size_bytes,
+            "compile_s": round(compile_s, 3), "tvm_failures": failures, "lineage": lineage,
+            "per_variant": {b.arch_id: {"engines": list(b.engines), "size_bytes": b.size_bytes,
+                                        "compile_s": round(b.compile_s, 3)} for b in builds},
+        })
+    archive = write_archive(Path(out_dir)) if options.archive else None
+    return DeployResult(
+        out_dir=Path(out_dir), archive=archive, target=target, variants=tuple(builds), notes=tuple(notes),
+        lineage=lineage, size_bytes=size_bytes, archive_size_bytes=archive.stat().st_size if archive else None,
+        compile_s=compile_s, build_s=time.perf_counter() - start, profile_id=profile_id, failures=failures,
+    )

@@ -1,0 +1,113 @@
+"""``deploy --push user@host:/path``: copy a bundle to a device over ssh.
+
+rsync when it is installed here (only changed files travel; ``--delete`` inside the
+bundle's own folder so the copy matches the manifest), else scp. Both run as
+subprocesses through the user's own ssh: no credentials are stored or asked for, and
+``BatchMode=yes`` makes a missing key or an unknown host key fail at once instead of
+prompting. The bundle lands in ``/path/<bundle folder name>``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hmt.errors import DeviceError, UsageError
+
+# [user@]host:path, where host is a name, an IPv4 address or a [bracketed] IPv6 address.
+_DESTINATION = re.compile(r"^(?:(?P<user>[A-Za-z0-9._][A-Za-z0-9._-]*)@)?"
+                          r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*):(?P<path>.+)$")
+_TAIL_LINES = 5
+
+
+@dataclass(frozen=True)
+class Destination:
+    user: str | None
+    host: str
+    path: str
+
+    @property
+    def login(self) -> str:
+        return f"{self.user}@{self.host}" if self.user else self.host
+
+    def __str__(self) -> str:
+        return f"{self.login}:{self.path}"
+
+
+@dataclass(frozen=True)
+class PushResult:
+    destination: str
+    remote_dir: str
+    tool: str
+    elapsed_s: float
+
+
+def parse_destination(text: str) -> Destination:
+    match = _DESTINATION.match(text)
+    if match is None or "\n" in text:
+        raise UsageError(f"--push {text!r}: expected [user@]host:/path (e.g. pi@raspberrypi.local:/home/pi/hmt)")
+    return Destination(match["user"], match["host"], match["path"])
+
+
+def _ssh_command(*, port: int | None, identity: Path | None, options: Sequence[str]) -> list[str]:
+    command = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15"]
+    if port is not None:
+        command += ["-p", str(port)]
+    if identity is not None:
+        command += ["-i", str(identity), "-o", "IdentitiesOnly=yes"]
+    for option in options:
+        command += ["-o", option]
+    return command
+
+
+def _run(command: list[str], what: str, timeout_s: float) -> None:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False,
+                              stdin=subprocess.DEVNULL)
+    except FileNotFoundError as exc:
+        raise DeviceError(f"{what}: {command[0]} is not installed here") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise DeviceError(f"{what}: no answer within {timeout_s:.0f} s") from exc
+    if done.returncode != 0:
+        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-_TAIL_LINES:])
+        raise DeviceError(f"{what} failed (exit {done.returncode}): {tail or 'no message'}")
+
+
+def push_bundle(bundle_dir: Path | str, destination: str, *, port: int | None = None, identity: Path | None = None,
+                ssh_options: Sequence[str] = (), tool: str = "auto", timeout_s: float = 600.0) -> PushResult:
+    """Copy the bundle directory to ``destination`` ([user@]host:/path) with rsync or scp."""
+    bundle_dir = Path(os.path.abspath(bundle_dir))
+    if not bundle_dir.is_dir():
+        raise UsageError(f"{bundle_dir}: push needs the bundle directory")
+    if tool not in ("auto", "rsync", "scp"):
+        raise UsageError(f"push tool {tool!r}: expected auto, rsync or scp")
+    for option in ssh_options:
+        if option.startswith("-") or "\n" in option:
+            raise UsageError(f"--ssh-option {option!r}: expected KEY=VALUE (passed to ssh as -o KEY=VALUE)")
+    dest = parse_destination(destination)
+    if identity is not None and not Path(identity).is_file():
+        raise UsageError(f"--ssh-identity {identity}: no such key file")
+    ssh = _ssh_command(port=port, identity=identity, options=ssh_options)
+    use = tool if tool != "auto" else ("rsync" if shutil.which("rsync") else "scp")
+    remote_dir = f"{dest.path.rstrip('/')}/{bundle_dir.name}"
+    start = time.perf_counter()
+    # Create the parent first: it checks login with a clear message, and rsync/scp need it.
+    _run([*ssh, "--", dest.login, f"mkdir -p -- {shlex.quote(dest.path)}"], f"ssh {dest.login}", timeout_s)
+    if use == "rsync":
+        _run(["rsync", "-rt", "--delete", "--chmod=D755,F644", "-e", shlex.join(ssh), f"{bundle_dir}/",
+              f"{dest.login}:{remote_dir}/"], f"rsync to {dest}", timeout_s)
+    else:
+        scp = ["scp", "-B", "-r", *ssh[1:]]
+        if port is not None:
+            # scp spells the port -P; -p means "preserve times" to it.
+            index = scp.index("-p")
+            scp[index] = "-P"
+        _run([*scp, str(bundle_dir), f"{dest.login}:{dest.path}"], f"scp to {dest}", timeout_s)
+    return PushResult(str(dest), remote_dir, use, time.perf_counter() - start)

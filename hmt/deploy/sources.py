@@ -1,0 +1,195 @@
+"""Deploy's inputs: the fused artifact's variants, the pareto front's metrics, lineage, profile.
+
+Everything is read by path and verified (checksums, kinds); nothing is found by magic,
+except the parent ``converted`` artifact the fused manifest names, which is read only to
+check lineage (and skipped, with a note, when it is gone or was rebuilt).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hmt.artifacts import Artifact, load_artifact
+from hmt.bundle import GraphSpec, TensorSpec
+from hmt.errors import ArtifactError, HmtError, InputError, UsageError
+
+FUSED_KIND = "fused"
+FUSED_REPORT = "report.json"
+# Bundle folders are named by arch id: keep them plain file names.
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class FusedGraph:
+    role: str  # "segment" or "exit"
+    index: int
+    onnx: str  # path inside the fused artifact
+    input: TensorSpec
+    output: TensorSpec
+
+
+@dataclass(frozen=True)
+class FusedVariant:
+    """One variant of the fused artifact as deploy needs it: its chain and fuse's engine choice."""
+
+    name: str
+    arch_id: str
+    segments: tuple[FusedGraph, ...]
+    exits: tuple[FusedGraph, ...]
+    fuse_engine: str  # "onnxruntime" or "tvm": what fuse measured fastest on the build host
+    fuse_candidate: str
+
+    def graphs(self) -> tuple[FusedGraph, ...]:
+        return (*self.segments, *self.exits)
+
+
+def _tensor(data: Any, where: str) -> TensorSpec:
+    if not isinstance(data, Mapping):
+        raise ArtifactError(f"{where}: expected {{name, shape, dtype}}")
+    return TensorSpec.from_mapping(data, where)
+
+
+def read_fused_variants(fused: Artifact) -> list[FusedVariant]:
+    """The segmented variants of a fused artifact, with the fused ONNX file of every graph."""
+    report = fused.read_json(FUSED_REPORT)
+    where = str(fused.root / FUSED_REPORT)
+    if not isinstance(report, dict) or not isinstance(report.get("variants"), list):
+        raise ArtifactError(f"{where}: expected an object with a 'variants' list")
+    variants = []
+    for i, entry in enumerate(report["variants"]):
+        at = f"{where}: variants[{i}]"
+        name = str(entry.get("name"))
+        chain = entry.get("chain")
+        if not chain:
+            raise InputError(f"{at} ({name}) is a single graph without early-exit segments; deploy bundles "
+                             "segmented variants (convert them from a supernet: hmt convert --supernet ...)")
+        fused_onnx = {g.get("file"): (g.get("onnx") or {}).get("file") for g in entry.get("graphs", [])}
+
+        def graph(item: Mapping[str, Any], role: str, at: str = at, name: str = name,
+                  fused_onnx: dict[Any, Any] = fused_onnx) -> FusedGraph:
+            onnx_file = fused_onnx.get(item.get("file"))
+            if not onnx_file:
+                raise InputError(f"{at} ({name}): no fused ONNX for {item.get('file')!r}; fuse ran without the "
+                                 "ort engine. Rerun `hmt fuse CONVERTED --engine ort --engine tvm --out ...`")
+            fused.file(str(onnx_file))  # listed in the manifest (checked on load)
+            return FusedGraph(role, int(item["index"]), str(onnx_file),
+                              _tensor(item.get("input"), f"{at}.chain {item.get('file')}.input"),
+                              _tensor(item.get("output"), f"{at}.chain {item.get('file')}.output"))
+
+        try:
+            segments = tuple(graph(s, "segment") for s in chain["segments"])
+            exits = tuple(graph(e, "exit") for e in chain["exits"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{at}: malformed chain ({exc})") from exc
+        choice = entry.get("choice") or {}
+        engine = {"ort": "onnxruntime", "tvm": "tvm"}.get(str(choice.get("engine")), "onnxruntime")
+        arch_id = str(entry.get("arch_id") or name)
+        if not _SAFE_ID.match(arch_id):
+            raise InputError(f"{at}: variant id {arch_id!r} is not a plain file name (letters, digits, . _ -)")
+        variants.append(FusedVariant(name, arch_id, segments, exits, engine, str(choice.get("candidate", ""))))
+    if not variants:
+        raise InputError(f"{where}: lists no variants")
+    return variants
+
+
+def select_variants(fused: Sequence[FusedVariant], wanted: Sequence[str]) -> list[FusedVariant]:
+    """The variants named in ``wanted`` (arch id or fused name), or every one when empty."""
+    if not wanted:
+        return list(fused)
+    chosen: list[FusedVariant] = []
+    for key in wanted:
+        match = next((v for v in fused if key in (v.arch_id, v.name)), None)
+        if match is None:
+            known = ", ".join(v.arch_id for v in fused)
+            raise UsageError(f"--variant {key!r} is not in the fused artifact; it has: {known}")
+        if match not in chosen:
+            chosen.append(match)
+    return chosen
+
+
+def front_points(front_doc: Mapping[str, Any], pareto_root: Path) -> dict[str, Mapping[str, Any]]:
+    points = front_doc.get("points")
+    if not isinstance(points, list):
+        raise ArtifactError(f"{pareto_root / 'front.json'}: 'points' must be a list")
+    return {str(p.get("arch_id")): p for p in points if isinstance(p, Mapping)}
+
+
+def match_points(variants: Sequence[FusedVariant], points: Mapping[str, Mapping[str, Any]],
+                 *, fused_root: Path, pareto_root: Path, supernet_hint: str) -> None:
+    """Refuse a fused variant that is not on the pareto front (its metrics would be unknown)."""
+    missing = [v.arch_id for v in variants if v.arch_id not in points]
+    if missing:
+        raise InputError(
+            f"{fused_root}: variant(s) {', '.join(missing)} are not on the pareto front in {pareto_root} "
+            f"(front: {', '.join(sorted(points)) or 'empty'}); deploy takes their accuracy and predicted "
+            f"latency/energy/memory from the front. Convert the front's variants with "
+            f"`hmt convert --supernet {supernet_hint} --pareto {pareto_root} --out ...`, fuse them, and deploy "
+            "again (or pick front variants with --variant)")
+    for v in variants:
+        point = points[v.arch_id]
+        where = f"{pareto_root / 'front.json'}: point {v.arch_id}"
+        try:
+            exit_stage = int(point["exit_stage"])
+            per_exit = list(point["accuracy_per_exit"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{where}: lacks exit_stage/accuracy_per_exit ({exc})") from exc
+        if not 0 <= exit_stage < len(v.segments) or len(per_exit) > len(v.segments):
+            raise InputError(f"{where}: exit_stage {exit_stage} with {len(per_exit)} exit accuracies does not fit "
+                             f"the fused chain of {len(v.segments)} segment(s); the artifacts describe different "
+                             "variants")
+
+
+def _parent(artifact: Artifact, kind: str) -> Any:
+    return next((p for p in artifact.manifest.parents if p.kind == kind), None)
+
+
+def check_lineage(fused: Artifact, pareto: Artifact) -> str:
+    """fused -> converted -> supernet vs pareto -> supernet; refuses a mismatch, else says what was checked."""
+    converted_ref = _parent(fused, "converted")
+    if converted_ref is None:
+        return "not checked: the fused manifest records no converted parent"
+    try:
+        converted = load_artifact(converted_ref.path, kind="converted", verify_checksums=False)
+    except HmtError:
+        return f"not checked: the converted artifact {converted_ref.path} named by the fused manifest is gone"
+    if converted.manifest_sha256 != converted_ref.manifest_sha256:
+        return f"not checked: {converted_ref.path} was rebuilt after fuse read it (manifest sha256 differs)"
+    ours, theirs = _parent(converted, "supernet"), _parent(pareto, "supernet")
+    if ours is None or theirs is None:
+        side = "converted" if ours is None else "pareto"
+        return f"not checked: the {side} artifact records no supernet parent (a user model?)"
+    if ours.manifest_sha256 != theirs.manifest_sha256:
+        raise InputError(
+            f"lineage mismatch: {fused.root} was fused from {converted.root}, converted from supernet {ours.path} "
+            f"(manifest sha256 {ours.manifest_sha256[:12]}), but the pareto front {pareto.root} was searched on "
+            f"supernet {theirs.path} ({theirs.manifest_sha256[:12]}); deploy artifacts of one supernet")
+    note = f"checked: fused -> converted -> supernet {ours.manifest_sha256[:12]} = pareto's supernet"
+    pareto_ref = _parent(converted, "pareto")
+    if pareto_ref is not None and pareto_ref.manifest_sha256 != pareto.manifest_sha256:
+        note += f" (the variants were converted from another front, {pareto_ref.path}, of the same supernet)"
+    return note
+
+
+def supernet_hint(pareto: Artifact) -> str:
+    ref = _parent(pareto, "supernet")
+    return str(ref.path) if ref is not None else "SUPERNET"
+
+
+def read_profile(path: Path) -> tuple[bytes, dict[str, Any], Artifact | None]:
+    """A validated profile as single-file JSON bytes, its document, and its artifact (if a directory)."""
+    from hmt.profile.schema import ARTIFACT_KIND, PROFILE_FILE, load_profile, profile_to_json_files
+
+    profile = load_profile(path)
+    data = profile_to_json_files(profile, inline=True)[PROFILE_FILE]
+    artifact = load_artifact(path, kind=ARTIFACT_KIND) if Path(path).is_dir() else None
+    return data, json.loads(data), artifact
+
+
+def graph_spec(graph: FusedGraph, *, onnx: str, tvm: str | None) -> GraphSpec:
+    return GraphSpec(index=graph.index, input=graph.input, output=graph.output, onnx=onnx, tvm=tvm,
+                     consumes_segment=graph.index if graph.role == "exit" else None)

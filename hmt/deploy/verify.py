@@ -1,0 +1,246 @@
+"""``deploy --verify``: is a bundle (directory or ``.tar.gz``) intact, for its target, and runnable?
+
+Checks, in order; the first four raise at the first problem, naming the file:
+
+1. integrity: every file the manifest lists is present with its size and sha256, and no
+   file is there that it does not list (an extra file is as suspect as a changed one);
+2. contents: ``bundle.json``, ``serve.json``, ``index.json`` (the bundled variants exactly)
+   and ``profile.json`` parse and validate;
+3. target: a registered target, the same in ``bundle.json`` and the manifest (and the one
+   asked for, if any);
+4. machine: the ELF header of every compiled library names the target's CPU;
+5. runs: every ``.onnx`` loads in ONNX Runtime (portable, so on any host), every ``.so``
+   loads in the TVM runtime where the target's architecture is this host's, and one
+   seeded input goes through each variant's chain (TVM checked against ONNX Runtime).
+   Failures here are collected and raised together as a VerificationError.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hmt.artifacts.manifest import MANIFEST_NAME
+from hmt.bundle import Bundle, BundleVariant, load_bundle
+from hmt.deploy.archive import extract_archive, is_archive
+from hmt.deploy.elf import read_elf_header
+from hmt.deploy.targets import TARGETS, host_arch
+from hmt.errors import ArtifactError, HmtError, InputError, UnsafePathError, VerificationError
+
+ATOL = 1e-3
+RTOL = 1e-3
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # "ok", "skipped" or "failed"
+    detail: str = ""
+
+
+@dataclass
+class VerifyReport:
+    source: Path
+    target: str
+    variants: list[str]
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if c.status == "failed"]
+
+    def add(self, name: str, status: str, detail: str = "") -> None:
+        self.checks.append(Check(name, status, detail))
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"bundle": str(self.source), "target": self.target, "variants": self.variants,
+                "ok": not self.failures, "checks": [vars(c) for c in self.checks]}
+
+
+@contextmanager
+def opened_bundle(path: Path | str) -> Iterator[Path]:
+    """The bundle directory for ``path``: itself, or an archive extracted (safely) to a temporary folder."""
+    path = Path(path)
+    if path.is_dir():
+        yield path
+        return
+    if not is_archive(path):
+        raise InputError(f"{path}: not a bundle directory or a .tar.gz archive")
+    with tempfile.TemporaryDirectory(prefix="hmt-verify-") as tmp:
+        root = extract_archive(path, Path(tmp))
+        try:
+            yield root
+        except HmtError as exc:
+            # Name the archive the user gave, not the temporary folder it was unpacked to.
+            message = str(exc).replace(str(root), f"{path}!").replace(tmp, f"{path}!")
+            raise type(exc)(message) from exc
+
+
+def _check_files(bundle: Bundle) -> int:
+    root = bundle.root
+    listed = {record.path for record in bundle.artifact.manifest.files}
+    found: set[str] = set()
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            raise UnsafePathError(f"{path}: a symlink inside the bundle; bundles hold regular files only")
+        if path.is_file() and rel != MANIFEST_NAME:
+            found.add(rel)
+    extra = sorted(found - listed)
+    if extra:
+        raise ArtifactError(f"{root}: file(s) not in {MANIFEST_NAME}: {', '.join(extra)}; the bundle was changed")
+    missing = sorted(listed - found)
+    if missing:
+        raise ArtifactError(f"{root}: file(s) listed in {MANIFEST_NAME} but missing: {', '.join(missing)}")
+    return len(listed)
+
+
+def _check_contents(bundle: Bundle) -> None:
+    from hmt.pareto.index import FrontIndex
+    from hmt.profile.schema import validate_profile
+    from hmt.serve.settings import ServeSettings
+
+    root = bundle.root
+    try:
+        ServeSettings.from_mapping(bundle.serve_config, where=str(root / "serve.json"))
+        index = FrontIndex.from_json_dict(bundle.artifact.read_json("index.json"), source=str(root / "index.json"))
+        validate_profile(bundle.profile(), source=str(root / "profile.json"))
+    except HmtError as exc:
+        raise ArtifactError(str(exc)) from exc
+    indexed = sorted(e.arch_id for e in index.entries)
+    bundled = sorted(v.arch_id for v in bundle.spec.variants)
+    if indexed != bundled:
+        raise ArtifactError(f"{root / 'index.json'}: indexes {indexed}, but bundle.json bundles {bundled}")
+
+
+def _check_target(bundle: Bundle, expected: str | None) -> str:
+    name = str(bundle.spec.target.get("name"))
+    where = bundle.root / "bundle.json"
+    if name not in TARGETS:
+        raise ArtifactError(f"{where}: target {name!r} is not a known target ({', '.join(TARGETS)})")
+    configured = bundle.artifact.manifest.config.get("target")
+    if configured != name:
+        raise ArtifactError(f"{where}: target {name!r}, but {MANIFEST_NAME} says {configured!r}")
+    if bundle.spec.target.get("arch") != TARGETS[name].arch:
+        raise ArtifactError(f"{where}: target {name} arch {bundle.spec.target.get('arch')!r}, "
+                            f"the registry says {TARGETS[name].arch!r}")
+    if expected is not None and expected != name:
+        raise ArtifactError(f"{bundle.root}: built for target {name!r}, expected {expected!r}")
+    return name
+
+
+def _check_machines(bundle: Bundle, target: str) -> int:
+    expected = TARGETS[target].elf_machine
+    count = 0
+    for variant in bundle.spec.variants:
+        for graph in variant.graphs():
+            if graph.tvm is None:
+                continue
+            header = read_elf_header(bundle.path(graph.tvm))
+            if header.machine != expected or header.bits != 64:
+                raise ArtifactError(f"{bundle.root / graph.tvm}: ELF for {header.machine} ({header.bits}-bit), "
+                                    f"target {target} needs {expected} (64-bit)")
+            count += 1
+    return count
+
+
+def _ort_chain(bundle: Bundle, variant: BundleVariant, x: Any) -> list[Any]:
+    """Exit logits after every segment, through ONNX Runtime."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    def run(graph: Any, feed: Any) -> Any:
+        session = ort.InferenceSession(str(bundle.path(graph.onnx)), options, providers=["CPUExecutionProvider"])
+        return session.run(None, {graph.input.name: feed})[0]
+
+    outputs = []
+    features = x
+    for segment, head in zip(variant.segments, variant.exits, strict=True):
+        features = run(segment, features)
+        outputs.append(run(head, features))
+    return outputs
+
+
+def _tvm_chain(bundle: Bundle, variant: BundleVariant, x: Any) -> list[Any]:
+    from hmt.fuse.engines.tvm import make_runner
+
+    outputs = []
+    features = x
+    for segment, head in zip(variant.segments, variant.exits, strict=True):
+        assert segment.tvm is not None and head.tvm is not None  # engines lists tvm only when all are built
+        features = make_runner(bundle.path(segment.tvm), {segment.input.name: features})()[0]
+        outputs.append(make_runner(bundle.path(head.tvm), {head.input.name: features})()[0])
+    return outputs
+
+
+def _check_runs(bundle: Bundle, target: str, report: VerifyReport, seed: int) -> None:
+    import importlib.util
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    spec = bundle.spec.input
+    x = rng.standard_normal(spec.shape).astype(spec.dtype)
+    same_arch = TARGETS[target].arch == host_arch()
+    have_tvm = importlib.util.find_spec("tvm") is not None
+    for variant in bundle.spec.variants:
+        name = f"run {variant.arch_id}"
+        try:
+            reference = _ort_chain(bundle, variant, x)
+        except Exception as exc:  # noqa: BLE001 - any runtime failure is a verification result
+            report.add(f"{name} [onnxruntime]", "failed", f"{type(exc).__name__}: {exc}")
+            continue
+        bad = [k for k, out in enumerate(reference)
+               if out.shape[-1] != bundle.spec.classes or not np.all(np.isfinite(out))]
+        if bad:
+            report.add(f"{name} [onnxruntime]", "failed", f"exit(s) {bad} give non-finite logits or a wrong shape")
+            continue
+        report.add(f"{name} [onnxruntime]", "ok", f"{len(reference)} exit(s), seeded input (seed {seed})")
+        if "tvm" not in variant.engines:
+            continue
+        if not same_arch:
+            report.add(f"{name} [tvm]", "skipped", f"libraries are for {TARGETS[target].arch}; this host is "
+                       f"{host_arch()} (checked by ELF header only)")
+            continue
+        if not have_tvm:
+            report.add(f"{name} [tvm]", "skipped", "the TVM runtime is not installed here")
+            continue
+        try:
+            outputs = _tvm_chain(bundle, variant, x)
+        except Exception as exc:  # noqa: BLE001 - any runtime failure is a verification result
+            report.add(f"{name} [tvm]", "failed", f"{type(exc).__name__}: {exc}")
+            continue
+        errors = [float(np.max(np.abs(a - b))) for a, b in zip(reference, outputs, strict=True)]
+        ok = all(np.allclose(a, b, atol=ATOL, rtol=RTOL) for a, b in zip(reference, outputs, strict=True))
+        report.add(f"{name} [tvm]", "ok" if ok else "failed",
+                   f"max |tvm - onnxruntime| {max(errors):.2e} over {len(errors)} exit(s) (atol {ATOL})")
+
+
+def verify_bundle(path: Path | str, *, expected_target: str | None = None, run_models: bool = True,
+                  seed: int = 0) -> VerifyReport:
+    """Verify a bundle directory or archive; raises on the first integrity problem, or with
+    every runtime failure at the end. Returns the report of what was checked."""
+    with opened_bundle(path) as root:
+        bundle = load_bundle(root)
+        report = VerifyReport(Path(path), "", [v.arch_id for v in bundle.spec.variants])
+        files = _check_files(bundle)
+        report.add("checksums", "ok", f"{files} files match {MANIFEST_NAME}; no extra or missing files")
+        _check_contents(bundle)
+        report.add("contents", "ok", "bundle.json, serve.json, index.json, profile.json parse and agree")
+        report.target = _check_target(bundle, expected_target)
+        report.add("target", "ok", report.target)
+        libraries = _check_machines(bundle, report.target)
+        report.add("elf machine", "ok" if libraries else "skipped",
+                   f"{libraries} libraries for {TARGETS[report.target].elf_machine}" if libraries
+                   else "no compiled libraries in the bundle")
+        if run_models:
+            _check_runs(bundle, report.target, report, seed)
+    if report.failures:
+        detail = "; ".join(f"{c.name}: {c.detail}" for c in report.failures)
+        raise VerificationError(f"{path}: {len(report.failures)} check(s) failed: {detail}")
+    return report

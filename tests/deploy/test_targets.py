@@ -1,0 +1,68 @@
+"""The target registry: every entry complete, honest about GPU code, with a loadable profile."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import commands.deploy  # noqa: F401 - registers the command
+from commands.app import app
+from hmt.deploy.targets import ARCH_ELF_MACHINE, TARGETS, default_profile_path, get_target
+from hmt.errors import UsageError
+
+REQUIRED = ("x86-64", "jetson-nano", "jetson-xavier-nx", "raspberry-pi-4b", "aarch64")
+
+
+def test_required_targets_are_registered() -> None:
+    assert set(REQUIRED) <= set(TARGETS)
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_target_entry_is_complete(name: str) -> None:
+    target = get_target(name)
+    assert target.arch in ARCH_ELF_MACHINE
+    tvm = target.tvm_target
+    assert tvm["kind"] == "llvm" and tvm["mtriple"].startswith(target.arch.replace("_", "-").split("-")[0])
+    assert tvm["mcpu"]
+    assert any("onnxruntime" in r for r in target.runtimes) and any("TVM" in r or "tvm" in r for r in target.runtimes)
+    if target.arch == "aarch64":
+        assert target.cross_compiler == "aarch64-linux-gnu-gcc"
+        assert target.cross_compiler_package == "gcc-aarch64-linux-gnu"
+    if target.gpu is not None:
+        # No bundle carries GPU code: the entry must say so, and what the ONNX graphs are for.
+        assert "no GPU code" in target.gpu.code and "TensorRT" in target.gpu.code
+        assert target.gpu.cuda_arch.startswith("sm_")
+    if target.default_profile is not None:
+        from hmt.profile.schema import read_profile_json
+
+        profile = read_profile_json(default_profile_path(target))
+        assert profile.doc["facts"]["arch"] == target.arch
+    json.dumps(target.to_json_dict())
+
+
+def test_jetsons_name_their_gpus() -> None:
+    assert get_target("jetson-nano").gpu.cuda_arch == "sm_53"  # type: ignore[union-attr]
+    assert get_target("jetson-xavier-nx").gpu.cuda_arch == "sm_72"  # type: ignore[union-attr]
+    assert get_target("jetson-nano").memory_bytes == 4 * 1024**3
+
+
+def test_unknown_target_lists_the_known_ones() -> None:
+    with pytest.raises(UsageError, match="known targets: x86-64, jetson-nano"):
+        get_target("pdp-11")
+    with pytest.raises(UsageError, match="--profile"):
+        default_profile_path(get_target("aarch64"))
+
+
+def test_list_targets_cli() -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["deploy", "--list-targets", "--json"])
+    assert result.exit_code == 0, result.output
+    names = [t["name"] for t in json.loads(result.stdout)["targets"]]
+    assert names == list(TARGETS)
+    human = runner.invoke(app, ["deploy", "--list-targets"])
+    assert human.exit_code == 0 and "sm_53" in human.output and "no GPU code" in human.output
+    bad = runner.invoke(app, ["deploy", "--target", "nope", "--fused", "f", "--pareto", "p"])
+    assert bad.exit_code == UsageError.exit_code and "known targets" in bad.output
+    assert "Traceback" not in bad.output
