@@ -19,10 +19,12 @@ This machine, quickly (micro-benchmarks, probe-layer fits, load model; about a m
 
     hmt profile-device --quick --out runs/profile
 
-With a supernet: the block latency table at batch 1 and 8, and 20 random variants
-validated end to end (idle and beside a process burning a core):
+With a supernet: the block latency table at batch 1 and 8, 12 random variants measured to
+fit the composition correction of the block-table sum, and 20 other random variants
+validated end to end (idle and beside a process burning a core; raw and corrected sums):
 
     hmt profile-device --supernet runs/supernet --batch 1 --batch 8 --validate 20 --out runs/profile
+    hmt profile-device --supernet runs/supernet --validate 20 --calibrate-variants 0 --out runs/p-raw  # no correction
 
 Energy calibrated from a power source (else eq. 1 with the default 1:6:200 ratios):
 
@@ -89,8 +91,15 @@ def profile_device_command(
                               "the sync pattern).")] = None,
     validate: Annotated[int, typer.Option(
         "--validate", help="Measure N random variants end to end against the prediction.")] = 0,
+    calibrate_variants: Annotated[int | None, typer.Option(
+        "--calibrate-variants", help="Measure K further random variants end to end and fit the composition "
+                                     "correction of the block-table sum to them (default: 12 with --validate, "
+                                     "else 0; 0 turns it off). Never reused by validation.")] = None,
     validate_load: Annotated[int, typer.Option(
         "--validate-load", help="Busy processes for the loaded validation run (0: skip it).")] = 1,
+    validate_batch: Annotated[int, typer.Option(
+        "--validate-batch", help="Batch of the validation runs (one of --batch; on a GPU batch 1 is launch-bound)."
+    )] = 1,
     no_load_model: Annotated[bool, typer.Option("--no-load-model", help="Skip the background-load model.")] = False,
     rpc: Annotated[str | None, typer.Option("--rpc", help="TVM RPC tracker host:port of a remote device.")] = None,
     key: Annotated[str | None, typer.Option("--key", help="Device key registered with the tracker.")] = None,
@@ -128,7 +137,9 @@ def profile_device_command(
         options = ProfileOptions(
             device=device, quick=quick, supernet=supernet, batches=tuple(sorted({1, *(batch or [])})),
             engine=engine.value, processor=processor.value, threads=threads, power=power_name,
-            power_options=power_options, validate=validate, validate_load_processes=validate_load,
+            power_options=power_options, validate=validate, calibrate_variants=calibrate_variants,
+            validate_load_processes=validate_load,
+            validate_batch=validate_batch,
             load_model=not no_load_model, rpc=rpc, rpc_key=key, rpc_target=rpc_target, rpc_cc=rpc_cc,
             warmup=warmup, repeats=repeats, seed=seed,
         )

@@ -7,7 +7,9 @@ peak) over the blocks it executes, ``Supernet.variant_blocks(arch)``: microsecon
 variant, so NearbyInit / NearbyMutate can price hundreds of moves per candidate.
 
 - latency: the profile's block table when it has one for this supernet (AdaptiveNet
-  5.1: the engine's fixed cost once + each block's net time), else CrowdHMTware eq. 2
+  5.1: the engine's fixed cost once + each block's net time; with the profile's
+  composition correction, fitted on variants measured end to end, when it has one at
+  batch 1: ``Predictor.block_sum_ms``), else CrowdHMTware eq. 2
   over the variant's layers with the profile's fitted coefficients. Eq. 2 is a sum over
   layers with each layer's cache-hit rate taken from its own working set, so summing
   per-block predictions equals predicting the whole variant (tested).
@@ -123,6 +125,8 @@ class ProfilePredictor:
             raise ArtifactError(f"profile {profile.name!r} has no energy model")
         self.energy_unit = "mJ" if models["energy"].get("calibrated") else str(models["energy"].get("unit", "1"))
         self.latency_form = "block-table" if self.use_block_table else str(models["latency"]["form"])
+        if self.use_block_table and self.predictor.corrects(1):
+            self.latency_form = "block-table+composition"
         if not self.use_block_table and self.latency_form not in LATENCY_FORMS:
             raise ArtifactError(f"profile {profile.name!r}: unknown latency model form {self.latency_form!r}")
         hit = self.predictor.hit_rate
@@ -143,7 +147,7 @@ class ProfilePredictor:
                 self._latency[pair] = float(design[0] @ lat_coef)
 
     def predict_latency_ms(self, pairs: Sequence[Pair]) -> float:
-        if self.use_block_table:
+        if self.use_block_table:  # composition-corrected when the profile has a batch-1 correction
             return self.predictor.block_sum_ms(pairs)
         return float(sum(self._latency[p] for p in pairs))
 

@@ -4,7 +4,7 @@ The tree reads as the method (nn-Meter's split of I/O from parsing):
 
 - ``facts``, ``benchmarks``, ``timing``, ``blocktable``, ``load``, ``rpc``, ``power/*``: I/O
   (they run things and return raw numbers);
-- ``parsers``, ``features``, ``fits``: pure (raw numbers in, models out);
+- ``parsers``, ``features``, ``fits``, ``composition``: pure (raw numbers in, models out);
 - ``predictor``: latency/energy of a variant from a profile; ``validate``: predicted vs
   measured; ``schema``: the profile document; ``run``/``stages``: the pipeline.
 

@@ -123,7 +123,9 @@ def layer_features(module: torch.nn.Module, input_shape: Sequence[int], *, batch
             handles.append(sub.register_forward_hook(hook(name or type(sub).__name__)))
     try:
         with torch.inference_mode():
-            module(torch.zeros((batch, *input_shape)))
+            # On the module's own device: costs are also taken of supernets loaded on a GPU.
+            device = next(module.parameters(), torch.empty(0)).device
+            module(torch.zeros((batch, *input_shape), device=device))
     finally:
         for handle in handles:
             handle.remove()

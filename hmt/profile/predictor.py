@@ -2,7 +2,10 @@
 
 - Block-table sum (AdaptiveNet 5.1): the engine's fixed cost once plus the net cost of
   each (position, choice) the variant executes. A pair missing from the table is refused
-  by name (never counted as 0 ms).
+  by name (never counted as 0 ms). When the profile carries a composition correction
+  fitted on variants measured end to end (``models.latency_composition``, see
+  ``composition``) at the batch asked for, ``block_sum_ms`` applies it;
+  ``raw_block_sum_ms`` is the uncorrected sum. A profile without it predicts as before.
 - CrowdHMTware eq. 2 over per-layer features, with the fitted coefficients; eq. 1 for
   energy (MAC-equivalents until calibrated, then mJ).
 - Under background load: the idle prediction times ``1 + alpha * I`` (``fits.LoadModel``).
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hmt.errors import InputError, ModelError
+from hmt.profile.composition import CompositionFeatures, CompositionModel
 from hmt.profile.features import LayerFeature
 from hmt.profile.fits import LoadModel, energy_design, latency_design
 from hmt.profile.parsers import interpolate_hit_rate
@@ -50,11 +54,17 @@ class Predictor:
     def __init__(self, profile: DeviceProfile) -> None:
         self.profile = profile
         self._table: dict[tuple[str, str, int], tuple[float, float]] = {}
+        self._layers: dict[tuple[str, str, int], int] = {}
         if "block_latency" in profile.tables:
-            for row in profile.table("block_latency").itertuples(index=False):
-                self._table[(str(row.position), str(row.choice), int(row.batch))] = (float(row.net_ms),
-                                                                                      float(row.overhead_ms))
+            frame = profile.table("block_latency")
+            has_layers = "n_layers" in frame.columns
+            for row in frame.itertuples(index=False):
+                key = (str(row.position), str(row.choice), int(row.batch))
+                self._table[key] = (float(row.net_ms), float(row.overhead_ms))
+                self._layers[key] = int(row.n_layers) if has_layers else 0
         models = profile.doc.get("models", {})
+        entry = models.get("latency_composition")
+        self.composition = CompositionModel.from_doc(entry, source=f"profile {profile.name!r}") if entry else None
         self._latency = models.get("latency")
         self._energy = models.get("energy")
         load = models.get("load")
@@ -72,7 +82,24 @@ class Predictor:
     def has_block_table(self) -> bool:
         return bool(self._table)
 
+    def corrects(self, batch: int = 1) -> bool:
+        """Whether ``block_sum_ms`` at this batch applies a composition correction."""
+        return self.composition is not None and self.composition.batch == batch
+
     def block_sum_ms(self, pairs: Sequence[tuple[str, str]], *, batch: int = 1) -> float:
+        """The variant's predicted latency from the block table: the raw sum, corrected for
+        composition when the profile has a correction fitted at this batch."""
+        if self.composition is not None and self.composition.batch == batch:
+            return self.composition.apply(self.composition_features(pairs, batch=batch))
+        return self.raw_block_sum_ms(pairs, batch=batch)
+
+    def composition_features(self, pairs: Sequence[tuple[str, str]], *, batch: int = 1) -> CompositionFeatures:
+        """Raw sum, blocks that run operators and their operator count (``composition``)."""
+        raw = self.raw_block_sum_ms(pairs, batch=batch)
+        layers = [self._layers[(p, c, batch)] for p, c in pairs]
+        return CompositionFeatures(raw, sum(1 for n in layers if n > 0), sum(layers))
+
+    def raw_block_sum_ms(self, pairs: Sequence[tuple[str, str]], *, batch: int = 1) -> float:
         """AdaptiveNet's T = sum of table entries (+ the engine's fixed cost once)."""
         if not self._table:
             raise InputError(f"profile {self.profile.name!r} has no block latency table; profile with --supernet")

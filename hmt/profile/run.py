@@ -2,7 +2,8 @@
 
 Order: facts -> micro-benchmarks -> cache-hit curve -> probe layers (eq. 2 fits) -> block
 latency table (with a supernet) -> background-load model -> energy (defaults, or
-calibrated from a power source) -> validation (optional) -> one atomic write. Nothing is
+calibrated from a power source) -> composition correction of the block-table sum
+(calibration variants, optional) -> validation (optional) -> one atomic write. Nothing is
 written until every step has succeeded, so a failed or interrupted run never replaces a
 good profile.
 """
@@ -20,6 +21,7 @@ import numpy as np
 
 from hmt.errors import UsageError
 from hmt.profile import benchmarks as bench
+from hmt.profile.composition import MIN_CALIBRATION_VARIANTS
 from hmt.profile.devices import device_spec, shipped_profile
 from hmt.profile.facts import DeviceFacts, collect_facts, device_id
 from hmt.profile.features import LayerFeature, layer_features
@@ -43,6 +45,7 @@ from hmt.progress import ProgressCallback, no_progress
 
 CROWDHMTWARE = "CrowdHMTware (shared/papers/crowdhmtware.md) III-D1, eq. 1: ratios d1:d2:d3(:dSM) = 1:6:200(:2)"
 ENGINES = ("onnxruntime", "torch", "tvm")
+DEFAULT_CALIBRATION_VARIANTS = 12
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,12 @@ class ProfileOptions:
     power: str | None = None
     power_options: Mapping[str, Any] = field(default_factory=dict)
     validate: int = 0
+    # Variants measured end to end to fit the composition correction of the block-table
+    # sum (``composition``); None: DEFAULT_CALIBRATION_VARIANTS when validating, else 0.
+    calibrate_variants: int | None = None
     validate_load_processes: int = 1
+    # Batch of the end-to-end validation; must be one of ``batches`` (the table rows it sums).
+    validate_batch: int = 1
     load_model: bool = True
     rpc: str | None = None
     rpc_key: str | None = None
@@ -66,6 +74,12 @@ class ProfileOptions:
     warmup: int | None = None
     repeats: int | None = None
     seed: int = 0
+
+    @property
+    def calibration_variants(self) -> int:
+        if self.calibrate_variants is not None:
+            return self.calibrate_variants
+        return DEFAULT_CALIBRATION_VARIANTS if self.validate and self.supernet is not None else 0
 
     @property
     def timing(self) -> tuple[int, int]:
@@ -287,8 +301,17 @@ def profile_device(out_dir: Path | str, options: ProfileOptions, *, power_source
         raise UsageError(f"unknown engine {options.engine!r}; choose from {', '.join(ENGINES)}")
     if options.validate and options.supernet is None:
         raise UsageError("--validate needs --supernet: the variants to validate come from a supernet")
+    calibration = options.calibration_variants
+    if calibration and options.supernet is None:
+        raise UsageError("--calibrate-variants needs --supernet: the variants come from a supernet")
+    if calibration < 0 or 0 < calibration < MIN_CALIBRATION_VARIANTS:
+        raise UsageError(f"--calibrate-variants {calibration}: 0 (no correction) or >= {MIN_CALIBRATION_VARIANTS} "
+                         "(four coefficients, cross-validated)")
     if any(b < 1 for b in options.batches) or 1 not in options.batches:
         raise UsageError(f"--batch sizes must be >= 1 and include 1, got {list(options.batches)}")
+    if options.validate_batch not in options.batches:
+        raise UsageError(f"--validate-batch {options.validate_batch}: the block table has no rows at that batch; "
+                         f"add --batch {options.validate_batch} (table batches: {list(options.batches)})")
     if spec.name != "host" and options.rpc is None:
         if options.supernet is not None or options.power is not None or power_source is not None:
             raise UsageError(f"{spec.name} is not this machine: measuring it (block table, energy) needs "
@@ -325,6 +348,8 @@ def profile_device(out_dir: Path | str, options: ProfileOptions, *, power_source
     if options.load_model and options.rpc is None:
         stages.load_section(d, options, runner, probes, loaded, progress)
     stages.energy_section(d, options, runner, probes, curve, power_source, progress)
+    if calibration:
+        stages.composition_section(d, options, runner, loaded, progress)
     validation = None
     if options.validate:
         validation = stages.validation_section(d, options, runner, loaded, progress)

@@ -195,24 +195,77 @@ def block_table_section(d: _Doc, options: ProfileOptions, runner: Any, loaded: A
         d.doc.setdefault("models", {})["latency_fits_blocks"] = fits
 
 
+def calibration_rng(seed: int) -> np.random.Generator:
+    """The calibration variants' generator: a stream of its own, apart from validation's
+    (``default_rng(seed)``) and the load model's (``default_rng(seed + 1)``)."""
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0xC0,)))
+
+
+def composition_section(d: _Doc, options: ProfileOptions, runner: Any, loaded: Any,
+                        progress: ProgressCallback) -> None:
+    """Measure the calibration variants and store the composition correction they fit."""
+    from hmt.profile.composition import COMPOSITION_UNITS
+    from hmt.profile.validate import CALIBRATION_UNITS, calibrate_composition
+
+    warmup, repeats = options.timing
+    n = options.calibration_variants
+    result = calibrate_composition(loaded.net, loaded.space, Predictor(d.profile), runner, n=n,
+                                   rng=calibration_rng(options.seed), batch=options.validate_batch, warmup=warmup,
+                                   repeats=repeats, seed=options.seed, progress=progress)
+    pid = d.measured("composition-calibration", f"{len(result.table)} random variants (seed {options.seed}, "
+                                                f"calibration stream; batch {options.validate_batch}) materialised "
+                                                "and timed end to end, idle; never reused by validation")
+    d.profile.add_table("composition_calibration", result.table, units=CALIBRATION_UNITS, source=pid)
+    fid = d.fitted("fit-composition", "NNLS on relative error with one trimmed refit and 5-fold CV, of the measured "
+                                      "end-to-end latency on the raw block-table sum, blocks with layers, layers "
+                                      "and a constant (hmt/profile/composition.py)",
+                   ["block-table", "composition-calibration"])
+    entry = _fit_entry(result.fit, fid, COMPOSITION_UNITS)
+    entry["batch"] = quantity(result.model.batch, "count", fid)
+    entry["applies_to"] = "Predictor.block_sum_ms at this batch; raw_block_sum_ms is the uncorrected sum"
+    d.doc.setdefault("models", {})["latency_composition"] = entry
+    m = result.model
+    d.note(f"composition correction of the block-table sum (batch {m.batch}, {result.fit.n} variants): T = "
+           f"{m.a_scale:.3g}*raw + {m.b_ms_per_block:.3g} ms/block + {m.l_ms_per_layer:.3g} ms/layer + {m.c_ms:.3g} "
+           f"ms; in-sample MAPE {result.fit.mape:.1%}"
+           + (f", CV MAPE {result.fit.cv_mape:.1%}" if result.fit.cv_mape is not None else ""))
+
+
+def _metrics_doc(metrics: Any, pid: str) -> dict[str, Any]:
+    return {k: quantity(v, "count" if k == "n" else "1" if k == "kendall_tau" else "fraction", pid)
+            for k, v in metrics.as_dict().items() if np.isfinite(v)}
+
+
 def validation_section(d: _Doc, options: ProfileOptions, runner: Any, loaded: Any, progress: ProgressCallback) -> Any:
     from hmt.profile.validate import VALIDATION_UNITS, validate_variants
 
     warmup, repeats = options.timing
     predictor = Predictor(d.profile)
     processes = options.validate_load_processes if options.rpc is None else 0
+    exclude: frozenset[str] = frozenset()
+    if "composition_calibration" in d.profile.tables:
+        exclude = frozenset(str(a) for a in d.profile.table("composition_calibration").arch_id)
     result = validate_variants(loaded.net, loaded.space, predictor, runner, n=options.validate,
                                rng=np.random.default_rng(options.seed), warmup=warmup, repeats=repeats,
-                               load_processes=processes, progress=progress)
-    pid = d.measured("validation", f"{options.validate} random variants (seed {options.seed}) materialised, exported "
-                                   f"and timed end to end vs the block-table sum; then beside {processes} busy "
-                                   "process(es) vs the load-aware prediction")
+                               batch=options.validate_batch, load_processes=processes, exclude=exclude,
+                               progress=progress)
+    corrected = predictor.corrects(options.validate_batch)
+    what = ("the block-table sum with the composition correction (raw sum scored too, as *_raw)" if corrected
+            else "the block-table sum")
+    pid = d.measured("validation", f"{options.validate} random variants (seed {options.seed}, batch "
+                                   f"{options.validate_batch}; none of the {len(exclude)} calibration variants) "
+                                   f"materialised, exported and timed end to end vs {what}; then beside "
+                                   f"{processes} busy process(es) vs the load-aware prediction")
     d.profile.add_table("validation", result.table, units=VALIDATION_UNITS, source=pid)
-    section = {"idle": {k: quantity(v, "count" if k == "n" else "1" if k == "kendall_tau" else "fraction", pid)
-                        for k, v in result.idle.as_dict().items() if np.isfinite(v)}}
+    section: dict[str, Any] = {"prediction": "block-table sum, composition-corrected" if corrected
+                               else "block-table sum"}
+    section["idle"] = _metrics_doc(result.idle, pid)
     if result.loaded is not None:
-        section["loaded"] = {k: quantity(v, "count" if k == "n" else "1" if k == "kendall_tau" else "fraction", pid)
-                             for k, v in result.loaded.as_dict().items() if np.isfinite(v)}
+        section["loaded"] = _metrics_doc(result.loaded, pid)
+    if result.idle_raw is not None:
+        section["idle_raw"] = _metrics_doc(result.idle_raw, pid)
+    if result.loaded_raw is not None:
+        section["loaded_raw"] = _metrics_doc(result.loaded_raw, pid)
     d.doc["validation"] = section
     return result
 
@@ -223,7 +276,12 @@ def summary(profile: DeviceProfile) -> dict[str, Any]:
     for key in ("benchmarks.peak_gemm_gmacs", "benchmarks.peak_conv_gmacs", "benchmarks.dram_read_gbps",
                 "benchmarks.cache_read_gbps", "models.latency.r2", "models.latency.cv_mape", "models.load.alpha",
                 "validation.idle.kendall_tau", "validation.idle.mape", "validation.idle.within_10pct",
-                "validation.loaded.within_20pct"):
+                "validation.loaded.within_20pct", "validation.idle_raw.kendall_tau", "validation.idle_raw.mape",
+                "validation.idle_raw.within_10pct", "validation.loaded_raw.within_20pct",
+                "models.latency_composition.coefficients.a_scale",
+                "models.latency_composition.coefficients.b_ms_per_block",
+                "models.latency_composition.coefficients.l_ms_per_layer",
+                "models.latency_composition.coefficients.c_ms", "models.latency_composition.cv_mape"):
         value = profile.get_value(key)
         if value is not None:
             out[key] = value

@@ -16,6 +16,10 @@ import torch
 from torch import nn
 
 from hmt.artifacts import ArtifactWriter, load_artifact
+from hmt.profile import benchmarks as bench
+from hmt.profile import run as run_module
+from hmt.profile import stages, timing
+from hmt.profile.probes import ProbeSpec
 
 
 @dataclass(frozen=True)
@@ -107,3 +111,24 @@ def make_supernet_artifact(root: Path) -> Any:
 def tiny_loaded(tmp_path: Path) -> Loaded:
     net = TinyNet()
     return Loaded(net, TinySpace(net), make_supernet_artifact(tmp_path / "supernet"))
+
+
+# profile_device in seconds: tiny micro-benchmarks and probes, the stand-in supernet.
+TINY = bench.BenchmarkSettings(gemm_sizes=(64,), conv_hw=8, repeats=2, min_time_s=0.002,
+                               bandwidth_sizes=(16 << 10, 1 << 20, 8 << 20), cold_sizes=(64 << 10, 1 << 20, 8 << 20),
+                               cold_trials=2, flush_bytes=8 << 20)
+PROBES = [ProbeSpec(f"c{k}-{c}-{s}", "conv2d", c, c, k, 1, s) for k in (1, 3) for c in (8, 32) for s in (4, 16)]
+PROBES += [ProbeSpec("lin", "linear", 64, 10), ProbeSpec("dw", "dwconv2d", 16, 16, 3, 1, 8)]
+
+
+@pytest.fixture
+def fast(monkeypatch: pytest.MonkeyPatch, tiny_loaded: Any) -> Any:
+    monkeypatch.setattr(bench.BenchmarkSettings, "quick", classmethod(lambda cls: TINY))
+    monkeypatch.setattr(run_module, "probe_grid", lambda quick: PROBES)
+    monkeypatch.setattr(bench, "run_perf_stat", lambda: bench.PerfCounters(False, {}, "disabled in tests"))
+    monkeypatch.setattr(stages, "open_supernet", lambda path: tiny_loaded)
+    monkeypatch.setattr(timing, "MIN_WINDOW_S", 0.005)
+    real_calibrate = stages.calibrate
+    monkeypatch.setattr(stages, "calibrate", lambda *a, **k: real_calibrate(
+        *a, **{**k, "window_s": 0.05, "idle_s": 0.05, "sync_s": 0.05}))
+    return tiny_loaded

@@ -12,33 +12,11 @@ import pytest
 
 from hmt.artifacts import load_artifact
 from hmt.errors import ArtifactError, InputError, ModelError, UsageError
-from hmt.profile import ProfileOptions, load_profile, profile_device, shipped_profile, stages, timing
-from hmt.profile import benchmarks as bench
-from hmt.profile import run as run_module
+from hmt.profile import ProfileOptions, load_profile, profile_device, shipped_profile, stages
 from hmt.profile.devices import DEVICES
 from hmt.profile.power.fake import FakePowerSource
 from hmt.profile.predictor import Predictor
-from hmt.profile.probes import ProbeSpec
 from hmt.profile.schema import DeviceProfile, profile_from_doc, profile_to_json_files, validate_profile
-
-TINY = bench.BenchmarkSettings(gemm_sizes=(64,), conv_hw=8, repeats=2, min_time_s=0.002,
-                               bandwidth_sizes=(16 << 10, 1 << 20, 8 << 20), cold_sizes=(64 << 10, 1 << 20, 8 << 20),
-                               cold_trials=2, flush_bytes=8 << 20)
-PROBES = [ProbeSpec(f"c{k}-{c}-{s}", "conv2d", c, c, k, 1, s) for k in (1, 3) for c in (8, 32) for s in (4, 16)]
-PROBES += [ProbeSpec("lin", "linear", 64, 10), ProbeSpec("dw", "dwconv2d", 16, 16, 3, 1, 8)]
-
-
-@pytest.fixture
-def fast(monkeypatch: pytest.MonkeyPatch, tiny_loaded: Any) -> Any:
-    monkeypatch.setattr(bench.BenchmarkSettings, "quick", classmethod(lambda cls: TINY))
-    monkeypatch.setattr(run_module, "probe_grid", lambda quick: PROBES)
-    monkeypatch.setattr(bench, "run_perf_stat", lambda: bench.PerfCounters(False, {}, "disabled in tests"))
-    monkeypatch.setattr(stages, "open_supernet", lambda path: tiny_loaded)
-    monkeypatch.setattr(timing, "MIN_WINDOW_S", 0.005)
-    real_calibrate = stages.calibrate
-    monkeypatch.setattr(stages, "calibrate", lambda *a, **k: real_calibrate(
-        *a, **{**k, "window_s": 0.05, "idle_s": 0.05, "sync_s": 0.05}))
-    return tiny_loaded
 
 
 def _options(**kw: Any) -> ProfileOptions:
