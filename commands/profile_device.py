@@ -100,6 +100,14 @@ def profile_device_command(
     validate_batch: Annotated[int, typer.Option(
         "--validate-batch", help="Batch of the validation runs (one of --batch; on a GPU batch 1 is launch-bound)."
     )] = 1,
+    interleave_rounds: Annotated[int, typer.Option(
+        "--interleave-rounds", help="Time calibration and validation variants round-robin in R rounds (shuffled "
+                                    "per round, groups of <= 10 resident) with a reference variant between them, "
+                                    "so a drift of the machine shows and hits all alike; 0: one after the other."
+    )] = 5,
+    drift_normalise: Annotated[bool, typer.Option(
+        "--drift-normalise", help="Fit the composition correction to reference-normalised times (raw and "
+                                  "normalised validation are reported either way).")] = False,
     no_load_model: Annotated[bool, typer.Option("--no-load-model", help="Skip the background-load model.")] = False,
     rpc: Annotated[str | None, typer.Option("--rpc", help="TVM RPC tracker host:port of a remote device.")] = None,
     key: Annotated[str | None, typer.Option("--key", help="Device key registered with the tracker.")] = None,
@@ -141,7 +149,8 @@ def profile_device_command(
             validate_load_processes=validate_load,
             validate_batch=validate_batch,
             load_model=not no_load_model, rpc=rpc, rpc_key=key, rpc_target=rpc_target, rpc_cc=rpc_cc,
-            warmup=warmup, repeats=repeats, seed=seed,
+            warmup=warmup, repeats=repeats, seed=seed, interleave_rounds=interleave_rounds,
+            drift_normalise=drift_normalise,
         )
         with output.progress() as progress:
             result = profile_device(out, options, progress=progress)

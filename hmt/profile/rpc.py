@@ -53,6 +53,7 @@ class TvmRunner:
     """Times ONNX models with TVM Relax on a session: remote (tracker) or local."""
 
     engine = "tvm"
+    interleaves = False  # timed on the device by time_evaluator: no local callable to interleave
 
     def __init__(self, *, tracker: str | None = None, key: str | None = None, target: str = "llvm",
                  cc: str | None = None, session_timeout_s: int = 600, priority: int = 1) -> None:

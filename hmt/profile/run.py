@@ -3,7 +3,8 @@
 Order: facts -> micro-benchmarks -> cache-hit curve -> probe layers (eq. 2 fits) -> block
 latency table (with a supernet) -> background-load model -> energy (defaults, or
 calibrated from a power source) -> composition correction of the block-table sum
-(calibration variants, optional) -> validation (optional) -> one atomic write. Nothing is
+(calibration variants, optional) -> validation (optional) -> drift report of the reference
+variant both were interleaved with -> one atomic write. Nothing is
 written until every step has succeeded, so a failed or interrupted run never replaces a
 good profile.
 """
@@ -74,6 +75,11 @@ class ProfileOptions:
     warmup: int | None = None
     repeats: int | None = None
     seed: int = 0
+    # Calibration and validation variants are timed round-robin in this many rounds with a
+    # reference variant between them (``interleave.py``); 0: one after the other (old scheme).
+    interleave_rounds: int = 5
+    # Fit the composition correction to reference-normalised times instead of raw medians.
+    drift_normalise: bool = False
 
     @property
     def calibration_variants(self) -> int:
@@ -307,6 +313,10 @@ def profile_device(out_dir: Path | str, options: ProfileOptions, *, power_source
     if calibration < 0 or 0 < calibration < MIN_CALIBRATION_VARIANTS:
         raise UsageError(f"--calibrate-variants {calibration}: 0 (no correction) or >= {MIN_CALIBRATION_VARIANTS} "
                          "(four coefficients, cross-validated)")
+    if options.interleave_rounds < 0:
+        raise UsageError(f"--interleave-rounds {options.interleave_rounds}: 0 (one variant after the other) or more")
+    if options.drift_normalise and not options.interleave_rounds:
+        raise UsageError("--drift-normalise needs interleaved timing (--interleave-rounds >= 1)")
     if any(b < 1 for b in options.batches) or 1 not in options.batches:
         raise UsageError(f"--batch sizes must be >= 1 and include 1, got {list(options.batches)}")
     if options.validate_batch not in options.batches:
@@ -348,11 +358,14 @@ def profile_device(out_dir: Path | str, options: ProfileOptions, *, power_source
     if options.load_model and options.rpc is None:
         stages.load_section(d, options, runner, probes, loaded, progress)
     stages.energy_section(d, options, runner, probes, curve, power_source, progress)
+    drift = stages.drift_reference(options, runner, loaded) if calibration or options.validate else None
     if calibration:
-        stages.composition_section(d, options, runner, loaded, progress)
+        stages.composition_section(d, options, runner, loaded, progress, drift)
     validation = None
     if options.validate:
-        validation = stages.validation_section(d, options, runner, loaded, progress)
+        validation = stages.validation_section(d, options, runner, loaded, progress, drift)
+    if drift is not None:
+        stages.drift_section(d, options, drift)
     summary = stages.summary(d.profile)
     stages.write_measured(out_dir, d.profile, options, loaded, validation, summary)
     return ProfileRun(out_dir, d.profile, summary, list(d.doc["notes"]), validation)

@@ -201,28 +201,69 @@ def calibration_rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0xC0,)))
 
 
+def reference_rng(seed: int) -> np.random.Generator:
+    """The drift reference variant's generator (a stream of its own, like calibration's)."""
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0xD1,)))
+
+
+def schedule_rng(seed: int) -> np.random.Generator:
+    """The per-round orders of interleaved timing."""
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0x5C,)))
+
+
+def drift_reference(options: ProfileOptions, runner: Any, loaded: Any) -> Any:
+    """The Drift (validate.py) shared by calibration and validation: a random variant of its
+    own seed stream, prepared once and resident for the run; None when timing one variant
+    after the other (--interleave-rounds 0, or a runner that cannot interleave: TVM)."""
+    from hmt.profile.interleave import InterleaveSettings
+    from hmt.profile.validate import Drift
+
+    if not options.interleave_rounds or not getattr(runner, "interleaves", True):
+        return None
+    arch = loaded.space.sample(reference_rng(options.seed))
+    model = loaded.net.materialize(arch)
+    run = runner.prepare(model, (options.validate_batch, *tuple(model.input_shape)), seed=options.seed)
+    return Drift(run, str(arch.arch_id), schedule_rng(options.seed),
+                 InterleaveSettings(rounds=options.interleave_rounds))
+
+
+def _timing_how(drift: Any) -> str:
+    if drift is None:
+        return "each variant timed alone in turn"
+    st = drift.settings
+    return (f"interleaved: groups of <= {st.group_size} variants resident at once, {st.rounds} rounds in a seeded "
+            f"shuffled order per round, reference variant {drift.reference_id} timed at the start and end of every "
+            f"round and after every {st.ref_every} variants; measured_ms = median of all timed runs (raw), "
+            "normalised_ms = per-visit medians scaled by the reference around the visit")
+
+
 def composition_section(d: _Doc, options: ProfileOptions, runner: Any, loaded: Any,
-                        progress: ProgressCallback) -> None:
+                        progress: ProgressCallback, drift: Any = None) -> None:
     """Measure the calibration variants and store the composition correction they fit."""
     from hmt.profile.composition import COMPOSITION_UNITS
     from hmt.profile.validate import CALIBRATION_UNITS, calibrate_composition
 
     warmup, repeats = options.timing
     n = options.calibration_variants
+    normalised = options.drift_normalise and drift is not None
     result = calibrate_composition(loaded.net, loaded.space, Predictor(d.profile), runner, n=n,
                                    rng=calibration_rng(options.seed), batch=options.validate_batch, warmup=warmup,
-                                   repeats=repeats, seed=options.seed, progress=progress)
+                                   repeats=repeats, seed=options.seed, progress=progress, drift=drift,
+                                   fit_normalised=normalised)
     pid = d.measured("composition-calibration", f"{len(result.table)} random variants (seed {options.seed}, "
                                                 f"calibration stream; batch {options.validate_batch}) materialised "
-                                                "and timed end to end, idle; never reused by validation")
+                                                "and timed end to end, idle; never reused by validation; "
+                                                + _timing_how(drift))
     d.profile.add_table("composition_calibration", result.table, units=CALIBRATION_UNITS, source=pid)
-    fid = d.fitted("fit-composition", "NNLS on relative error with one trimmed refit and 5-fold CV, of the measured "
+    target = "reference-normalised" if normalised else "measured (raw median)"
+    fid = d.fitted("fit-composition", f"NNLS on relative error with one trimmed refit and 5-fold CV, of the {target} "
                                       "end-to-end latency on the raw block-table sum, blocks with layers, layers "
                                       "and a constant (hmt/profile/composition.py)",
                    ["block-table", "composition-calibration"])
     entry = _fit_entry(result.fit, fid, COMPOSITION_UNITS)
     entry["batch"] = quantity(result.model.batch, "count", fid)
     entry["applies_to"] = "Predictor.block_sum_ms at this batch; raw_block_sum_ms is the uncorrected sum"
+    entry["fitted_to"] = "normalised_ms" if normalised else "measured_ms"
     d.doc.setdefault("models", {})["latency_composition"] = entry
     m = result.model
     d.note(f"composition correction of the block-table sum (batch {m.batch}, {result.fit.n} variants): T = "
@@ -236,7 +277,8 @@ def _metrics_doc(metrics: Any, pid: str) -> dict[str, Any]:
             for k, v in metrics.as_dict().items() if np.isfinite(v)}
 
 
-def validation_section(d: _Doc, options: ProfileOptions, runner: Any, loaded: Any, progress: ProgressCallback) -> Any:
+def validation_section(d: _Doc, options: ProfileOptions, runner: Any, loaded: Any, progress: ProgressCallback,
+                       drift: Any = None) -> Any:
     from hmt.profile.validate import VALIDATION_UNITS, validate_variants
 
     warmup, repeats = options.timing
@@ -248,14 +290,15 @@ def validation_section(d: _Doc, options: ProfileOptions, runner: Any, loaded: An
     result = validate_variants(loaded.net, loaded.space, predictor, runner, n=options.validate,
                                rng=np.random.default_rng(options.seed), warmup=warmup, repeats=repeats,
                                batch=options.validate_batch, load_processes=processes, exclude=exclude,
-                               progress=progress)
+                               progress=progress, drift=drift)
     corrected = predictor.corrects(options.validate_batch)
     what = ("the block-table sum with the composition correction (raw sum scored too, as *_raw)" if corrected
             else "the block-table sum")
     pid = d.measured("validation", f"{options.validate} random variants (seed {options.seed}, batch "
                                    f"{options.validate_batch}; none of the {len(exclude)} calibration variants) "
                                    f"materialised, exported and timed end to end vs {what}; then beside "
-                                   f"{processes} busy process(es) vs the load-aware prediction")
+                                   f"{processes} busy process(es) vs the load-aware prediction; "
+                                   + _timing_how(drift))
     d.profile.add_table("validation", result.table, units=VALIDATION_UNITS, source=pid)
     section: dict[str, Any] = {"prediction": "block-table sum, composition-corrected" if corrected
                                else "block-table sum"}
@@ -266,8 +309,58 @@ def validation_section(d: _Doc, options: ProfileOptions, runner: Any, loaded: An
         section["idle_raw"] = _metrics_doc(result.idle_raw, pid)
     if result.loaded_raw is not None:
         section["loaded_raw"] = _metrics_doc(result.loaded_raw, pid)
+    if result.idle_normalised is not None:
+        section["idle_normalised"] = _metrics_doc(result.idle_normalised, pid)
+    if result.idle_raw_normalised is not None:
+        section["idle_raw_normalised"] = _metrics_doc(result.idle_raw_normalised, pid)
     d.doc["validation"] = section
     return result
+
+
+# A reference whose per-round medians differ by more than this ratio flags a drift.
+DRIFT_NOTE_RATIO = 1.10
+
+
+def drift_section(d: _Doc, options: ProfileOptions, drift: Any) -> None:
+    """The reference variant's per-round times (table ``drift_reference``), the drift figure
+    (``drift.ratio`` = max/min of its per-round medians over the idle phases) and a note."""
+    import pandas as pd
+
+    from hmt.profile.interleave import REFERENCE_UNITS, ref_rows
+
+    if not drift.phases:
+        return
+    rows = [row for phase, timing in drift.phases for row in ref_rows(phase, timing)]
+    table = pd.DataFrame(rows, columns=list(REFERENCE_UNITS))
+    st = drift.settings
+    pid = d.measured("drift-reference", f"reference variant {drift.reference_id} (seed {options.seed}, reference "
+                                        f"stream; batch {options.validate_batch}) timed in bursts between the "
+                                        f"interleaved variants: {st.rounds} rounds per group of <= {st.group_size}; "
+                                        "one row per round (median, spread, conditions over the round)")
+    d.profile.add_table("drift_reference", table, units=REFERENCE_UNITS, source=pid)
+    idle = table[~table.phase.str.endswith("loaded")]
+    section: dict[str, Any] = {"reference": drift.reference_id, "rounds": quantity(st.rounds, "count", pid),
+                               "group_size": quantity(st.group_size, "count", pid),
+                               "level_ms": quantity(float(drift.level_ms), "ms", pid),
+                               "normalised_fit": bool(options.drift_normalise)}
+    ratio = float(idle.median_ms.max() / idle.median_ms.min()) if len(idle) else float("nan")
+    if np.isfinite(ratio):
+        section["ratio"] = quantity(ratio, "1", pid)
+    section["phases"] = {phase: {"ratio": quantity(t.drift_ratio, "1", pid),
+                                 "min_ms": quantity(min(r.median_ms for r in t.reference_rounds), "ms", pid),
+                                 "max_ms": quantity(max(r.median_ms for r in t.reference_rounds), "ms", pid)}
+                         for phase, t in drift.phases}
+    d.doc["drift"] = section
+    if not np.isfinite(ratio):
+        return
+    span = f"{idle.median_ms.min():.4g}-{idle.median_ms.max():.4g} ms (max/min {ratio:.2f})"
+    if ratio > DRIFT_NOTE_RATIO:
+        d.note(f"drift: the reference variant's per-round median ranged {span} over {len(idle)} idle rounds: the "
+               "machine changed during the run. Variants were interleaved, so it hit them alike; "
+               "validation.idle_normalised scores the reference-normalised times (validation.idle the raw ones)")
+    else:
+        d.note(f"drift: the reference variant's per-round median ranged {span} over {len(idle)} idle rounds "
+               f"(within {DRIFT_NOTE_RATIO - 1:.0%}: steady)")
 
 
 def summary(profile: DeviceProfile) -> dict[str, Any]:
@@ -281,7 +374,9 @@ def summary(profile: DeviceProfile) -> dict[str, Any]:
                 "models.latency_composition.coefficients.a_scale",
                 "models.latency_composition.coefficients.b_ms_per_block",
                 "models.latency_composition.coefficients.l_ms_per_layer",
-                "models.latency_composition.coefficients.c_ms", "models.latency_composition.cv_mape"):
+                "models.latency_composition.coefficients.c_ms", "models.latency_composition.cv_mape",
+                "validation.idle_normalised.kendall_tau", "validation.idle_normalised.mape",
+                "validation.idle_normalised.within_10pct", "drift.ratio", "drift.level_ms"):
         value = profile.get_value(key)
         if value is not None:
             out[key] = value

@@ -126,8 +126,11 @@ class Runner(Protocol):
     """What the block table, probes, load model, calibration and validation time models with.
 
     ``prepare`` returns a zero-argument callable running one inference on a fixed input of
-    ``shape`` (batch included); ``time`` measures it; ``overhead_ms`` is the engine's fixed
-    cost per run at that input size (a model that only passes its input through).
+    ``shape`` (batch included), which returns only once the result is ready (a CUDA run
+    synchronises the device), so it can be timed from outside; ``time`` measures it;
+    ``overhead_ms`` is the engine's fixed cost per run at that input size (a model that only
+    passes its input through). A runner whose ``prepare`` cannot give such a callable sets
+    ``interleaves = False`` and its variants are timed one after the other (``validate``).
     """
 
     engine: str
@@ -241,6 +244,10 @@ MIN_WINDOW_S = 0.2
 MAX_REPEATS = 20000
 
 
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
 def time_callable(fn: Callable[[], object], *, warmup: int, repeats: int,
                   min_window_s: float | None = None) -> Measurement:
     """Time ``fn`` after ``warmup`` calls: at least ``repeats`` runs and at least ``min_window_s``.
@@ -261,5 +268,4 @@ def time_callable(fn: Callable[[], object], *, warmup: int, repeats: int,
             fn()
             samples.append((time.perf_counter_ns() - start) / 1e6)
     s = spread(samples)
-    return Measurement(s.median, s.p10, s.p90, s.iqr, s.n, warmup, cond[0],
-                       dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    return Measurement(s.median, s.p10, s.p90, s.iqr, s.n, warmup, cond[0], utc_now())
