@@ -29,6 +29,9 @@ MetaSchedule tuning (slow: minutes per model); the database is reused across run
 
 Every candidate is checked against ORT on the converted graph before it is timed; the
 timings, the choice and the memory plans are in OUT/report.json and the manifest.
+Timing runs candidates in alternating bursts of --burst back-to-back calls (the first
+call after each pause is reported apart as cold_median_ms); --burst 1 times every call
+after a pause instead, the rate of a server that idles between requests.
 """
 
 
@@ -70,6 +73,9 @@ def fuse_command(
         "--tuning-dir", help="Tuning database directory, reused across runs (default OUT/../tvm-tuning).")] = None,
     repeats: Annotated[int, typer.Option("--repeats", help="Timed runs per candidate (alternating).")] = 30,
     warmup: Annotated[int, typer.Option("--warmup", help="Warm-up runs per candidate.")] = 3,
+    burst: Annotated[int, typer.Option(
+        "--burst", help="Back-to-back calls per visit of a candidate; calls 2..N are timed (serve's rate "
+        "under load). 1: a pause before every timed call (an idle server's first request).")] = 8,
     seed: SeedOpt = 0,
     json_mode: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -85,6 +91,8 @@ def fuse_command(
 
         # TVM's idle workers otherwise spin and slow the candidate timed after them.
         os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+        from rich.markup import escape
+
         from hmt.fuse import FuseOptions, fuse_model
 
         options = FuseOptions(
@@ -95,6 +103,7 @@ def fuse_command(
             tuning_dir=tuning_dir,
             repeats=repeats,
             warmup=warmup,
+            timing_burst=burst,
             seed=seed,
         )
         with output.progress() as progress:
@@ -102,7 +111,8 @@ def fuse_command(
         rows = []
         for v in result.variants:
             fired = ", ".join(f"{k} x{n}" for k, n in v.fired.items()) or "none"
-            rows.append([v.name, v.engine, f"{v.latency_ms:.3f}", f"{v.speedup_vs_ort_default:.2f}x",
+            # Candidate labels hold brackets ("ort[all,threads=1](chain)") that rich reads as markup.
+            rows.append([v.name, escape(v.engine), f"{v.latency_ms:.3f}", f"{v.speedup_vs_ort_default:.2f}x",
                          f"{v.planned_peak_bytes / 1024:.0f}/{v.naive_bytes / 1024:.0f}", fired])
         output.table("fused (ms: median here; memory: planned/naive KiB)",
                      ["variant", "chosen engine", "ms", "vs ORT default", "memory", "fusions fired"], rows)

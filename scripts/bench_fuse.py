@@ -10,6 +10,13 @@ physical cores), giving the physical floor ``2 * MACs / peak`` for every model.
 Other jobs may share the machine: engines are alternated inside one loop, so load hits
 all of them alike; the ratios are the robust numbers, absolute times are not.
 
+Timing mode (``--burst``, default 8, the same as ``hmt fuse``): each visit of an engine
+is a pause then ``burst`` back-to-back calls, calls 2..burst timed (serve under load);
+the first call after the pause is reported as ``cold_median_ms``. ``--burst 1`` times
+every call after a pause (the rate of a server idling between requests; thread pools
+fall asleep in the pause, which costs ORT several times its back-to-back time on a
+16-core host).
+
 Usage (CPU, ~15 min without tuning):
 
     python scripts/bench_fuse.py --out benchmarks/convert_fuse/results_cpu.json
@@ -116,7 +123,8 @@ def bench_one(name: str, factory: str, batch: int, args: argparse.Namespace, wor
     t0 = time.perf_counter()
     result = fuse_model(converted, fused, options=FuseOptions(
         engines=engines, device=args.device, tune_trials=args.tune_trials,
-        tuning_dir=Path(args.tuning_dir) if args.tuning_dir else None, repeats=args.fuse_repeats))
+        tuning_dir=Path(args.tuning_dir) if args.tuning_dir else None, repeats=args.fuse_repeats,
+        timing_burst=args.burst))
     fuse_s = time.perf_counter() - t0
     entry = result.report["variants"][0]
     macs = count_macs([converted / f for f in entry["timed_path"]])
@@ -141,7 +149,7 @@ def bench_one(name: str, factory: str, batch: int, args: argparse.Namespace, wor
             runners[f"{label}"] = load_fused_runner(fused, "model", feeds, candidate=label)
     runners["hmt-fuse"] = load_fused_runner(fused, "model", feeds)
     load_before = os.getloadavg()[0]
-    timings = measure_alternating(runners, warmup=args.warmup, repeats=args.repeats)
+    timings = measure_alternating(runners, warmup=args.warmup, repeats=args.repeats, burst=args.burst)
     load_after = os.getloadavg()[0]
     med = {k: v.median_ms for k, v in timings.items()}
     low = {k: v.min_ms for k, v in timings.items()}
@@ -154,6 +162,8 @@ def bench_one(name: str, factory: str, batch: int, args: argparse.Namespace, wor
                                      if c.get("timing")},
         "load_average_1min": [round(load_before, 2), round(load_after, 2)],
         "fuse_vs_ort_default": round(med["ort-default"] / med["hmt-fuse"], 3),
+        "fuse_vs_ort_default_cold": (round(timings["ort-default"].cold_median_ms / timings["hmt-fuse"].cold_median_ms,
+                                           3) if timings["hmt-fuse"].cold_median_ms else None),
         "fuse_vs_ort_default_min": round(low["ort-default"] / low["hmt-fuse"], 3),
         "fuse_vs_torch_min": round(low["torch-eager"] / low["hmt-fuse"], 3),
         "fuse_share_of_peak_min": round(floor_ms / low["hmt-fuse"], 3),
@@ -175,8 +185,8 @@ def bench_one(name: str, factory: str, batch: int, args: argparse.Namespace, wor
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| model | batch | MMACs | floor ms | torch ms | ORT default ms | TVM untuned ms | TVM tuned ms | hmt fuse ms "
-        "(choice) | fuse/ORT | fuse/torch | fuse % of peak | fuse/ORT (min) | plan/naive | load |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "(choice) | fuse/ORT | fuse/torch | fuse % of peak | fuse/ORT (min) | fuse/ORT (cold) | plan/naive | load |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         t = {k: v["median_ms"] for k, v in r["timings"].items()}
@@ -184,11 +194,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         def fmt(key: str, t: dict[str, float] = t) -> str:
             return f"{t[key]:.2f}" if key in t else "-"
 
+        cold = f"{r['fuse_vs_ort_default_cold']:.2f}x" if r.get("fuse_vs_ort_default_cold") else "-"
         lines.append(
             f"| {r['model']} | {r['batch']} | {r['macs'] / 1e6:.0f} | {r['floor_ms']:.2f} | {fmt('torch-eager')} | "
             f"{fmt('ort-default')} | {fmt('tvm')} | {fmt('tvm-tuned')} | {fmt('hmt-fuse')} ({r['fuse_choice']}) | "
             f"{r['fuse_vs_ort_default']:.2f}x | {r['fuse_vs_torch']:.2f}x | {100 * r['fuse_share_of_peak']:.0f}% | "
-            f"{r['fuse_vs_ort_default_min']:.2f}x | {r['memory_plan']['planned_over_naive']:.2f} | "
+            f"{r['fuse_vs_ort_default_min']:.2f}x | {cold} | {r['memory_plan']['planned_over_naive']:.2f} | "
             f"{r['load_average_1min'][0]:.1f} |"
         )
     return "\n".join(lines)
@@ -202,6 +213,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--fuse-repeats", type=int, default=20)
+    parser.add_argument("--burst", type=int, default=8,
+                        help="back-to-back calls per visit of an engine, calls 2..N timed (1: pause before each)")
     parser.add_argument("--tune-trials", type=int, default=0)
     parser.add_argument("--tuning-dir", default=None)
     parser.add_argument("--no-tvm", action="store_true")
@@ -210,6 +223,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from hmt.convert.graph import cpu_count_physical
+    from hmt.fuse.engines.timing import timing_mode
 
     threads = cpu_count_physical()
     peak = gemm_peak_gflops(args.device, threads)
@@ -232,6 +246,7 @@ def main() -> None:
                  "platform": platform.platform()},
         "gemm_peak_gflops": {"before": round(peak, 1), "after": round(peak_after, 1)},
         "tvm_thread_pool_spin_count": os.environ.get("TVM_THREAD_POOL_SPIN_COUNT"),
+        "timing": timing_mode(args.burst, 0.005),
         "supernet": os.environ.get("HMT_BENCH_SUPERNET")
         or f"random weights, {os.environ.get('HMT_BENCH_BACKBONE', 'resnet18')}",
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -4,9 +4,13 @@ Per variant (all its graphs: one model, or segments + exit heads):
 1. the registered fusion passes, each verified against ORT on its input graph;
 2. the tensor-lifetime memory plan of the fused graph;
 3. candidate engines: ONNX Runtime (the converted graph with default options: the
-   baseline; the fused graph with a few session settings) and TVM Relax (untuned, and
-   tuned with MetaSchedule when asked), each checked against the converted graph's
-   outputs and timed on this machine, alternating candidates in one loop;
+   baseline; the fused graph with a few session settings; for a chain of several
+   graphs, the chain merged into one graph, run by one ORT call) and TVM Relax
+   (untuned, and tuned with MetaSchedule when asked), each checked against the
+   converted graph's outputs and timed on this machine, alternating candidates in one
+   loop. Timing is in bursts by default (``timing_burst`` calls back to back per visit,
+   the first untimed): the rate serve runs a variant at under load (see
+   :mod:`hmt.fuse.engines.timing`);
 4. the fastest verified candidate becomes the variant's runtime; every timing and the
    choice go in the manifest. For segmented variants the timed path is the full chain
    (every segment, then the last exit head).
@@ -25,7 +29,7 @@ from hmt.convert.pipeline import load_converted
 from hmt.convert.verify import compare
 from hmt.errors import HmtError, UsageError
 from hmt.fuse.engines import ort as ort_engine
-from hmt.fuse.engines.timing import Timing, measure_alternating
+from hmt.fuse.engines.timing import Timing, measure_alternating, timing_mode
 from hmt.fuse.memory_plan import plan_memory
 from hmt.fuse.passes import apply_passes, fusion_pass_names, resolve_passes
 from hmt.fuse.runtime import Step, chain, ort_step, tvm_step
@@ -56,6 +60,13 @@ class FuseOptions:
     # the default's by this fraction: on a shared 2-core machine medians of equal engines
     # differ by a few percent, and a noisy win must not make the output slower than ORT.
     switch_margin: float = 0.05
+    # Calls per visit of a candidate in the timing loop: 1 times each call after a pause
+    # of settle_s (an idle server's first request: thread pools asleep); k > 1 pauses,
+    # runs k calls back to back and times calls 2..k (serve under load). Pausing before
+    # every call measured ORT ResNet-18 b1 on a 16-core host at 5.9 ms against 1.6 ms
+    # back to back, and picked TVM for it.
+    timing_burst: int = 8
+    settle_s: float = 0.005
 
 
 @dataclass
@@ -111,14 +122,25 @@ def _chain_runner(steps: list[Step], path: list[_Graph]) -> Callable[[], list[An
 DEFAULT_LIKE = (BASELINE, "ort[all,threads=default](fused)")
 
 
+QUIET_QUANTILE = 0.1
+
+
 def choose(timings: dict[str, Timing], *, margin: float) -> Timing:
-    """The fastest candidate by median; one with settings other than ORT's defaults must win by ``margin``."""
+    """The fastest candidate by median among ORT's defaults and the candidates that beat them.
+
+    A candidate with settings other than ORT's defaults must (1) beat the best default's
+    median by ``margin`` and (2) not be slower than it by more than ``margin`` at the fast
+    end (the 10th percentile, the rate when the machine is quiet). On a shared machine the
+    median is the contended rate: one ORT thread beat two there by 1.2x on ResNet-18 b1
+    while losing 2x whenever the other core was free; (2) keeps such a candidate out.
+    """
     defaults = [timings[k] for k in DEFAULT_LIKE if k in timings]
     best_default = min(defaults, key=lambda t: t.median_ms)
-    best = min(timings.values(), key=lambda t: t.median_ms)
-    if best.name in DEFAULT_LIKE or best.median_ms < best_default.median_ms * (1 - margin):
-        return best
-    return best_default
+    quiet = best_default.percentile_ms(QUIET_QUANTILE)
+    eligible = [t for t in timings.values() if t.name in DEFAULT_LIKE or (
+        t.median_ms < best_default.median_ms * (1 - margin)
+        and t.percentile_ms(QUIET_QUANTILE) <= quiet * (1 + margin))]
+    return min(eligible, key=lambda t: t.median_ms)
 
 
 def _fuse_graph(graph: _Graph, options: FuseOptions) -> None:
@@ -168,9 +190,37 @@ def _variant_engines(
                 runtime[label] = {"engine": "ort", "graphs": "fused", "ort": cfg.to_json(), "ort_device": ort_device}
             except HmtError as exc:
                 failures[label] = str(exc)
+        if len(path) > 1:
+            _add_merged_chain(writer, name, path, configs, options, runners, runtime, failures, ort_device)
     if "tvm" in options.engines:
         _add_tvm(writer, name, graphs, path, options, runners, runtime, failures, progress)
     return runners, runtime, failures
+
+
+def _add_merged_chain(
+    writer: ArtifactWriter, name: str, path: list[_Graph], configs: list[ort_engine.OrtConfig], options: FuseOptions,
+    runners: dict[str, Callable[[], list[Any]]], runtime: dict[str, Any], failures: dict[str, str], ort_device: str,
+) -> None:
+    """The timed path's fused graphs merged into one ONNX graph: one ORT call per inference."""
+    rel = f"{name}/chain.onnx"
+    try:
+        merged = ort_engine.merge_chain([g.report["_portable"] for g in path])
+        check_model(merged, what=f"{name}: merged chain")
+        save_onnx(merged, writer.path(rel))
+    except HmtError as exc:
+        for cfg in configs:
+            failures[f"{cfg.name}(chain)"] = str(exc)
+        return
+    data = merged.SerializeToString()
+    for cfg in configs:
+        label = f"{cfg.name}(chain)"
+        try:
+            step = ort_step(data, cfg, options.device)
+            runners[label] = _chain_runner([step], path[:1])
+            runtime[label] = {"engine": "ort", "graphs": "chain", "onnx": rel, "chain": [g.file for g in path],
+                              "ort": cfg.to_json(), "ort_device": ort_device}
+        except HmtError as exc:
+            failures[label] = str(exc)
 
 
 def _add_tvm(
@@ -254,6 +304,8 @@ def fuse_model(
         raise UsageError("--tune-trials must be >= 0")
     if options.tune_trials and "tvm" not in options.engines:
         raise UsageError("--tune-trials needs the tvm engine")
+    if options.timing_burst < 1 or options.settle_s < 0:
+        raise UsageError("--burst must be >= 1 and the settle pause >= 0")
     passes = list(options.passes) if options.passes is not None else fusion_pass_names()
     resolve_passes(passes, category="fusion")
     artifact, converted = load_converted(converted_dir)
@@ -262,6 +314,9 @@ def fuse_model(
         "tune_trials": options.tune_trials, "tuning_dir": str(options.tuning_dir) if options.tuning_dir else None,
         "warmup": options.warmup, "repeats": options.repeats, "seed": options.seed,
         "switch_margin": options.switch_margin,
+        "choice_rule": (f"fastest median; a candidate other than ORT's defaults must beat their median by "
+                        f"switch_margin and be within switch_margin of their p{int(QUIET_QUANTILE * 100)}"),
+        "timing": timing_mode(options.timing_burst, options.settle_s),
         "atol": options.atol, "rtol": options.rtol,
     }
     results: list[FusedVariant] = []
@@ -283,15 +338,21 @@ def fuse_model(
             reference = runners[BASELINE]()
             checks = _verify_candidates(runners, reference, options)
             progress("measure", 0, 1, name)
-            timings = measure_alternating(runners, warmup=options.warmup, repeats=options.repeats)
+            timings = measure_alternating(runners, warmup=options.warmup, repeats=options.repeats,
+                                          burst=options.timing_burst, settle_s=options.settle_s)
             progress("measure", 1, 1, name)
             best = choose(timings, margin=options.switch_margin)
+            # What a runtime that runs the variant graph by graph (serve, for early exit) can
+            # use: the same rule over every candidate but the merged chain.
+            per_graph = choose({k: t for k, t in timings.items() if runtime[k].get("graphs") != "chain"},
+                               margin=options.switch_margin)
             results.append(_variant_result(name, best, timings, graphs))
             report_variants.append(_variant_report(entry, name, graphs, path, runtime, failures, checks, timings,
-                                                   best))
+                                                   best, per_graph))
             for graph in graphs:
                 writer.write_json(f"{name}/{Path(graph.file).stem}.memory_plan.json", graph.report["_plan"].to_json())
-        report = {"variants": report_variants, "device": options.device}
+        report = {"variants": report_variants, "device": options.device,
+                  "timing": timing_mode(options.timing_burst, options.settle_s)}
         writer.write_json(REPORT_NAME, report)
         writer.metrics.update({
             "variants": len(results),
@@ -333,7 +394,7 @@ def _variant_result(name: str, best: Timing, timings: dict[str, Timing], graphs:
 
 def _variant_report(entry: dict[str, Any], name: str, graphs: list[_Graph], path: list[_Graph],
                     runtime: dict[str, Any], failures: dict[str, str], checks: dict[str, Any],
-                    timings: dict[str, Timing], best: Timing) -> dict[str, Any]:
+                    timings: dict[str, Timing], best: Timing, per_graph: Timing) -> dict[str, Any]:
     return {
         "name": name,
         "arch_id": entry.get("arch_id"),
@@ -352,6 +413,9 @@ def _variant_report(entry: dict[str, Any], name: str, graphs: list[_Graph], path
         "choice": {"candidate": best.name, **runtime[best.name], "median_ms": round(best.median_ms, 4),
                    "ort_default_ms": round(timings[BASELINE].median_ms, 4),
                    "speedup_vs_ort_default": round(timings[BASELINE].median_ms / best.median_ms, 3)},
+        "choice_per_graph": {"candidate": per_graph.name, **runtime[per_graph.name],
+                             "median_ms": round(per_graph.median_ms, 4),
+                             "speedup_vs_ort_default": round(timings[BASELINE].median_ms / per_graph.median_ms, 3)},
     }
 
 

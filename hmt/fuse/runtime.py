@@ -1,9 +1,9 @@
 """Run what ``fuse`` chose: a fused artifact's variant as one callable, with no torch.
 
 ``load_fused_runner(fused_dir, variant)`` rebuilds the chosen candidate (ORT session
-options + portable ONNX, or the TVM shared libraries) for the full-depth path (the
-model, or every segment then the last exit head). ``candidate=`` picks another measured
-candidate instead (benchmarks compare them).
+options + portable ONNX, the merged chain graph, or the TVM shared libraries) for the
+full-depth path (the model, or every segment then the last exit head). ``candidate=``
+picks another measured candidate instead (benchmarks compare them).
 """
 
 from __future__ import annotations
@@ -98,6 +98,9 @@ def load_fused_runner(
     graphs = {g["file"]: g for g in entry["graphs"]}
     path = entry["timed_path"]
     inputs = [graphs[f]["input_name"] for f in path]
+    if spec["engine"] == "ort" and spec["graphs"] == "chain":
+        # The whole path merged into one graph (hmt.fuse.engines.ort.merge_chain): one call.
+        return chain([ort_step(str(artifact.file(spec["onnx"])), OrtConfig(**spec["ort"]), device)], feeds, [])
     steps: list[Step] = []
     for file in path:
         if spec["engine"] == "ort":

@@ -22,6 +22,7 @@ def test_fuse_with_ort_only(converted_dir: Path, tmp_path: Path) -> None:
     assert artifact.manifest.parents[0].kind == "converted"
     (variant,) = result.variants
     assert variant.engine in result.report["variants"][0]["candidates"]
+    assert not any("(chain)" in label for label in result.report["variants"][0]["candidates"])  # one graph
     report = json.loads((out / "report.json").read_text())
     graph = report["variants"][0]["graphs"][0]
     assert {p["name"] for p in graph["passes"]} == {"linear", "conv-batchnorm", "element-wise", "channel-wise",
@@ -71,6 +72,16 @@ def test_segmented_variant_is_timed_as_a_chain(segmented_dir: Path, tmp_path: Pa
     assert all(c["verification"]["passed"] for c in report["candidates"].values())
     for graph in report["graphs"]:
         assert (out / graph["onnx"]["file"]).is_file() and (out / graph["memory_plan_file"]).is_file()
+    # The timed path merged into one graph is a candidate too (one ORT call per inference).
+    merged = report["candidates"]["ort[all,threads=default](chain)"]
+    assert merged["graphs"] == "chain" and merged["chain"] == report["timed_path"]
+    assert merged["verification"]["passed"] and "ort[all,threads=1](chain)" in report["candidates"]
+    saved = onnx.load(str(out / merged["onnx"]))
+    assert [i.name for i in saved.graph.input] == ["input"] and len(saved.graph.output) == 1
+    assert all(n.domain in ("", "ai.onnx") for n in saved.graph.node)
+    assert load_artifact(out, kind="fused").manifest.config["timing"]["mode"] == "burst"
+    assert result.report["timing"]["burst"] == 8 and "cold_median_ms" in merged["timing"]
+    assert report["candidates"][report["choice_per_graph"]["candidate"]].get("graphs") != "chain"
 
 
 def test_load_fused_runner_reproduces_the_choice(segmented_dir: Path, tmp_path: Path) -> None:

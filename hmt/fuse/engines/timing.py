@@ -1,4 +1,19 @@
-"""Latency measurement that alternates candidates, so background load hits all of them alike."""
+"""Latency measurement that alternates candidates, so background load hits all of them alike.
+
+Two modes (``burst``):
+
+- ``burst=1`` ("isolated"): a pause before every timed call. Each sample is a call made
+  after the previous candidate went quiet: a request arriving at an idle server.
+- ``burst=k>1`` ("burst", the default of fuse): a pause, then ``k`` consecutive calls of
+  the same candidate; the first call of the burst absorbs the wake-up (thread pools
+  asleep after the pause, caches holding the other candidate's data) and is recorded
+  apart as a *cold* sample; calls 2..k are the timed samples. This is how serve runs a
+  variant under load (requests back to back), and the rate the engine choice must be
+  made at: a pool that falls asleep between isolated calls (ORT's on many cores) makes
+  an engine look several times slower than it serves.
+
+Candidates still alternate between bursts, so a load change hits every candidate alike.
+"""
 
 from __future__ import annotations
 
@@ -7,33 +22,62 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+BURST_MODE = "burst"
+ISOLATED_MODE = "isolated"
+
+
+def _median(values: tuple[float, ...]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
 
 @dataclass(frozen=True)
 class Timing:
     name: str
     samples_ms: tuple[float, ...]
+    # First call of each burst (after the pause), not part of samples_ms; empty in isolated mode.
+    cold_samples_ms: tuple[float, ...] = ()
 
     @property
     def median_ms(self) -> float:
-        ordered = sorted(self.samples_ms)
-        mid = len(ordered) // 2
-        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        return _median(self.samples_ms)
 
     @property
     def min_ms(self) -> float:
         return min(self.samples_ms)
+
+    @property
+    def cold_median_ms(self) -> float | None:
+        return _median(self.cold_samples_ms) if self.cold_samples_ms else None
 
     def percentile_ms(self, q: float) -> float:
         ordered = sorted(self.samples_ms)
         return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "median_ms": round(self.median_ms, 4),
             "min_ms": round(self.min_ms, 4),
+            "p10_ms": round(self.percentile_ms(0.1), 4),
             "p90_ms": round(self.percentile_ms(0.9), 4),
             "runs": len(self.samples_ms),
         }
+        cold = self.cold_median_ms
+        if cold is not None:
+            out["cold_median_ms"] = round(cold, 4)
+            out["cold_runs"] = len(self.cold_samples_ms)
+        return out
+
+
+def timing_mode(burst: int, settle_s: float) -> dict[str, Any]:
+    """What :func:`measure_alternating` measured, for manifests and reports."""
+    if burst > 1:
+        return {"mode": BURST_MODE, "burst": burst, "settle_s": settle_s,
+                "timed": f"calls 2..{burst} of each burst of {burst} back-to-back calls (serve's rate under load); "
+                         "the first call after the pause is reported apart as cold_median_ms"}
+    return {"mode": ISOLATED_MODE, "burst": 1, "settle_s": settle_s,
+            "timed": "every call, each after a pause of settle_s (an idle server's first request)"}
 
 
 def measure_alternating(
@@ -44,19 +88,26 @@ def measure_alternating(
     budget_s: float | None = None,
     drop_slower_than: float | None = 5.0,
     settle_s: float = 0.005,
+    burst: int = 1,
 ) -> dict[str, Timing]:
-    """Time each callable ``repeats`` times, round-robin, after ``warmup`` calls each.
+    """Time each callable ``repeats`` times, alternating candidates, after ``warmup`` calls each.
 
+    ``burst``: calls per visit of a candidate (see the module doc): 1 times every call after
+    a pause; k > 1 pauses once, runs k calls back to back and times calls 2..k (the first
+    is kept as a cold sample). ``repeats`` counts timed samples either way.
     ``drop_slower_than``: after the warm-up, a candidate slower than this many times the
     fastest one is timed only 3 times (it cannot win; untuned TVM is ~60x slower).
     ``budget_s`` caps the total measuring time (at least 3 rounds are always run).
-    ``settle_s``: pause (untimed) before each call. Runtimes' worker threads spin-wait after
+    ``settle_s``: pause (untimed) before each visit. Runtimes' worker threads spin-wait after
     a call (TVM's pool for long enough to slow torch 100x on 2 cores); the pause lets the
     previous candidate's threads go idle so that it does not tax the next one.
     """
+    if burst < 1:
+        raise ValueError("burst must be >= 1")
     warm: dict[str, float] = {}
     for name, fn in candidates.items():
         time.sleep(settle_s)
+        fn()  # the first call after the pause is not the warm rate
         t0 = time.perf_counter()
         for _ in range(max(1, warmup)):
             fn()
@@ -64,6 +115,7 @@ def measure_alternating(
     fastest = min(warm.values()) if warm else 0.0
     active = dict(candidates)
     samples: dict[str, list[float]] = {name: [] for name in candidates}
+    cold: dict[str, list[float]] = {name: [] for name in candidates}
     limits = {
         name: (3 if drop_slower_than and warm[name] > drop_slower_than * fastest else repeats) for name in candidates
     }
@@ -72,13 +124,19 @@ def measure_alternating(
     while active:
         rounds += 1
         for name in list(active):
+            fn = active[name]
             if settle_s:
                 time.sleep(settle_s)
-            t0 = time.perf_counter()
-            active[name]()
-            samples[name].append((time.perf_counter() - t0) * 1e3)
+            if burst > 1:
+                t0 = time.perf_counter()
+                fn()
+                cold[name].append((time.perf_counter() - t0) * 1e3)
+            for _ in range(min(max(1, burst - 1), limits[name] - len(samples[name]))):
+                t0 = time.perf_counter()
+                fn()
+                samples[name].append((time.perf_counter() - t0) * 1e3)
             if len(samples[name]) >= limits[name]:
                 del active[name]
         if budget_s is not None and rounds >= 3 and time.perf_counter() - start > budget_s:
             break
-    return {name: Timing(name, tuple(values)) for name, values in samples.items() if values}
+    return {name: Timing(name, tuple(values), tuple(cold[name])) for name, values in samples.items() if values}
