@@ -1,7 +1,13 @@
 """On-device serve stage: resource monitor, load index, variant optimizer and switcher.
 
 Everything here runs on the device, so it imports only the standard library, numpy and
-psutil (NVML through ``pynvml`` when it is importable); never torch.
+psutil (NVML through ``pynvml`` when it is importable); never torch. The rest of the
+stage is imported by module, so that ``import hmt.serve`` stays light: ``runner`` (a
+variant's chain of graphs on ONNX Runtime or TVM, early exit), ``pool`` (loaded variants
+within a memory budget), ``controller`` (the adaptation loop), ``api`` + ``exposition``
+(the starlette app, Prometheus text, OpenAPI), ``server`` (uvicorn, token, drain),
+``scenario`` + ``timeline`` (replay, load generation, summary, plot) and ``session``
+(what ``hmt serve`` runs).
 """
 
 from __future__ import annotations

@@ -48,14 +48,43 @@ class BudgetSettings:
 
 
 @dataclass(frozen=True)
+class CorrectionSettings:
+    """``r = measured / predicted`` of the running variant (AdaptiveNet 5.3), smoothed and clipped.
+
+    ``r_max`` is wide by default: a chain of small graphs run from Python can take several
+    times the profile's prediction (per-graph dispatch), and a tight clip would hide a load
+    step on top of that.
+    """
+
+    smoothing: float = 0.3
+    r_min: float = 0.2
+    r_max: float = 20.0
+    # Share of the latency budget the corrected *mean* prediction may use: requests scatter
+    # around the mean (and queue near capacity), so a prediction right at the budget misses
+    # about half the time.
+    headroom: float = 0.8
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.headroom <= 1.0:
+            raise UsageError(f"correction.headroom must be in (0, 1], got {self.headroom}")
+        if not 0.0 < self.smoothing <= 1.0:
+            raise UsageError(f"correction.smoothing must be in (0, 1], got {self.smoothing}")
+        if not 0.0 < self.r_min <= 1.0 <= self.r_max:
+            raise UsageError(f"correction needs 0 < r_min <= 1 <= r_max, got {self.r_min}, {self.r_max}")
+
+
+@dataclass(frozen=True)
 class ServeSettings:
     budgets: BudgetSettings = field(default_factory=BudgetSettings)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     switch: SwitchPolicy = field(default_factory=SwitchPolicy)
     load_weights: LoadWeights = field(default_factory=LoadWeights)
     early_exit: EarlyExit = field(default_factory=EarlyExit)
+    correction: CorrectionSettings = field(default_factory=CorrectionSettings)
     preload_memory_mb: float | None = None
     monitor_period_s: float = 1.0
+    # A request over budget asks for a decision now, at most once per this interval.
+    on_demand_min_interval_s: float = 0.05
     engine: str = "auto"
 
     def __post_init__(self) -> None:
@@ -63,6 +92,8 @@ class ServeSettings:
             raise UsageError(f"engine must be one of {list(ENGINE_CHOICES)}, got {self.engine!r}")
         if not (math.isfinite(self.monitor_period_s) and self.monitor_period_s > 0):
             raise UsageError(f"monitor_period_s must be > 0, got {self.monitor_period_s}")
+        if not (math.isfinite(self.on_demand_min_interval_s) and self.on_demand_min_interval_s >= 0):
+            raise UsageError(f"on_demand_min_interval_s must be >= 0, got {self.on_demand_min_interval_s}")
         if self.preload_memory_mb is not None and not self.preload_memory_mb >= 0:
             raise UsageError(f"preload_memory_mb must be >= 0 or null, got {self.preload_memory_mb}")
 
@@ -76,6 +107,7 @@ class ServeSettings:
             "switch": SwitchPolicy,
             "load_weights": LoadWeights,
             "early_exit": EarlyExit,
+            "correction": CorrectionSettings,
         }
         kwargs: dict[str, Any] = {}
         for key, value in data.items():

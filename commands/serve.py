@@ -1,0 +1,173 @@
+"""``hmt serve``: the on-device adaptation loop and inference API over a deploy bundle."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from commands._options import DebugOpt, JsonOpt, QuietOpt, SeedOpt
+from commands._output import Output
+from commands.app import app, run_command
+
+_EPILOG = """
+**Examples**
+
+Serve a bundle on loopback (POST /v1/predict, GET /v1/health/live|ready, /v1/status, /metrics,
+/openapi.json); SIGTERM drains the requests in flight, then exits 0:
+
+    hmt serve runs/bundle-host
+
+On the network (every request then needs `Authorization: Bearer <token>`):
+
+    HMT_SERVE_TOKEN=$(openssl rand -hex 24) hmt serve runs/bundle-host --host 0.0.0.0 --port 8000
+
+A prediction: `curl -s --data-binary @x.npy -H 'content-type: application/x-npy' localhost:8000/v1/predict`
+or `-d '{"inputs": [[...]]}' -H 'content-type: application/json'`.
+
+Replay a scenario for 60 s with real background load, labelled data through the API, and a timeline:
+
+    hmt serve runs/bundle-host --scenario scenario.csv --load burn --data cifar_test.npz \\
+        --duration-s 60 --timeline-out runs/serve-timeline --json
+
+**Scenario file** (CSV with a header; time_s required, the rest optional; each row holds until the next):
+
+- time_s: when the row starts, seconds from the start (non-decreasing)
+- cpu_load: background CPU load, share of all cores 0..1 (--load synthetic: reported to the loop
+  instead of the live CPU reading; --load burn: processes really keep that share of the cores busy)
+- memory_budget_mb: memory budget in MB (1e6 bytes)
+- battery_pct: battery level 0..100 (sets mu of eq. 3)
+- latency_budget_ms: latency budget per request in ms (server queue wait + compute)
+
+An empty cell means not set (no load, the base budget from serve.json or --latency-ms/--memory-mb,
+no battery). The scenario ends at its last row's time_s unless --duration-s is given. Writes
+timeline.csv (one row per decision), requests.csv, timeline.png and summary.json to --timeline-out.
+"""
+
+
+class EngineChoice(str, Enum):
+    auto = "auto"
+    onnxruntime = "onnxruntime"
+    tvm = "tvm"
+
+
+class LoadChoice(str, Enum):
+    synthetic = "synthetic"
+    burn = "burn"
+
+
+@app.command("serve", epilog=_EPILOG)
+def serve_command(
+    bundle: Annotated[Path, typer.Argument(help="Deploy bundle directory (hmt deploy); verified before serving.")],
+    host: Annotated[str, typer.Option(help="Address to listen on; anything but loopback needs a token.")] = (
+        "127.0.0.1"),
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8000,
+    token: Annotated[str | None, typer.Option(
+        help="Bearer token required on every request (default: $HMT_SERVE_TOKEN; >= 16 characters).")] = None,
+    engine: Annotated[EngineChoice | None, typer.Option(
+        help="Runtime: auto (each variant's preferred engine if its runtime imports, else onnxruntime), "
+             "onnxruntime or tvm. Default: serve.json's.")] = None,
+    threads: Annotated[int, typer.Option(
+        help="Runtime threads per graph (0: the runtime's default). 1 suits small graphs: requests run in "
+             "parallel instead.")] = 1,
+    workers: Annotated[int, typer.Option(help="Inference worker threads.")] = 2,
+    max_queue: Annotated[int, typer.Option(help="Requests queued or running before new ones get 429.")] = 64,
+    deadline_ms: Annotated[float, typer.Option(
+        help="Per-request deadline (504 after it); a client may ask for less with X-Deadline-Ms.")] = 2000.0,
+    max_body_kb: Annotated[int | None, typer.Option(
+        help="Largest request body in KiB (default: from the input shape, at least 1 MiB).")] = None,
+    latency_ms: Annotated[float | None, typer.Option(
+        "--latency-ms",
+        help="Latency budget in ms (overrides serve.json; a scenario's column overrides this).")] = None,
+    memory_mb: Annotated[float | None, typer.Option(
+        "--memory-mb",
+        help="Memory budget in MB (overrides serve.json; a scenario's column overrides this).")] = None,
+    exit_confidence: Annotated[float | None, typer.Option(
+        help="Early-exit softmax confidence threshold in (0, 1] (overrides serve.json).")] = None,
+    no_early_exit: Annotated[bool, typer.Option("--no-early-exit", help="Always run to the variant's exit.")] = False,
+    variant: Annotated[str | None, typer.Option(
+        "--variant", help="Serve this variant only (no switching; a static baseline).")] = None,
+    scenario: Annotated[Path | None, typer.Option(
+        help="Replay this scenario CSV (see below) and send requests; prints a summary at the end.")] = None,
+    duration_s: Annotated[float | None, typer.Option(
+        help="Scenario length in s (default: the last row's time_s).")] = None,
+    clients: Annotated[int, typer.Option(help="Scenario: concurrent clients (0: send nothing, only serve).")] = 4,
+    rate_hz: Annotated[float, typer.Option(help="Scenario: requests per second, all clients together.")] = 100.0,
+    load: Annotated[LoadChoice, typer.Option(
+        help="Scenario cpu_load: synthetic (reported to the loop) or burn (real busy processes).")] = (
+        LoadChoice.synthetic),
+    data: Annotated[Path | None, typer.Option(
+        help="Scenario inputs: .npz with x (inputs) and y (labels, for accuracy); default: seeded noise.")] = None,
+    in_process: Annotated[bool, typer.Option(
+        "--in-process", help="Scenario: call the model in process instead of through the HTTP API.")] = False,
+    client_processes: Annotated[bool, typer.Option(
+        "--client-processes", help="Scenario: run each client in its own process (the server's latency is then "
+                                   "not inflated by the clients sharing its interpreter).")] = False,
+    timeline_out: Annotated[Path | None, typer.Option(
+        help="Scenario: write timeline.csv, requests.csv, timeline.png and summary.json here.")] = None,
+    seed: SeedOpt = 0,
+    json_mode: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Serve a deploy bundle: a control loop (1 Hz and on demand) watches CPU, memory, GPU and battery,
+    predicts every variant's latency under the load (corrected by measured/predicted), picks the best
+    by CrowdHMTware eq. 3 within the budgets and switches with hysteresis; requests leave at the first
+    confident exit. Loopback by default; a token for anything else."""
+
+    def body(output: Output) -> None:
+        import numpy as np
+
+        from hmt.errors import UsageError
+        from hmt.serve.api import ApiOptions
+        from hmt.serve.scenario import DriveOptions, Scenario
+        from hmt.serve.server import ServerOptions, resolve_token
+        from hmt.serve.session import SessionOptions, run_scenario, serve_forever
+
+        if scenario is None:
+            for name, value in (("--duration-s", duration_s), ("--data", data), ("--timeline-out", timeline_out)):
+                if value is not None:
+                    raise UsageError(f"{name} needs --scenario")
+        resolved_token = resolve_token(host, token)
+        session = SessionOptions(engine=None if engine is None else engine.value, threads=threads,
+                                 latency_ms=latency_ms, memory_mb=memory_mb, exit_confidence=exit_confidence,
+                                 no_early_exit=no_early_exit, fixed_variant=variant)
+        api = ApiOptions(token=resolved_token, max_body_bytes=None if max_body_kb is None else max_body_kb * 1024,
+                         max_queue=max_queue, workers=workers, deadline_ms=deadline_ms)
+        server = ServerOptions(host=host, port=port, log_level="info" if debug else "warning")
+        if scenario is None:
+            status = serve_forever(bundle, session, api, server,
+                                   on_listening=lambda url: output.note(f"serving {bundle} on {url} "
+                                                                        "(SIGTERM or Ctrl-C drains and stops)"))
+            output.result({"stopped": True, "status": status},
+                          f"stopped after {status['requests']} requests, {status['switches']} switches")
+            return
+        plan = Scenario.from_csv(scenario)
+        duration = duration_s if duration_s is not None else plan.end_s
+        drive = DriveOptions(duration_s=duration, clients=clients, rate_hz=rate_hz, load_mode=load.value,
+                             client_mode="processes" if client_processes else "threads")
+        output.note(f"replaying {scenario} for {duration:g} s on {bundle} ({load.value} load, {clients} clients, "
+                    f"{rate_hz:g} req/s, {'in process' if in_process else 'through the API'})")
+        result = run_scenario(bundle, plan, session, drive, api=api, server=None if in_process else server,
+                              data=data, timeline_dir=timeline_out, rng=np.random.default_rng(seed))
+        s = result.summary
+        lat = s["latency_ms"] or {}
+        miss = s["deadline_miss_share"]
+        rows: list[list[Any]] = [
+            ["requests (failed)", f"{s['requests']} ({s['failed']})"],
+            ["latency p50 / p95 ms", f"{lat.get('p50', float('nan')):.3f} / {lat.get('p95', float('nan')):.3f}"],
+            ["deadline-miss share", "-" if miss is None else f"{100 * miss:.2f}%"],
+            ["accuracy", "-" if s["accuracy"] is None else f"{100 * s['accuracy']:.2f}%"],
+            ["switches", s["switches"]],
+            ["decision time p50 us", "-" if s["decision_us"] is None else f"{s['decision_us']['p50']:.1f}"],
+            ["per exit", s["per_exit"]],
+            ["worst back-within-budget s", s["back_within_budget_s_max"]],
+        ]
+        output.table("scenario summary", ["metric", "value"], rows)
+        output.result({"summary": s, "files": result.files},
+                      f"done: {s['ok']} answered, {s['failed']} failed" +
+                      (f"; timeline in {timeline_out}" if timeline_out else ""))
+
+    run_command(body, json_mode=json_mode, quiet=quiet, debug=debug)

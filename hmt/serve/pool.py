@@ -1,0 +1,121 @@
+"""Loaded variants kept within a memory budget; the others are loaded when needed.
+
+The pool counts each variant at its bundled ``memory_mb`` (parameters + activation
+peak, the number pareto and the optimizer use), so "fits the budget" means the same
+thing to both. Loading is serialised (one load at a time; loads are rare and each one
+already uses the CPU); lookups of loaded variants take no lock on the request path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from hmt.bundle import Bundle
+from hmt.errors import HmtError, ModelError
+from hmt.serve.runner import ChainRunner, example_input, load_runner
+
+Loader = Callable[[str], ChainRunner]
+
+
+class VariantPool:
+    """Loaded :class:`ChainRunner` objects by arch id, least recently used first."""
+
+    def __init__(self, bundle: Bundle, *, engine: str = "auto", threads: int = 1, warmup_runs: int = 3,
+                 loader: Loader | None = None) -> None:
+        self.bundle = bundle
+        self.engine = engine
+        self.threads = threads
+        self.warmup_runs = warmup_runs
+        self._loader: Loader = loader if loader is not None else self._load_from_bundle
+        self._loaded: OrderedDict[str, ChainRunner] = OrderedDict()
+        self._load_lock = threading.Lock()
+        self._warm_input = example_input(bundle, np.random.default_rng(0))
+        self.load_count = 0
+        self.load_failures = 0
+        self.evictions = 0
+        self.last_load_ms: float | None = None
+
+    def _load_from_bundle(self, arch_id: str) -> ChainRunner:
+        return load_runner(self.bundle, arch_id, self.engine, self.threads)
+
+    def __contains__(self, arch_id: object) -> bool:
+        return arch_id in self._loaded
+
+    def loaded_ids(self) -> list[str]:
+        return list(self._loaded)
+
+    def loaded_bytes(self) -> int:
+        return sum(r.memory_bytes for r in list(self._loaded.values()))
+
+    def get(self, arch_id: str) -> ChainRunner | None:
+        runner = self._loaded.get(arch_id)
+        if runner is not None:
+            # Evicted by another thread meanwhile: the caller still holds it.
+            with contextlib.suppress(KeyError):
+                self._loaded.move_to_end(arch_id)
+        return runner
+
+    def load(self, arch_id: str) -> ChainRunner:
+        """The loaded, warmed runner of ``arch_id``, loading it now if needed (ModelError on failure)."""
+        runner = self.get(arch_id)
+        if runner is not None:
+            return runner
+        with self._load_lock:
+            runner = self._loaded.get(arch_id)
+            if runner is not None:
+                return runner
+            start = time.perf_counter()
+            try:
+                runner = self._loader(arch_id)
+                runner.warm_up(self._warm_input, self.warmup_runs)
+            except HmtError as exc:
+                self.load_failures += 1
+                raise ModelError(f"variant {arch_id!r} failed to load: {exc}") from exc
+            except Exception as exc:
+                self.load_failures += 1
+                raise ModelError(f"variant {arch_id!r} failed to load: {type(exc).__name__}: {exc}") from exc
+            self.last_load_ms = (time.perf_counter() - start) * 1e3
+            self.load_count += 1
+            self._loaded[arch_id] = runner
+            return runner
+
+    def preload(self, order: Iterable[str], capacity_bytes: int | None) -> list[str]:
+        """Load variants in ``order`` while the total stays within ``capacity_bytes``; failures are skipped."""
+        done: list[str] = []
+        for arch_id in order:
+            size = int(self.bundle.spec.variant(arch_id).memory_mb * 1e6)
+            if arch_id not in self._loaded and capacity_bytes is not None and \
+                    self.loaded_bytes() + size > capacity_bytes:
+                continue
+            try:
+                self.load(arch_id)
+            except ModelError:
+                continue
+            done.append(arch_id)
+        return done
+
+    def trim(self, capacity_bytes: int | None, keep: Iterable[str]) -> list[str]:
+        """Unload least recently used variants not in ``keep`` until the total fits ``capacity_bytes``.
+
+        A request already holding an evicted runner finishes with it: the sessions are
+        freed when the last reference goes.
+        """
+        if capacity_bytes is None:
+            return []
+        keep_set = set(keep)
+        evicted: list[str] = []
+        for arch_id in list(self._loaded):
+            if self.loaded_bytes() <= capacity_bytes:
+                break
+            if arch_id in keep_set:
+                continue
+            self._loaded.pop(arch_id, None)
+            evicted.append(arch_id)
+        self.evictions += len(evicted)
+        return evicted

@@ -1,0 +1,458 @@
+"""Scenario replay: a CSV time series of load, battery and budgets drives the serve loop.
+
+Columns (a header row; ``time_s`` required, the others optional, any order)::
+
+    time_s             when the row starts, seconds from the scenario start (non-decreasing)
+    cpu_load           background CPU load, share of all cores 0..1
+    memory_budget_mb   memory budget (MB = 1e6 bytes)
+    battery_pct        battery level 0..100
+    latency_budget_ms  latency budget per request (queue wait + compute)
+
+Each row holds until the next one (a step function). An empty cell means "not set":
+no background load, the base budget (serve.json or the command line), no battery
+reading. The scenario lasts until its last row's ``time_s`` unless a duration is given.
+
+``cpu_load`` is either reported to the loop as the CPU reading (``synthetic``: instead
+of the live monitor) or made real (``burn``): processes that each keep a core busy for
+the given share of every 20 ms, while the live monitor measures the machine.
+"""
+
+from __future__ import annotations
+
+import csv
+import http.client
+import io
+import itertools
+import json
+import math
+import multiprocessing
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hmt.errors import DeviceError, InputError, UsageError
+from hmt.serve.monitor import PsutilSampler, ResourceSample, Sampler
+
+COLUMNS = ("time_s", "cpu_load", "memory_budget_mb", "battery_pct", "latency_budget_ms")
+LOAD_MODES = ("synthetic", "burn")
+_BURN_SLOT_S = 0.02
+
+
+@dataclass(frozen=True)
+class ScenarioRow:
+    time_s: float
+    cpu_load: float | None = None
+    memory_budget_mb: float | None = None
+    battery_pct: float | None = None
+    latency_budget_ms: float | None = None
+
+
+def _cell(raw: str | None, column: str, where: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise InputError(f"{where}: {column} {raw!r} is not a number") from exc
+    if not math.isfinite(value) or value < lo or value > hi or (lo_open and value == lo):
+        bound = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+        raise InputError(f"{where}: {column} {raw!r} outside {bound}")
+    return value
+
+
+class Scenario:
+    """The rows of a scenario file, looked up by time."""
+
+    def __init__(self, rows: Sequence[ScenarioRow], source: str = "scenario") -> None:
+        if not rows:
+            raise InputError(f"{source}: no rows")
+        times = [r.time_s for r in rows]
+        if any(b < a for a, b in itertools.pairwise(times)):
+            raise InputError(f"{source}: time_s must be non-decreasing")
+        self.rows = tuple(rows)
+        self.source = source
+        self._times = times
+
+    @classmethod
+    def from_csv(cls, path: Path | str) -> Scenario:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read the scenario ({exc.strerror or exc})") from exc
+        return cls.from_text(text, str(path))
+
+    @classmethod
+    def from_text(cls, text: str, source: str = "scenario") -> Scenario:
+        reader = csv.DictReader(io.StringIO(text))
+        header = [h.strip() for h in (reader.fieldnames or [])]
+        if "time_s" not in header:
+            raise InputError(f"{source}: needs a header row with a time_s column; columns: {', '.join(COLUMNS)}")
+        unknown = [h for h in header if h not in COLUMNS]
+        if unknown:
+            raise InputError(f"{source}: unknown column(s) {unknown}; expected some of {list(COLUMNS)}")
+        rows = []
+        for line, raw in enumerate(reader, start=2):
+            record = {k.strip(): v for k, v in raw.items() if k is not None}
+            where = f"{source}:{line}"
+            time_s = _cell(record.get("time_s"), "time_s", where, 0.0, 1e9)
+            if time_s is None:
+                raise InputError(f"{where}: time_s is empty")
+            rows.append(ScenarioRow(
+                time_s=time_s,
+                cpu_load=_cell(record.get("cpu_load"), "cpu_load", where, 0.0, 1.0),
+                memory_budget_mb=_cell(record.get("memory_budget_mb"), "memory_budget_mb", where, 0.0, 1e9, True),
+                battery_pct=_cell(record.get("battery_pct"), "battery_pct", where, 0.0, 100.0),
+                latency_budget_ms=_cell(record.get("latency_budget_ms"), "latency_budget_ms", where, 0.0, 1e9, True),
+            ))
+        return cls(rows, source)
+
+    @property
+    def end_s(self) -> float:
+        return self.rows[-1].time_s
+
+    @property
+    def step_times(self) -> list[float]:
+        return list(self._times)
+
+    def at(self, time_s: float) -> ScenarioRow:
+        i = bisect_right(self._times, time_s) - 1
+        return self.rows[max(0, i)]
+
+
+class ScenarioState:
+    """What the scenario says now (written by the driver, read by the sampler)."""
+
+    def __init__(self) -> None:
+        self.cpu_load: float | None = None
+        self.battery_pct: float | None = None
+
+
+class ScenarioSampler:
+    """The live sampler with the scenario's battery (and, in synthetic mode, CPU load) laid over it."""
+
+    def __init__(self, state: ScenarioState, synthetic_cpu: bool, base: Sampler | None = None) -> None:
+        self.state = state
+        self.synthetic_cpu = synthetic_cpu
+        self._base: Sampler = base if base is not None else PsutilSampler()
+
+    def __call__(self) -> ResourceSample:
+        sample = self._base()
+        cpu = self.state.cpu_load
+        battery = self.state.battery_pct
+        if self.synthetic_cpu:
+            sample = replace(sample, cpu_util=0.0 if cpu is None else cpu)
+        if battery is not None:
+            sample = replace(sample, battery_percent=battery, battery_plugged=False)
+        return sample
+
+
+def _burn(duty: Any, stop: Any) -> None:  # pragma: no cover - runs in a child process
+    x = 0.0
+    parent = os.getppid()
+    # An orphan (the parent was killed before it could set ``stop``) must not burn forever.
+    while not stop.is_set() and os.getppid() == parent:
+        share = float(duty.value)
+        start = time.perf_counter()
+        busy_until = start + share * _BURN_SLOT_S
+        while time.perf_counter() < busy_until:
+            x = x * 1.0000001 + 1.0
+        rest = _BURN_SLOT_S - (time.perf_counter() - start)
+        if rest > 0:
+            time.sleep(rest)
+
+
+class LoadGenerator:
+    """``cores`` processes that together keep ``cpu_load * cores`` cores busy (spawned: safe beside threads)."""
+
+    def __init__(self, cores: int | None = None) -> None:
+        self.cores = cores if cores is not None else (os.cpu_count() or 1)
+        ctx = multiprocessing.get_context("spawn")
+        self._stop = ctx.Event()
+        self._duties = [ctx.Value("d", 0.0, lock=False) for _ in range(self.cores)]
+        self._procs = [ctx.Process(target=_burn, args=(d, self._stop), daemon=True, name=f"hmt-burn-{i}")
+                       for i, d in enumerate(self._duties)]
+        self.load = 0.0
+
+    def start(self) -> None:
+        for proc in self._procs:
+            proc.start()
+
+    def set(self, cpu_load: float | None) -> None:
+        """Busy share of all cores: the first processes run flat out, the next one part of the time."""
+        total = 0.0 if cpu_load is None else min(1.0, max(0.0, cpu_load)) * self.cores
+        self.load = total / self.cores
+        for i, duty in enumerate(self._duties):
+            duty.value = min(1.0, max(0.0, total - i))
+
+    def stop(self) -> None:
+        self._stop.set()
+        for proc in self._procs:
+            proc.join(2.0)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(2.0)
+
+
+# -- requests --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    time_s: float  # sent, seconds since the scenario start
+    status: int  # HTTP status (200 in process), 0 for a transport failure
+    client_ms: float  # as the client saw it
+    latency_ms: float | None  # server: queue wait + compute
+    compute_ms: float | None
+    variant: str | None
+    exit: int | None
+    predicted: int | None
+    label: int | None
+    latency_budget_ms: float | None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+
+Send = Callable[[np.ndarray], tuple[int, dict[str, Any]]]
+
+
+def http_sender(url: str, token: str | None = None, timeout_s: float = 30.0) -> Callable[[], Send]:
+    """A factory of per-thread senders (each keeps one keep-alive connection) to ``url``'s predict endpoint."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    headers = {"Content-Type": "application/x-npy"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+
+    def factory() -> Send:
+        conn: list[http.client.HTTPConnection] = []
+
+        def send(x: np.ndarray) -> tuple[int, dict[str, Any]]:
+            buf = io.BytesIO()
+            np.save(buf, x)
+            for attempt in range(2):
+                if not conn:
+                    fresh = http.client.HTTPConnection(host, port, timeout=timeout_s)
+                    fresh.connect()
+                    # http.client writes headers and body in separate sends: without NODELAY,
+                    # Nagle + delayed ACK add ~40 ms to every request.
+                    fresh.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    conn.append(fresh)
+                try:
+                    conn[0].request("POST", "/v1/predict", body=buf.getvalue(), headers=headers)
+                    response = conn[0].getresponse()
+                    body = response.read()
+                    return response.status, json.loads(body) if body else {}
+                except (ConnectionError, http.client.HTTPException, OSError):
+                    conn.pop().close()
+                    if attempt:
+                        raise
+            raise AssertionError("unreachable")
+
+        return send
+
+    return factory
+
+
+CLIENT_MODES = ("threads", "processes")
+
+
+@dataclass(frozen=True)
+class DriveOptions:
+    duration_s: float
+    clients: int = 4
+    rate_hz: float = 100.0  # all clients together
+    load_mode: str = "synthetic"
+    # "processes": each client in its own process, so the clients do not share the server's
+    # interpreter lock and the server's measured latency is its own (API mode only).
+    client_mode: str = "threads"
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.duration_s) and self.duration_s > 0):
+            raise UsageError(f"scenario duration must be > 0 s, got {self.duration_s}")
+        if self.clients < 0:
+            raise UsageError(f"clients must be >= 0, got {self.clients}")
+        if not (math.isfinite(self.rate_hz) and self.rate_hz > 0):
+            raise UsageError(f"request rate must be > 0 Hz, got {self.rate_hz}")
+        if self.load_mode not in LOAD_MODES:
+            raise UsageError(f"load mode must be one of {list(LOAD_MODES)}, got {self.load_mode!r}")
+        if self.client_mode not in CLIENT_MODES:
+            raise UsageError(f"client mode must be one of {list(CLIENT_MODES)}, got {self.client_mode!r}")
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the clients send: ``x[i]`` (each of the bundle's input shape) and optional labels."""
+
+    x: np.ndarray
+    y: np.ndarray | None = None
+
+
+def budget_at(rows: Sequence[ScenarioRow], base_latency_ms: float | None, time_s: float) -> float | None:
+    """The latency budget in force at ``time_s``: the row's, else the base budget."""
+    row = Scenario(rows).at(time_s)
+    return row.latency_budget_ms if row.latency_budget_ms is not None else base_latency_ms
+
+
+def _client_loop(send: Send, inputs: Inputs, client: int, clients: int, period_s: float, start_s: float,
+                 stop_s: float, budget: Callable[[float], float | None], stop: threading.Event | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> list[RequestRecord]:
+    """One client: samples ``client, client + clients, ...`` (cycling), one every ``period_s``, until ``stop_s``."""
+    records: list[RequestRecord] = []
+    n = len(inputs.x)
+    next_s = max(clock(), start_s) + period_s * client / max(1, clients)  # stagger the clients
+    k = 0
+    while True:
+        wait_s = min(next_s, stop_s) - clock()
+        if wait_s > 0 and stop is not None and stop.wait(wait_s):
+            break
+        if wait_s > 0 and stop is None:
+            time.sleep(wait_s)
+        sent_s = clock()
+        if sent_s >= stop_s or (stop is not None and stop.is_set()):
+            break
+        next_s = max(next_s + period_s, sent_s)
+        i = (client + k * clients) % n
+        k += 1
+        label = None if inputs.y is None else int(inputs.y[i])
+        in_force = budget(sent_s - start_s)
+        try:
+            status, doc = send(inputs.x[i])
+            error = None if status == 200 else str(doc.get("error", doc))
+        except Exception as exc:  # noqa: BLE001 - a transport failure is a failed request, recorded
+            status, doc, error = 0, {}, f"{type(exc).__name__}: {exc}"
+        client_ms = (clock() - sent_s) * 1e3
+        ok = status == 200
+        records.append(RequestRecord(
+            time_s=sent_s - start_s, status=status, client_ms=client_ms,
+            latency_ms=doc.get("latency_ms") if ok else None, compute_ms=doc.get("compute_ms") if ok else None,
+            variant=doc.get("variant") if ok else None, exit=doc.get("exit") if ok else None,
+            predicted=doc.get("class") if ok else None, label=label, latency_budget_ms=in_force, error=error))
+    return records
+
+
+def _client_process(url: str, token: str | None, inputs_path: str, client: int, clients: int, period_s: float,
+                    start_s: float, stop_s: float, rows: tuple[ScenarioRow, ...], base_latency_ms: float | None,
+                    out: Any) -> None:  # pragma: no cover - runs in a child process
+    with np.load(inputs_path, allow_pickle=False) as archive:
+        inputs = Inputs(archive["x"], archive["y"] if "y" in archive.files else None)
+    send = http_sender(url, token)()
+    records = _client_loop(send, inputs, client, clients, period_s, start_s, stop_s,
+                           lambda t: budget_at(rows, base_latency_ms, t))
+    out.put(records)
+
+
+def drive(
+    scenario: Scenario,
+    options: DriveOptions,
+    apply_row: Callable[[ScenarioRow], object],
+    sender_factory: Callable[[], Send] | None,
+    inputs: Inputs,
+    base_latency_ms: float | None = None,
+    url: tuple[str, str | None] | None = None,
+) -> tuple[float, list[RequestRecord]]:
+    """Apply each row at its time while ``clients`` clients send for ``duration_s``.
+
+    Clients are threads calling ``sender_factory()``'s sender, or (``client_mode``
+    "processes") processes posting to ``url`` = (base URL, token). Each request is judged
+    against the latency budget in force when it was sent (the row's, else
+    ``base_latency_ms``). Returns the scenario's start (monotonic clock, shared by all
+    processes on Linux) and every request's record, by send time.
+    """
+    clock = time.monotonic
+    rows = list(scenario.rows)
+    period_s = options.clients / options.rate_hz if options.clients else 1.0
+    use_processes = options.client_mode == "processes" and options.clients > 0
+    if use_processes and url is None:
+        raise UsageError("client processes send through the API: a server URL is needed")
+    ctx = multiprocessing.get_context("spawn")
+    queue: Any = ctx.Queue() if use_processes else None
+    procs: list[Any] = []
+    start_s = clock()
+    if use_processes:
+        # Spawned children take ~1 s to import; the scenario starts once they are all up.
+        start_s = clock() + 1.5
+    stop_s = start_s + options.duration_s
+    stop = threading.Event()
+    records: list[RequestRecord] = []
+    lock = threading.Lock()
+
+    def budget(t: float) -> float | None:
+        return budget_at(rows, base_latency_ms, t)
+
+    def client(index: int) -> None:
+        if sender_factory is None:
+            return
+        got = _client_loop(sender_factory(), inputs, index, options.clients, period_s, start_s, stop_s, budget,
+                           stop)
+        with lock:
+            records.extend(got)
+
+    threads: list[threading.Thread] = []
+    scratch: str | None = None
+    if use_processes:
+        assert url is not None
+        # Through a file, not the spawn pipe: a child that dies before reading a large
+        # pickled argument would leave the parent blocked on the pipe.
+        scratch = tempfile.mkdtemp(prefix="hmt-scenario-")
+        inputs_path = os.path.join(scratch, "inputs.npz")
+        if inputs.y is None:
+            np.savez(inputs_path, x=inputs.x)
+        else:
+            np.savez(inputs_path, x=inputs.x, y=inputs.y)
+        procs = [ctx.Process(target=_client_process, name=f"hmt-scenario-client-{i}", daemon=True,
+                             args=(url[0], url[1], inputs_path, i, options.clients, period_s, start_s, stop_s,
+                                   tuple(rows), base_latency_ms, queue))
+                 for i in range(options.clients)]
+        for proc in procs:
+            proc.start()
+    elif sender_factory is not None:
+        threads = [threading.Thread(target=client, args=(i,), name=f"hmt-scenario-client-{i}", daemon=True)
+                   for i in range(options.clients)]
+    time.sleep(max(0.0, start_s - clock()))
+    apply_row(rows[0])
+    for thread in threads:
+        thread.start()
+    try:
+        for row in rows[1:]:
+            if row.time_s >= options.duration_s:
+                break
+            time.sleep(max(0.0, start_s + row.time_s - clock()))
+            apply_row(row)
+        time.sleep(max(0.0, stop_s - clock()))
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30.0)
+        for _ in procs:
+            try:
+                records.extend(queue.get(timeout=max(10.0, stop_s - clock() + 30.0)))
+            except Exception:  # noqa: BLE001 - a client process that died is reported below
+                break
+        for proc in procs:
+            proc.join(5.0)
+            if proc.is_alive():
+                proc.terminate()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    if any(t.is_alive() for t in threads):
+        raise DeviceError("a scenario client did not finish within 30 s of the end")
+    if procs and any(proc.exitcode != 0 for proc in procs):
+        raise DeviceError(f"a scenario client process failed (exit codes {[p.exitcode for p in procs]})")
+    records.sort(key=lambda r: r.time_s)
+    return start_s, records

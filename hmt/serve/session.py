@@ -1,0 +1,265 @@
+"""``hmt serve`` end to end: open a bundle, then serve until SIGTERM or replay a scenario.
+
+:func:`serve_forever` starts the control loop on a thread while uvicorn comes up (so
+``/v1/health/ready`` answers 503 until the first variant is loaded and warm), then serves
+on the calling thread until SIGTERM/SIGINT and drains. :func:`run_scenario` drives the
+loop from a scenario file while it serves, sends the requests itself (through the API,
+or in process), and returns the summary, the records and the timeline files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hmt.bundle import Bundle, load_bundle
+from hmt.errors import HmtError, InputError, UsageError
+from hmt.serve.api import ApiOptions, create_app
+from hmt.serve.controller import Controller, TickRecord
+from hmt.serve.runner import numpy_dtype
+from hmt.serve.scenario import (
+    DriveOptions,
+    Inputs,
+    LoadGenerator,
+    RequestRecord,
+    Scenario,
+    ScenarioRow,
+    ScenarioSampler,
+    ScenarioState,
+    Send,
+    drive,
+    http_sender,
+)
+from hmt.serve.server import ApiServer, ServerOptions
+from hmt.serve.settings import ENGINE_CHOICES, BudgetSettings, EarlyExit, ServeSettings
+from hmt.serve.timeline import plot_timeline, summarize, write_csv
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """Command-line overrides of the bundle's serve.json (``None``: keep serve.json's value)."""
+
+    engine: str | None = None
+    threads: int = 1
+    latency_ms: float | None = None
+    memory_mb: float | None = None
+    exit_confidence: float | None = None
+    no_early_exit: bool = False
+    fixed_variant: str | None = None
+    # serve.json keys replaced before parsing (nested objects merged one level deep), e.g.
+    # {"switch": {"min_dwell_s": 0}}: benchmarks and tests tune the loop without a new bundle.
+    serve_overrides: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.engine is not None and self.engine not in ENGINE_CHOICES:
+            raise UsageError(f"--engine must be one of {list(ENGINE_CHOICES)}, got {self.engine!r}")
+        if self.threads < 0:
+            raise UsageError(f"--threads must be >= 0, got {self.threads}")
+
+
+def settings_for(bundle: Bundle, options: SessionOptions) -> ServeSettings:
+    config = dict(bundle.serve_config)
+    for key, value in options.serve_overrides.items():
+        base = config.get(key)
+        config[key] = {**base, **value} if isinstance(base, dict) and isinstance(value, dict) else value
+    settings = ServeSettings.from_mapping(config, f"{bundle.root / 'serve.json'} (with overrides)")
+    budgets = settings.budgets
+    if options.latency_ms is not None or options.memory_mb is not None:
+        budgets = BudgetSettings(
+            latency_ms=options.latency_ms if options.latency_ms is not None else budgets.latency_ms,
+            memory_mb=options.memory_mb if options.memory_mb is not None else budgets.memory_mb,
+            energy=budgets.energy)
+    early = settings.early_exit
+    if options.exit_confidence is not None or options.no_early_exit:
+        early = EarlyExit(enabled=not options.no_early_exit,
+                          confidence=options.exit_confidence if options.exit_confidence is not None
+                          else early.confidence)
+    engine = options.engine if options.engine is not None else settings.engine
+    return dataclasses.replace(settings, budgets=budgets, early_exit=early, engine=engine)
+
+
+def open_controller(bundle_path: Path | str, options: SessionOptions, **kwargs: Any) -> Controller:
+    """Load and verify the bundle (ArtifactError when it fails) and build its controller."""
+    bundle = load_bundle(bundle_path)
+    settings = settings_for(bundle, options)
+    return Controller(bundle, settings, engine=settings.engine, threads=options.threads,
+                      fixed_variant=options.fixed_variant, **kwargs)
+
+
+def serve_forever(bundle_path: Path | str, options: SessionOptions, api: ApiOptions, server: ServerOptions,
+                  on_listening: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Serve until SIGTERM/SIGINT; returns the final status after the drain."""
+    controller = open_controller(bundle_path, options)
+    app = create_app(controller, api, on_shutdown=controller.stop)
+    api_server = ApiServer(app, server)
+    failure: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            controller.start()
+        except BaseException as exc:  # noqa: BLE001 - reported after the server stops
+            failure.append(exc)
+            api_server.server.should_exit = True
+
+    starter = threading.Thread(target=start, name="hmt-serve-start", daemon=True)
+    starter.start()
+    if on_listening is not None:
+        on_listening(api_server.url)
+    api_server.run()
+    starter.join(30.0)
+    if failure:
+        raise failure[0]
+    return controller.status(last=0)
+
+
+# -- scenario replay --------------------------------------------------------------------------
+
+
+def load_inputs(bundle: Bundle, data: Path | None, rng: np.random.Generator, count: int = 64) -> Inputs:
+    """``data`` (.npz with x and optional y) shaped to the bundle's input, or ``count`` seeded noise inputs."""
+    spec = bundle.spec.input
+    dtype = numpy_dtype(spec.dtype)
+    shape = tuple(spec.shape)
+    if data is None:
+        return Inputs(rng.standard_normal((count, *shape)).astype(dtype))
+    try:
+        with np.load(data, allow_pickle=False) as archive:
+            x = np.asarray(archive["x"])
+            y = np.asarray(archive["y"]) if "y" in archive.files else None
+    except (OSError, ValueError, KeyError) as exc:
+        raise InputError(f"{data}: expected an .npz with arrays x (inputs) and y (labels) ({exc})") from exc
+    if x.ndim and x.shape[1:] == shape[1:] and shape[0] == 1:
+        x = x.reshape((x.shape[0], *shape))
+    if x.shape[1:] != shape:
+        raise InputError(f"{data}: x has shape {list(x.shape)}; "
+                         f"expected [N, *{list(shape)}] or [N, *{list(shape[1:])}]")
+    if y is not None and (y.ndim != 1 or len(y) != len(x)):
+        raise InputError(f"{data}: y must be a vector of {len(x)} labels, got shape {list(y.shape)}")
+    if len(x) == 0:
+        raise InputError(f"{data}: x holds no samples")
+    x = x.astype(dtype)
+    if np.issubdtype(dtype, np.floating) and not np.all(np.isfinite(x)):
+        raise InputError(f"{data}: x contains NaN or infinity")
+    return Inputs(x, None if y is None else y.astype(np.int64))
+
+
+@dataclass
+class ScenarioResult:
+    summary: dict[str, Any]
+    records: list[RequestRecord]
+    ticks: list[TickRecord]
+    files: dict[str, str] = field(default_factory=dict)
+    url: str | None = None
+
+
+def _in_process_sender(controller: Controller) -> Callable[[], Send]:
+    def factory() -> Send:
+        def send(x: np.ndarray) -> tuple[int, dict[str, Any]]:
+            try:
+                p = controller.predict(x)
+            except HmtError as exc:
+                return 503, {"error": str(exc)}
+            return 200, {"class": p.class_index, "confidence": p.confidence, "exit": p.exit, "variant": p.variant,
+                         "latency_ms": p.latency_ms, "compute_ms": p.compute_ms}
+        return send
+
+    return factory
+
+
+def run_scenario(
+    bundle_path: Path | str,
+    scenario: Scenario,
+    options: SessionOptions,
+    drive_options: DriveOptions,
+    *,
+    api: ApiOptions | None,
+    server: ServerOptions | None,
+    data: Path | None = None,
+    timeline_dir: Path | None = None,
+    rng: np.random.Generator | None = None,
+    label: str = "scenario",
+) -> ScenarioResult:
+    """Replay ``scenario``; ``server=None`` sends in process, else through the API on ``server``."""
+    rng = rng if rng is not None else np.random.default_rng(0)
+    state = ScenarioState()
+    ticks: list[TickRecord] = []
+    ticks_lock = threading.Lock()
+
+    def on_tick(record: TickRecord) -> None:
+        with ticks_lock:
+            ticks.append(record)
+
+    sampler = ScenarioSampler(state, synthetic_cpu=drive_options.load_mode == "synthetic")
+    controller = open_controller(bundle_path, options, sampler=sampler, on_tick=on_tick)
+    inputs = load_inputs(controller.bundle, data, rng)
+    base = controller.budgets
+    burner = LoadGenerator() if drive_options.load_mode == "burn" else None
+    api_server: ApiServer | None = None
+    try:
+        if burner is not None:
+            burner.start()
+        controller.start()
+        if server is not None:
+            app = create_app(controller, api if api is not None else ApiOptions())
+            api_server = ApiServer(app, server)
+            api_server.start_background()
+            factory = http_sender(api_server.url, api.token if api is not None else None)
+        elif drive_options.client_mode == "processes":
+            raise UsageError("client processes send through the API; drop --in-process or --client-processes")
+        else:
+            factory = _in_process_sender(controller)
+
+        def apply_row(row: ScenarioRow) -> float | None:
+            state.cpu_load = row.cpu_load
+            state.battery_pct = row.battery_pct
+            if burner is not None:
+                burner.set(row.cpu_load)
+            latency = row.latency_budget_ms if row.latency_budget_ms is not None else base.latency_ms
+            memory = row.memory_budget_mb if row.memory_budget_mb is not None else base.memory_mb
+            controller.set_budgets(latency, memory)
+            controller.request_tick()
+            return latency
+
+        switches_before = controller.switcher.switch_count
+        token = api.token if api is not None else None
+        start_s, records = drive(scenario, drive_options, apply_row, factory if drive_options.clients else None,
+                                 inputs, base_latency_ms=base.latency_ms,
+                                 url=None if api_server is None else (api_server.url, token))
+        switches = controller.switcher.switch_count - switches_before
+    finally:
+        if api_server is not None:
+            api_server.stop_background()
+        controller.stop()
+        if burner is not None:
+            burner.stop()
+    offset_s = start_s - controller.t0_s
+    with ticks_lock:
+        shifted = [dataclasses.replace(t, time_s=t.time_s - offset_s) for t in ticks]
+    steps = [t for t in scenario.step_times if t < drive_options.duration_s]
+    summary = summarize(records, shifted, steps, drive_options.duration_s, switches)
+    summary.update({"label": label, "duration_s": drive_options.duration_s, "clients": drive_options.clients,
+                    "rate_hz": drive_options.rate_hz, "load_mode": drive_options.load_mode,
+                    "via": "api" if server is not None else "in_process",
+                    "client_mode": drive_options.client_mode, "fixed_variant": options.fixed_variant,
+                    "early_exit": dataclasses.asdict(controller.settings.early_exit),
+                    "engine": controller.status(last=0)["engine"]})
+    result = ScenarioResult(summary, records, shifted, url=None if api_server is None else api_server.url)
+    if timeline_dir is not None:
+        timeline_dir = Path(timeline_dir)
+        files = {"ticks_csv": write_csv(timeline_dir / "timeline.csv", shifted),
+                 "requests_csv": write_csv(timeline_dir / "requests.csv", records)}
+        png = plot_timeline(timeline_dir / "timeline.png", records, shifted, title=f"hmt serve: {label}")
+        if png is not None:
+            files["png"] = png
+        summary_path = timeline_dir / "summary.json"
+        summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        files["summary"] = summary_path
+        result.files = {k: str(v) for k, v in files.items()}
+    return result

@@ -1,0 +1,187 @@
+"""The HTTP contract: every endpoint, auth, refusals with clear JSON errors, queue, deadline."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import FAST_SWITCH
+from serve_bundles import npy_bytes, sleepy_loader
+
+from hmt.bundle import load_bundle
+from hmt.serve.api import ApiOptions, create_app
+from hmt.serve.controller import Controller
+from hmt.serve.server import ApiServer, ServerOptions
+from hmt.serve.settings import ServeSettings
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from starlette.testclient import TestClient
+
+TOKEN = "t" * 24
+NPY = {"content-type": "application/x-npy"}
+
+
+def make_controller(bundle_dir: Path, sleep_s: float | None = None, start: bool = True) -> Controller:
+    bundle = load_bundle(bundle_dir)
+    c = Controller(bundle, ServeSettings.from_mapping(FAST_SWITCH), warmup_runs=1,
+                   loader=None if sleep_s is None else sleepy_loader(bundle, sleep_s))
+    if start:
+        c.start(background=False)
+    return c
+
+
+@pytest.fixture(scope="module")
+def client(bundle_dir: Path) -> Iterator[TestClient]:
+    with TestClient(create_app(make_controller(bundle_dir))) as cl:
+        yield cl
+
+
+def error_code(response: object) -> str:
+    doc = response.json()  # type: ignore[attr-defined]
+    assert set(doc) == {"error"} and doc["error"]["message"]
+    return str(doc["error"]["code"])
+
+
+def test_predict_npy_and_json(client: TestClient) -> None:
+    r = client.post("/v1/predict", content=npy_bytes(np.array([[0, 9, 0, 0]], np.float32)), headers=NPY)
+    assert r.status_code == 200
+    doc = r.json()
+    assert doc["class"] == 1 and doc["exit"] == 0 and doc["variant"] == "big" and doc["confidence"] > 0.99
+    assert doc["latency_ms"] >= doc["compute_ms"] > 0
+    r = client.post("/v1/predict", json={"inputs": [0, 0, 0, 0]})  # no batch axis: accepted
+    assert r.status_code == 200 and r.json()["exit"] == 1
+
+
+@pytest.mark.parametrize(("content", "headers", "status", "code"), [
+    (b"", NPY, 400, "empty_body"),
+    (b"not npy", NPY, 400, "bad_npy"),
+    (npy_bytes(np.zeros((1, 3), np.float32)), NPY, 422, "bad_shape"),
+    (npy_bytes(np.zeros((2, 4), np.float32)), NPY, 422, "bad_shape"),
+    (npy_bytes(np.zeros((1, 4), np.float64)), NPY, 422, "bad_dtype"),
+    (npy_bytes(np.array([[0, np.nan, 0, 0]], np.float32)), NPY, 422, "non_finite"),
+    (npy_bytes(np.array([[0, np.inf, 0, 0]], np.float32)), NPY, 422, "non_finite"),
+    (b'{"inputs": [0, NaN, 0, 0]}', {"content-type": "application/json"}, 422, "non_finite"),
+    (b'{"inputs": [1e999, 0, 0, 0]}', {"content-type": "application/json"}, 422, "non_finite"),
+    (b'{"inputs": [[0, 1], [0]]}', {"content-type": "application/json"}, 422, "bad_inputs"),
+    (b'{"x": [0, 0, 0, 0]}', {"content-type": "application/json"}, 422, "bad_json"),
+    (b'{"inputs": [0, 0, 0, "a"]}', {"content-type": "application/json"}, 422, "bad_inputs"),
+    (b"{", {"content-type": "application/json"}, 400, "bad_json"),
+    (b"0,0,0,0", {"content-type": "text/csv"}, 415, "unsupported_media_type"),
+    (b"0" * (2 << 20), NPY, 413, "body_too_large"),
+])
+def test_bad_requests_get_clear_errors(client: TestClient, content: bytes, headers: dict[str, str], status: int,
+                                       code: str) -> None:
+    r = client.post("/v1/predict", content=content, headers=headers)
+    assert r.status_code == status and error_code(r) == code
+    assert client.get("/v1/health/live").status_code == 200  # still alive
+
+
+def test_streamed_body_is_bounded_without_content_length(client: TestClient) -> None:
+    def chunks() -> Iterator[bytes]:
+        for _ in range(40):
+            yield b"0" * 65536
+
+    r = client.post("/v1/predict", content=chunks(), headers=NPY)
+    assert r.status_code == 413 and error_code(r) == "body_too_large"
+
+
+def test_health_status_metrics_openapi(client: TestClient) -> None:
+    assert client.get("/v1/health/live").json() == {"status": "live"}
+    assert client.get("/v1/health/ready").json()["status"] == "ready"
+    status = client.get("/v1/status").json()
+    assert status["variant"] == "big" and status["ready"] and "load_index" in status and "last_decisions" in status
+    assert set(status["budgets"]) == {"latency_ms", "memory_mb"} and status["queue"]["max_queue"] == 64
+    metrics = client.get("/metrics")
+    assert metrics.headers["content-type"].startswith("text/plain")
+    text = metrics.text
+    for name in ("hmt_http_responses_total", "hmt_predictions_total", "hmt_exits_total", "hmt_latency_ms_count",
+                 "hmt_ready 1", 'hmt_active_variant{variant="big"} 1', "hmt_queue_depth"):
+        assert name in text
+    for line in text.splitlines():  # every sample line is "name{labels} value"
+        if not line.startswith("#"):
+            float(line.rsplit(" ", 1)[1])
+    doc = client.get("/openapi.json").json()
+    assert doc["openapi"].startswith("3.") and set(doc["paths"]) == {
+        "/v1/predict", "/v1/health/live", "/v1/health/ready", "/v1/status", "/metrics", "/openapi.json"}
+    assert error_code(client.get("/nope")) == "not_found"
+    assert error_code(client.get("/v1/predict")) == "method_not_allowed"
+
+
+def test_not_ready_answers_503(bundle_dir: Path) -> None:
+    with TestClient(create_app(make_controller(bundle_dir, start=False))) as cl:
+        assert cl.get("/v1/health/live").status_code == 200
+        r = cl.get("/v1/health/ready")
+        assert r.status_code == 503 and error_code(r) == "not_ready"
+        r = cl.post("/v1/predict", json={"inputs": [0, 0, 0, 0]})
+        assert r.status_code == 503 and error_code(r) == "not_ready"
+
+
+def test_token_is_checked_on_every_path(bundle_dir: Path) -> None:
+    app = create_app(make_controller(bundle_dir), ApiOptions(token=TOKEN))
+    with TestClient(app) as cl:
+        for path in ("/v1/health/live", "/v1/health/ready", "/v1/status", "/metrics", "/openapi.json"):
+            r = cl.get(path)
+            assert r.status_code == 401 and error_code(r) == "unauthorized"
+            assert r.headers["www-authenticate"] == "Bearer"
+            assert cl.get(path, headers={"Authorization": "Bearer " + "x" * 24}).status_code == 401
+            assert cl.get(path, headers={"Authorization": f"Basic {TOKEN}"}).status_code == 401
+            assert cl.get(path, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+        r = cl.post("/v1/predict", json={"inputs": [0, 0, 0, 0]})
+        assert r.status_code == 401
+        r = cl.post("/v1/predict", json={"inputs": [0, 0, 0, 0]}, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200
+        assert cl.get("/openapi.json", headers={"Authorization": f"Bearer {TOKEN}"}).json()["security"]
+
+
+def _post(port: int, headers: dict[str, str] | None = None) -> tuple[int, dict[str, object]]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("POST", "/v1/predict", body=npy_bytes(np.zeros((1, 4), np.float32)),
+                     headers={**NPY, **(headers or {})})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def _parallel(port: int, n: int, headers: dict[str, str] | None = None) -> list[int]:
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        status, _ = _post(port, headers)
+        with lock:
+            statuses.append(status)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sorted(statuses)
+
+
+def test_queue_full_429_and_deadline_504_over_real_http(bundle_dir: Path) -> None:
+    controller = make_controller(bundle_dir, sleep_s=0.3)
+    app = create_app(controller, ApiOptions(max_queue=2, workers=1, deadline_ms=5000))
+    server = ApiServer(app, ServerOptions(port=0))
+    server.start_background()
+    try:
+        statuses = _parallel(server.port, 4)
+        assert statuses.count(200) >= 2 and statuses.count(429) >= 1 and set(statuses) <= {200, 429}
+        # One worker, 0.3 s per request: the second of two waits past a 0.45 s deadline.
+        statuses = _parallel(server.port, 2, {"X-Deadline-Ms": "450"})
+        assert statuses == [200, 504]
+        status, doc = _post(server.port, {"X-Deadline-Ms": "-1"})
+        assert status == 400 and doc["error"]["code"] == "bad_deadline"  # type: ignore[index]
+        status, _ = _post(server.port)
+        assert status == 200  # the server is fine afterwards, and the queue drained
+    finally:
+        server.stop_background()

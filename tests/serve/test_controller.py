@@ -1,0 +1,157 @@
+"""The adaptation loop on a tiny bundle: choices under budgets, memory cuts, failed loads, concurrency."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import FAST_SWITCH
+from serve_bundles import VariantDef, make_bundle, sleepy_loader
+
+from hmt.bundle import load_bundle
+from hmt.errors import UsageError
+from hmt.serve.controller import Controller
+from hmt.serve.monitor import ResourceSample
+from hmt.serve.settings import ServeSettings
+
+X = np.zeros((1, 4), dtype=np.float32)
+
+
+def sample(cpu: float = 0.0, battery: float | None = None) -> ResourceSample:
+    return ResourceSample(time.monotonic(), cpu, 8_000_000_000, 8_000_000_000, battery_percent=battery,
+                          battery_plugged=False if battery is not None else None)
+
+
+def controller(bundle_dir: Path, **serve: object) -> Controller:
+    settings = ServeSettings.from_mapping({**FAST_SWITCH, **serve})
+    return Controller(load_bundle(bundle_dir), settings, sampler=sample, warmup_runs=1)
+
+
+def test_budgets_pick_and_switch(bundle_dir: Path) -> None:
+    c = controller(bundle_dir, budgets={"latency_ms": 3.0})
+    c.start(background=False)
+    assert c.active_arch_id == "mid"  # big (4 ms) does not fit 3 ms
+    c.set_budgets(latency_ms=1.5, memory_mb=None)
+    record = c.tick(sample=sample())
+    assert record.switched and record.switch_reason == "budget_violation" and c.active_arch_id == "small"
+    c.set_budgets(latency_ms=None, memory_mb=None)
+    assert c.tick(sample=sample()).active == "big"
+    # Load scales every prediction: at I = 0.5 (cpu 1.0, memory 0) big's 4 ms becomes 6 ms.
+    c.set_budgets(latency_ms=5.0, memory_mb=None)
+    assert c.tick(sample=sample(cpu=1.0)).active == "mid"
+    assert c.status()["switches"] == 3
+
+
+def test_low_battery_trades_accuracy_for_energy(bundle_dir: Path) -> None:
+    c = controller(bundle_dir)
+    c.start(background=False)
+    assert c.tick(sample=sample(battery=100.0)).active == "big"
+    assert c.tick(sample=sample(battery=20.0)).active == "small"  # mu = 0.2: energy dominates
+
+
+def test_memory_cut_switches_and_evicts(bundle_dir: Path) -> None:
+    c = controller(bundle_dir)
+    c.start(background=False)
+    assert sorted(c.pool.loaded_ids()) == ["big", "mid", "small"]  # no preload budget: all preloaded
+    c.set_budgets(latency_ms=None, memory_mb=2.5)
+    c.tick(sample=sample())
+    assert c.active_arch_id == "mid"
+    assert c.pool.loaded_bytes() <= 2.5e6 and "mid" in c.pool.loaded_ids()
+    c.set_budgets(latency_ms=None, memory_mb=None)
+    c.tick(sample=sample())
+    assert c.active_arch_id == "big" and "big" in c.pool.loaded_ids()  # paged back in on need
+    assert c.predict(X).variant == "big"
+
+
+def test_preload_respects_the_memory_budget(bundle_dir: Path) -> None:
+    c = controller(bundle_dir, preload_memory_mb=5.5)
+    c.start(background=False)
+    assert c.pool.loaded_ids() == ["big", "small"]  # the first choice, then the fastest fallback
+
+
+def test_failed_load_keeps_the_old_variant_serving(tmp_path: Path) -> None:
+    bundle = make_bundle(tmp_path / "b", [VariantDef("good", 0.8, 1.0, 1.0),
+                                          VariantDef("broken", 0.95, 1.0, 1.0, broken=True)], serve=FAST_SWITCH)
+    c = Controller(load_bundle(bundle), sampler=sample, warmup_runs=1)
+    c.start(background=False)
+    assert c.active_arch_id == "good" and "broken" in (c.last_error or "")
+    for _ in range(3):  # the optimizer keeps proposing "broken"; it is not retried at once
+        record = c.tick(sample=sample())
+        assert record.proposed == "broken" and record.active == "good" and not record.switched
+        assert record.error is not None
+    assert c.pool.load_failures == 1 and c.predict(X).variant == "good"
+
+
+def test_fixed_variant_never_switches(bundle_dir: Path) -> None:
+    c = Controller(load_bundle(bundle_dir), ServeSettings.from_mapping(FAST_SWITCH), sampler=sample,
+                   fixed_variant="small", warmup_runs=1)
+    c.start(background=False)
+    c.set_budgets(latency_ms=None, memory_mb=None)
+    assert c.tick(sample=sample()).active == "small" and c.pool.loaded_ids() == ["small"]
+    with pytest.raises(UsageError, match="unknown variant"):
+        Controller(load_bundle(bundle_dir), fixed_variant="nope")
+
+
+def test_latency_ratio_follows_measurements(bundle_dir: Path) -> None:
+    bundle = load_bundle(bundle_dir)
+    c = Controller(bundle, ServeSettings.from_mapping(FAST_SWITCH), sampler=sample,
+                   loader=sleepy_loader(bundle, 0.01), warmup_runs=1)
+    c.start(background=False)
+    for _ in range(5):
+        c.predict(X)
+    # big is profiled at 4 ms and takes ~10 ms here: r ~ 2.5, which then scales every candidate.
+    assert 1.5 < c.corrector.ratio < 5.0
+    c.set_budgets(latency_ms=8.0, memory_mb=None)
+    assert c.tick(sample=sample()).active == "mid"  # 4 ms x r > 8 ms, 2 ms x r fits
+
+
+def test_over_budget_request_asks_for_a_decision(bundle_dir: Path) -> None:
+    bundle = load_bundle(bundle_dir)
+    c = Controller(bundle, ServeSettings.from_mapping({**FAST_SWITCH, "monitor_period_s": 60.0}), sampler=sample,
+                   loader=sleepy_loader(bundle, 0.005), warmup_runs=1)
+    c.start()
+    try:
+        c.set_budgets(latency_ms=4.0, memory_mb=None)
+        deadline = time.monotonic() + 5.0
+        while c.active_arch_id == "big" and time.monotonic() < deadline:
+            c.predict(X)
+        assert c.active_arch_id != "big"
+        assert any(t.trigger == "on_demand" for t in c.ticks)
+    finally:
+        c.stop()
+
+
+def test_switching_under_concurrent_requests_loses_none(bundle_dir: Path) -> None:
+    c = controller(bundle_dir, correction={"r_min": 1.0})  # the fixture's graphs beat their profile by far
+    c.start(background=False)
+    stop = threading.Event()
+    answered: list[int] = []
+    errors: list[BaseException] = []
+
+    def client() -> None:
+        n = 0
+        try:
+            while not stop.is_set():
+                c.predict(X)
+                n += 1
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        answered.append(n)
+
+    threads = [threading.Thread(target=client) for _ in range(6)]
+    for t in threads:
+        t.start()
+    seen = set()
+    for i in range(30):
+        c.set_budgets(latency_ms=(1.5, 3.0, None)[i % 3], memory_mb=None)
+        seen.add(c.tick(sample=sample()).active)
+        time.sleep(0.005)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors and seen == {"big", "mid", "small"}
+    assert c.status()["requests"] == sum(answered) > 0
+    assert c.status()["switches"] >= 20

@@ -1,0 +1,98 @@
+"""Scenario files, the recovery measure, and a short replay end to end (in process and through the API)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from serve_bundles import CLASSES
+
+from hmt.errors import InputError
+from hmt.serve.scenario import DriveOptions, LoadGenerator, RequestRecord, Scenario
+from hmt.serve.session import SessionOptions, run_scenario
+from hmt.serve.timeline import recovery
+
+
+def test_scenario_parsing_and_lookup() -> None:
+    s = Scenario.from_text("time_s,cpu_load,latency_budget_ms,battery_pct\n0,,2,90\n1.5,0.5,1,\n3,,,\n")
+    assert s.end_s == 3.0 and s.step_times == [0.0, 1.5, 3.0]
+    assert s.at(0.2).latency_budget_ms == 2.0 and s.at(0.2).cpu_load is None
+    assert s.at(2.0).cpu_load == 0.5 and s.at(2.0).battery_pct is None and s.at(99).latency_budget_ms is None
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("cpu_load\n0.5\n", "time_s column"),
+    ("time_s,gpu\n0,1\n", "unknown column"),
+    ("time_s,cpu_load\n0,1.5\n", "cpu_load '1.5' outside"),
+    ("time_s,latency_budget_ms\n0,0\n", "latency_budget_ms '0' outside"),
+    ("time_s,battery_pct\n0,abc\n", "not a number"),
+    ("time_s\n2\n1\n", "non-decreasing"),
+    ("time_s\n", "no rows"),
+])
+def test_scenario_errors_name_the_problem(text: str, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        Scenario.from_text(text, "s.csv")
+
+
+def _record(t: float, latency: float, budget: float | None = 1.0, status: int = 200) -> RequestRecord:
+    return RequestRecord(t, status, latency, latency, latency, "v", 0, 0, None, budget)
+
+
+def test_recovery_is_the_end_of_the_last_bad_window() -> None:
+    ok = [_record(0.5, 0.5)]
+    burst = [_record(1.0 + 0.05 * i, 2.0 if i < 4 else 0.5) for i in range(20)]  # misses 1.00-1.15
+    calm = [_record(2.0 + 0.05 * i, 0.5 if i != 7 else 2.0) for i in range(20)]  # one stray miss: fine
+    stuck = [_record(3.0 + 0.05 * i, 0.5 if i % 3 else 2.0) for i in range(20)]  # never settles
+    steps = recovery(ok + burst + calm + stuck, [0.0, 1.0, 2.0, 3.0], end_s=4.0)
+    assert steps[0]["misses"] == 4 and steps[0]["back_within_budget_s"] == pytest.approx(0.5 + 0.1)
+    assert steps[1] == {"time_s": 2.0, "judged": 20, "misses": 1, "back_within_budget_s": 0.0}
+    assert steps[2]["misses"] == 7 and steps[2]["back_within_budget_s"] is None
+
+
+@pytest.mark.parametrize("via_api", [False, True])
+def test_short_replay_writes_a_timeline(bundle_dir: Path, tmp_path: Path, via_api: bool) -> None:
+    from hmt.serve.api import ApiOptions
+    from hmt.serve.server import ServerOptions
+
+    scenario = Scenario.from_text("time_s,cpu_load,latency_budget_ms,battery_pct,memory_budget_mb\n"
+                                  "0,,5,90,\n0.6,0.8,5,50,\n1.2,,1.5,20,1.5\n")
+    rng = np.random.default_rng(0)
+    data = tmp_path / "d.npz"
+    y = rng.integers(0, CLASSES, 32)
+    np.savez(data, x=(np.eye(CLASSES, dtype=np.float32)[y] * 8.0), y=y)  # one-hot inputs: class = label
+    result = run_scenario(bundle_dir, scenario, SessionOptions(),
+                          DriveOptions(duration_s=1.8, clients=2, rate_hz=60.0),
+                          api=ApiOptions() if via_api else None, server=ServerOptions(port=0) if via_api else None,
+                          data=data, timeline_dir=tmp_path / "tl", rng=rng)
+    s = result.summary
+    assert s["failed"] == 0 and s["ok"] > 30 and s["accuracy"] == 1.0 and s["per_exit"] == {"0": s["ok"]}
+    assert s["via"] == ("api" if via_api else "in_process")
+    assert [step["time_s"] for step in s["steps"]] == [0.6, 1.2]
+    assert s["decision_us"]["p50"] < 5000
+    after_cut = [t for t in result.ticks if t.time_s >= 1.2]
+    assert after_cut and after_cut[-1].active == "small"  # the memory cut leaves only small
+    assert [r.variant for r in result.records if r.time_s > 1.3] == ["small"] * sum(
+        r.time_s > 1.3 for r in result.records)
+    for name in ("timeline.csv", "requests.csv", "summary.json", "timeline.png"):
+        assert (tmp_path / "tl" / name).stat().st_size > 0
+    assert json.loads((tmp_path / "tl" / "summary.json").read_text())["ok"] == s["ok"]
+
+
+@pytest.mark.slow
+def test_load_generator_really_burns_cpu() -> None:
+    gen = LoadGenerator(cores=1)
+    gen.start()
+    try:
+        gen.set(1.0)
+        time.sleep(0.5)
+        busy = [p for p in psutil.process_iter(["name"]) if (p.info["name"] or "").startswith("python")]
+        assert busy
+        psutil.cpu_percent(None)
+        time.sleep(1.0)
+        assert psutil.cpu_percent(None) > 100 / (psutil.cpu_count() or 1) * 0.6
+    finally:
+        gen.stop()
