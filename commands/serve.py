@@ -161,7 +161,8 @@ def serve_command(
             ["deadline-miss share", "-" if miss is None else f"{100 * miss:.2f}%"],
             ["accuracy", "-" if s["accuracy"] is None else f"{100 * s['accuracy']:.2f}%"],
             ["switches", s["switches"]],
-            ["decision time p50 us", "-" if s["decision_us"] is None else f"{s['decision_us']['p50']:.1f}"],
+            ["decision time p50 us (wall / CPU)", "-" if s["decision_us"] is None else
+             f"{s['decision_us']['p50']:.1f} / {s['decision_cpu_us']['p50']:.1f}"],
             ["per exit", s["per_exit"]],
             ["worst back-within-budget s", s["back_within_budget_s_max"]],
         ]

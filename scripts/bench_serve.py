@@ -40,7 +40,7 @@ from hmt.serve.session import ScenarioResult, SessionOptions, run_scenario
 
 SUMMARY_KEYS = ("requests", "ok", "failed", "failed_by_status", "latency_ms", "compute_ms", "client_ms",
                 "latency_over_budget", "judged", "deadline_misses", "deadline_miss_share", "accuracy", "labelled",
-                "switches", "decisions", "decision_us", "per_exit", "per_variant", "steps",
+                "switches", "decisions", "decision_us", "decision_cpu_us", "per_exit", "per_variant", "steps",
                 "back_within_budget_s_max", "steps_never_back", "engine", "fixed_variant")
 
 
@@ -106,6 +106,7 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
                       ("accuracy", lambda r: r["accuracy"]),
                       ("switches", lambda r: r["switches"]),
                       ("decision_us_p50", lambda r: (r["decision_us"] or {}).get("p50")),
+                      ("decision_cpu_us_p50", lambda r: (r.get("decision_cpu_us") or {}).get("p50")),
                       ("back_within_budget_s_max", lambda r: r["back_within_budget_s_max"]),
                       ("failed", lambda r: r["failed"])):
         v = values(get)

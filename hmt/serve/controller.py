@@ -73,7 +73,8 @@ class TickRecord:
     feasible: bool
     predicted_latency_ms: float  # of the active variant, load-scaled and r-corrected
     index_best: str | None  # most accurate within the corrected budgets (pareto runtime index)
-    decision_us: float
+    decision_us: float  # wall time of optimizer + switcher (includes waiting for the GIL)
+    decision_cpu_us: float  # this thread's CPU time for the same work: the decision's own cost
     error: str | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -288,12 +289,14 @@ class Controller:
         active_id = self.switcher.active_arch_id
         ratio = self.corrector.ratio
         t0 = time.perf_counter()
+        cpu0 = time.thread_time_ns()
         decision = self.optimizer.decide(load_next, sample.battery_percent, sample.battery_plugged, opt_budgets,
                                          ratio, active_id)
         if self.fixed_variant is not None:
             decision = self._fixed(decision, load_next, ratio, opt_budgets)
         result = self.switcher.offer(decision, now_s=self._clock())
         decision_us = (time.perf_counter() - t0) * 1e6
+        decision_cpu_us = (time.thread_time_ns() - cpu0) / 1e3
         with self._state_lock:
             self.stats.decision_us.append(decision_us)
         self._load_scale = self.optimizer.latency_scale(load_next)
@@ -339,7 +342,7 @@ class Controller:
             proposed=decision.arch_id, active=active, switched=result.switched and error is None,
             switch_reason=result.reason, feasible=decision.feasible,
             predicted_latency_ms=active_variant.latency_ms * decision.latency_scale,
-            index_best=index_best, decision_us=decision_us, error=error,
+            index_best=index_best, decision_us=decision_us, decision_cpu_us=decision_cpu_us, error=error,
         )
         with self._state_lock:
             self.ticks.append(record)
