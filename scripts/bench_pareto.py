@@ -45,14 +45,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def machine() -> dict[str, Any]:
-    model = ""
+    from hmt.profile.parsers import parse_cpuinfo
+
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+        model = str(parse_cpuinfo(Path("/proc/cpuinfo").read_text()).get("model", ""))
     except OSError:
-        pass
+        model = ""
     return {"platform": platform.platform(), "cpu": model, "cpus": os.cpu_count(), "python": platform.python_version(),
             "load_average_at_start": list(os.getloadavg()), "torch_threads": 1}
 

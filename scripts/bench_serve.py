@@ -45,14 +45,12 @@ SUMMARY_KEYS = ("requests", "ok", "failed", "failed_by_status", "latency_ms", "c
 
 
 def machine() -> dict[str, Any]:
-    model = ""
+    from hmt.profile.parsers import parse_cpuinfo
+
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+        model = str(parse_cpuinfo(Path("/proc/cpuinfo").read_text()).get("model", ""))
     except OSError:
-        pass
+        model = ""
     import onnxruntime
 
     return {"cpu": model, "logical_cpus": os.cpu_count(), "platform": platform.platform(),
