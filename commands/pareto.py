@@ -77,6 +77,9 @@ def pareto_command(
     window: Annotated[float, typer.Option(
         help="NearbyInit/NearbyMutate window under each budget: [budget x (1 - window), budget].")] = 0.1,
     noise_prob: Annotated[float, typer.Option(help="Share of offspring given Gaussian gene noise.")] = 0.25,
+    coverage_share: Annotated[float, typer.Option(
+        help="Share of candidates not steered into a budget window (explores the front's fast end; "
+        "not benchmarked yet).")] = 0.0,
     calibration_samples: Annotated[int | None, typer.Option(
         help="Re-estimate each variant's BN statistics on only the first N stored calibration samples.")] = None,
     batch_size: Annotated[int, typer.Option(help="Evaluation batch size.")] = 256,
@@ -104,7 +107,7 @@ def pareto_command(
             budgets=Budgets.of(latency_ms=latency_ms, energy=energy_mj, memory_mb=memory_mb),
             search=SearchOptions(method=method.value, evaluations=evaluations, population=population, seed=seed,
                                  objectives=tuple(o.strip() for o in objectives.split(",") if o.strip()),
-                                 window=window, noise_prob=noise_prob),
+                                 window=window, noise_prob=noise_prob, coverage_share=coverage_share),
             data_path=data, data_split=data_split.value, max_eval_samples=max_eval_samples, batch_size=batch_size,
             cache_mb=cache_mb, device=device, use_block_table=not no_block_table, threads=threads,
             calibration_samples=calibration_samples,

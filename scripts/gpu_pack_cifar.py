@@ -42,7 +42,10 @@ def unpack(src: Path, dst: Path) -> None:
             data = blob.read(data_len)
             if zip_name not in archives:
                 archives[zip_name] = zipfile.ZipFile(dst / zip_name, "w", compression=zipfile.ZIP_STORED)
-            archives[zip_name].writestr(entry, data)
+            # A fixed timestamp makes every unpack byte-identical, so the data's sha256 (which
+            # a supernet artifact records) is the same on every machine that unpacks the blob.
+            info = zipfile.ZipInfo(entry, date_time=(2020, 1, 1, 0, 0, 0))
+            archives[zip_name].writestr(info, data, compress_type=zipfile.ZIP_STORED)
     for archive in archives.values():
         archive.close()
 

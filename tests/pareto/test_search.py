@@ -50,7 +50,7 @@ def test_nearby_init_and_mutate_stay_near_the_budget(parts) -> None:  # type: ig
                        for x in encoding.random(np.random.default_rng(1), 200))
     budget = float(np.median(latencies))
     search = _Search(encoding, model, PrefixEvaluator(model.net, batches), Budgets.of(latency_ms=[budget]),
-                     SearchOptions(window=0.1).validate(), no_progress)
+                     SearchOptions(window=0.1, coverage_share=0.0).validate(), no_progress)
     rng = np.random.default_rng(0)
     X = search.nearby_init(40, rng)
     near = [abs(model.costs(encoding.decode(x).arch).latency_ms / budget - 1) <= 0.1 + 1e-9 for x in X]
@@ -60,6 +60,12 @@ def test_nearby_init_and_mutate_stay_near_the_budget(parts) -> None:  # type: ig
     assert np.mean([abs(model.costs(encoding.decode(y).arch).latency_ms / budget - 1) <= 0.1 + 1e-9
                     for y in Y]) >= 0.9
     assert any(encoding.decode(x) != encoding.decode(y) for x, y in zip(X, Y, strict=True))
+    # With a coverage share, that share of the candidates is left where it lands.
+    covering = _Search(encoding, model, PrefixEvaluator(model.net, batches), Budgets.of(latency_ms=[budget]),
+                       SearchOptions(window=0.1, coverage_share=0.5).validate(), no_progress)
+    Z = covering.nearby_init(200, np.random.default_rng(0))
+    near_share = np.mean([abs(model.costs(encoding.decode(z).arch).latency_ms / budget - 1) <= 0.1 + 1e-9 for z in Z])
+    assert 0.4 < near_share < 0.75
 
 
 @pytest.mark.parametrize("method", ["nearby", "evolution", "random"])
