@@ -78,8 +78,8 @@ def pareto_command(
         help="NearbyInit/NearbyMutate window under each budget: [budget x (1 - window), budget].")] = 0.1,
     noise_prob: Annotated[float, typer.Option(help="Share of offspring given Gaussian gene noise.")] = 0.25,
     coverage_share: Annotated[float, typer.Option(
-        help="Share of candidates not steered into a budget window (explores the front's fast end; "
-        "not benchmarked yet).")] = 0.0,
+        help="Share of candidates not steered into a budget window: more of the front's fast end "
+        "(0.25: +6.6% hypervolume, -1.3 points at the loosest budget in benchmarks/README.md).")] = 0.0,
     calibration_samples: Annotated[int | None, typer.Option(
         help="Re-estimate each variant's BN statistics on only the first N stored calibration samples.")] = None,
     batch_size: Annotated[int, typer.Option(help="Evaluation batch size.")] = 256,

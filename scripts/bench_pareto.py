@@ -81,7 +81,7 @@ def setup(args: argparse.Namespace) -> dict[str, Any]:
     profile = load_profile(args.profile)
     costs = VariantCostModel(cost_net, blocks, ProfilePredictor(profile, blocks, loaded.space))
     encoding = Encoding(loaded.space, choice_order=costs.choice_order(loaded.space))
-    data = held_out_data(loaded, max_samples=args.max_eval_samples, seed=0)
+    data = held_out_data(loaded, data_path=args.data, split=args.data_split, max_samples=args.max_eval_samples, seed=0)
     batches = device_batches(data, batch_size=args.batch_size, device=args.device)
     calibration = calibration_batches(loaded, device=args.device, max_samples=args.calibration_samples)
     rng = np.random.default_rng(12345)
@@ -131,8 +131,10 @@ def run_search_bench(args: argparse.Namespace) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     for seed in args.seeds:
         for method in args.methods:
-            options = SearchOptions(method=method, evaluations=args.evaluations, population=args.population,
-                                    seed=seed)
+            # "nearby-cover": the nearby search with --coverage-share of its candidates left unsteered.
+            options = SearchOptions(method="nearby" if method == "nearby-cover" else method,
+                                    evaluations=args.evaluations, population=args.population, seed=seed,
+                                    coverage_share=args.coverage_share if method == "nearby-cover" else 0.0)
             before = oracle.stats.wall_s
             started = time.perf_counter()
             result = run_search(env["encoding"], env["costs"], oracle, budgets, options)
@@ -340,6 +342,9 @@ def main() -> None:
         p.add_argument("--cache-mb", type=float, default=512.0)
         p.add_argument("--latency-budgets", type=float, nargs="*", default=None)
         p.add_argument("--device", default="cpu", help="where accuracy is evaluated (cpu, cuda)")
+        p.add_argument("--data", type=Path, default=None, help="held-out data (default: the supernet's val split)")
+        p.add_argument("--data-split", default="test", help="which part of --data")
+        p.add_argument("--coverage-share", type=float, default=0.25, help="for method nearby-cover")
         p.add_argument("--out", type=Path, required=True)
         if name == "search":
             p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
