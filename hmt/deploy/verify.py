@@ -148,33 +148,15 @@ def _check_machines(bundle: Bundle, target: str) -> int:
     return count
 
 
-def _ort_chain(bundle: Bundle, variant: BundleVariant, x: Any) -> list[Any]:
-    """Exit logits after every segment, through ONNX Runtime."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    def run(graph: Any, feed: Any) -> Any:
-        session = ort.InferenceSession(str(bundle.path(graph.onnx)), options, providers=["CPUExecutionProvider"])
-        return session.run(None, {graph.input.name: feed})[0]
+def _chain(bundle: Bundle, variant: BundleVariant, x: Any, engine: str) -> list[Any]:
+    """Exit logits after every segment, each graph loaded the way ``hmt serve`` loads it."""
+    from hmt.serve.runner import graph_fn
 
     outputs = []
     features = x
     for segment, head in zip(variant.segments, variant.exits, strict=True):
-        features = run(segment, features)
-        outputs.append(run(head, features))
-    return outputs
-
-
-def _tvm_chain(bundle: Bundle, variant: BundleVariant, x: Any) -> list[Any]:
-    from hmt.fuse.engines.tvm import make_runner
-
-    outputs = []
-    features = x
-    for segment, head in zip(variant.segments, variant.exits, strict=True):
-        assert segment.tvm is not None and head.tvm is not None  # engines lists tvm only when all are built
-        features = make_runner(bundle.path(segment.tvm), {segment.input.name: features})()[0]
-        outputs.append(make_runner(bundle.path(head.tvm), {head.input.name: features})()[0])
+        features = graph_fn(bundle, segment, engine, threads=0)(features)
+        outputs.append(graph_fn(bundle, head, engine, threads=0)(features))
     return outputs
 
 
@@ -191,7 +173,7 @@ def _check_runs(bundle: Bundle, target: str, report: VerifyReport, seed: int) ->
     for variant in bundle.spec.variants:
         name = f"run {variant.arch_id}"
         try:
-            reference = _ort_chain(bundle, variant, x)
+            reference = _chain(bundle, variant, x, "onnxruntime")
         except Exception as exc:  # noqa: BLE001 - any runtime failure is a verification result
             report.add(f"{name} [onnxruntime]", "failed", f"{type(exc).__name__}: {exc}")
             continue
@@ -211,7 +193,7 @@ def _check_runs(bundle: Bundle, target: str, report: VerifyReport, seed: int) ->
             report.add(f"{name} [tvm]", "skipped", "the TVM runtime is not installed here")
             continue
         try:
-            outputs = _tvm_chain(bundle, variant, x)
+            outputs = _chain(bundle, variant, x, "tvm")
         except Exception as exc:  # noqa: BLE001 - any runtime failure is a verification result
             report.add(f"{name} [tvm]", "failed", f"{type(exc).__name__}: {exc}")
             continue

@@ -233,7 +233,8 @@ class ChainRunner:
         self.warm = True
 
 
-def _graph(bundle: Bundle, spec: GraphSpec, engine: str, threads: int) -> GraphFn:
+def graph_fn(bundle: Bundle, spec: GraphSpec, engine: str, threads: int) -> GraphFn:
+    """One graph of ``bundle`` loaded with ``engine`` ("onnxruntime" or "tvm"), as serve runs it."""
     if engine == "tvm":
         if spec.tvm is None:
             raise ModelError(f"graph {spec.onnx} has no TVM library in this bundle")
@@ -248,8 +249,8 @@ def load_runner(bundle: Bundle, arch_id: str, engine: str = "auto", threads: int
     variant = bundle.spec.variant(arch_id)
     chosen = resolve_engine(engine, variant)
     n = variant.exit_stage + 1
-    segments = [_graph(bundle, g, chosen, threads) for g in variant.segments[:n]]
-    exits = [_graph(bundle, g, chosen, threads) for g in variant.exits[:n]]
+    segments = [graph_fn(bundle, g, chosen, threads) for g in variant.segments[:n]]
+    exits = [graph_fn(bundle, g, chosen, threads) for g in variant.exits[:n]]
     return ChainRunner(variant, segments, exits, chosen)
 
 
