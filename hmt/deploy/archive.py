@@ -15,6 +15,7 @@ import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
 
+from hmt.artifacts.paths import safe_join
 from hmt.artifacts.store import fsync_dir
 from hmt.errors import InputError, UnsafePathError
 
@@ -83,21 +84,18 @@ def write_archive(bundle_dir: Path, archive: Path | None = None) -> Path:
     return archive
 
 
-def _check_member(member: tarfile.TarInfo, archive: Path) -> PurePosixPath:
+def _check_member(member: tarfile.TarInfo, archive: Path, dest: Path) -> PurePosixPath:
+    """The entry's path relative to ``dest``; refuses links, special files and escaping names."""
     name = member.name
     where = f"{archive}: entry {name!r}"
     if member.issym() or member.islnk():
         raise UnsafePathError(f"{where} is a link (to {member.linkname!r}); refusing to extract it")
     if not (member.isfile() or member.isdir()):
         raise UnsafePathError(f"{where} is a device, FIFO or other special file; refusing to extract it")
-    if not name or "\x00" in name or "\\" in name:
-        raise UnsafePathError(f"{where} has an empty name, a NUL byte or a backslash")
-    pure = PurePosixPath(name)
-    if pure.is_absolute() or (len(name) > 1 and name[1] == ":"):
-        raise UnsafePathError(f"{where} is an absolute path; refusing to extract outside the destination")
-    if any(part == ".." for part in pure.parts):
-        raise UnsafePathError(f"{where} contains '..'; refusing to extract outside the destination")
-    return pure
+    if "\\" in name:
+        raise UnsafePathError(f"{where} has a backslash")
+    target = safe_join(dest, name, what=f"{archive}: entry")
+    return PurePosixPath(target.relative_to(dest).as_posix())
 
 
 def extract_archive(archive: Path, dest: Path) -> Path:
@@ -115,14 +113,13 @@ def extract_archive(archive: Path, dest: Path) -> Path:
             members = tar.getmembers()
             seen: set[PurePosixPath] = set()
             checked = []
+            dest_real = Path(os.path.realpath(dest))
             for member in members:
-                pure = _check_member(member, archive)
-                normal = PurePosixPath(*[p for p in pure.parts if p != "."])
+                normal = _check_member(member, archive, dest_real)
                 if normal in seen and member.isfile():
                     raise UnsafePathError(f"{archive}: entry {member.name!r} appears twice")
                 seen.add(normal)
                 checked.append((member, normal))
-            dest_real = Path(os.path.realpath(dest))
             for member, normal in checked:
                 if not normal.parts:
                     continue
@@ -133,9 +130,7 @@ def extract_archive(archive: Path, dest: Path) -> Path:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 # Directories created above are real (links were refused), but check again:
                 # nothing may resolve outside dest.
-                if dest_real not in Path(os.path.realpath(target.parent)).parents and \
-                        Path(os.path.realpath(target.parent)) != dest_real:
-                    raise UnsafePathError(f"{archive}: entry {member.name!r} resolves outside {dest}")
+                safe_join(dest_real, normal.as_posix(), what=f"{archive}: entry")
                 source = tar.extractfile(member)
                 if source is None:
                     raise InputError(f"{archive}: entry {member.name!r} cannot be read")
