@@ -71,26 +71,19 @@ def iobind(files, o):
         return cur.numpy()
     return run
 
+def _merged_session(files, o):
+    from hmt.fuse.engines.ort import merge_chain
+
+    s = ort.InferenceSession(merge_chain([onnx.load(f) for f in files]).SerializeToString(), o,
+                             providers=["CPUExecutionProvider"])
+    return s, s.get_inputs()[0].name
+
 def merged(files, o):
-    import onnx.compose
-    ms = [onnx.load(f) for f in files]
-    m = ms[0]
-    for i, nxt in enumerate(ms[1:]):
-        nxt = onnx.compose.add_prefix(nxt, f"g{i+1}_")
-        m = onnx.compose.merge_models(m, nxt, io_map=[(m.graph.output[0].name, nxt.graph.input[0].name)])
-    s = ort.InferenceSession(m.SerializeToString(), o, providers=["CPUExecutionProvider"])
-    n = s.get_inputs()[0].name
+    s, n = _merged_session(files, o)
     return lambda: s.run(None, {n: x})[0]
 
 def merged_io(files, o):
-    import onnx.compose
-    ms = [onnx.load(f) for f in files]
-    m = ms[0]
-    for i, nxt in enumerate(ms[1:]):
-        nxt = onnx.compose.add_prefix(nxt, f"g{i+1}_")
-        m = onnx.compose.merge_models(m, nxt, io_map=[(m.graph.output[0].name, nxt.graph.input[0].name)])
-    s = ort.InferenceSession(m.SerializeToString(), o, providers=["CPUExecutionProvider"])
-    n = s.get_inputs()[0].name
+    s, n = _merged_session(files, o)
     shp = s.run(None, {n: x})[0].shape
     b = s.io_binding(); b.bind_ortvalue_input(n, ort.OrtValue.ortvalue_from_numpy(x))
     ov = ort.OrtValue.ortvalue_from_shape_and_type(list(shp), np.float32); b.bind_ortvalue_output(s.get_outputs()[0].name, ov)
