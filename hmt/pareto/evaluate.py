@@ -199,21 +199,25 @@ class _Modules:
         self._modules: dict[Any, tuple[nn.Module, list[Any]]] = {}
 
     def get(self, unit: Any) -> tuple[nn.Module, list[Any]]:
-        from torch.nn.modules.batchnorm import _BatchNorm
+        from hmt.supernet.blocks import keep_statistics
+        from hmt.supernet.calibrate import calibrated_norms
 
         hit = self._modules.get(unit)
         if hit is None:
             kind, index, choice = unit
             if kind == "stem":
-                module = copy.deepcopy(self.net.stem)
+                module = keep_statistics(copy.deepcopy(self.net.stem))
             elif kind == "entry":
-                module = copy.deepcopy(self.net.entries[index])
+                module = keep_statistics(copy.deepcopy(self.net.entries[index]))
             elif kind == "exit":
                 module = copy.deepcopy(self.net.exits[index])
+                if index == len(self.net.exits) - 1:
+                    module = keep_statistics(module)  # the original's head
             else:
                 # materialize() slices on the CPU; evaluation runs where the supernet lives.
                 module = self.net.blocks[index].materialize(choice).to(next(self.net.parameters()).device)
-            norms = [m for m in module.modules() if isinstance(m, _BatchNorm)]
+            # The original network's BN layers keep their trained statistics (as recalibrate_bn).
+            norms = calibrated_norms(module)
             if self.calibrate:
                 for m in norms:
                     m.momentum = None  # cumulative average, as recalibrate_bn
@@ -345,6 +349,8 @@ class PrefixEvaluator:
         return need
 
     def _run(self, key: Key, unit: Any, h: torch.Tensor, phase: str) -> torch.Tensor:
+        from hmt.supernet.calibrate import train_for_calibration
+
         module, norms = self.modules.get(unit)
         if self.calibration is None:
             return module(h)
@@ -355,7 +361,7 @@ class PrefixEvaluator:
         known = pending_key in self._bn
         if not known:
             _Modules.load(norms, self._pending.get(pending_key))
-        module.train()
+        train_for_calibration(module)
         try:
             out = module(h)
         finally:

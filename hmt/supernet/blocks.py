@@ -44,6 +44,24 @@ def width_channels(channels: int, choice: str) -> int:
     return max(1, round(channels * WIDTH_RATIOS[choice]))
 
 
+# BN layers of the user's original network carry this mark in a materialised variant:
+# per-variant re-estimation (hmt.supernet.calibrate) leaves their statistics as trained,
+# because training ran them with exactly those statistics (the original is frozen).
+KEEP_STATISTICS = "hmt_keep_statistics"
+
+
+def keep_statistics(module: nn.Module) -> nn.Module:
+    """Mark every BN inside ``module`` as the original's (statistics never re-estimated)."""
+    for m in module.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            setattr(m, KEEP_STATISTICS, True)
+    return module
+
+
+def _keep_if(condition: bool, module: nn.Module) -> nn.Module:
+    return keep_statistics(module) if condition else module
+
+
 class OptionAShortcut(nn.Module):
     """He et al.'s CIFAR shortcut: subsample and zero-pad the new channels (no weights)."""
 
@@ -115,6 +133,11 @@ class ElasticBasicBlock(nn.Module):
         self.conv1 = conv(d, spec.in_channels, spec.mid_channels, k, spec.stride)
         self.conv2 = conv(d, spec.mid_channels, spec.out_channels, k, 1)
         widths = [c for c in spec.choices if c in WIDTH_RATIOS]
+        # The slim widths share one trainable copy of the convs (importance-sorted at
+        # prepare time), so training them never touches the original's weights: the
+        # largest variant stays the user's network, bit for bit (AdaptiveNet).
+        self.conv1w = conv(d, spec.in_channels, spec.mid_channels, k, spec.stride) if len(widths) > 1 else None
+        self.conv2w = conv(d, spec.mid_channels, spec.out_channels, k, 1) if len(widths) > 1 else None
         # Width options share conv weights but keep private BN statistics (switchable BN).
         self.bn1 = nn.ModuleDict({c: bn(d, width_channels(spec.mid_channels, c)) for c in widths})
         self.bn2 = nn.ModuleDict({c: bn(d, spec.out_channels) for c in widths})
@@ -146,28 +169,30 @@ class ElasticBasicBlock(nn.Module):
             return _pair_unit(lambda i, o, s: conv_bn(d, i, o, k, s), spec)
         return None  # base, widths, skip
 
-    @torch.no_grad()
+    def original_modules(self) -> list[nn.Module]:
+        """The modules of the user's block (what the largest variant runs)."""
+        return [self.conv1, self.conv2, self.bn1["base"], self.bn2["base"], self.shortcut]
+
     def rank_channels(self) -> None:
-        """eta6: order inner channels by importance (|gamma| x L1 of the filter), so that
-        every width keeps the most important ones."""
-        gamma = self.bn1["base"].weight.abs()
-        importance = self.conv1.weight.abs().flatten(1).sum(1) * gamma
-        order = torch.argsort(importance, descending=True)
-        self.conv1.weight.copy_(self.conv1.weight[order])
-        self.conv2.weight.copy_(self.conv2.weight[:, order])
-        norm = self.bn1["base"]
-        for name in ("weight", "bias", "running_mean", "running_var"):
-            tensor = getattr(norm, name)
-            tensor.copy_(tensor[order])
+        """eta6 ranking happens in ``init_alternatives``, on the slim copy: the original's
+        channel order is never changed."""
 
     @torch.no_grad()
     def init_alternatives(self) -> None:
-        """Start every alternative from the original weights where the operator allows."""
+        """Start every alternative from the original weights where the operator allows;
+        the slim widths from a copy whose inner channels are ordered by importance
+        (|gamma| x L1 of the filter), so every width keeps the most important ones."""
         base_bn1, base_bn2 = self.bn1["base"], self.bn2["base"]
+        order = torch.argsort(self.conv1.weight.abs().flatten(1).sum(1) * base_bn1.weight.abs(), descending=True)
+        if self.conv1w is not None and self.conv2w is not None:
+            self.conv1w.weight.copy_(self.conv1.weight[order])
+            self.conv2w.weight.copy_(self.conv2.weight[:, order])
         for choice, norm in self.bn1.items():
+            if choice == "base":
+                continue
             m = width_channels(self.spec.mid_channels, choice)
             for name in ("weight", "bias", "running_mean", "running_var"):
-                getattr(norm, name).copy_(getattr(base_bn1, name)[:m])
+                getattr(norm, name).copy_(getattr(base_bn1, name)[order][:m])
             self.bn2[choice].load_state_dict(base_bn2.state_dict())
         for choice, alt in self.alts.items():
             first, second = alt[0], alt[2]
@@ -185,13 +210,19 @@ class ElasticBasicBlock(nn.Module):
                         unit[0].weight.copy_(weight[idx])
                     unit[1].load_state_dict(norm.state_dict())
 
+    def _convs(self, choice: str) -> tuple[nn.Module, nn.Module]:
+        if choice == "base" or self.conv1w is None or self.conv2w is None:
+            return self.conv1, self.conv2
+        return self.conv1w, self.conv2w
+
     def _width_forward(self, x: torch.Tensor, choice: str) -> torch.Tensor:
         m = width_channels(self.spec.mid_channels, choice)
         fn = _conv_fn(self.spec.dims)
         pad = self.spec.kernel // 2
-        h = fn(x, self.conv1.weight[:m], None, self.spec.stride, pad)
+        conv1, conv2 = self._convs(choice)
+        h = fn(x, conv1.weight[:m], None, self.spec.stride, pad)
         h = F.relu(self.bn1[choice](h))
-        h = fn(h, self.conv2.weight[:, :m], None, 1, pad)
+        h = fn(h, conv2.weight[:, :m], None, 1, pad)
         return self.bn2[choice](h)
 
     def forward(self, x: torch.Tensor, choice: str) -> torch.Tensor:
@@ -206,16 +237,17 @@ class ElasticBasicBlock(nn.Module):
         if choice in self.bn1:
             m = width_channels(self.spec.mid_channels, choice)
             d, k = self.spec.dims, self.spec.kernel
+            conv1, conv2 = self._convs(choice)
             path: nn.Module = nn.Sequential(
-                _copy_conv(d, self.conv1.weight[:m].detach(), self.spec.stride, k),
-                copy.deepcopy(self.bn1[choice]),
+                _copy_conv(d, conv1.weight[:m].detach(), self.spec.stride, k),
+                _keep_if(choice == "base", copy.deepcopy(self.bn1[choice])),
                 nn.ReLU(inplace=True),
-                _copy_conv(d, self.conv2.weight[:, :m].detach(), 1, k),
-                copy.deepcopy(self.bn2[choice]),
+                _copy_conv(d, conv2.weight[:, :m].detach(), 1, k),
+                _keep_if(choice == "base", copy.deepcopy(self.bn2[choice])),
             )
         else:
             path = copy.deepcopy(self.alts[choice])
-        return Residual(path, copy.deepcopy(self.shortcut), nn.ReLU(inplace=True))
+        return Residual(path, keep_statistics(copy.deepcopy(self.shortcut)), nn.ReLU(inplace=True))
 
 
 class ElasticInvertedResidual(nn.Module):
@@ -230,6 +262,11 @@ class ElasticInvertedResidual(nn.Module):
         self.dw = conv(d, hidden, hidden, spec.kernel, spec.stride, groups=hidden)
         self.project = conv(d, hidden, spec.out_channels, 1)
         widths = [c for c in spec.choices if c in WIDTH_RATIOS]
+        # Slim widths run a trainable, importance-sorted copy (see ElasticBasicBlock).
+        slim = len(widths) > 1
+        self.expand_w = conv(d, spec.in_channels, hidden, 1) if slim and self.has_expand else None
+        self.dw_w = conv(d, hidden, hidden, spec.kernel, spec.stride, groups=hidden) if slim else None
+        self.project_w = conv(d, hidden, spec.out_channels, 1) if slim else None
         self.bn_expand = (
             nn.ModuleDict({c: bn(d, width_channels(hidden, c)) for c in widths}) if self.has_expand else None
         )
@@ -246,33 +283,40 @@ class ElasticInvertedResidual(nn.Module):
             )
         self.use_residual = spec.shortcut == "identity"
 
-    @torch.no_grad()
+    def original_modules(self) -> list[nn.Module]:
+        mods: list[nn.Module] = [self.dw, self.project, self.bn_dw["base"], self.bn_project["base"]]
+        if self.expand is not None and self.bn_expand is not None:
+            mods += [self.expand, self.bn_expand["base"]]
+        return mods
+
     def rank_channels(self) -> None:
-        if not self.has_expand:
-            return
-        assert self.expand is not None and self.bn_expand is not None
-        importance = self.expand.weight.abs().flatten(1).sum(1) * self.bn_expand["base"].weight.abs()
-        order = torch.argsort(importance, descending=True)
-        self.expand.weight.copy_(self.expand.weight[order])
-        self.dw.weight.copy_(self.dw.weight[order])
-        self.project.weight.copy_(self.project.weight[:, order])
-        for norm in (self.bn_expand["base"], self.bn_dw["base"]):
-            for name in ("weight", "bias", "running_mean", "running_var"):
-                tensor = getattr(norm, name)
-                tensor.copy_(tensor[order])
+        """Ranking happens on the slim copy in ``init_alternatives``; the original is untouched."""
 
     @torch.no_grad()
     def init_alternatives(self) -> None:
         hidden = self.spec.mid_channels
+        if self.expand is not None and self.bn_expand is not None:
+            importance = self.expand.weight.abs().flatten(1).sum(1) * self.bn_expand["base"].weight.abs()
+            order = torch.argsort(importance, descending=True)
+        else:
+            order = torch.arange(hidden, device=self.dw.weight.device)
+        if self.dw_w is not None and self.project_w is not None:
+            if self.expand_w is not None and self.expand is not None:
+                self.expand_w.weight.copy_(self.expand.weight[order])
+            self.dw_w.weight.copy_(self.dw.weight[order])
+            self.project_w.weight.copy_(self.project.weight[:, order])
         dicts = [(self.bn_dw, True), (self.bn_project, False)]
         if self.bn_expand is not None:
             dicts.append((self.bn_expand, True))
         for norms, sliced in dicts:
             base = norms["base"]
             for choice, norm in norms.items():
+                if choice == "base":
+                    continue
                 m = width_channels(hidden, choice) if sliced else self.spec.out_channels
                 for name in ("weight", "bias", "running_mean", "running_var"):
-                    getattr(norm, name).copy_(getattr(base, name)[:m])
+                    tensor = getattr(base, name)
+                    getattr(norm, name).copy_((tensor[order] if sliced else tensor)[:m])
         if "ghost" in self.alts:
             ghost = self.alts["ghost"]
             ghost[2][0].weight.copy_(self.dw.weight)
@@ -280,14 +324,20 @@ class ElasticInvertedResidual(nn.Module):
             ghost[4][0].weight.copy_(self.project.weight)
             ghost[4][1].load_state_dict(self.bn_project["base"].state_dict())
 
+    def _convs(self, choice: str) -> tuple[nn.Module | None, nn.Module, nn.Module]:
+        if choice == "base" or self.dw_w is None or self.project_w is None:
+            return self.expand, self.dw, self.project
+        return self.expand_w, self.dw_w, self.project_w
+
     def _width_forward(self, x: torch.Tensor, choice: str) -> torch.Tensor:
         m = width_channels(self.spec.mid_channels, choice) if self.has_expand else self.spec.mid_channels
         fn = _conv_fn(self.spec.dims)
+        expand, dw, project = self._convs(choice)
         h = x
-        if self.expand is not None and self.bn_expand is not None:
-            h = F.relu6(self.bn_expand[choice](fn(h, self.expand.weight[:m])))
-        h = F.relu6(self.bn_dw[choice](fn(h, self.dw.weight[:m], None, self.spec.stride, self.spec.kernel // 2, 1, m)))
-        return self.bn_project[choice](fn(h, self.project.weight[:, :m]))
+        if expand is not None and self.bn_expand is not None:
+            h = F.relu6(self.bn_expand[choice](fn(h, expand.weight[:m])))
+        h = F.relu6(self.bn_dw[choice](fn(h, dw.weight[:m], None, self.spec.stride, self.spec.kernel // 2, 1, m)))
+        return self.bn_project[choice](fn(h, project.weight[:, :m]))
 
     def forward(self, x: torch.Tensor, choice: str) -> torch.Tensor:
         if choice == "skip":
@@ -301,18 +351,23 @@ class ElasticInvertedResidual(nn.Module):
         if choice in self.bn_dw:
             d = self.spec.dims
             m = width_channels(self.spec.mid_channels, choice) if self.has_expand else self.spec.mid_channels
+            expand, dw_src, project = self._convs(choice)
+            keep = choice == "base"
             layers: list[nn.Module] = []
-            if self.expand is not None and self.bn_expand is not None:
+            if expand is not None and self.bn_expand is not None:
                 layers += [
-                    _copy_conv(d, self.expand.weight[:m].detach(), 1, 1),
-                    copy.deepcopy(self.bn_expand[choice]),
+                    _copy_conv(d, expand.weight[:m].detach(), 1, 1),
+                    _keep_if(keep, copy.deepcopy(self.bn_expand[choice])),
                     nn.ReLU6(inplace=True),
                 ]
             dw = conv(d, m, m, self.spec.kernel, self.spec.stride, groups=m)
             with torch.no_grad():
-                dw.weight.copy_(self.dw.weight[:m])
-            layers += [dw, copy.deepcopy(self.bn_dw[choice]), nn.ReLU6(inplace=True)]
-            layers += [_copy_conv(d, self.project.weight[:, :m].detach(), 1, 1), copy.deepcopy(self.bn_project[choice])]
+                dw.weight.copy_(dw_src.weight[:m])
+            layers += [dw, _keep_if(keep, copy.deepcopy(self.bn_dw[choice])), nn.ReLU6(inplace=True)]
+            layers += [
+                _copy_conv(d, project.weight[:, :m].detach(), 1, 1),
+                _keep_if(keep, copy.deepcopy(self.bn_project[choice])),
+            ]
             path: nn.Module = nn.Sequential(*layers)
         else:
             path = copy.deepcopy(self.alts[choice])
@@ -342,6 +397,9 @@ class ElasticPlainBlock(nn.Module):
             elif choice == "k1":
                 self.alts[choice] = make_kernel_unit(d, i, o, 1, spec.stride)
 
+    def original_modules(self) -> list[nn.Module]:
+        return [self.base]
+
     def rank_channels(self) -> None:
         """Plain blocks have no inner channels to rank (their output feeds the next block)."""
 
@@ -365,8 +423,8 @@ class ElasticPlainBlock(nn.Module):
     def materialize(self, choice: str) -> nn.Module:
         if choice == "skip":
             return nn.Identity()
-        unit = self.base if choice == "base" else self.alts[choice]
-        return nn.Sequential(copy.deepcopy(unit), nn.ReLU(inplace=True))
+        unit = keep_statistics(copy.deepcopy(self.base)) if choice == "base" else copy.deepcopy(self.alts[choice])
+        return nn.Sequential(unit, nn.ReLU(inplace=True))
 
 
 BLOCK_TYPES: dict[str, type[nn.Module]] = {

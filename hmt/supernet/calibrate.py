@@ -24,18 +24,35 @@ def _norms(module: nn.Module) -> list[_BatchNorm]:
     return [m for m in module.modules() if isinstance(m, _BatchNorm)]
 
 
+def calibrated_norms(module: nn.Module) -> list[_BatchNorm]:
+    """The BN layers whose statistics a variant re-estimates: all but the original
+    network's (marked by ``hmt.supernet.blocks.keep_statistics``), which ran with their
+    trained statistics throughout training and so keep them."""
+    return [m for m in _norms(module) if not getattr(m, "hmt_keep_statistics", False)]
+
+
+def train_for_calibration(module: nn.Module) -> None:
+    """Train mode (batch statistics) for the BN layers being re-estimated, eval mode for
+    the original network's, which keep theirs."""
+    module.train()
+    for m in _norms(module):
+        if getattr(m, "hmt_keep_statistics", False):
+            m.eval()
+
+
 @torch.no_grad()
 def recalibrate_bn(module: nn.Module, batches: Iterable[torch.Tensor]) -> int:
     """Reset every BN's running statistics and re-estimate them as the exact average over
     ``batches`` (momentum None). Runs ``forward_all`` when the module has it, so the heads
-    of early exits get statistics too. Returns the number of samples seen."""
-    norms = _norms(module)
+    of early exits get statistics too. The original network's BN layers keep theirs, and
+    run in eval mode. Returns the number of samples seen."""
+    norms = calibrated_norms(module)
     momenta = [m.momentum for m in norms]
     for m in norms:
         m.reset_running_stats()
         m.momentum = None
     was_training = module.training
-    module.train()
+    train_for_calibration(module)
     seen = 0
     run = getattr(module, "forward_all", module)
     try:

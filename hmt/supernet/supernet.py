@@ -18,7 +18,7 @@ from torch import nn
 
 from hmt.errors import ModelError
 from hmt.supernet.backbones import BackboneDef, build_backbone_def
-from hmt.supernet.blocks import BLOCK_TYPES
+from hmt.supernet.blocks import BLOCK_TYPES, keep_statistics
 from hmt.supernet.exits import ExitHead
 from hmt.supernet.space import NOT_EXECUTED, ArchConfig, BlockPosition, SearchSpace
 
@@ -147,25 +147,57 @@ class Supernet(nn.Module):
             block.rank_channels()
             block.init_alternatives()
 
+    def original_modules(self) -> list[nn.Module]:
+        """The user's network inside the supernet: stem, entries, every block's own path
+        and shortcut, and the final head. The largest variant runs exactly these."""
+        mods: list[nn.Module] = [self.stem, *self.entries]
+        for block in self.blocks:
+            mods += block.original_modules()
+        mods.append(self.exits[len(self.exits) - 1])
+        return mods
+
     def base_parameters(self) -> Iterator[nn.Parameter]:
         """Parameters of the original network (stem, base paths, shortcuts, final head)."""
-        alt_ids = {id(p) for p in self.alternative_parameters()}
-        for p in self.parameters():
-            if id(p) not in alt_ids:
-                yield p
+        seen: set[int] = set()
+        for module in self.original_modules():
+            for p in module.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield p
 
     def alternative_parameters(self) -> Iterator[nn.Parameter]:
-        """Parameters only alternatives use (incl. the private BNs of width options)."""
+        """Parameters only alternatives use: operators, the slim widths' copies and their
+        private BNs (neither the original's nor the early exits')."""
+        taken = {id(p) for p in self.base_parameters()}
+        taken |= {id(p) for s in range(len(self.exits) - 1) for p in self.exits[s].parameters()}
         for block in self.blocks:
-            if hasattr(block, "alts"):
-                yield from block.alts.parameters()
-            for name in ("bn1", "bn2", "bn_expand", "bn_dw", "bn_project"):
-                norms = getattr(block, name, None)
-                if norms is None:
-                    continue
-                for key, norm in norms.items():
-                    if key != "base":
-                        yield from norm.parameters()
+            for p in block.parameters():
+                if id(p) not in taken:
+                    taken.add(id(p))
+                    yield p
+
+    def original_state_keys(self) -> set[str]:
+        """state_dict keys of the original network (parameters and BN buffers)."""
+        ids = {id(t) for m in self.original_modules() for t in (*m.parameters(), *m.buffers())}
+        named = dict(self.named_parameters()) | dict(self.named_buffers())
+        return {k for k, t in named.items() if id(t) in ids}
+
+    def freeze_original(self, frozen: bool = True) -> None:
+        """Keep the user's network exact while alternatives train (AdaptiveNet): its
+        parameters stop taking gradients and its BN layers stay in eval mode, so neither
+        weights nor running statistics move. Undone by ``freeze_original(False)``."""
+        self._original_frozen = frozen
+        for module in self.original_modules():
+            for p in module.parameters():
+                p.requires_grad_(not frozen)
+        self.train(self.training)
+
+    def train(self, mode: bool = True) -> Supernet:
+        super().train(mode)
+        if mode and getattr(self, "_original_frozen", False):
+            for module in self.original_modules():
+                module.eval()
+        return self
 
     def load_pretrained(self, path: Path) -> None:
         """Load the original network's weights (``torch.load(weights_only=True)``)."""
@@ -194,13 +226,7 @@ class Supernet(nn.Module):
         ]
         if bad:
             raise ModelError(f"{path}: weights do not fit backbone {self.definition.name}: {'; '.join(bad[:3])}")
-        base_keys = {
-            k
-            for k in own
-            if ".alts." not in k
-            and not any(f".{n}." in k and ".base." not in k for n in ("bn1", "bn2", "bn_expand", "bn_dw", "bn_project"))
-        }
-        base_keys = {k for k in base_keys if not k.startswith("exits.") or k.startswith(f"exits.{last}.")}
+        base_keys = self.original_state_keys()
         missing = sorted(k for k in base_keys - set(mapped) if not k.endswith("num_batches_tracked"))
         if missing:
             raise ModelError(f"{path}: weights do not fit backbone {self.definition.name}: missing keys {missing[:5]}")
@@ -214,15 +240,16 @@ class Supernet(nn.Module):
         segments: list[nn.Module] = []
         heads: list[nn.Module] = []
         for s in range(arch.exit_stage + 1):
-            layers: list[nn.Module] = [copy.deepcopy(self.stem)] if s == 0 else []
+            layers: list[nn.Module] = [keep_statistics(copy.deepcopy(self.stem))] if s == 0 else []
             if not isinstance(self.entries[s], nn.Identity):
-                layers.append(copy.deepcopy(self.entries[s]))
+                layers.append(keep_statistics(copy.deepcopy(self.entries[s])))
             for p in self._stage_positions(s):
                 choice = arch.choices[p]
                 if choice != NOT_EXECUTED:
                     layers.append(self.blocks[p].materialize(choice))
             segments.append(nn.Sequential(*layers))
-            heads.append(copy.deepcopy(self.exits[s]))
+            head = copy.deepcopy(self.exits[s])
+            heads.append(keep_statistics(head) if s == len(self.exits) - 1 else head)
         variant = VariantModule(segments, heads, tuple(self.space.input_shape), arch.arch_id)
         # sliced copies (_copy_conv) are built on the CPU: keep the variant on the supernet's device
         return variant.to(next(self.parameters()).device).eval()

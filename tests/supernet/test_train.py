@@ -69,9 +69,15 @@ def test_calibrated_materialisation_reestimates_bn(trained: Path) -> None:
     plain = loaded.materialize(arch, calibrate=False)
     calibrated = loaded.materialize(arch.arch_id)
     again = loaded.materialize(arch.arch_id)
-    norm = next(m for m in calibrated.modules() if isinstance(m, torch.nn.BatchNorm2d))
-    plain_norm = next(m for m in plain.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    from hmt.supernet.calibrate import calibrated_norms
+
+    norm = calibrated_norms(calibrated)[0]
+    plain_norm = calibrated_norms(plain)[0]
     assert not torch.equal(norm.running_mean, plain_norm.running_mean)
+    # The original network's BN layers (the stem here) keep their trained statistics.
+    stem_bn = next(m for m in calibrated.segments[0][0].modules() if isinstance(m, torch.nn.BatchNorm2d))
+    plain_stem_bn = next(m for m in plain.segments[0][0].modules() if isinstance(m, torch.nn.BatchNorm2d))
+    assert torch.equal(stem_bn.running_mean, plain_stem_bn.running_mean)
     x = torch.randn(3, *loaded.space.input_shape)
     with torch.no_grad():
         torch.testing.assert_close(calibrated(x), again(x))  # deterministic

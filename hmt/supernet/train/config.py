@@ -50,6 +50,11 @@ class TrainConfig:
     finetune_random_subnets: int = 2
     kd_temperature: float = 1.0
     exit_loss_weight: float = 0.5
+    # AdaptiveNet: after phase 1 the user's network is frozen (weights and BN statistics), so
+    # the largest variant is the original, exact, and teaches every other variant. True
+    # fine-tunes the original along with the alternatives (AdaScale Alg. 1 partitions
+    # update it, and the largest trains on labels during sandwich fine-tuning).
+    finetune_original: bool = False
     # The per-variant table.
     eval_variants: int = 50
     # Training images stored in the artifact to re-estimate each variant's BN statistics.

@@ -28,6 +28,23 @@ def partition_parameters(net: Supernet, stages: range) -> list[nn.Parameter]:
     return params
 
 
+def freeze_earlier_partitions(net: Supernet, stage: int) -> None:
+    """AdaScale Alg. 1 freeze mode: partitions before ``stage`` neither learn (their
+    parameters are not optimised) nor move their BN running statistics (eval mode)."""
+    net.stem.eval()
+    for s in range(stage):
+        net.entries[s].eval()
+        for p in net._stage_positions(s):
+            net.blocks[p].eval()
+        net.exits[s].eval()
+
+
+def exit_head_parameters(net: Supernet, stages: range) -> list[nn.Parameter]:
+    """The early exits' heads of ``stages`` (the final head belongs to the original)."""
+    last = len(net.exits) - 1
+    return [p for s in stages if s != last for p in net.exits[s].parameters()]
+
+
 def exit_arch(net: Supernet, exit_stage: int) -> ArchConfig:
     return net.space.make(["base"] * len(net.space.positions), exit_stage)
 
@@ -98,6 +115,39 @@ def iter_finetune_archs(net: Supernet, rng: np.random.Generator, random_subnets:
     yield net.space.smallest()
     for _ in range(random_subnets):
         yield net.space.sample(rng)
+
+
+def step_finetune_frozen(
+    net: Supernet,
+    x: torch.Tensor,
+    rng: np.random.Generator,
+    *,
+    random_subnets: int,
+    exit_loss_weight: float,
+    temperature: float,
+) -> torch.Tensor:
+    """Sandwich fine-tuning around a frozen original (in-place distillation, BigNAS-style):
+    the original's logits teach its own early exits, the smallest subnet and
+    ``random_subnets`` random ones. Calls backward itself, one graph at a time."""
+    largest = net.space.largest()
+    with torch.no_grad():
+        feats = net.forward_stage_features(x, largest)
+        teacher = net.exits[largest.exit_stage](feats[-1]).detach()
+    total = torch.zeros((), device=x.device)
+    if len(feats) > 1:
+        # The early exits read the frozen trunk's features: only their heads learn here.
+        exits_loss = torch.stack([kd_loss(net.exits[s](f), teacher, temperature) for s, f in enumerate(feats[:-1])])
+        loss = exit_loss_weight * exits_loss.sum()
+        loss.backward()
+        total = total + loss.detach()
+    for arch in iter_finetune_archs(net, rng, random_subnets):
+        if all(c == NOT_EXECUTED for c in arch.choices) or arch == largest:
+            continue
+        with frozen_bn_statistics(net):
+            sub_loss = kd_loss(net(x, arch), teacher, temperature)
+        sub_loss.backward()
+        total = total + sub_loss.detach()
+    return total
 
 
 def step_finetune(

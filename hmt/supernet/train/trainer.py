@@ -222,9 +222,13 @@ def train_supernet_model(
             # SVD and kernel initialisation use the trained original weights.
             net.prepare_alternatives()
             state.alternatives_prepared = True
+        if spec.name != "backbone" and not config.finetune_original:
+            net.freeze_original()  # the largest variant stays the user's network, exact
         if spec.epochs == 0:
             continue
         params, step_fn = _phase_setup(spec.name, net, config)
+        if not params:
+            continue  # e.g. the last partition around a frozen original: its head is the original's
         if spec.name.startswith("partition") and config.partition_mode == "update-if-better" and state.epoch == 0:
             stage = int(spec.name.removeprefix("partition"))
             snapshot = {k: v.detach().clone().cpu() for k, v in _earlier_partition_state(net, stage).items()}
@@ -314,14 +318,22 @@ def _phase_setup(
     if name.startswith("partition"):
         stage = int(name.removeprefix("partition"))
         stages = range(stage, stage + 1) if config.partition_mode == "freeze" else range(stage + 1)
-        params = phases.partition_parameters(net, stages)
-        if config.partition_mode == "update-if-better":
-            params += [p for s in range(stage) for p in net.exits[s].parameters()]
+        if config.finetune_original:
+            params = phases.partition_parameters(net, stages)
+            if config.partition_mode == "update-if-better":
+                params += [p for s in range(stage) for p in net.exits[s].parameters()]
+        else:
+            # The original is frozen: each partition trains its exit head on its features.
+            params = phases.exit_head_parameters(net, range(stage, stage + 1))
         arch = phases.exit_arch(net, stage)
+        freeze_earlier = config.partition_mode == "freeze"
 
         def partition_step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+            if freeze_earlier:
+                phases.freeze_earlier_partitions(net, stage)
             loss = phases.step_supervised(net, arch, xb, yb, config.label_smoothing)
-            loss.backward()
+            if loss.requires_grad:
+                loss.backward()
             return loss
 
         return list({id(p): p for p in params}.values()), partition_step
@@ -334,6 +346,20 @@ def _phase_setup(
             return loss
 
         return params, distill_step
+    if name == "finetune" and not config.finetune_original:
+        params = list(net.alternative_parameters()) + phases.exit_head_parameters(net, range(net.space.num_stages))
+
+        def frozen_finetune_step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+            return phases.step_finetune_frozen(
+                net,
+                xb,
+                rng,
+                random_subnets=config.finetune_random_subnets,
+                exit_loss_weight=config.exit_loss_weight,
+                temperature=config.kd_temperature,
+            )
+
+        return params, frozen_finetune_step
     if name == "finetune":
         params = list(net.parameters())
 
