@@ -28,14 +28,13 @@ evaluations"): one module forward (stem, stage entry, block, exit head) on one b
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hmt.errors import InputError
-from hmt.supernet.space import NOT_EXECUTED, ArchConfig
+from hmt.supernet.space import ArchConfig
 
 if TYPE_CHECKING:
     import torch
@@ -140,20 +139,11 @@ class FeatureCache:
         self.peak_bytes = max(self.peak_bytes, self.used_bytes)
 
 
-def arch_steps(net: Any, arch: ArchConfig) -> tuple[list[Step], dict[int, int]]:
-    """The modules ``arch`` runs, in order, and {stage: number of steps done when it ends}."""
-    from torch import nn
-
-    steps: list[Step] = [("stem", 0, "base")]
-    stage_end: dict[int, int] = {}
-    for s in range(arch.exit_stage + 1):
-        if not isinstance(net.entries[s], nn.Identity):
-            steps.append(("entry", s, "base"))
-        for p in net._stage_positions(s):
-            if arch.choices[p] != NOT_EXECUTED:
-                steps.append(("block", p, arch.choices[p]))
-        stage_end[s] = len(steps)
-    return steps, stage_end
+def arch_steps(net: Any, arch: ArchConfig) -> tuple[list[Step], dict[int, int], dict[int, Step]]:
+    """The units ``arch`` runs, in order, {stage: number of steps done when it ends}, and
+    every stage's exit unit (``Supernet.variant_units``: stream widths are in the keys)."""
+    units, stage_end, exits = net.variant_units(arch)
+    return list(units), dict(stage_end), dict(exits)
 
 
 @dataclass
@@ -162,13 +152,14 @@ class _Node:
     step: Step | None
     children: dict[Step, _Node] = field(default_factory=dict)
     exits: list[int] = field(default_factory=list)  # stages whose exit reads this node's feature
+    exit_units: dict[int, Step] = field(default_factory=dict)  # stage -> its exit unit
     fanout: int = 0  # variants of the group that pass through this node
 
 
 def _build_tree(net: Any, archs: Sequence[ArchConfig]) -> _Node:
     root = _Node((), None)
     for arch in archs:
-        steps, stage_end = arch_steps(net, arch)
+        steps, stage_end, exit_units = arch_steps(net, arch)
         node = root
         for depth, step in enumerate(steps, start=1):
             child = node.children.get(step)
@@ -180,6 +171,7 @@ def _build_tree(net: Any, archs: Sequence[ArchConfig]) -> _Node:
             for s, end in stage_end.items():
                 if end == depth and s not in node.exits:
                     node.exits.append(s)
+                    node.exit_units[s] = exit_units[s]
     return root
 
 
@@ -199,23 +191,12 @@ class _Modules:
         self._modules: dict[Any, tuple[nn.Module, list[Any]]] = {}
 
     def get(self, unit: Any) -> tuple[nn.Module, list[Any]]:
-        from hmt.supernet.blocks import keep_statistics
         from hmt.supernet.calibrate import calibrated_norms
 
         hit = self._modules.get(unit)
         if hit is None:
-            kind, index, choice = unit
-            if kind == "stem":
-                module = keep_statistics(copy.deepcopy(self.net.stem))
-            elif kind == "entry":
-                module = keep_statistics(copy.deepcopy(self.net.entries[index]))
-            elif kind == "exit":
-                module = copy.deepcopy(self.net.exits[index])
-                if index == len(self.net.exits) - 1:
-                    module = keep_statistics(module)  # the original's head
-            else:
-                # materialize() slices on the CPU; evaluation runs where the supernet lives.
-                module = self.net.blocks[index].materialize(choice).to(next(self.net.parameters()).device)
+            # materialize() slices on the CPU; evaluation runs where the supernet lives.
+            module = self.net.unit_module(unit).to(next(self.net.parameters()).device)
             # The original network's BN layers keep their trained statistics (as recalibrate_bn).
             norms = calibrated_norms(module)
             if self.calibrate:
@@ -281,7 +262,7 @@ class PrefixEvaluator:
         if todo:
             root = _build_tree(self.net, todo)
             for arch in todo:
-                steps, _ = arch_steps(self.net, arch)
+                steps, _, _ = arch_steps(self.net, arch)
                 per_batch = len(steps) + arch.exit_stage + 1
                 self.stats.block_evals_plain += per_batch * len(self.batches)
                 if self.calibration is not None:
@@ -319,7 +300,7 @@ class PrefixEvaluator:
         self._pending = {}
 
         def missing(node: _Node, s: int | None) -> bool:
-            unit = ("exit", s, "base") if s is not None else node.step
+            unit = node.exit_units[s] if s is not None else node.step
             return (node.key, unit) not in self._bn
 
         need = self._needs(root, missing, steps_too=True)
@@ -400,7 +381,7 @@ class PrefixEvaluator:
         if calib and node.step is not None and (node.key, node.step) not in self._bn:
             feature()  # this node's own statistics are being estimated
         for s in node.exits:
-            unit = ("exit", s, "base")
+            unit = node.exit_units[s]
             if calib:
                 if (node.key, unit) not in self._bn:
                     self._run(node.key, unit, feature(), phase)
@@ -414,7 +395,7 @@ class PrefixEvaluator:
                 self._visit(child, feature, need, phase=phase, batch=batch, labels=labels)
 
     def _collect(self, arch: ArchConfig) -> ArchAccuracy:
-        steps, stage_end = arch_steps(self.net, arch)
+        steps, stage_end, _ = arch_steps(self.net, arch)
         per_exit = []
         for s in range(arch.exit_stage + 1):
             key = tuple(steps[: stage_end[s]])
@@ -439,7 +420,7 @@ def evaluate_plain(net: Any, archs: Sequence[ArchConfig], batches: Sequence[tupl
     results = []
     with torch.inference_mode():
         for arch in archs:
-            steps, _ = arch_steps(net, arch)
+            steps, _, _ = arch_steps(net, arch)
             per_batch = len(steps) + arch.exit_stage + 1
             variant = net.materialize(arch)
             if calibration is not None:

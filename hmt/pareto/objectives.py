@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from hmt.errors import ArtifactError
-from hmt.supernet.space import ArchConfig, SearchSpace
+from hmt.supernet.space import WIDTH_KIND, WIDTH_RATIOS, ArchConfig, SearchSpace
 
 if TYPE_CHECKING:
     from hmt.profile.features import LayerFeature
@@ -226,6 +226,10 @@ class VariantCostModel:
         """Each position's choices from cheapest to dearest (latency of the block alone)."""
         order: dict[str, list[str]] = {}
         for pos in space.positions:
+            if pos.kind == WIDTH_KIND:
+                # A stream width is no unit of its own: narrower streams cost less.
+                order[pos.name] = sorted(pos.choices, key=lambda c: WIDTH_RATIOS[c])
+                continue
             price = {c: self.predictor.predict_latency_ms([(pos.name, c)]) for c in pos.choices}
             order[pos.name] = sorted(pos.choices, key=lambda c: (price[c], pos.choices.index(c)))
         return order

@@ -24,6 +24,7 @@ from hmt.supernet.operators import (
     make_kernel_unit,
 )
 from hmt.supernet.operators.lowrank import full_rank
+from hmt.supernet.slim import conv_forward, slice_bn, slice_conv, sliced_bn
 from hmt.supernet.space import WIDTH_RATIOS
 
 
@@ -38,10 +39,15 @@ class BlockSpec:
     dims: int
     shortcut: str  # "identity" | "option_a" | "projection" | "none"
     choices: tuple[str, ...]
+    stream_elastic: bool = False  # input/output channels may be slimmed (stage widths)
+
+
+# The slim copy at full inner width: what a block runs on a slimmed stream with "base".
+SLIM_FULL = "full"
 
 
 def width_channels(channels: int, choice: str) -> int:
-    return max(1, round(channels * WIDTH_RATIOS[choice]))
+    return channels if choice == SLIM_FULL else max(1, round(channels * WIDTH_RATIOS[choice]))
 
 
 # BN layers of the user's original network carry this mark in a materialised variant:
@@ -70,11 +76,15 @@ class OptionAShortcut(nn.Module):
         self.stride = stride
         self.dims = dims
         extra = out_ch - in_ch
-        self.pad_front = extra // 2
-        self.pad_back = extra - extra // 2
+        self.out_ch = out_ch
+        # A slim stream can hand this block more channels than it writes: keep the first.
+        self.pad_front = max(0, extra) // 2
+        self.pad_back = max(0, extra) - max(0, extra) // 2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x[:, :, :: self.stride, :: self.stride] if self.dims == 2 else x[:, :, :: self.stride]
+        if x.shape[1] > self.out_ch:
+            return x[:, : self.out_ch]
         spatial = (0, 0) * self.dims
         return F.pad(x, (*spatial, self.pad_front, self.pad_back))
 
@@ -124,7 +134,12 @@ def _pair_unit(make: object, spec: BlockSpec) -> nn.Sequential:
 
 
 class ElasticBasicBlock(nn.Module):
-    """ResNet basic block (two k x k convs) with every compression operator as an option."""
+    """ResNet basic block (two k x k convs) with every compression operator as an option.
+
+    The original convs, BNs and shortcut run only for ``base`` on the full stream. The
+    slim widths, and any choice on a slimmed stream (``spec.stream_elastic``), run a
+    trainable copy ("slim copy") sliced to the inner width and to the stream's channels.
+    """
 
     def __init__(self, spec: BlockSpec) -> None:
         super().__init__()
@@ -133,20 +148,28 @@ class ElasticBasicBlock(nn.Module):
         self.conv1 = conv(d, spec.in_channels, spec.mid_channels, k, spec.stride)
         self.conv2 = conv(d, spec.mid_channels, spec.out_channels, k, 1)
         widths = [c for c in spec.choices if c in WIDTH_RATIOS]
+        # Width options keep private BN statistics (switchable BN); SLIM_FULL is the slim
+        # copy at full inner width, used on slimmed streams.
+        slim_keys = [*widths, SLIM_FULL] if spec.stream_elastic else widths
+        self.bn1 = nn.ModuleDict({c: bn(d, width_channels(spec.mid_channels, c)) for c in slim_keys})
+        self.bn2 = nn.ModuleDict({c: bn(d, spec.out_channels) for c in slim_keys})
         # The slim widths share one trainable copy of the convs (importance-sorted at
         # prepare time), so training them never touches the original's weights: the
         # largest variant stays the user's network, bit for bit (AdaptiveNet).
-        self.conv1w = conv(d, spec.in_channels, spec.mid_channels, k, spec.stride) if len(widths) > 1 else None
-        self.conv2w = conv(d, spec.mid_channels, spec.out_channels, k, 1) if len(widths) > 1 else None
-        # Width options share conv weights but keep private BN statistics (switchable BN).
-        self.bn1 = nn.ModuleDict({c: bn(d, width_channels(spec.mid_channels, c)) for c in widths})
-        self.bn2 = nn.ModuleDict({c: bn(d, spec.out_channels) for c in widths})
+        has_copy = len(slim_keys) > 1
+        self.conv1w = conv(d, spec.in_channels, spec.mid_channels, k, spec.stride) if has_copy else None
+        self.conv2w = conv(d, spec.mid_channels, spec.out_channels, k, 1) if has_copy else None
         self.alts = nn.ModuleDict()
         for choice in spec.choices:
             alt = self._make_alt(choice)
             if alt is not None:
                 self.alts[choice] = alt
         self.shortcut = make_shortcut(spec)
+        self.shortcut_w = (
+            conv_bn(d, spec.in_channels, spec.out_channels, 1, spec.stride)
+            if spec.stream_elastic and spec.shortcut == "projection"
+            else None
+        )
 
     def _make_alt(self, choice: str) -> nn.Module | None:
         spec, d, k = self.spec, self.spec.dims, self.spec.kernel
@@ -194,6 +217,8 @@ class ElasticBasicBlock(nn.Module):
             for name in ("weight", "bias", "running_mean", "running_var"):
                 getattr(norm, name).copy_(getattr(base_bn1, name)[order][:m])
             self.bn2[choice].load_state_dict(base_bn2.state_dict())
+        if self.shortcut_w is not None:
+            self.shortcut_w.load_state_dict(self.shortcut.state_dict())
         for choice, alt in self.alts.items():
             first, second = alt[0], alt[2]
             if isinstance(first, LowRankUnit):
@@ -210,44 +235,88 @@ class ElasticBasicBlock(nn.Module):
                         unit[0].weight.copy_(weight[idx])
                     unit[1].load_state_dict(norm.state_dict())
 
-    def _convs(self, choice: str) -> tuple[nn.Module, nn.Module]:
-        if choice == "base" or self.conv1w is None or self.conv2w is None:
-            return self.conv1, self.conv2
-        return self.conv1w, self.conv2w
+    # -- running -----------------------------------------------------------------------
 
-    def _width_forward(self, x: torch.Tensor, choice: str) -> torch.Tensor:
-        m = width_channels(self.spec.mid_channels, choice)
+    def _slim_key(self, choice: str, in_channels: int, out_channels: int) -> str | None:
+        """The BN key of the slim copy ``choice`` runs, or None for the original/an operator."""
+        full = in_channels == self.spec.in_channels and out_channels == self.spec.out_channels
+        if choice == "base":
+            return None if full else SLIM_FULL
+        if choice in self.bn1:
+            return choice
+        if not full:
+            raise ValueError(f"block {self.spec}: {choice!r} cannot run on a slimmed stream")
+        return None
+
+    def _path(self, x: torch.Tensor, key: str, out_channels: int) -> torch.Tensor:
+        original = key == "base"
+        conv1 = self.conv1 if original else self.conv1w
+        conv2 = self.conv2 if original else self.conv2w
+        assert conv1 is not None and conv2 is not None
+        m = width_channels(self.spec.mid_channels, key)
         fn = _conv_fn(self.spec.dims)
         pad = self.spec.kernel // 2
-        conv1, conv2 = self._convs(choice)
-        h = fn(x, conv1.weight[:m], None, self.spec.stride, pad)
-        h = F.relu(self.bn1[choice](h))
-        h = fn(h, conv2.weight[:, :m], None, 1, pad)
-        return self.bn2[choice](h)
+        h = fn(x, conv1.weight[:m, : x.shape[1]], None, self.spec.stride, pad)
+        h = F.relu(self.bn1[key](h))
+        h = fn(h, conv2.weight[:out_channels, :m], None, 1, pad)
+        return sliced_bn(self.bn2[key], h)
 
-    def forward(self, x: torch.Tensor, choice: str) -> torch.Tensor:
+    def _slim_shortcut(self, x: torch.Tensor, out_channels: int) -> torch.Tensor:
+        if self.spec.shortcut == "identity":
+            return x
+        if self.spec.shortcut == "option_a":
+            return OptionAShortcut(x.shape[1], out_channels, self.spec.stride, self.spec.dims)(x)
+        assert self.shortcut_w is not None
+        return sliced_bn(self.shortcut_w[1], conv_forward(self.shortcut_w[0], x, out_channels))
+
+    def forward(self, x: torch.Tensor, choice: str, out_channels: int | None = None) -> torch.Tensor:
         if choice == "skip":
             return x
-        path = self._width_forward(x, choice) if choice in self.bn1 else self.alts[choice](x)
-        return F.relu(path + self.shortcut(x))
+        out_c = self.spec.out_channels if out_channels is None else out_channels
+        key = self._slim_key(choice, x.shape[1], out_c)
+        if key is None and choice != "base":
+            return F.relu(self.alts[choice](x) + self.shortcut(x))
+        path = self._path(x, key or "base", out_c)
+        full_stream = x.shape[1] == self.spec.in_channels and out_c == self.spec.out_channels
+        return F.relu(path + (self.shortcut(x) if full_stream else self._slim_shortcut(x, out_c)))
 
-    def materialize(self, choice: str) -> nn.Module:
+    def materialize(self, choice: str, in_channels: int | None = None, out_channels: int | None = None) -> nn.Module:
         if choice == "skip":
             return nn.Identity()
-        if choice in self.bn1:
-            m = width_channels(self.spec.mid_channels, choice)
-            d, k = self.spec.dims, self.spec.kernel
-            conv1, conv2 = self._convs(choice)
-            path: nn.Module = nn.Sequential(
-                _copy_conv(d, conv1.weight[:m].detach(), self.spec.stride, k),
-                _keep_if(choice == "base", copy.deepcopy(self.bn1[choice])),
-                nn.ReLU(inplace=True),
-                _copy_conv(d, conv2.weight[:, :m].detach(), 1, k),
-                _keep_if(choice == "base", copy.deepcopy(self.bn2[choice])),
-            )
+        in_c = self.spec.in_channels if in_channels is None else in_channels
+        out_c = self.spec.out_channels if out_channels is None else out_channels
+        key = self._slim_key(choice, in_c, out_c)
+        if key is None and choice != "base":
+            return Residual(copy.deepcopy(self.alts[choice]), keep_statistics(copy.deepcopy(self.shortcut)),
+                            nn.ReLU(inplace=True))
+        key = key or "base"
+        original = key == "base"
+        conv1 = self.conv1 if original else self.conv1w
+        conv2 = self.conv2 if original else self.conv2w
+        assert conv1 is not None and conv2 is not None
+        m = width_channels(self.spec.mid_channels, key)
+        d, k = self.spec.dims, self.spec.kernel
+        path: nn.Module = nn.Sequential(
+            _copy_conv(d, conv1.weight[:m, :in_c].detach(), self.spec.stride, k),
+            _keep_if(original, copy.deepcopy(self.bn1[key])),
+            nn.ReLU(inplace=True),
+            _copy_conv(d, conv2.weight[:out_c, :m].detach(), 1, k),
+            _keep_if(original, slice_bn(self.bn2[key], out_c)),
+        )
+        full_stream = in_c == self.spec.in_channels and out_c == self.spec.out_channels
+        if full_stream:
+            shortcut: nn.Module = keep_statistics(copy.deepcopy(self.shortcut))
+        elif self.spec.shortcut == "identity":
+            shortcut = nn.Identity()
+        elif self.spec.shortcut == "option_a":
+            shortcut = OptionAShortcut(in_c, out_c, self.spec.stride, self.spec.dims)
         else:
-            path = copy.deepcopy(self.alts[choice])
-        return Residual(path, keep_statistics(copy.deepcopy(self.shortcut)), nn.ReLU(inplace=True))
+            assert self.shortcut_w is not None
+            shortcut = nn.Sequential(
+                slice_conv(self.shortcut_w[0], out_channels=out_c, in_channels=in_c),
+                slice_bn(self.shortcut_w[1], out_c),
+            )
+        return Residual(path, shortcut, nn.ReLU(inplace=True))
 
 
 class ElasticInvertedResidual(nn.Module):

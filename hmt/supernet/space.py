@@ -42,6 +42,12 @@ CHOICE_CODES: dict[str, str] = {
 CODE_CHOICES = {code: choice for choice, code in CHOICE_CODES.items()}
 WIDTH_RATIOS = {"base": 1.0, "w75": 0.75, "w50": 0.5, "w25": 0.25}
 NOT_EXECUTED = "-"
+# A stage's stream width (eta6 on the stage's output channels: the residual stream, the
+# stem or previous stage feeding it, its exit) is one more position of kind "width" at the
+# head of the stage, so ids, JSON, sampling and the search treat it like any block choice.
+WIDTH_KIND = "width"
+# Blocks whose input or output stream is slimmed run one of these (the slim copy).
+STREAM_COMPATIBLE = ("base", "w75", "w50", "w25", "skip")
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,7 @@ class SearchSpace:
             raise UsageError(f"expected {len(self.positions)} block choices for {self.backbone}, got {len(choices)}")
         out: list[str] = []
         covered = False
+        widths = self._stage_widths(choices)
         for pos, choice in zip(self.positions, choices, strict=True):
             if pos.stage > exit_stage:
                 out.append(NOT_EXECUTED)
@@ -134,9 +141,40 @@ class SearchSpace:
                 continue
             if choice not in pos.choices:
                 raise UsageError(f"block {pos.name}: choice {choice!r} not in {list(pos.choices)}")
+            if pos.kind != WIDTH_KIND and choice not in STREAM_COMPATIBLE and self._slim_stream(pos, widths):
+                # Operators other than the widths are built for the full stream; on a slim
+                # one the block runs its slim copy at full inner width (canonical form).
+                choice = "base"
             out.append(choice)
             covered = choice == "merge"
         return ArchConfig(self.tag, exit_stage, tuple(out))
+
+    def _stage_widths(self, choices: Sequence[str]) -> dict[int, str]:
+        return {
+            pos.stage: (c if c in WIDTH_RATIOS else "base")
+            for pos, c in zip(self.positions, choices, strict=True)
+            if pos.kind == WIDTH_KIND
+        }
+
+    @staticmethod
+    def _slim_stream(pos: BlockPosition, widths: dict[int, str]) -> bool:
+        """Whether block ``pos`` reads or writes a slimmed stream."""
+        out_w = widths.get(pos.stage, "base")
+        in_w = widths.get(pos.stage - 1, "base") if pos.index == 0 and pos.stage > 0 else out_w
+        return out_w != "base" or in_w != "base"
+
+    def stage_widths(self, arch: ArchConfig) -> list[str]:
+        """The stream width of every stage (``base`` where the space has none)."""
+        widths = self._stage_widths([c if c != NOT_EXECUTED else "base" for c in arch.choices])
+        return [widths.get(s, "base") for s in range(self.num_stages)]
+
+    @property
+    def has_stream_widths(self) -> bool:
+        return any(pos.kind == WIDTH_KIND for pos in self.positions)
+
+    def block_positions(self) -> list[int]:
+        """Indices of the real blocks (not the stream-width positions)."""
+        return [i for i, pos in enumerate(self.positions) if pos.kind != WIDTH_KIND]
 
     def parse(self, arch_id: str) -> ArchConfig:
         """Parse an arch id; refuses ids of another space or with unknown codes."""

@@ -18,9 +18,19 @@ from torch import nn
 
 from hmt.errors import ModelError
 from hmt.supernet.backbones import BackboneDef, build_backbone_def
-from hmt.supernet.blocks import BLOCK_TYPES, keep_statistics
+from hmt.supernet.blocks import BLOCK_TYPES, keep_statistics, width_channels
 from hmt.supernet.exits import ExitHead
-from hmt.supernet.space import NOT_EXECUTED, ArchConfig, BlockPosition, SearchSpace
+from hmt.supernet.slim import StreamWidthSlot, head_forward, seq_forward, slice_head, slice_seq
+from hmt.supernet.space import (
+    CHOICE_CODES,
+    CODE_CHOICES,
+    NOT_EXECUTED,
+    STREAM_COMPATIBLE,
+    WIDTH_KIND,
+    ArchConfig,
+    BlockPosition,
+    SearchSpace,
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,14 @@ class VariantModule(nn.Module):
 def space_from_definition(definition: BackboneDef) -> SearchSpace:
     positions = []
     for s, stage in enumerate(definition.stages):
+        if definition.stream_widths:
+            out_ch = stage.blocks[-1].out_channels if stage.blocks else definition.stem_channels
+            positions.append(
+                BlockPosition(
+                    name=f"s{s}.width", stage=s, index=-1, kind=WIDTH_KIND, in_channels=out_ch,
+                    out_channels=out_ch, stride=1, choices=definition.stream_widths,
+                )
+            )
         for i, spec in enumerate(stage.blocks):
             positions.append(
                 BlockPosition(
@@ -92,10 +110,23 @@ class Supernet(nn.Module):
         self.space = space_from_definition(definition)
         self.stem = definition.stem()
         self.entries = nn.ModuleList([(stage.entry() if stage.entry else nn.Identity()) for stage in definition.stages])
-        self.blocks = nn.ModuleList(
-            [BLOCK_TYPES[spec.kind](spec) for stage in definition.stages for spec in stage.blocks]
-        )
-        self.stage_of = [s for s, stage in enumerate(definition.stages) for _ in stage.blocks]
+        blocks: list[nn.Module] = []
+        for stage in definition.stages:
+            if definition.stream_widths:
+                blocks.append(StreamWidthSlot())  # blocks[p] lines up with space.positions[p]
+            blocks += [BLOCK_TYPES[spec.kind](spec) for spec in stage.blocks]
+        self.blocks = nn.ModuleList(blocks)
+        self.stage_of = [pos.stage for pos in self.space.positions]
+        self._positions_of = [
+            [p for p, pos in enumerate(self.space.positions) if pos.stage == s] for s in range(len(definition.stages))
+        ]
+        # Slimmed streams run trainable copies of the stem and of the final head (the
+        # original's stay frozen and exact).
+        self.stem_w = definition.stem() if definition.stream_widths else None
+        self.head_w = definition.head() if definition.stream_widths else None
+        self.stream_channels = [
+            stage.blocks[-1].out_channels if stage.blocks else definition.stem_channels for stage in definition.stages
+        ]
         exits: list[nn.Module] = []
         for s, stage in enumerate(definition.stages):
             if s == len(definition.stages) - 1:
@@ -112,31 +143,49 @@ class Supernet(nn.Module):
         if arch.space_tag != self.space.tag:
             raise ModelError(f"arch {arch.arch_id} is for space {arch.space_tag}, this supernet is {self.space.tag}")
 
+    def channels(self, stage: int, width: str) -> int:
+        """Channels of stage ``stage``'s stream at ``width``."""
+        return width_channels(self.stream_channels[stage], width)
+
     def forward_stage_features(self, x: torch.Tensor, arch: ArchConfig) -> list[torch.Tensor]:
         """Features at the end of every stage up to the arch's exit."""
         self._check(arch)
-        h = self.stem(x)
+        widths = self.space.stage_widths(arch)
+        if widths[0] == "base":
+            h = self.stem(x)
+        else:
+            assert self.stem_w is not None
+            h = seq_forward(self.stem_w, x, width_channels(self.definition.stem_channels, widths[0]))
         features = []
         for s in range(arch.exit_stage + 1):
             h = self.entries[s](h)
+            out_c = self.channels(s, widths[s])
             for p in self._stage_positions(s):
                 choice = arch.choices[p]
-                if choice != NOT_EXECUTED:
-                    h = self.blocks[p](h, choice)
+                if choice == NOT_EXECUTED or self.space.positions[p].kind == WIDTH_KIND:
+                    continue
+                h = self.blocks[p](h, choice, out_c) if self.stem_w is not None else self.blocks[p](h, choice)
             features.append(h)
         return features
 
+    def run_exit(self, stage: int, h: torch.Tensor) -> torch.Tensor:
+        """Exit ``stage``'s head on a full or slimmed stream."""
+        if h.shape[1] == self.stream_channels[stage]:
+            return self.exits[stage](h)
+        head = self.head_w if stage == len(self.exits) - 1 else self.exits[stage]
+        assert head is not None
+        return head_forward(head, h)
+
     def forward_exits(self, x: torch.Tensor, arch: ArchConfig) -> list[torch.Tensor]:
         feats = self.forward_stage_features(x, arch)
-        return [self.exits[s](f) for s, f in enumerate(feats)]
+        return [self.run_exit(s, f) for s, f in enumerate(feats)]
 
     def forward(self, x: torch.Tensor, arch: ArchConfig) -> torch.Tensor:
         feats = self.forward_stage_features(x, arch)
-        return self.exits[arch.exit_stage](feats[-1])
+        return self.run_exit(arch.exit_stage, feats[-1])
 
-    def _stage_positions(self, stage: int) -> range:
-        start = sum(len(st.blocks) for st in self.definition.stages[:stage])
-        return range(start, start + len(self.definition.stages[stage].blocks))
+    def _stage_positions(self, stage: int) -> list[int]:
+        return self._positions_of[stage]
 
     # -- preparing the elastic space ----------------------------------------------------
 
@@ -146,6 +195,10 @@ class Supernet(nn.Module):
         for block in self.blocks:
             block.rank_channels()
             block.init_alternatives()
+        with torch.no_grad():
+            if self.stem_w is not None and self.head_w is not None:
+                self.stem_w.load_state_dict(self.stem.state_dict())
+                self.head_w.load_state_dict(self.exits[len(self.exits) - 1].state_dict())
 
     def original_modules(self) -> list[nn.Module]:
         """The user's network inside the supernet: stem, entries, every block's own path
@@ -170,7 +223,8 @@ class Supernet(nn.Module):
         private BNs (neither the original's nor the early exits')."""
         taken = {id(p) for p in self.base_parameters()}
         taken |= {id(p) for s in range(len(self.exits) - 1) for p in self.exits[s].parameters()}
-        for block in self.blocks:
+        copies = [m for m in (self.stem_w, self.head_w) if m is not None]
+        for block in [*self.blocks, *copies]:
             for p in block.parameters():
                 if id(p) not in taken:
                     taken.add(id(p))
@@ -211,6 +265,12 @@ class Supernet(nn.Module):
         if not isinstance(state, dict):
             raise ModelError(f"{path}: expected a state dict or {{'state_dict': ...}}, got {type(blob).__name__}")
         mapped = self.definition.pretrained_mapping(state)
+        # Mappings count blocks; with stream widths, positions interleave width slots.
+        real = self.space.block_positions()
+        mapped = {
+            (f"blocks.{real[int(k.split('.')[1])]}." + k.split(".", 2)[2] if k.startswith("blocks.") else k): v
+            for k, v in mapped.items()
+        }
         last = len(self.exits) - 1
         mapped = {(k.replace("head_linear.", f"exits.{last}.linear.", 1)): v for k, v in mapped.items()}
         own = self.state_dict()
@@ -234,22 +294,81 @@ class Supernet(nn.Module):
 
     # -- materialising and enumerating --------------------------------------------------
 
+    # -- units: what a variant runs, one module per (place, choice, stream widths) ---------
+
+    def width_options(self, stage: int) -> tuple[str, ...]:
+        """Stream widths stage ``stage`` may run at (``("base",)`` without stream widths)."""
+        pos = next((self.space.positions[p] for p in self._positions_of[stage]
+                    if self.space.positions[p].kind == WIDTH_KIND), None)
+        return pos.choices if pos is not None else ("base",)
+
+    def variant_units(self, arch: ArchConfig) -> tuple[list[Unit], dict[int, int], dict[int, Unit]]:
+        """The units ``arch`` runs in order, {stage: units done when it ends}, and each
+        stage's exit unit. A unit is (kind, index, key); the key is the choice, plus the
+        stream widths it reads and writes when they are not full (``w50/75``: inner w50,
+        reading a 75% stream... as codes, e.g. ``w50/B7``)."""
+        self._check(arch)
+        widths = self.space.stage_widths(arch)
+        units: list[Unit] = [("stem", 0, unit_key("base", "base", widths[0]))]
+        stage_end: dict[int, int] = {}
+        exits: dict[int, Unit] = {}
+        for s in range(arch.exit_stage + 1):
+            previous = widths[s - 1] if s > 0 else widths[0]
+            if not isinstance(self.entries[s], nn.Identity):
+                units.append(("entry", s, unit_key("base", previous, previous)))
+            for p in self._stage_positions(s):
+                pos, choice = self.space.positions[p], arch.choices[p]
+                if choice == NOT_EXECUTED or pos.kind == WIDTH_KIND:
+                    continue
+                in_w = previous if pos.index == 0 else widths[s]
+                units.append(("block", p, unit_key(choice, in_w, widths[s])))
+            stage_end[s] = len(units)
+            exits[s] = ("exit", s, unit_key("base", widths[s], widths[s]))
+        return units, stage_end, exits
+
+    def unit_name(self, unit: Unit) -> str:
+        kind, index, _ = unit
+        if kind == "block":
+            return self.space.positions[index].name
+        return {"stem": "stem", "entry": f"s{index}.entry", "exit": f"exit{index}"}[kind]
+
+    def unit_module(self, unit: Unit) -> nn.Module:
+        """A plain eval-mode module for one unit (the original's BN layers marked to keep
+        their statistics)."""
+        kind, index, key = unit
+        choice, in_w, out_w = parse_unit_key(key)
+        if kind == "stem":
+            if out_w == "base":
+                return keep_statistics(copy.deepcopy(self.stem)).eval()
+            assert self.stem_w is not None
+            return slice_seq(self.stem_w, width_channels(self.definition.stem_channels, out_w)).eval()
+        if kind == "entry":
+            return keep_statistics(copy.deepcopy(self.entries[index])).eval()
+        if kind == "exit":
+            last = index == len(self.exits) - 1
+            if out_w == "base":
+                head = copy.deepcopy(self.exits[index])
+                return (keep_statistics(head) if last else head).eval()
+            source = self.head_w if last else self.exits[index]
+            assert source is not None
+            return slice_head(source, self.channels(index, out_w)).eval()
+        block = self.blocks[index]
+        if self.stem_w is None:
+            return block.materialize(choice).eval()
+        spec = block.spec
+        in_c, out_c = width_channels(spec.in_channels, in_w), width_channels(spec.out_channels, out_w)
+        return block.materialize(choice, in_c, out_c).eval()
+
     def materialize(self, arch: ArchConfig) -> VariantModule:
         """A plain module for ``arch`` with copies of only the chosen weights, in eval mode."""
-        self._check(arch)
+        units, stage_end, exits = self.variant_units(arch)
         segments: list[nn.Module] = []
         heads: list[nn.Module] = []
+        begin = 0
         for s in range(arch.exit_stage + 1):
-            layers: list[nn.Module] = [keep_statistics(copy.deepcopy(self.stem))] if s == 0 else []
-            if not isinstance(self.entries[s], nn.Identity):
-                layers.append(keep_statistics(copy.deepcopy(self.entries[s])))
-            for p in self._stage_positions(s):
-                choice = arch.choices[p]
-                if choice != NOT_EXECUTED:
-                    layers.append(self.blocks[p].materialize(choice))
-            segments.append(nn.Sequential(*layers))
-            head = copy.deepcopy(self.exits[s])
-            heads.append(keep_statistics(head) if s == len(self.exits) - 1 else head)
+            segments.append(nn.Sequential(*[self.unit_module(u) for u in units[begin : stage_end[s]]]))
+            heads.append(self.unit_module(exits[s]))
+            begin = stage_end[s]
         variant = VariantModule(segments, heads, tuple(self.space.input_shape), arch.arch_id)
         # sliced copies (_copy_conv) are built on the CPU: keep the variant on the supernet's device
         return variant.to(next(self.parameters()).device).eval()
@@ -269,40 +388,67 @@ class Supernet(nn.Module):
                     h = self.entries[s](h)
                     for p in self._stage_positions(s):
                         shapes[self.space.positions[p].name] = tuple(h.shape[1:])
-                        h = self.blocks[p](h, "base")
+                        if self.space.positions[p].kind != WIDTH_KIND:
+                            h = self.blocks[p](h, "base")
                     shapes[f"exit{s}"] = tuple(h.shape[1:])
             self.train(was_training)
             self._input_shapes = shapes
         return self._input_shapes
 
     def iter_block_choices(self) -> Iterator[BlockChoiceRef]:
-        """Every (position, choice) as a plain eval-mode module at its real input shape."""
+        """Every unit any variant can run, as a plain eval-mode module at its real input
+        shape: (position, key) with the stream widths in the key (``variant_blocks``)."""
         shapes = self.block_input_shapes()
-        yield BlockChoiceRef("stem", "base", copy.deepcopy(self.stem).eval(), shapes["stem"])
+
+        def ref(unit: Unit, shape: tuple[int, ...], channels: int) -> BlockChoiceRef:
+            return BlockChoiceRef(self.unit_name(unit), unit[2], self.unit_module(unit), (channels, *shape[1:]))
+
+        stem_shape = shapes["stem"]
+        for w in self.width_options(0):
+            yield ref(("stem", 0, unit_key("base", "base", w)), stem_shape, stem_shape[0])
         for s in range(self.space.num_stages):
+            previous = self.width_options(s - 1) if s > 0 else self.width_options(0)
             if not isinstance(self.entries[s], nn.Identity):
-                yield BlockChoiceRef(
-                    f"s{s}.entry", "base", copy.deepcopy(self.entries[s]).eval(), shapes[f"s{s}.entry"]
-                )
+                shape = shapes[f"s{s}.entry"]
+                for w in previous:
+                    yield ref(("entry", s, unit_key("base", w, w)), shape, width_channels(shape[0], w))
             for p in self._stage_positions(s):
                 pos = self.space.positions[p]
-                for choice in pos.choices:
-                    module = self.blocks[p].materialize(choice).eval()
-                    yield BlockChoiceRef(pos.name, choice, module, shapes[pos.name])
-            yield BlockChoiceRef(f"exit{s}", "base", copy.deepcopy(self.exits[s]).eval(), shapes[f"exit{s}"])
+                if pos.kind == WIDTH_KIND:
+                    continue
+                shape = shapes[pos.name]
+                for out_w in self.width_options(s):
+                    for in_w in previous if pos.index == 0 else (out_w,):
+                        for choice in pos.choices:
+                            if (in_w, out_w) != ("base", "base") and choice not in STREAM_COMPATIBLE:
+                                continue
+                            unit = ("block", p, unit_key(choice, in_w, out_w))
+                            yield ref(unit, shape, width_channels(shape[0], in_w))
+            shape = shapes[f"exit{s}"]
+            for w in self.width_options(s):
+                yield ref(("exit", s, unit_key("base", w, w)), shape, width_channels(shape[0], w))
 
     def variant_blocks(self, arch: ArchConfig) -> list[tuple[str, str]]:
-        """(position, choice) pairs ``arch`` executes, in order (its final exit only)."""
-        self._check(arch)
-        out = [("stem", "base")]
-        for s in range(arch.exit_stage + 1):
-            if not isinstance(self.entries[s], nn.Identity):
-                out.append((f"s{s}.entry", "base"))
-            for p in self._stage_positions(s):
-                if arch.choices[p] != NOT_EXECUTED:
-                    out.append((self.space.positions[p].name, arch.choices[p]))
-        out.append((f"exit{arch.exit_stage}", "base"))
-        return out
+        """(position, key) pairs ``arch`` executes, in order (its final exit only)."""
+        units, _, exits = self.variant_units(arch)
+        return [(self.unit_name(u), u[2]) for u in [*units, exits[arch.exit_stage]]]
+
+
+Unit = tuple[str, int, str]
+
+
+def unit_key(choice: str, in_width: str, out_width: str) -> str:
+    """A unit's key: the choice alone on the full stream, else ``choice/<in><out>`` in codes."""
+    if in_width == "base" and out_width == "base":
+        return choice
+    return f"{choice}/{CHOICE_CODES[in_width]}{CHOICE_CODES[out_width]}"
+
+
+def parse_unit_key(key: str) -> tuple[str, str, str]:
+    choice, _, widths = key.partition("/")
+    if not widths:
+        return choice, "base", "base"
+    return choice, CODE_CHOICES[widths[0]], CODE_CHOICES[widths[1]]
 
 
 def build_supernet(

@@ -23,11 +23,31 @@ _SETTINGS = (
 )
 
 
+def _divisible(channels: float, divisor: int = 8) -> int:
+    """Round to a multiple of 8, never below 90% of the request (torchvision's rule)."""
+    out = max(divisor, int(channels + divisor / 2) // divisor * divisor)
+    return out + divisor if out < 0.9 * channels else out
+
+
 @register_backbone("mobilenetv2")
 def build_mobilenetv2(*, num_classes: int, input_shape: tuple[int, ...], operators: tuple[str, ...]) -> BackboneDef:
+    return _build("mobilenetv2", 1.0, num_classes=num_classes, input_shape=input_shape, operators=operators)
+
+
+@register_backbone("mobilenetv2_050")
+def build_mobilenetv2_050(*, num_classes: int, input_shape: tuple[int, ...], operators: tuple[str, ...]) -> BackboneDef:
+    """MobileNetV2 at width 0.5 (every channel; the last conv keeps 1280, as in the paper)."""
+    return _build("mobilenetv2_050", 0.5, num_classes=num_classes, input_shape=input_shape, operators=operators)
+
+
+def _build(
+    name: str, width: float, *, num_classes: int, input_shape: tuple[int, ...], operators: tuple[str, ...]
+) -> BackboneDef:
     raw: list[list[dict]] = [[], [], [], []]
-    in_ch = 32
-    for t, c, n, s, stage in _SETTINGS:
+    first = _divisible(32 * width)
+    in_ch = first
+    for t, c_full, n, s, stage in _SETTINGS:
+        c = _divisible(c_full * width)
         for i in range(n):
             stride = s if i == 0 else 1
             identity = stride == 1 and in_ch == c
@@ -44,20 +64,22 @@ def build_mobilenetv2(*, num_classes: int, input_shape: tuple[int, ...], operato
             in_ch = c
     channels = input_shape[0]
 
+    last = in_ch
+
     def stem() -> nn.Module:
-        return nn.Sequential(conv(2, channels, 32, 3), bn(2, 32), nn.ReLU6(inplace=True))
+        return nn.Sequential(conv(2, channels, first, 3), bn(2, first), nn.ReLU6(inplace=True))
 
     def head() -> nn.Module:
-        pre = nn.Sequential(conv(2, 320, 1280, 1), bn(2, 1280), nn.ReLU6(inplace=True))
-        return ClassifierHead(2, 320, num_classes, pre=pre, pre_channels=1280, dropout=0.2)
+        pre = nn.Sequential(conv(2, last, 1280, 1), bn(2, 1280), nn.ReLU6(inplace=True))
+        return ClassifierHead(2, last, num_classes, pre=pre, pre_channels=1280, dropout=0.2)
 
     return BackboneDef(
-        name="mobilenetv2",
+        name=name,
         dims=2,
         input_shape=input_shape,
         num_classes=num_classes,
         stem=stem,
-        stem_channels=32,
+        stem_channels=first,
         stages=assign_choices(raw, operators, dims=2),
         head=head,
     )

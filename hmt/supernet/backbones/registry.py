@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -11,6 +12,9 @@ from hmt.errors import UsageError
 from hmt.supernet.blocks import BlockSpec
 
 ALL_OPERATORS = ("w75", "w50", "w25", "lr50", "lr25", "dws", "fire", "k1", "ghost", "skip", "merge")
+# Stream (stage output) widths: opt-in, named in ``operators`` (sw75 -> a stage may run at
+# 75% of its output channels). Only ResNet-style backbones (basic blocks) take them.
+STREAM_OPERATORS = {"sw75": "w75", "sw50": "w50", "sw25": "w25"}
 # Operators each block kind can take; the rest make no sense for that structure.
 KIND_OPERATORS = {
     "basic": ALL_OPERATORS,
@@ -37,6 +41,7 @@ class BackboneDef:
     head: Callable[[], nn.Module]
     pretrained_mapping: Callable[[dict], dict] | None = None
     notes: dict[str, str] = field(default_factory=dict)
+    stream_widths: tuple[str, ...] = ()  # e.g. ("base", "w75", "w50"): the stage-width choices
 
 
 BuilderFn = Callable[..., BackboneDef]
@@ -57,10 +62,22 @@ def build_backbone_def(
     if name not in BACKBONES:
         raise UsageError(f"unknown backbone {name!r}; known: {', '.join(sorted(BACKBONES))}")
     allowed = tuple(operators) if operators is not None else ALL_OPERATORS
-    unknown = set(allowed) - set(ALL_OPERATORS)
+    known = (*ALL_OPERATORS, *STREAM_OPERATORS)
+    unknown = set(allowed) - set(known)
     if unknown:
-        raise UsageError(f"unknown operators {sorted(unknown)}; known: {', '.join(ALL_OPERATORS)}")
-    return BACKBONES[name](num_classes=num_classes, input_shape=tuple(input_shape), operators=allowed)
+        raise UsageError(f"unknown operators {sorted(unknown)}; known: {', '.join(known)}")
+    stream = tuple(STREAM_OPERATORS[op] for op in STREAM_OPERATORS if op in allowed)
+    block_ops = tuple(op for op in allowed if op not in STREAM_OPERATORS)
+    definition = BACKBONES[name](num_classes=num_classes, input_shape=tuple(input_shape), operators=block_ops)
+    if not stream:
+        return definition
+    if any(spec.kind != "basic" for stage in definition.stages for spec in stage.blocks):
+        raise UsageError(f"stream widths ({', '.join(o for o in STREAM_OPERATORS if o in allowed)}) need a "
+                         f"ResNet-style backbone of basic blocks; {name!r} has other block kinds")
+    definition.stream_widths = ("base", *stream)
+    for stage in definition.stages:
+        stage.blocks = [dataclasses.replace(spec, stream_elastic=True) for spec in stage.blocks]
+    return definition
 
 
 def assign_choices(stages: list[list[dict]], operators: Sequence[str], dims: int, kernel: int = 3) -> list[StageDef]:

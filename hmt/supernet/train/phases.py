@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hmt.supernet.calibrate import frozen_bn_statistics
-from hmt.supernet.space import NOT_EXECUTED, ArchConfig
+from hmt.supernet.space import NOT_EXECUTED, WIDTH_KIND, ArchConfig
 from hmt.supernet.supernet import Supernet
 
 
@@ -80,6 +80,8 @@ def step_distill(net: Supernet, x: torch.Tensor, rng: np.random.Generator) -> to
     _freeze_base_statistics(net)
     losses = []
     for p, pos in enumerate(net.space.positions):
+        if pos.kind == WIDTH_KIND:
+            continue  # stream widths are learned in sandwich fine-tuning
         options = [c for c in pos.choices if c not in ("base", "skip")]
         if not options:
             continue

@@ -47,6 +47,8 @@ def train_standalone(
     if channels_last:
         model.to(memory_format=torch.channels_last)
     train, _ = split_train_val(data, config.val_fraction, np.random.default_rng(derive_seed(config.seed, 1)))
+    if config.max_train_samples is not None and len(train.x) > config.max_train_samples:
+        train = type(train)(train.x[: config.max_train_samples], train.y[: config.max_train_samples])
     loader = BatchLoader(
         train.x,
         train.y,
