@@ -67,6 +67,14 @@ def train_supernet_command(
         int | None, typer.Option(help="Random variants in the table (plus largest and smallest).")
     ] = None,
     max_train_samples: Annotated[int | None, typer.Option(help="Use at most this many training samples.")] = None,
+    finetune_original: Annotated[
+        bool | None,
+        typer.Option(
+            "--finetune-original/--keep-original",
+            help="Train the original network along with the alternatives. Default: it is frozen after "
+            "phase 1, so the largest variant is your network, exact.",
+        ),
+    ] = None,
     checkpoint_dir: Annotated[
         Path | None, typer.Option(help="Where resumable checkpoints go (default OUT.ckpt).")
     ] = None,
@@ -108,6 +116,7 @@ def train_supernet_command(
             "partition_epochs": partition_epochs,
             "partition_mode": partition_mode,
             "distill_epochs": distill_epochs,
+            "finetune_original": finetune_original,
             "finetune_epochs": finetune_epochs,
             "eval_variants": eval_variants,
             "max_train_samples": max_train_samples,

@@ -78,6 +78,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--max-test", type=int, default=None, help="cap on test images (CPU smoke runs)")
+    parser.add_argument("--arch", action="append", default=[], help="also evaluate this arch id (repeatable)")
     args = parser.parse_args()
 
     loaded = load_supernet(args.supernet, device=args.device)
@@ -89,7 +90,7 @@ def main() -> None:
     loader = eval_loader(test_x, test_y, info=data.info, batch_size=500, device=torch.device(args.device),
                          channels_last=False)
     rng = np.random.default_rng(args.seed)
-    archs = structured_archs(space)
+    archs = structured_archs(space) + [space.parse(a) for a in args.arch]
     archs += [space.sample(rng, exit_stage=space.num_stages - 1) for _ in range(args.random)]
     archs += [space.sample(rng) for _ in range(args.random // 3)]
     seen: set[str] = set()

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 11 on a 4-GPU machine, one command under 10 minutes (benchmarks/README.md records
-# the run). GPU0: the ResNet-18 supernet (preset cifar10), its front on the 10k test
-# images, the headline timed on the host CPU. GPU1: the shipped supernet (preset
-# cifar-resnet56 from the pretrained ResNet-56). GPU2: the three twins. GPU3: standalone
-# ResNet-20/32/56 and MobileNetV2 0.5/1.0.
+# the runs). GPU0: the ResNet-18 supernet (preset cifar10), its front on the 10k test
+# images, the headline timed on the host CPU; GPU2: the same with seed 1; GPU3: the same
+# with --finetune-original (ablation). GPU1: the shipped supernet (preset cifar-resnet56
+# from the pretrained ResNet-56). STANDALONE=1 instead trains the three twins and the
+# standalone ResNet-20/32/56 and MobileNetV2 0.5/1.0 (first run) on GPUs 2-3.
 #   bash scripts/gpu_issue11.sh BLOB OUTDIR     (BLOB: scripts/gpu_pack_cifar.py pack output)
 set -uo pipefail
 BLOB=$1; OUT=$2; W=/tmp/i11; BUDGET_S=${BUDGET_S:-565}
@@ -17,12 +18,17 @@ nvidia-smi -L > "$W/gpus.txt"; lscpu | head -20 >> "$W/gpus.txt"
 EPOCHS=150   # the supernet's total epochs: 60 + 3 x 2 + 4 + 80
 OPS=w75,w50,w25,lr50,skip,sw75,sw50,sw25
 run() { timeout $(( END - $(date +%s) )) "$@"; }  # every job stops by the deadline
-(
-  export CUDA_VISIBLE_DEVICES=0
-  run python3 -m commands train-supernet --preset cifar10 --data "$W/cifar" --out "$W/r18" --json > "$W/r18.json" 2> "$W/r18.err" \
-  && run python3 scripts/bench_front.py --supernet "$W/r18" --data "$W/cifar" --random 90 --out "$W/r18-front.csv" 2>> "$W/r18.err" \
-  && run python3 scripts/bench_headline.py --front "$W/r18-front.csv" --supernet "$W/r18" --out "$W/headline-gpuhost.json" 2>> "$W/r18.err"
-) &
+TWINS="--arch resnet18-d4c397.e3.B55B55B55B55 --arch resnet18-d4c397.e3.5BB5BB5BB5BB --arch resnet18-d4c397.e3.55S55S55S55S"
+r18() {  # GPU, name, extra train-supernet flags
+  local gpu=$1 name=$2; shift 2
+  export CUDA_VISIBLE_DEVICES=$gpu
+  run python3 -m commands train-supernet --preset cifar10 --data "$W/cifar" --out "$W/$name" --json "$@" > "$W/$name.json" 2> "$W/$name.err" \
+  && run python3 scripts/bench_front.py --supernet "$W/$name" --data "$W/cifar" --random 90 $TWINS --out "$W/$name-front.csv" 2>> "$W/$name.err" \
+  && run python3 scripts/bench_headline.py --front "$W/$name-front.csv" --supernet "$W/$name" --out "$W/headline-gpuhost-$name.json" 2>> "$W/$name.err"
+}
+r18 0 r18 &
+r18 2 r18-seed1 --seed 1 &
+r18 3 r18-ftorig --finetune-original &
 (
   export CUDA_VISIBLE_DEVICES=1
   run python3 -m commands train-supernet --preset cifar-resnet56 --pretrained .gpu/resnet56-4bfd9763.th \
@@ -30,6 +36,7 @@ run() { timeout $(( END - $(date +%s) )) "$@"; }  # every job stops by the deadl
   && tar czf "$OUT/r56-supernet.tar.gz" -C "$W" r56 \
   && run python3 scripts/bench_front.py --supernet "$W/r56" --data "$W/cifar" --random 90 --out "$W/r56-front.csv" 2>> "$W/r56.err"
 ) &
+if [ "${STANDALONE:-0}" = 1 ]; then
 for twin in large=resnet18:resnet18-d4c397.e3.B55B55B55B55 middle=resnet18:resnet18-d4c397.e3.5BB5BB5BB5BB \
             small=resnet18:resnet18-d4c397.e3.55S55S55S55S; do
   name=${twin%%=*}
@@ -43,9 +50,10 @@ for base in resnet20=cifar_resnet20 resnet32=cifar_resnet32 resnet56=cifar_resne
   CUDA_VISIBLE_DEVICES=$gpu run python3 scripts/bench_standalone.py --data "$W/cifar" --epochs $BASE_EPOCHS \
       --job "$base" --out "$W/standalone-$name.json" 2> "$W/standalone-$name.err" &
 done
+fi
 wait
 echo "all done after $(( $(date +%s) - start )) s" >> "$W/data.txt"
-rm -rf "$W/r18.ckpt" "$W/r56.ckpt"
-tar czf "$OUT/results.tar.gz" -C "$W" --exclude=cache --exclude=cifar --exclude=r18 --exclude=r56 .
+rm -rf "$W"/*.ckpt
+tar czf "$OUT/results.tar.gz" -C "$W" --exclude=cache --exclude=cifar --exclude=r18 --exclude=r18-seed1 --exclude=r18-ftorig --exclude=r56 .
 for f in "$W"/*.err; do echo "== $f"; tail -3 "$f"; done
 cat "$W/data.txt"

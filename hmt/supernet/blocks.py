@@ -150,15 +150,14 @@ class ElasticBasicBlock(nn.Module):
         widths = [c for c in spec.choices if c in WIDTH_RATIOS]
         # Width options keep private BN statistics (switchable BN); SLIM_FULL is the slim
         # copy at full inner width, used on slimmed streams.
-        slim_keys = [*widths, SLIM_FULL] if spec.stream_elastic else widths
+        slim_keys = [*widths, SLIM_FULL]
         self.bn1 = nn.ModuleDict({c: bn(d, width_channels(spec.mid_channels, c)) for c in slim_keys})
         self.bn2 = nn.ModuleDict({c: bn(d, spec.out_channels) for c in slim_keys})
         # The slim widths share one trainable copy of the convs (importance-sorted at
         # prepare time), so training them never touches the original's weights: the
         # largest variant stays the user's network, bit for bit (AdaptiveNet).
-        has_copy = len(slim_keys) > 1
-        self.conv1w = conv(d, spec.in_channels, spec.mid_channels, k, spec.stride) if has_copy else None
-        self.conv2w = conv(d, spec.mid_channels, spec.out_channels, k, 1) if has_copy else None
+        self.conv1w = conv(d, spec.in_channels, spec.mid_channels, k, spec.stride)
+        self.conv2w = conv(d, spec.mid_channels, spec.out_channels, k, 1)
         self.alts = nn.ModuleDict()
         for choice in spec.choices:
             alt = self._make_alt(choice)
@@ -166,9 +165,7 @@ class ElasticBasicBlock(nn.Module):
                 self.alts[choice] = alt
         self.shortcut = make_shortcut(spec)
         self.shortcut_w = (
-            conv_bn(d, spec.in_channels, spec.out_channels, 1, spec.stride)
-            if spec.stream_elastic and spec.shortcut == "projection"
-            else None
+            conv_bn(d, spec.in_channels, spec.out_channels, 1, spec.stride) if spec.shortcut == "projection" else None
         )
 
     def _make_alt(self, choice: str) -> nn.Module | None:
@@ -242,6 +239,8 @@ class ElasticBasicBlock(nn.Module):
         full = in_channels == self.spec.in_channels and out_channels == self.spec.out_channels
         if choice == "base":
             return None if full else SLIM_FULL
+        if choice == SLIM_FULL:
+            return SLIM_FULL
         if choice in self.bn1:
             return choice
         if not full:
@@ -277,8 +276,8 @@ class ElasticBasicBlock(nn.Module):
         if key is None and choice != "base":
             return F.relu(self.alts[choice](x) + self.shortcut(x))
         path = self._path(x, key or "base", out_c)
-        full_stream = x.shape[1] == self.spec.in_channels and out_c == self.spec.out_channels
-        return F.relu(path + (self.shortcut(x) if full_stream else self._slim_shortcut(x, out_c)))
+        # The original runs its own shortcut; the copy its copy (identity/option A: no weights).
+        return F.relu(path + (self.shortcut(x) if key is None else self._slim_shortcut(x, out_c)))
 
     def materialize(self, choice: str, in_channels: int | None = None, out_channels: int | None = None) -> nn.Module:
         if choice == "skip":
@@ -303,8 +302,7 @@ class ElasticBasicBlock(nn.Module):
             _copy_conv(d, conv2.weight[:out_c, :m].detach(), 1, k),
             _keep_if(original, slice_bn(self.bn2[key], out_c)),
         )
-        full_stream = in_c == self.spec.in_channels and out_c == self.spec.out_channels
-        if full_stream:
+        if original:
             shortcut: nn.Module = keep_statistics(copy.deepcopy(self.shortcut))
         elif self.spec.shortcut == "identity":
             shortcut = nn.Identity()
@@ -330,12 +328,12 @@ class ElasticInvertedResidual(nn.Module):
         self.expand = conv(d, spec.in_channels, hidden, 1) if self.has_expand else None
         self.dw = conv(d, hidden, hidden, spec.kernel, spec.stride, groups=hidden)
         self.project = conv(d, hidden, spec.out_channels, 1)
-        widths = [c for c in spec.choices if c in WIDTH_RATIOS]
-        # Slim widths run a trainable, importance-sorted copy (see ElasticBasicBlock).
-        slim = len(widths) > 1
-        self.expand_w = conv(d, spec.in_channels, hidden, 1) if slim and self.has_expand else None
-        self.dw_w = conv(d, hidden, hidden, spec.kernel, spec.stride, groups=hidden) if slim else None
-        self.project_w = conv(d, hidden, spec.out_channels, 1) if slim else None
+        # Slim widths and SLIM_FULL (any variant but the original) run a trainable,
+        # importance-sorted copy (see ElasticBasicBlock).
+        widths = [*(c for c in spec.choices if c in WIDTH_RATIOS), SLIM_FULL]
+        self.expand_w = conv(d, spec.in_channels, hidden, 1) if self.has_expand else None
+        self.dw_w = conv(d, hidden, hidden, spec.kernel, spec.stride, groups=hidden)
+        self.project_w = conv(d, hidden, spec.out_channels, 1)
         self.bn_expand = (
             nn.ModuleDict({c: bn(d, width_channels(hidden, c)) for c in widths}) if self.has_expand else None
         )
@@ -452,6 +450,8 @@ class ElasticPlainBlock(nn.Module):
         d, k, i, o = spec.dims, spec.kernel, spec.in_channels, spec.out_channels
         self.base = conv_bn(d, i, o, k, spec.stride)
         self.alts = nn.ModuleDict()
+        # SLIM_FULL: the trainable copy every variant but the original runs.
+        self.alts[SLIM_FULL] = conv_bn(d, i, o, k, spec.stride)
         for choice in spec.choices:
             if choice.startswith("lr"):
                 self.alts[choice] = LowRankUnit(
@@ -475,7 +475,9 @@ class ElasticPlainBlock(nn.Module):
     @torch.no_grad()
     def init_alternatives(self) -> None:
         for choice, alt in self.alts.items():
-            if isinstance(alt, LowRankUnit):
+            if choice == SLIM_FULL:
+                alt.load_state_dict(self.base.state_dict())
+            elif isinstance(alt, LowRankUnit):
                 alt.init_from_svd(self.base[0].weight, self.base[1])
             elif choice == "k1":
                 start = (self.spec.kernel - 1) // 2

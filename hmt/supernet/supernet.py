@@ -18,7 +18,7 @@ from torch import nn
 
 from hmt.errors import ModelError
 from hmt.supernet.backbones import BackboneDef, build_backbone_def
-from hmt.supernet.blocks import BLOCK_TYPES, keep_statistics, width_channels
+from hmt.supernet.blocks import BLOCK_TYPES, SLIM_FULL, keep_statistics, width_channels
 from hmt.supernet.exits import ExitHead
 from hmt.supernet.slim import StreamWidthSlot, head_forward, seq_forward, slice_head, slice_seq
 from hmt.supernet.space import (
@@ -120,10 +120,11 @@ class Supernet(nn.Module):
         self._positions_of = [
             [p for p, pos in enumerate(self.space.positions) if pos.stage == s] for s in range(len(definition.stages))
         ]
-        # Slimmed streams run trainable copies of the stem and of the final head (the
-        # original's stay frozen and exact).
-        self.stem_w = definition.stem() if definition.stream_widths else None
-        self.head_w = definition.head() if definition.stream_widths else None
+        # Every variant but the original runs trainable copies of the stem, the blocks'
+        # paths and the final head (Once-for-All style weight sharing among them); the
+        # original's modules stay frozen and exact, and teach them.
+        self.stem_w = definition.stem()
+        self.head_w = definition.head()
         self.stream_channels = [
             stage.blocks[-1].out_channels if stage.blocks else definition.stem_channels for stage in definition.stages
         ]
@@ -147,16 +148,24 @@ class Supernet(nn.Module):
         """Channels of stage ``stage``'s stream at ``width``."""
         return width_channels(self.stream_channels[stage], width)
 
+    def is_original(self, arch: ArchConfig) -> bool:
+        """Whether ``arch`` runs the user's network (every executed choice ``base``, full
+        streams; any exit): only then do the original's frozen modules run."""
+        return all(c in ("base", NOT_EXECUTED) for c in arch.choices)
+
     def forward_stage_features(self, x: torch.Tensor, arch: ArchConfig) -> list[torch.Tensor]:
         """Features at the end of every stage up to the arch's exit."""
         self._check(arch)
         widths = self.space.stage_widths(arch)
-        if widths[0] == "base":
+        original = self.is_original(arch)
+        if original:
             h = self.stem(x)
+        elif widths[0] == "base":
+            h = self.stem_w(x)
         else:
-            assert self.stem_w is not None
             h = seq_forward(self.stem_w, x, width_channels(self.definition.stem_channels, widths[0]))
         features = []
+        stream = bool(self.definition.stream_widths)
         for s in range(arch.exit_stage + 1):
             h = self.entries[s](h)
             out_c = self.channels(s, widths[s])
@@ -164,25 +173,31 @@ class Supernet(nn.Module):
                 choice = arch.choices[p]
                 if choice == NOT_EXECUTED or self.space.positions[p].kind == WIDTH_KIND:
                     continue
-                h = self.blocks[p](h, choice, out_c) if self.stem_w is not None else self.blocks[p](h, choice)
+                if choice == "base" and not original:
+                    choice = SLIM_FULL
+                h = self.blocks[p](h, choice, out_c) if stream else self.blocks[p](h, choice)
             features.append(h)
         return features
 
-    def run_exit(self, stage: int, h: torch.Tensor) -> torch.Tensor:
-        """Exit ``stage``'s head on a full or slimmed stream."""
-        if h.shape[1] == self.stream_channels[stage]:
+    def run_exit(self, stage: int, h: torch.Tensor, *, original: bool = True) -> torch.Tensor:
+        """Exit ``stage``'s head on a full or slimmed stream; the final head is the
+        original's only for the original network."""
+        last = stage == len(self.exits) - 1
+        if not last:
+            full = h.shape[1] == self.stream_channels[stage]
+            return self.exits[stage](h) if full else head_forward(self.exits[stage], h)
+        if original:
             return self.exits[stage](h)
-        head = self.head_w if stage == len(self.exits) - 1 else self.exits[stage]
-        assert head is not None
-        return head_forward(head, h)
+        return self.head_w(h) if h.shape[1] == self.stream_channels[stage] else head_forward(self.head_w, h)
 
     def forward_exits(self, x: torch.Tensor, arch: ArchConfig) -> list[torch.Tensor]:
         feats = self.forward_stage_features(x, arch)
-        return [self.run_exit(s, f) for s, f in enumerate(feats)]
+        original = self.is_original(arch)
+        return [self.run_exit(s, f, original=original) for s, f in enumerate(feats)]
 
     def forward(self, x: torch.Tensor, arch: ArchConfig) -> torch.Tensor:
         feats = self.forward_stage_features(x, arch)
-        return self.run_exit(arch.exit_stage, feats[-1])
+        return self.run_exit(arch.exit_stage, feats[-1], original=self.is_original(arch))
 
     def _stage_positions(self, stage: int) -> list[int]:
         return self._positions_of[stage]
@@ -196,9 +211,8 @@ class Supernet(nn.Module):
             block.rank_channels()
             block.init_alternatives()
         with torch.no_grad():
-            if self.stem_w is not None and self.head_w is not None:
-                self.stem_w.load_state_dict(self.stem.state_dict())
-                self.head_w.load_state_dict(self.exits[len(self.exits) - 1].state_dict())
+            self.stem_w.load_state_dict(self.stem.state_dict())
+            self.head_w.load_state_dict(self.exits[len(self.exits) - 1].state_dict())
 
     def original_modules(self) -> list[nn.Module]:
         """The user's network inside the supernet: stem, entries, every block's own path
@@ -223,8 +237,7 @@ class Supernet(nn.Module):
         private BNs (neither the original's nor the early exits')."""
         taken = {id(p) for p in self.base_parameters()}
         taken |= {id(p) for s in range(len(self.exits) - 1) for p in self.exits[s].parameters()}
-        copies = [m for m in (self.stem_w, self.head_w) if m is not None]
-        for block in [*self.blocks, *copies]:
+        for block in [*self.blocks, self.stem_w, self.head_w]:
             for p in block.parameters():
                 if id(p) not in taken:
                     taken.add(id(p))
@@ -309,7 +322,8 @@ class Supernet(nn.Module):
         reading a 75% stream... as codes, e.g. ``w50/B7``)."""
         self._check(arch)
         widths = self.space.stage_widths(arch)
-        units: list[Unit] = [("stem", 0, unit_key("base", "base", widths[0]))]
+        base = "base" if self.is_original(arch) else SLIM_FULL  # the original, or the copies
+        units: list[Unit] = [("stem", 0, unit_key(base, "base", widths[0]))]
         stage_end: dict[int, int] = {}
         exits: dict[int, Unit] = {}
         for s in range(arch.exit_stage + 1):
@@ -321,9 +335,10 @@ class Supernet(nn.Module):
                 if choice == NOT_EXECUTED or pos.kind == WIDTH_KIND:
                     continue
                 in_w = previous if pos.index == 0 else widths[s]
-                units.append(("block", p, unit_key(choice, in_w, widths[s])))
+                units.append(("block", p, unit_key(base if choice == "base" else choice, in_w, widths[s])))
             stage_end[s] = len(units)
-            exits[s] = ("exit", s, unit_key("base", widths[s], widths[s]))
+            head = base if s == len(self.exits) - 1 else "base"  # early exits serve every variant
+            exits[s] = ("exit", s, unit_key(head, widths[s], widths[s]))
         return units, stage_end, exits
 
     def unit_name(self, unit: Unit) -> str:
@@ -338,22 +353,22 @@ class Supernet(nn.Module):
         kind, index, key = unit
         choice, in_w, out_w = parse_unit_key(key)
         if kind == "stem":
-            if out_w == "base":
+            if choice == "base":
                 return keep_statistics(copy.deepcopy(self.stem)).eval()
-            assert self.stem_w is not None
+            if out_w == "base":
+                return copy.deepcopy(self.stem_w).eval()
             return slice_seq(self.stem_w, width_channels(self.definition.stem_channels, out_w)).eval()
         if kind == "entry":
             return keep_statistics(copy.deepcopy(self.entries[index])).eval()
         if kind == "exit":
             last = index == len(self.exits) - 1
+            source = self.head_w if (last and choice == SLIM_FULL) else self.exits[index]
             if out_w == "base":
-                head = copy.deepcopy(self.exits[index])
-                return (keep_statistics(head) if last else head).eval()
-            source = self.head_w if last else self.exits[index]
-            assert source is not None
+                head = copy.deepcopy(source)
+                return (keep_statistics(head) if last and choice == "base" else head).eval()
             return slice_head(source, self.channels(index, out_w)).eval()
         block = self.blocks[index]
-        if self.stem_w is None:
+        if not self.definition.stream_widths:
             return block.materialize(choice).eval()
         spec = block.spec
         in_c, out_c = width_channels(spec.in_channels, in_w), width_channels(spec.out_channels, out_w)
@@ -404,8 +419,9 @@ class Supernet(nn.Module):
             return BlockChoiceRef(self.unit_name(unit), unit[2], self.unit_module(unit), (channels, *shape[1:]))
 
         stem_shape = shapes["stem"]
+        yield ref(("stem", 0, "base"), stem_shape, stem_shape[0])
         for w in self.width_options(0):
-            yield ref(("stem", 0, unit_key("base", "base", w)), stem_shape, stem_shape[0])
+            yield ref(("stem", 0, unit_key(SLIM_FULL, "base", w)), stem_shape, stem_shape[0])
         for s in range(self.space.num_stages):
             previous = self.width_options(s - 1) if s > 0 else self.width_options(0)
             if not isinstance(self.entries[s], nn.Identity):
@@ -417,16 +433,21 @@ class Supernet(nn.Module):
                 if pos.kind == WIDTH_KIND:
                     continue
                 shape = shapes[pos.name]
+                yield ref(("block", p, "base"), shape, shape[0])
                 for out_w in self.width_options(s):
                     for in_w in previous if pos.index == 0 else (out_w,):
-                        for choice in pos.choices:
-                            if (in_w, out_w) != ("base", "base") and choice not in STREAM_COMPATIBLE:
+                        for choice in (SLIM_FULL, *(c for c in pos.choices if c != "base")):
+                            if (in_w, out_w) != ("base", "base") and choice not in (SLIM_FULL, *STREAM_COMPATIBLE):
                                 continue
                             unit = ("block", p, unit_key(choice, in_w, out_w))
                             yield ref(unit, shape, width_channels(shape[0], in_w))
             shape = shapes[f"exit{s}"]
+            last = s == self.space.num_stages - 1
+            if last:
+                yield ref(("exit", s, "base"), shape, shape[0])
             for w in self.width_options(s):
-                yield ref(("exit", s, unit_key("base", w, w)), shape, width_channels(shape[0], w))
+                unit = ("exit", s, unit_key(SLIM_FULL if last else "base", w, w))
+                yield ref(unit, shape, width_channels(shape[0], w))
 
     def variant_blocks(self, arch: ArchConfig) -> list[tuple[str, str]]:
         """(position, key) pairs ``arch`` executes, in order (its final exit only)."""
