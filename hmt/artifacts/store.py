@@ -262,7 +262,7 @@ class ArtifactWriter:
         self._tmp: Path | None = None
         self.manifest: Manifest | None = None
         self.manifest_sha256: str | None = None
-        self._hooks: list[Callable[[Path, str], None]] = []
+        self._hooks: list[Callable[[Path, str], object]] = []
         self._companions: list[tuple[Path, Callable[[Path, Path], None]]] = []
 
     @property
@@ -281,7 +281,7 @@ class ArtifactWriter:
                                           dir=parent_dir))
         return self
 
-    def before_commit(self, hook: Callable[[Path, str], None]) -> None:
+    def before_commit(self, hook: Callable[[Path, str], object]) -> None:
         """Call ``hook(tmp_dir, manifest_sha256)`` once the manifest is written, before anything is
         committed. Files it adds are not in the manifest (e.g. a signature over it)."""
         self._hooks.append(hook)
