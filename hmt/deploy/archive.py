@@ -10,7 +10,8 @@ stays inside the destination; absolute paths, ``..``, symlinks, hardlinks, spars
 devices and FIFOs are refused (tar-slip) before anything is written. Sizes are bounded
 (archive bombs): each file's declared size must be the one the manifest lists, and the
 declared total must fit a budget of :data:`BUDGET_FACTOR` times the manifest's total
-(never more than ``max_total_bytes``, and never more than the free disk space). The
+(never more than ``max_total_bytes``, and never more than the free disk space); before the
+manifest is read, :data:`PRE_MANIFEST_RATIO` times the archive's own size. The
 headers are checked as they are read, so an entry that would break the budget is refused
 before its data is decompressed, and the bytes written are counted again while writing.
 """
@@ -47,6 +48,11 @@ _SLACK_BYTES = 1 << 20
 MAX_TOTAL_BYTES = 8 << 30
 MAX_ENTRIES = 100_000
 MAX_MANIFEST_BYTES = 16 << 20
+# Until the manifest is read (hmt writes it first; a hand-made tar may not), entries may
+# declare at most this multiple of the archive's own size, plus a floor: ONNX weights and
+# shared libraries compress by 1-3x, a bomb of zeros by ~1000x.
+PRE_MANIFEST_RATIO = 16
+PRE_MANIFEST_FLOOR_BYTES = 64 << 20
 
 
 def archive_path_for(bundle_dir: Path) -> Path:
@@ -184,7 +190,8 @@ class _Budget:
 
     def _budget_reason(self) -> str:
         if self.manifest_folder is None:
-            return "the hard limit; no manifest.json read yet"
+            return (f"no {MANIFEST_NAME} read yet: at most {PRE_MANIFEST_RATIO}x the archive's size + "
+                    f"{PRE_MANIFEST_FLOOR_BYTES >> 20} MiB, and at most the hard limit")
         return f"{BUDGET_FACTOR}x the {len(self.listed)} files {MANIFEST_NAME} lists, at most {MAX_TOTAL_BYTES}"
 
     def _check_listed(self, member: tarfile.TarInfo, normal: PurePosixPath) -> None:
@@ -241,7 +248,8 @@ def _is_manifest(normal: PurePosixPath) -> bool:
 
 def _scan(tar: tarfile.TarFile, archive: Path, dest_real: Path, max_total_bytes: int) -> _Budget:
     """Read and check every header (no data written), tightening the budget at the manifest."""
-    budget = _Budget(archive, max_total_bytes)
+    pre_manifest = PRE_MANIFEST_RATIO * archive.stat().st_size + PRE_MANIFEST_FLOOR_BYTES
+    budget = _Budget(archive, min(max_total_bytes, pre_manifest))
     paths: set[PurePosixPath] = set()
     while (member := tar.next()) is not None:
         normal = _check_member(member, archive, dest_real)

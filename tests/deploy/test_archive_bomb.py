@@ -95,8 +95,17 @@ def test_a_listed_entry_declaring_more_than_the_manifest_is_refused(tmp_path: Pa
 def test_a_bomb_before_the_manifest_meets_the_hard_limit(tmp_path: Path) -> None:
     bundle = _bundle(tmp_path / "bundle")
     archive = _tar(tmp_path / "bomb.tar.gz", [("bundle/a.bin", BOMB_BYTES, None), _manifest_entry(bundle)])
-    with pytest.raises(ArtifactError, match="the hard limit; no manifest.json read yet"):
+    with pytest.raises(ArtifactError, match="no manifest.json read yet"):
         extract_archive(archive, tmp_path / "dest", max_total_bytes=1 << 20)
+    assert _written(tmp_path / "dest") == 0
+
+
+def test_a_bomb_before_the_manifest_is_bounded_by_the_archives_size(tmp_path: Path) -> None:
+    """Without a manifest first, entries may declare 16x the archive's size + 64 MiB (a bomb: ~1000x)."""
+    bundle = _bundle(tmp_path / "bundle")
+    archive = _tar(tmp_path / "bomb.tar.gz", [("bundle/a.bin", 6 * BOMB_BYTES, None), _manifest_entry(bundle)])
+    with pytest.raises(ArtifactError, match=r"no manifest.json read yet: at most 16x the archive's size"):
+        extract_archive(archive, tmp_path / "dest")
     assert _written(tmp_path / "dest") == 0
 
 
