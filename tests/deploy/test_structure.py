@@ -88,8 +88,9 @@ def test_serve_refuses_a_symlink(bundle_copy: Path, where: str) -> None:
         load_checked_bundle(bundle_copy)
     with pytest.raises(UnsafePathError, match="a symlink"):
         verify_bundle(bundle_copy, run_models=False)
-    done = _serve(bundle_copy)
-    assert done.returncode == ArtifactError.exit_code and "symlink" in done.stderr, done.stderr[-2000:]
+    if where.endswith("etc"):  # one end-to-end run of serve is enough (a process start costs ~1.5 s)
+        done = _serve(bundle_copy)
+        assert done.returncode == ArtifactError.exit_code and "symlink" in done.stderr, done.stderr[-2000:]
 
 
 def test_serve_refuses_a_library_for_another_machine(bundle_copy: Path) -> None:
@@ -231,7 +232,7 @@ def _spill(tmp_path: Path, count: int) -> Path:
 
 
 @pytest.mark.parametrize("count", [
-    1_000,
+    200,
     pytest.param(50_000, marks=pytest.mark.slow),  # the case; ~13 s on 2 shared cores
 ])
 def test_many_extra_files_give_a_bounded_message(tmp_path: Path, count: int) -> None:
