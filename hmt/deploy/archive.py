@@ -32,7 +32,7 @@ from typing import IO
 from hmt.artifacts.manifest import MANIFEST_NAME, Manifest
 from hmt.artifacts.paths import safe_join
 from hmt.artifacts.signing import SIGNATURE_NAME
-from hmt.artifacts.store import fsync_dir, temp_prefix
+from hmt.artifacts.store import clean_stale_temporaries, fsync_dir, temp_prefix
 from hmt.errors import ArtifactError, HmtError, InputError, UnsafePathError
 
 ARCHIVE_SUFFIX = ".tar.gz"
@@ -133,6 +133,7 @@ def write_archive(bundle_dir: Path, archive: Path | None = None, *, root_name: s
         Path(tmp_name).unlink(missing_ok=True)
         raise
     fsync_dir(archive.parent)
+    clean_stale_temporaries(archive.parent, archive.name)
     return archive
 
 

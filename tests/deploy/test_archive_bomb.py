@@ -147,3 +147,20 @@ def test_the_cli_refuses_a_bomb_with_exit_4_and_no_traceback(tmp_path: Path) -> 
     result = CliRunner().invoke(app, ["deploy", "--verify", str(archive)])
     assert result.exit_code == ArtifactError.exit_code, result.output
     assert "extraction budget" in result.output and "Traceback" not in result.output
+
+
+def test_data_beyond_the_declared_size_stops_the_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defence in depth: the bytes written are counted, whatever the headers said."""
+    bundle = _bundle(tmp_path / "bundle")
+    archive = write_archive(bundle, tmp_path / "ok.tar.gz")
+    real = tarfile.TarFile.extractfile
+
+    def lying(self: tarfile.TarFile, member: tarfile.TarInfo | str) -> io.BufferedReader | None:
+        source = real(self, member)
+        if isinstance(member, tarfile.TarInfo) and member.name.endswith("segment_0.onnx") and source is not None:
+            return io.BufferedReader(io.BytesIO(source.read() + bytes(4096)))  # type: ignore[arg-type]
+        return source
+
+    monkeypatch.setattr(tarfile.TarFile, "extractfile", lying)
+    with pytest.raises(ArtifactError, match="expands past its declared size"):
+        extract_archive(archive, tmp_path / "dest")
