@@ -32,6 +32,20 @@ Build and copy to the device (your ssh keys; rsync, else scp):
     hmt deploy --fused runs/fused --pareto runs/pareto --target raspberry-pi-4b --push pi@rpi.local:/home/pi/hmt
 
 Jetson bundles carry no GPU code (see --list-targets): their ONNX graphs are for TensorRT on the device.
+
+Signed bundles (bundles carry native code): make a key pair once, sign at build time, and
+give the public key to verify and serve, which then refuse unsigned or differently signed bundles:
+
+    hmt deploy --gen-key keys/hmt-sign.pem          # writes keys/hmt-sign.pem (0600) and keys/hmt-sign.pem.pub
+
+    hmt deploy --fused runs/fused --pareto runs/pareto --target raspberry-pi-4b --sign-key keys/hmt-sign.pem
+
+    hmt deploy --verify runs/bundle-raspberry-pi-4b.tar.gz --trusted-key keys/hmt-sign.pem.pub
+
+    hmt serve runs/bundle-raspberry-pi-4b --trusted-key keys/hmt-sign.pem.pub
+
+OpenSSL keys work too: `openssl genpkey -algorithm ed25519 -out KEY` and
+`openssl pkey -in KEY -pubout -out KEY.pub`.
 """
 
 
@@ -103,6 +117,12 @@ def deploy_command(
     ssh_options: Annotated[list[str] | None, typer.Option(
         "--ssh-option", help="Extra ssh -o KEY=VALUE for --push (repeatable).")] = None,
     push_tool: Annotated[PushTool, typer.Option("--push-tool", help="rsync, scp, or auto.")] = PushTool.auto,
+    sign_key: Annotated[Path | None, typer.Option(
+        "--sign-key", help="ed25519 private key (PEM) to sign the bundle's manifest with (manifest.sig).")] = None,
+    trusted_key: Annotated[Path | None, typer.Option(
+        "--trusted-key", help="ed25519 public key (PEM): with --verify, refuse a bundle it did not sign.")] = None,
+    gen_key: Annotated[Path | None, typer.Option(
+        "--gen-key", help="Write a new ed25519 key pair to PATH (private, mode 0600) and PATH.pub, and exit.")] = None,
     seed: SeedOpt = 0,
     json_mode: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -131,12 +151,25 @@ def deploy_command(
         if list_targets:
             _list_targets(output)
             return
+        if gen_key is not None:
+            from hmt.artifacts.signing import generate_key_pair, load_public_key, public_key_id
+
+            private_path, public_path = generate_key_pair(gen_key)
+            key_id = public_key_id(load_public_key(public_path))
+            output.result({"private_key": str(private_path), "public_key": str(public_path), "key_sha256": key_id},
+                          f"wrote {private_path} (keep it secret) and {public_path} (give it to verify/serve "
+                          f"as --trusted-key); key {key_id[:16]}...")
+            return
+        if trusted_key is not None and verify is None:
+            raise UsageError("--trusted-key goes with --verify (a build checks its own --sign-key signature)")
         if verify is not None:
             if push is not None and not verify.is_dir():
                 raise UsageError("--push with --verify needs a bundle directory, not an archive")
+            from hmt.artifacts.signing import load_public_key
             from hmt.deploy.verify import verify_bundle
 
-            report = verify_bundle(verify, expected_target=target, seed=seed)
+            trusted = load_public_key(trusted_key) if trusted_key is not None else None
+            report = verify_bundle(verify, expected_target=target, seed=seed, trusted_key=trusted)
             _show_verify(output, report)
             pushed = do_push(output, verify)
             output.result({**report.to_json_dict(), "push": pushed}, f"{verify}: bundle OK for {report.target}")
@@ -153,7 +186,7 @@ def deploy_command(
         options = DeployOptions(
             target=target, profile=profile, variants=tuple(variants or ()),
             engines=tuple(e.value for e in engines) if engines else ("onnxruntime", "tvm"),
-            strict=strict, latency_ms=latency_ms, memory_mb=memory_mb, energy=energy,
+            strict=strict, latency_ms=latency_ms, memory_mb=memory_mb, energy=energy, sign_key=sign_key,
         )
         with output.progress() as progress:
             result = deploy_bundle(fused, pareto, out_dir, options=options, progress=progress)
@@ -171,7 +204,10 @@ def deploy_command(
         output.note(f"lineage: {result.lineage}")
         verified = None
         if not no_verify:
-            report = verify_bundle(out_dir, expected_target=result.target.name, seed=seed)
+            from hmt.artifacts.signing import load_private_key
+
+            own_key = load_private_key(sign_key).public_key() if sign_key is not None else None
+            report = verify_bundle(out_dir, expected_target=result.target.name, seed=seed, trusted_key=own_key)
             verified = report.to_json_dict()
             skipped = [c.name for c in report.checks if c.status == "skipped"]
             output.note(f"verified: {len(report.checks) - len(skipped)} checks ok"

@@ -107,6 +107,9 @@ def serve_command(
                                    "not inflated by the clients sharing its interpreter).")] = False,
     timeline_out: Annotated[Path | None, typer.Option(
         help="Scenario: write timeline.csv, requests.csv, timeline.png and summary.json here.")] = None,
+    trusted_key: Annotated[Path | None, typer.Option(
+        "--trusted-key", help="ed25519 public key (PEM): refuse a bundle not signed by it (hmt deploy --sign-key; "
+                              "see hmt deploy --help).")] = None,
     seed: SeedOpt = 0,
     json_mode: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -133,7 +136,7 @@ def serve_command(
         resolved_token = resolve_token(host, token)
         session = SessionOptions(engine=None if engine is None else engine.value, threads=threads,
                                  latency_ms=latency_ms, memory_mb=memory_mb, exit_confidence=exit_confidence,
-                                 no_early_exit=no_early_exit, fixed_variant=variant)
+                                 no_early_exit=no_early_exit, fixed_variant=variant, trusted_key=trusted_key)
         api = ApiOptions(token=resolved_token, max_body_bytes=None if max_body_kb is None else max_body_kb * 1024,
                          max_queue=max_queue, workers=workers, deadline_ms=deadline_ms)
         server = ServerOptions(host=host, port=port, log_level="info" if debug else "warning")

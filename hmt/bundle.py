@@ -16,13 +16,16 @@ serve may stop after any segment whose exit is confident enough. Every path in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hmt.artifacts import Artifact, load_artifact, safe_join
-from hmt.errors import ArtifactError
+from hmt.artifacts.checks import check_exact_files
+from hmt.artifacts.signing import SIGNATURE_NAME, SignatureCheck, check_signature
+from hmt.errors import ArtifactError, HmtError
 
 BUNDLE_KIND = "bundle"
 BUNDLE_SPEC_NAME = "bundle.json"
@@ -32,6 +35,11 @@ INDEX_NAME = "index.json"
 SERVE_CONFIG_NAME = "serve.json"
 VARIANTS_DIR = "variants"
 ENGINES = ("onnxruntime", "tvm")
+# What a tensor in bundle.json may be: the dtypes serve's runner knows, and at most this
+# many elements (512 MB of float32), so a hostile shape is an artifact error at load time
+# rather than a failed allocation later.
+TENSOR_DTYPES = ("float32", "float16", "float64", "int64", "int32", "uint8", "int8")
+MAX_TENSOR_ELEMENTS = 1 << 27
 
 
 @dataclass(frozen=True)
@@ -43,9 +51,24 @@ class TensorSpec:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], where: str) -> TensorSpec:
         try:
-            return cls(str(data["name"]), tuple(int(d) for d in data["shape"]), str(data["dtype"]))
+            shape = data["shape"]
+            if not isinstance(shape, list | tuple) or not all(type(d) is int for d in shape):
+                raise TypeError(f"shape must be a list of integers, got {str(shape)[:80]}")
+            spec = cls(str(data["name"]), tuple(shape), str(data["dtype"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"{where}: expected {{name, shape, dtype}} ({exc})") from exc
+        spec._check(where)
+        return spec
+
+    def _check(self, where: str) -> None:
+        if self.dtype not in TENSOR_DTYPES:
+            raise ArtifactError(f"{where}: dtype {self.dtype[:40]!r} is not one of {list(TENSOR_DTYPES)}")
+        if not 1 <= len(self.shape) <= 8 or any(d < 1 for d in self.shape):
+            raise ArtifactError(f"{where}: shape {list(self.shape)[:10]} needs 1 to 8 dimensions, each >= 1")
+        elements = math.prod(self.shape)
+        if elements > MAX_TENSOR_ELEMENTS:
+            raise ArtifactError(f"{where}: shape {list(self.shape)} has {elements:.3g} elements, more than "
+                                f"{MAX_TENSOR_ELEMENTS} a bundle tensor may have")
 
 
 @dataclass(frozen=True)
@@ -251,6 +274,108 @@ def load_bundle(path: Path | str, *, verify_checksums: bool = True) -> Bundle:
     for name in (PROFILE_NAME, INDEX_NAME):
         artifact.file(name)
     return Bundle(artifact, spec, serve_config)
+
+
+@dataclass(frozen=True)
+class BundleChecks:
+    """What :func:`check_bundle` found: listed files, the target, compiled libraries, signature."""
+
+    files: int
+    target: str
+    elf_machine: str | None
+    libraries: int
+    signature: SignatureCheck
+
+
+def _check_serve_config(bundle: Bundle) -> None:
+    from hmt.serve.settings import ServeSettings
+
+    where = str(bundle.root / SERVE_CONFIG_NAME)
+    try:
+        ServeSettings.from_mapping(bundle.serve_config, where=where)
+    except ArtifactError:
+        raise
+    except HmtError as exc:
+        # A bad value inside the bundle is a bundle that fails verification, whichever
+        # command reads it (serve and deploy --verify both exit 4 for it).
+        msg = str(exc)
+        raise ArtifactError(msg if where in msg else f"{where}: {msg}") from exc
+
+
+def _check_target(bundle: Bundle, expected: str | None, require_known: bool) -> tuple[str, str | None]:
+    from hmt.deploy.targets import TARGETS
+
+    name = str(bundle.spec.target.get("name"))
+    where = bundle.root / BUNDLE_SPEC_NAME
+    if expected is not None and expected != name:
+        raise ArtifactError(f"{bundle.root}: built for target {name!r}, expected {expected!r}")
+    if name not in TARGETS:
+        if require_known:
+            raise ArtifactError(f"{where}: target {name[:80]!r} is not a known target ({', '.join(TARGETS)})")
+        # A target this hmt does not know (a newer hmt's, or a hand-made bundle): the
+        # ELF machine recorded in bundle.json is all there is to check libraries against.
+        machine = bundle.spec.target.get("elf_machine")
+        return name, machine if isinstance(machine, str) else None
+    configured = bundle.artifact.manifest.config.get("target")
+    if configured != name:
+        raise ArtifactError(f"{where}: target {name!r}, but manifest.json says {configured!r}")
+    if bundle.spec.target.get("arch") != TARGETS[name].arch:
+        raise ArtifactError(f"{where}: target {name} arch {bundle.spec.target.get('arch')!r}, "
+                            f"the registry says {TARGETS[name].arch!r}")
+    return name, TARGETS[name].elf_machine
+
+
+def _check_machines(bundle: Bundle, target: str, expected: str | None) -> int:
+    from hmt.deploy.elf import read_elf_header
+
+    count = 0
+    for variant in bundle.spec.variants:
+        for graph in variant.graphs():
+            if graph.tvm is None:
+                continue
+            if expected is None:
+                raise ArtifactError(f"{bundle.root / BUNDLE_SPEC_NAME}: target {target[:80]!r} is not a known "
+                                    "target and names no elf_machine; its compiled libraries cannot be checked")
+            header = read_elf_header(bundle.path(graph.tvm))
+            if header.machine != expected or header.bits != 64:
+                raise ArtifactError(f"{bundle.root / graph.tvm}: ELF for {header.machine} ({header.bits}-bit), "
+                                    f"target {target} needs {expected} (64-bit)")
+            count += 1
+    return count
+
+
+def check_bundle(bundle: Bundle, *, expected_target: str | None = None, trusted_key: Any | None = None,
+                 require_known_target: bool = True) -> BundleChecks:
+    """The structural checks both ``deploy --verify`` and ``serve`` run on a loaded bundle.
+
+    Refuses (ArtifactError, exit 4): unlisted files, symlinks or special files anywhere in
+    the bundle, a ``serve.json`` that does not validate, an unknown or inconsistent target
+    (or not ``expected_target``), a compiled library whose ELF header names another
+    machine, and, when ``trusted_key`` (a loaded ed25519 public key) is given, a missing or
+    non-matching signature. ``require_known_target=False`` (serve) accepts a target this
+    hmt's registry does not know, checking libraries against the ELF machine bundle.json
+    records (and refusing libraries when it records none).
+    """
+    # The signature first: with a trusted key, nothing else is looked at in a bundle from someone else.
+    signature = check_signature(bundle.root, bundle.artifact.manifest_sha256, trusted_key)
+    files = check_exact_files(bundle.artifact, allowed=(SIGNATURE_NAME,))
+    _check_serve_config(bundle)
+    target, machine = _check_target(bundle, expected_target, require_known_target)
+    libraries = _check_machines(bundle, target, machine)
+    return BundleChecks(files, target, machine, libraries, signature)
+
+
+def load_checked_bundle(path: Path | str, *, trusted_key: Path | str | None = None) -> Bundle:
+    """:func:`load_bundle` then :func:`check_bundle`, as ``hmt serve`` opens a bundle at start-up.
+
+    ``trusted_key`` is a PEM ed25519 public key file: the bundle must carry a signature by it.
+    """
+    from hmt.artifacts.signing import load_public_key
+
+    key = load_public_key(trusted_key) if trusted_key is not None else None  # a bad key file fails first
+    bundle = load_bundle(path)
+    check_bundle(bundle, trusted_key=key, require_known_target=False)
+    return bundle
 
 
 def graph_names(variants: Sequence[BundleVariant]) -> list[str]:

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "torch==2.13.0"
-python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "torch==2.13.0" -e ".[offline,dev]"
+python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "torch==2.13.0" -e ".[offline,dev,tune]"
 # deploy cross-compiles TVM libraries for the Arm targets with Debian's aarch64 gcc. Best
 # effort: installed only where apt works (root, or sudo without a password); setup never
 # fails because of it (hmt deploy then says which package is missing).

@@ -4,6 +4,11 @@ A stage builds its output in a temporary sibling directory, fsyncs every file, w
 the manifest last, then swaps the directory into place. A killed run leaves either the
 previous artifact or the new one: if it dies between the two renames, the next write
 or load finds the previous artifact under its backup name and puts it back.
+
+Temporary names carry the writer's host and pid (``.<name>.hmt~<host>~<pid>~<random>``
++ ``.partial``/``.tmp``), so a later successful write of the same output can remove the
+debris of killed writers (pid no longer running on this host) without touching the
+temporary files of a writer that is still running.
 """
 
 from __future__ import annotations
@@ -12,9 +17,12 @@ import datetime as dt
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -33,6 +41,76 @@ from hmt.errors import ArtifactError, InputError
 
 _BACKUP_SUFFIX = ".hmt-previous"
 _CHUNK_BYTES = 1 << 20
+_TEMP_SUFFIXES = (".partial", ".tmp")
+# Temporary names written before owner tags existed (8 random characters from tempfile)
+# are removed only when this old: their writer cannot be identified, and a day is far
+# longer than any stage.
+LEGACY_STALE_AGE_S = 24 * 3600.0
+
+
+def _host_tag() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:32] or "host"
+
+
+def temp_prefix(name: str) -> str:
+    """Prefix of this process's temporary siblings of ``name`` (see :func:`clean_stale_temporaries`)."""
+    return f".{name}.hmt~{_host_tag()}~{os.getpid()}~"
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    except OSError:
+        return True  # unknown: keep the files
+    return True
+
+
+def clean_stale_temporaries(parent: Path, name: str) -> list[Path]:
+    """Remove ``.partial`` directories and ``.tmp`` files left in ``parent`` by killed writers of ``name``.
+
+    Only names this module creates for ``name`` are considered. Tagged ones are removed when
+    their host is this one and their pid is not running (this process's own are kept: a
+    concurrent writer may be using them); untagged (older hmt) ones when older than
+    :data:`LEGACY_STALE_AGE_S`. Returns what was removed; failures to remove are ignored
+    (the next run tries again).
+    """
+    tagged = re.compile(rf"^\.{re.escape(name)}\.hmt~(?P<host>[A-Za-z0-9-]*)~(?P<pid>\d+)~[A-Za-z0-9_]+"
+                        r"\.(?:partial|tmp)$")
+    legacy = re.compile(rf"^\.{re.escape(name)}\.[a-z0-9_]{{8}}\.(?:partial|tmp)$")
+    host, me, now = _host_tag(), os.getpid(), time.time()
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.endswith(_TEMP_SUFFIXES):
+            continue
+        match = tagged.match(entry.name)
+        if match is not None:
+            pid = int(match["pid"])
+            if match["host"] != host or pid == me or _pid_running(pid):
+                continue
+        elif legacy.match(entry.name) is not None:
+            try:
+                if now - entry.stat(follow_symlinks=False).st_mtime < LEGACY_STALE_AGE_S:
+                    continue
+            except OSError:
+                continue
+        else:
+            continue
+        path = Path(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        if not os.path.lexists(path):
+            removed.append(path)
+    return removed
 
 
 def sha256_file(path: Path) -> str:
@@ -60,7 +138,7 @@ def fsync_dir(path: Path) -> None:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write one file atomically (temp file in the same directory, fsync, rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(path.name), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -71,6 +149,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         Path(tmp_name).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+    clean_stale_temporaries(path.parent, path.name)
 
 
 def _recover_interrupted_swap(out_dir: Path) -> None:
@@ -161,6 +240,10 @@ class ArtifactWriter:
             w.metrics["largest_top1"] = 0.91
 
     If the block raises, the temporary directory is removed and ``out_dir`` is untouched.
+
+    :meth:`before_commit` adds files that depend on the finished manifest (a signature);
+    :meth:`companion` commits a file beside ``out_dir`` together with it (the deploy
+    archive). A successful write then removes killed writers' temporaries of ``out_dir``.
     """
 
     def __init__(
@@ -178,6 +261,9 @@ class ArtifactWriter:
         self.metrics: dict[str, Any] = {}
         self._tmp: Path | None = None
         self.manifest: Manifest | None = None
+        self.manifest_sha256: str | None = None
+        self._hooks: list[Callable[[Path, str], object]] = []
+        self._companions: list[tuple[Path, Callable[[Path, Path], None]]] = []
 
     @property
     def tmp_dir(self) -> Path:
@@ -191,8 +277,25 @@ class ArtifactWriter:
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise InputError(f"{self.out_dir}: exists and is not a directory")
         _recover_interrupted_swap(self.out_dir)
-        self._tmp = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}.", suffix=".partial", dir=parent_dir))
+        self._tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(self.out_dir.name), suffix=".partial",
+                                          dir=parent_dir))
         return self
+
+    def before_commit(self, hook: Callable[[Path, str], object]) -> None:
+        """Call ``hook(tmp_dir, manifest_sha256)`` once the manifest is written, before anything is
+        committed. Files it adds are not in the manifest (e.g. a signature over it)."""
+        self._hooks.append(hook)
+
+    def companion(self, path: Path | str, build: Callable[[Path, Path], None]) -> None:
+        """Commit the file ``path`` (outside the artifact) with the artifact.
+
+        ``build(tmp_dir, tmp_file)`` writes it from the finished artifact (after the
+        :meth:`before_commit` hooks) into a temporary file. The previous ``path`` is removed
+        before the directory swap and the new one renamed into place after it, so a kill at
+        any point never leaves a ``path`` from another build beside ``out_dir``: at worst
+        ``path`` is missing until the next successful run.
+        """
+        self._companions.append((Path(os.path.abspath(path)), build))
 
     def path(self, name: str) -> Path:
         """Path inside the new artifact for ``name`` (sub-folders are created)."""
@@ -239,6 +342,7 @@ class ArtifactWriter:
             shutil.rmtree(tmp, ignore_errors=True)
             self._tmp = None
             return
+        staged: list[tuple[Path, Path]] = []
         try:
             self.manifest = Manifest(
                 kind=self.kind,
@@ -250,19 +354,53 @@ class ArtifactWriter:
                 environment=environment_record(),
                 metrics=self.metrics,
             )
-            atomic_write_bytes(
-                tmp / MANIFEST_NAME,
-                (json.dumps(self.manifest.to_json_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n").encode(),
-            )
+            raw = (json.dumps(self.manifest.to_json_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
+            atomic_write_bytes(tmp / MANIFEST_NAME, raw)
+            self.manifest_sha256 = hashlib.sha256(raw).hexdigest()
+            for hook in self._hooks:
+                hook(tmp, self.manifest_sha256)
             fsync_dir(tmp)
-            backup = self.out_dir.with_name(self.out_dir.name + _BACKUP_SUFFIX)
-            if self.out_dir.exists():
-                os.replace(self.out_dir, backup)
-            os.replace(tmp, self.out_dir)
-            fsync_dir(self.out_dir.parent)
-            shutil.rmtree(backup, ignore_errors=True)
+            for path, build in self._companions:
+                staged.append((path, self._stage_companion(path, build)))
+            self._commit(staged)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
+            for _, staged_file in staged:
+                staged_file.unlink(missing_ok=True)
             raise
         finally:
             self._tmp = None
+        clean_stale_temporaries(self.out_dir.parent, self.out_dir.name)
+        for path, _ in staged:
+            clean_stale_temporaries(path.parent, path.name)
+
+    def _stage_companion(self, path: Path, build: Callable[[Path, Path], None]) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=temp_prefix(path.name), suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        staged = Path(name)
+        try:
+            build(self.tmp_dir, staged)
+            with open(staged, "rb") as handle:
+                os.fsync(handle.fileno())
+        except BaseException:
+            staged.unlink(missing_ok=True)
+            raise
+        return staged
+
+    def _commit(self, staged: list[tuple[Path, Path]]) -> None:
+        # Old companions go first: from here until the last rename, a kill leaves no
+        # companion rather than one that belongs to another build than the directory.
+        for path, _ in staged:
+            path.unlink(missing_ok=True)
+            fsync_dir(path.parent)
+        tmp = self.tmp_dir
+        backup = self.out_dir.with_name(self.out_dir.name + _BACKUP_SUFFIX)
+        if self.out_dir.exists():
+            os.replace(self.out_dir, backup)
+        os.replace(tmp, self.out_dir)
+        fsync_dir(self.out_dir.parent)
+        for path, staged_file in staged:
+            os.replace(staged_file, path)
+            fsync_dir(path.parent)
+        shutil.rmtree(backup, ignore_errors=True)

@@ -1,27 +1,58 @@
-"""Deterministic ``.tar.gz`` of a bundle, and extraction that refuses escaping entries.
+"""Deterministic ``.tar.gz`` of a bundle, and bounded, tar-slip-safe extraction.
 
-Writing: entries sorted by path under one top-level folder, fixed mtime/uid/gid/modes and
-no owner names, gzip without a timestamp or file name, so equal bundle directories give
-byte-equal archives. Extraction: every entry must be a regular file or a directory with a
-relative path that stays inside the destination; absolute paths, ``..``, symlinks,
-hardlinks, devices and FIFOs are refused (tar-slip) before anything is written.
+Writing: ``manifest.json`` (and its signature) first, then the other entries sorted by
+path, under one top-level folder, with fixed mtime/uid/gid/modes and no owner names;
+gzip without a timestamp or file name, so equal bundle directories give byte-equal
+archives. The manifest first lets extraction size its budget before any large entry.
+
+Extraction: every entry must be a regular file or a directory with a relative path that
+stays inside the destination; absolute paths, ``..``, symlinks, hardlinks, sparse files,
+devices and FIFOs are refused (tar-slip) before anything is written. Sizes are bounded
+(archive bombs): each file's declared size must be the one the manifest lists, and the
+declared total must fit a budget of :data:`BUDGET_FACTOR` times the manifest's total
+(never more than ``max_total_bytes``, and never more than the free disk space); before the
+manifest is read, :data:`PRE_MANIFEST_RATIO` times the archive's own size. The
+headers are checked as they are read, so an entry that would break the budget is refused
+before its data is decompressed, and the bytes written are counted again while writing.
 """
 
 from __future__ import annotations
 
 import gzip
+import json
 import os
+import shutil
 import tarfile
 import tempfile
+import zlib
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import IO
 
+from hmt.artifacts.manifest import MANIFEST_NAME, Manifest
 from hmt.artifacts.paths import safe_join
-from hmt.artifacts.store import fsync_dir
-from hmt.errors import InputError, UnsafePathError
+from hmt.artifacts.signing import SIGNATURE_NAME
+from hmt.artifacts.store import clean_stale_temporaries, fsync_dir, temp_prefix
+from hmt.errors import ArtifactError, HmtError, InputError, UnsafePathError
 
 ARCHIVE_SUFFIX = ".tar.gz"
 FIXED_MTIME = 0
 _CHUNK_BYTES = 1 << 20
+# The extracted total may be at most this multiple of what the manifest lists (plus
+# _SLACK_BYTES for the manifest, signature and directory entries): a bundle archive holds
+# exactly the listed files, so anything beyond is not a bundle hmt wrote.
+BUDGET_FACTOR = 2
+_SLACK_BYTES = 1 << 20
+# Hard ceilings whatever the manifest claims (it is inside the archive, so an attacker
+# writes it too): total bytes, number of entries, and the manifest's own size.
+MAX_TOTAL_BYTES = 8 << 30
+MAX_ENTRIES = 100_000
+MAX_MANIFEST_BYTES = 16 << 20
+# Until the manifest is read (hmt writes it first; a hand-made tar may not), entries may
+# declare at most this multiple of the archive's own size, plus a floor: ONNX weights and
+# shared libraries compress by 1-3x, a bomb of zeros by ~1000x.
+PRE_MANIFEST_RATIO = 16
+PRE_MANIFEST_FLOOR_BYTES = 64 << 20
 
 
 def archive_path_for(bundle_dir: Path) -> Path:
@@ -48,31 +79,52 @@ def _tarinfo(name: str, *, size: int = 0, is_dir: bool = False) -> tarfile.TarIn
     return info
 
 
-def write_archive(bundle_dir: Path, archive: Path | None = None) -> Path:
+def _entry_order(bundle_dir: Path) -> list[Path]:
+    """Every path of the bundle, the manifest and its signature first, then sorted."""
+    first = {MANIFEST_NAME: 0, SIGNATURE_NAME: 1}
+
+    def key(path: Path) -> tuple[int, str]:
+        rel = path.relative_to(bundle_dir).as_posix()
+        return (first.get(rel, 2), rel)
+
+    return sorted(bundle_dir.rglob("*"), key=key)
+
+
+def write_archive_to(bundle_dir: Path, raw: IO[bytes], *, root_name: str | None = None) -> None:
+    """Write ``bundle_dir`` as a deterministic ``.tar.gz`` into the open binary file ``raw``.
+
+    Entries sit under one folder, ``root_name`` (default: the directory's name).
+    """
+    bundle_dir = Path(os.path.abspath(bundle_dir))
+    root = root_name or bundle_dir.name
+    # filename="" and mtime=0 keep the gzip header free of the temp name and the time.
+    with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=FIXED_MTIME, compresslevel=9) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(_tarinfo(root, is_dir=True))
+        for path in _entry_order(bundle_dir):
+            name = f"{root}/{path.relative_to(bundle_dir).as_posix()}"
+            if path.is_symlink():
+                raise UnsafePathError(f"{path}: symlinks are not allowed in a bundle")
+            if path.is_dir():
+                tar.addfile(_tarinfo(name, is_dir=True))
+            elif path.is_file():
+                with open(path, "rb") as handle:
+                    tar.addfile(_tarinfo(name, size=path.stat().st_size), handle)
+
+
+def write_archive(bundle_dir: Path, archive: Path | None = None, *, root_name: str | None = None) -> Path:
     """Write ``bundle_dir`` as a deterministic ``.tar.gz`` (atomically); returns its path.
 
-    Entries sit under one folder named like the bundle directory.
+    Entries sit under one folder named like the bundle directory (or ``root_name``).
+    ``hmt deploy`` does not call this after the build: it commits the archive together with
+    the directory (:meth:`hmt.artifacts.ArtifactWriter.companion`).
     """
     bundle_dir = Path(os.path.abspath(bundle_dir))
     archive = archive_path_for(bundle_dir) if archive is None else Path(os.path.abspath(archive))
-    root = bundle_dir.name
-    paths = sorted(bundle_dir.rglob("*"), key=lambda p: p.relative_to(bundle_dir).as_posix())
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{archive.name}.", suffix=".tmp", dir=archive.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(archive.name), suffix=".tmp", dir=archive.parent)
     try:
         with os.fdopen(fd, "wb") as raw:
-            # filename="" and mtime=0 keep the gzip header free of the temp name and the time.
-            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=FIXED_MTIME, compresslevel=9) as gz, \
-                    tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                tar.addfile(_tarinfo(root, is_dir=True))
-                for path in paths:
-                    name = f"{root}/{path.relative_to(bundle_dir).as_posix()}"
-                    if path.is_symlink():
-                        raise UnsafePathError(f"{path}: symlinks are not allowed in a bundle")
-                    if path.is_dir():
-                        tar.addfile(_tarinfo(name, is_dir=True))
-                    elif path.is_file():
-                        with open(path, "rb") as handle:
-                            tar.addfile(_tarinfo(name, size=path.stat().st_size), handle)
+            write_archive_to(bundle_dir, raw, root_name=root_name)
             raw.flush()
             os.fsync(raw.fileno())
         os.chmod(tmp_name, 0o644)
@@ -81,7 +133,15 @@ def write_archive(bundle_dir: Path, archive: Path | None = None) -> Path:
         Path(tmp_name).unlink(missing_ok=True)
         raise
     fsync_dir(archive.parent)
+    clean_stale_temporaries(archive.parent, archive.name)
     return archive
+
+
+def build_archive_file(bundle_dir: Path, tmp_file: Path, *, root_name: str) -> None:
+    """``ArtifactWriter.companion`` builder: the archive of the finished (temporary) bundle directory."""
+    with open(tmp_file, "wb") as raw:
+        write_archive_to(bundle_dir, raw, root_name=root_name)
+    os.chmod(tmp_file, 0o644)
 
 
 def _check_member(member: tarfile.TarInfo, archive: Path, dest: Path) -> PurePosixPath:
@@ -90,6 +150,9 @@ def _check_member(member: tarfile.TarInfo, archive: Path, dest: Path) -> PurePos
     where = f"{archive}: entry {name!r}"
     if member.issym() or member.islnk():
         raise UnsafePathError(f"{where} is a link (to {member.linkname!r}); refusing to extract it")
+    if member.issparse():
+        # A sparse entry expands to its "real size", far beyond the bytes it stores.
+        raise UnsafePathError(f"{where} is a sparse file; refusing to extract it")
     if not (member.isfile() or member.isdir()):
         raise UnsafePathError(f"{where} is a device, FIFO or other special file; refusing to extract it")
     if "\\" in name:
@@ -98,11 +161,145 @@ def _check_member(member: tarfile.TarInfo, archive: Path, dest: Path) -> PurePos
     return PurePosixPath(target.relative_to(dest).as_posix())
 
 
-def extract_archive(archive: Path, dest: Path) -> Path:
+@dataclass
+class _Budget:
+    """What the archive may expand to, tightened once its manifest has been read."""
+
+    archive: Path
+    limit_bytes: int
+    entries_limit: int = MAX_ENTRIES
+    declared_bytes: int = 0
+    entries: int = 0
+    manifest_folder: PurePosixPath | None = None
+    listed: dict[str, int] = field(default_factory=dict)
+    seen: list[tuple[tarfile.TarInfo, PurePosixPath]] = field(default_factory=list)
+
+    def add(self, member: tarfile.TarInfo, normal: PurePosixPath) -> None:
+        self.entries += 1
+        if self.entries > self.entries_limit:
+            raise ArtifactError(f"{self.archive}: more than {self.entries_limit} entries; not a bundle archive "
+                                "(refused before extracting)")
+        if member.isfile():
+            self.declared_bytes += member.size
+            self._check_listed(member, normal)
+        if self.declared_bytes > self.limit_bytes:
+            raise ArtifactError(
+                f"{self.archive}: entries declare {self.declared_bytes} bytes (at {member.name!r}), over the "
+                f"extraction budget of {self.limit_bytes} bytes ({self._budget_reason()}); refused before "
+                "extracting it (an archive bomb, or not an archive hmt deploy wrote)")
+        self.seen.append((member, normal))
+
+    def _budget_reason(self) -> str:
+        if self.manifest_folder is None:
+            return (f"no {MANIFEST_NAME} read yet: at most {PRE_MANIFEST_RATIO}x the archive's size + "
+                    f"{PRE_MANIFEST_FLOOR_BYTES >> 20} MiB, and at most the hard limit")
+        return f"{BUDGET_FACTOR}x the {len(self.listed)} files {MANIFEST_NAME} lists, at most {MAX_TOTAL_BYTES}"
+
+    def _check_listed(self, member: tarfile.TarInfo, normal: PurePosixPath) -> None:
+        if self.manifest_folder is None:
+            return
+        try:
+            rel = normal.relative_to(self.manifest_folder).as_posix()
+        except ValueError:
+            return
+        expected = self.listed.get(rel)
+        if expected is not None and member.size != expected:
+            raise ArtifactError(f"{self.archive}: entry {member.name!r} declares {member.size} bytes, "
+                                f"{MANIFEST_NAME} lists {expected}; refused before extracting")
+
+    def read_manifest(self, tar: tarfile.TarFile, member: tarfile.TarInfo, normal: PurePosixPath,
+                      max_total_bytes: int) -> None:
+        where = f"{self.archive}: entry {member.name!r}"
+        if member.size > MAX_MANIFEST_BYTES:
+            raise ArtifactError(f"{where}: {member.size} bytes; a manifest is at most {MAX_MANIFEST_BYTES}")
+        source = tar.extractfile(member)
+        if source is None:
+            raise InputError(f"{where} cannot be read")
+        with source:
+            raw = source.read(MAX_MANIFEST_BYTES + 1)
+        try:
+            manifest = Manifest.from_json_dict(json.loads(raw), source=where)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ArtifactError(f"{where}: not valid JSON ({exc})") from exc
+        try:
+            listed = {str(f.path): int(f.size_bytes) for f in manifest.files}
+        except (TypeError, ValueError) as exc:
+            raise ArtifactError(f"{where}: a file size is not an integer ({exc})") from exc
+        if any(size < 0 for size in listed.values()):
+            raise ArtifactError(f"{where}: lists a negative file size")
+        self.manifest_folder = normal.parent
+        self.listed = listed
+        total = sum(listed.values()) + member.size
+        self.limit_bytes = min(max_total_bytes, BUDGET_FACTOR * total + _SLACK_BYTES)
+        # Files, their folders and a few extras (the signature): well under 3 per file.
+        self.entries_limit = min(MAX_ENTRIES, 3 * len(listed) + 64)
+        for seen_member, seen_normal in self.seen:
+            if seen_member.isfile():
+                self._check_listed(seen_member, seen_normal)
+        if self.declared_bytes > self.limit_bytes or self.entries > self.entries_limit:
+            raise ArtifactError(f"{self.archive}: entries before {MANIFEST_NAME} already exceed its budget "
+                                f"({self.declared_bytes} bytes in {self.entries} entries, budget "
+                                f"{self.limit_bytes} bytes in {self.entries_limit})")
+
+
+def _is_manifest(normal: PurePosixPath) -> bool:
+    # At the top, or in the single top-level folder write_archive uses.
+    return normal.name == MANIFEST_NAME and len(normal.parts) <= 2
+
+
+def _scan(tar: tarfile.TarFile, archive: Path, dest_real: Path, max_total_bytes: int) -> _Budget:
+    """Read and check every header (no data written), tightening the budget at the manifest."""
+    pre_manifest = PRE_MANIFEST_RATIO * archive.stat().st_size + PRE_MANIFEST_FLOOR_BYTES
+    budget = _Budget(archive, min(max_total_bytes, pre_manifest))
+    paths: set[PurePosixPath] = set()
+    while (member := tar.next()) is not None:
+        normal = _check_member(member, archive, dest_real)
+        if normal in paths and member.isfile():
+            raise UnsafePathError(f"{archive}: entry {member.name!r} appears twice")
+        paths.add(normal)
+        budget.add(member, normal)
+        if member.isfile() and budget.manifest_folder is None and _is_manifest(normal):
+            budget.read_manifest(tar, member, normal, max_total_bytes)
+    if budget.manifest_folder is None:
+        raise ArtifactError(f"{archive}: no {MANIFEST_NAME} in the archive; not an hmt bundle")
+    return budget
+
+
+def _write_entries(tar: tarfile.TarFile, archive: Path, dest_real: Path, budget: _Budget) -> None:
+    written = 0
+    for member, normal in budget.seen:
+        if not normal.parts:
+            continue
+        target = dest_real.joinpath(*normal.parts)
+        if member.isdir():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Directories created above are real (links were refused), but check again:
+        # nothing may resolve outside dest.
+        safe_join(dest_real, normal.as_posix(), what=f"{archive}: entry")
+        source = tar.extractfile(member)
+        if source is None:
+            raise InputError(f"{archive}: entry {member.name!r} cannot be read")
+        entry_bytes = 0
+        with source, open(target, "xb") as handle:
+            while chunk := source.read(_CHUNK_BYTES):
+                entry_bytes += len(chunk)
+                written += len(chunk)
+                # Counted again while writing: the headers were checked, the data is what lands on disk.
+                if entry_bytes > member.size or written > budget.limit_bytes:
+                    raise ArtifactError(f"{archive}: entry {member.name!r} expands past its declared size "
+                                        f"or the budget of {budget.limit_bytes} bytes; extraction stopped")
+                handle.write(chunk)
+
+
+def extract_archive(archive: Path, dest: Path, *, max_total_bytes: int = MAX_TOTAL_BYTES) -> Path:
     """Extract ``archive`` into the empty directory ``dest``; returns the bundle's root.
 
-    Every entry is checked before any is written. The root is the single top-level
-    folder when there is one (how :func:`write_archive` writes), else ``dest``.
+    Every header is checked (paths, types, sizes against the manifest and the budget)
+    before anything is written, so a refused archive writes nothing; the bytes written
+    are counted too, and extraction stops at the budget. The root is the
+    single top-level folder when there is one (how :func:`write_archive` writes), else ``dest``.
     """
     archive = Path(archive)
     if not archive.is_file():
@@ -110,38 +307,20 @@ def extract_archive(archive: Path, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     try:
         with tarfile.open(archive, mode="r:*") as tar:
-            members = tar.getmembers()
-            seen: set[PurePosixPath] = set()
-            checked = []
             dest_real = Path(os.path.realpath(dest))
-            for member in members:
-                normal = _check_member(member, archive, dest_real)
-                if normal in seen and member.isfile():
-                    raise UnsafePathError(f"{archive}: entry {member.name!r} appears twice")
-                seen.add(normal)
-                checked.append((member, normal))
-            for member, normal in checked:
-                if not normal.parts:
-                    continue
-                target = dest_real.joinpath(*normal.parts)
-                if member.isdir():
-                    target.mkdir(parents=True, exist_ok=True)
-                    continue
-                target.parent.mkdir(parents=True, exist_ok=True)
-                # Directories created above are real (links were refused), but check again:
-                # nothing may resolve outside dest.
-                safe_join(dest_real, normal.as_posix(), what=f"{archive}: entry")
-                source = tar.extractfile(member)
-                if source is None:
-                    raise InputError(f"{archive}: entry {member.name!r} cannot be read")
-                with source, open(target, "xb") as handle:
-                    while chunk := source.read(_CHUNK_BYTES):
-                        handle.write(chunk)
-    except (tarfile.TarError, EOFError, gzip.BadGzipFile) as exc:
+            budget = _scan(tar, archive, dest_real, max_total_bytes)
+            free = shutil.disk_usage(dest_real).free
+            if budget.declared_bytes > free:
+                raise InputError(f"{archive}: needs {budget.declared_bytes} bytes to extract, {dest} has "
+                                 f"{free} free")
+            _write_entries(tar, archive, dest_real, budget)
+    except HmtError:
+        raise
+    except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise InputError(f"{archive}: not a readable tar archive ({exc})") from exc
     except OSError as exc:
         raise InputError(f"{archive}: cannot extract into {dest} ({exc})") from exc
-    tops = {normal.parts[0] for _, normal in checked if normal.parts}
+    tops = {normal.parts[0] for _, normal in budget.seen if normal.parts}
     if len(tops) == 1:
         only = dest / next(iter(tops))
         if only.is_dir():

@@ -5,7 +5,9 @@ and exit heads as ONNX (for ONNX Runtime, and for on-device TensorRT on Jetsons)
 TVM shared libraries cross-compiled for the target's CPU; the device profile; the runtime
 index restricted to the bundled variants; the serve config; and the manifest (sha256 of
 every file, the target, the versions that built it). A ``<out>.tar.gz`` is written beside
-the directory.
+the directory, from the finished bundle before it is swapped into place, and committed
+with it (a kill never leaves an archive of another build beside the directory). With a
+signing key, ``manifest.sig`` (ed25519 over the manifest) goes into both.
 
 A variant whose TVM build fails for the target is bundled with ONNX Runtime only and the
 failure is reported (bundle notes, manifest metrics, the result); with ``strict`` the
@@ -14,16 +16,19 @@ whole bundle fails instead and nothing is written.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from hmt import __version__
 from hmt.artifacts import ArtifactWriter, load_artifact
+from hmt.artifacts.signing import load_private_key, sign_artifact_dir
 from hmt.bundle import (
     BUNDLE_KIND,
     BUNDLE_SPEC_NAME,
@@ -36,7 +41,7 @@ from hmt.bundle import (
     GraphSpec,
     variant_dir,
 )
-from hmt.deploy.archive import write_archive
+from hmt.deploy.archive import archive_path_for, build_archive_file
 from hmt.deploy.sources import (
     FUSED_KIND,
     FusedVariant,
@@ -65,6 +70,7 @@ class DeployOptions:
     memory_mb: float | None = None
     energy: float | None = None
     archive: bool = True
+    sign_key: Path | None = None  # ed25519 private key (PEM): sign the manifest
 
 
 @dataclass(frozen=True)
@@ -237,6 +243,7 @@ def deploy_bundle(
     start = time.perf_counter()
     target = get_target(options.target)
     _check_options(options, target)
+    signing_key = load_private_key(options.sign_key) if options.sign_key is not None else None
     serve = ServeSettings(budgets=BudgetSettings(latency_ms=options.latency_ms, memory_mb=options.memory_mb,
                                                  energy=options.energy))
     fused = load_artifact(fused_dir, kind=FUSED_KIND)
@@ -274,7 +281,13 @@ def deploy_bundle(
     builds: list[VariantBuild] = []
     bundled: list[BundleVariant] = []
     notes = _notes(target, options.engines, pareto_profile, profile_id)
+    out_abs = Path(os.path.abspath(out_dir))
+    archive = archive_path_for(out_abs) if options.archive else None
     with ArtifactWriter(out_dir, kind=BUNDLE_KIND, config=config, parents=parents) as writer:
+        if signing_key is not None:
+            writer.before_commit(partial(sign_artifact_dir, private_key=signing_key))
+        if archive is not None:
+            writer.companion(archive, partial(build_archive_file, root_name=out_abs.name))
         for variant in variants:
             bundle_variant, build = _build_variant(
                 writer, variant, points[variant.arch_id], fused=fused, target=target, engines=options.engines,
@@ -304,7 +317,6 @@ def deploy_bundle(
             "per_variant": {b.arch_id: {"engines": list(b.engines), "size_bytes": b.size_bytes,
                                         "compile_s": round(b.compile_s, 3)} for b in builds},
         })
-    archive = write_archive(Path(out_dir)) if options.archive else None
     return DeployResult(
         out_dir=Path(out_dir), archive=archive, target=target, variants=tuple(builds), notes=tuple(notes),
         lineage=lineage, size_bytes=size_bytes, archive_size_bytes=archive.stat().st_size if archive else None,

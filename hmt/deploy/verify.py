@@ -3,12 +3,18 @@
 Checks, in order; the first four raise at the first problem, naming the file:
 
 1. integrity: every file the manifest lists is present with its size and sha256, and no
-   file is there that it does not list (an extra file is as suspect as a changed one);
+   file is there that it does not list (an extra file is as suspect as a changed one),
+   no symlink or special file; with a trusted key, the manifest's ed25519 signature; an
+   archive is extracted within a size budget and must match the bundle directory beside
+   it, if there is one (a kill between the two writes must not leave a stale archive "OK");
 2. contents: ``bundle.json``, ``serve.json``, ``index.json`` (the bundled variants exactly)
    and ``profile.json`` parse and validate;
 3. target: a registered target, the same in ``bundle.json`` and the manifest (and the one
    asked for, if any);
-4. machine: the ELF header of every compiled library names the target's CPU;
+4. machine: the ELF header of every compiled library names the target's CPU.
+
+1, 3, 4 and serve.json are :func:`hmt.bundle.check_bundle`, which ``hmt serve`` runs too.
+
 5. runs: every ``.onnx`` loads in ONNX Runtime (portable, so on any host), every ``.so``
    loads in the TVM runtime where the target's architecture is this host's, and one
    seeded input goes through each variant's chain (TVM checked against ONNX Runtime).
@@ -25,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from hmt.artifacts.manifest import MANIFEST_NAME
-from hmt.bundle import Bundle, BundleVariant, load_bundle
-from hmt.deploy.archive import extract_archive, is_archive
-from hmt.deploy.elf import read_elf_header
+from hmt.artifacts.store import sha256_file
+from hmt.bundle import Bundle, BundleVariant, check_bundle, load_bundle
+from hmt.deploy.archive import ARCHIVE_SUFFIX, extract_archive, is_archive
 from hmt.deploy.targets import TARGETS, host_arch
-from hmt.errors import ArtifactError, HmtError, InputError, UnsafePathError, VerificationError
+from hmt.errors import ArtifactError, HmtError, InputError, VerificationError
 
 ATOL = 1e-3
 RTOL = 1e-3
@@ -80,33 +86,33 @@ def opened_bundle(path: Path | str) -> Iterator[Path]:
             raise type(exc)(message) from exc
 
 
-def _check_files(bundle: Bundle) -> int:
-    root = bundle.root
-    listed = {record.path for record in bundle.artifact.manifest.files}
-    found: set[str] = set()
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root).as_posix()
-        if path.is_symlink():
-            raise UnsafePathError(f"{path}: a symlink inside the bundle; bundles hold regular files only")
-        if path.is_file() and rel != MANIFEST_NAME:
-            found.add(rel)
-    extra = sorted(found - listed)
-    if extra:
-        raise ArtifactError(f"{root}: file(s) not in {MANIFEST_NAME}: {', '.join(extra)}; the bundle was changed")
-    missing = sorted(listed - found)
-    if missing:
-        raise ArtifactError(f"{root}: file(s) listed in {MANIFEST_NAME} but missing: {', '.join(missing)}")
-    return len(listed)
+def _check_archive_binding(archive: Path, root: Path) -> str | None:
+    """Refuse ``OUT.tar.gz`` whose manifest is not the one of the directory ``OUT`` beside it.
+
+    ``hmt deploy`` commits the two together, but an archive from an older hmt, or one
+    copied back over, can sit beside a rebuilt directory: it is internally consistent, so
+    nothing else would notice it is stale. Returns the directory compared with, or None.
+    """
+    if not archive.name.endswith(ARCHIVE_SUFFIX):
+        return None
+    sibling = archive.with_name(archive.name[: -len(ARCHIVE_SUFFIX)])
+    sibling_manifest = sibling / MANIFEST_NAME
+    if not sibling_manifest.is_file():
+        return None
+    ours, theirs = sha256_file(root / MANIFEST_NAME), sha256_file(sibling_manifest)
+    if ours != theirs:
+        raise ArtifactError(f"{archive}: stale: its {MANIFEST_NAME} (sha256 {ours[:16]}...) is not the one of the "
+                            f"bundle directory {sibling} beside it ({theirs[:16]}...); one of them is from an "
+                            "earlier or interrupted deploy: rebuild with hmt deploy, or move one away")
+    return str(sibling)
 
 
 def _check_contents(bundle: Bundle) -> None:
     from hmt.pareto.index import FrontIndex
     from hmt.profile.schema import validate_profile
-    from hmt.serve.settings import ServeSettings
 
     root = bundle.root
     try:
-        ServeSettings.from_mapping(bundle.serve_config, where=str(root / "serve.json"))
         index = FrontIndex.from_json_dict(bundle.artifact.read_json("index.json"), source=str(root / "index.json"))
         validate_profile(bundle.profile(), source=str(root / "profile.json"))
     except HmtError as exc:
@@ -115,37 +121,6 @@ def _check_contents(bundle: Bundle) -> None:
     bundled = sorted(v.arch_id for v in bundle.spec.variants)
     if indexed != bundled:
         raise ArtifactError(f"{root / 'index.json'}: indexes {indexed}, but bundle.json bundles {bundled}")
-
-
-def _check_target(bundle: Bundle, expected: str | None) -> str:
-    name = str(bundle.spec.target.get("name"))
-    where = bundle.root / "bundle.json"
-    if name not in TARGETS:
-        raise ArtifactError(f"{where}: target {name!r} is not a known target ({', '.join(TARGETS)})")
-    configured = bundle.artifact.manifest.config.get("target")
-    if configured != name:
-        raise ArtifactError(f"{where}: target {name!r}, but {MANIFEST_NAME} says {configured!r}")
-    if bundle.spec.target.get("arch") != TARGETS[name].arch:
-        raise ArtifactError(f"{where}: target {name} arch {bundle.spec.target.get('arch')!r}, "
-                            f"the registry says {TARGETS[name].arch!r}")
-    if expected is not None and expected != name:
-        raise ArtifactError(f"{bundle.root}: built for target {name!r}, expected {expected!r}")
-    return name
-
-
-def _check_machines(bundle: Bundle, target: str) -> int:
-    expected = TARGETS[target].elf_machine
-    count = 0
-    for variant in bundle.spec.variants:
-        for graph in variant.graphs():
-            if graph.tvm is None:
-                continue
-            header = read_elf_header(bundle.path(graph.tvm))
-            if header.machine != expected or header.bits != 64:
-                raise ArtifactError(f"{bundle.root / graph.tvm}: ELF for {header.machine} ({header.bits}-bit), "
-                                    f"target {target} needs {expected} (64-bit)")
-            count += 1
-    return count
 
 
 def _chain(bundle: Bundle, variant: BundleVariant, x: Any, engine: str) -> list[Any]:
@@ -204,21 +179,33 @@ def _check_runs(bundle: Bundle, target: str, report: VerifyReport, seed: int) ->
 
 
 def verify_bundle(path: Path | str, *, expected_target: str | None = None, run_models: bool = True,
-                  seed: int = 0) -> VerifyReport:
+                  seed: int = 0, trusted_key: Any | None = None) -> VerifyReport:
     """Verify a bundle directory or archive; raises on the first integrity problem, or with
-    every runtime failure at the end. Returns the report of what was checked."""
+    every runtime failure at the end. Returns the report of what was checked.
+
+    ``trusted_key`` (a loaded ed25519 public key, :func:`hmt.artifacts.signing.load_public_key`)
+    makes a missing or non-matching signature a failure."""
+    path = Path(path)
     with opened_bundle(path) as root:
+        bound_to = _check_archive_binding(path, root) if root != path else None
         bundle = load_bundle(root)
-        report = VerifyReport(Path(path), "", [v.arch_id for v in bundle.spec.variants])
-        files = _check_files(bundle)
-        report.add("checksums", "ok", f"{files} files match {MANIFEST_NAME}; no extra or missing files")
+        report = VerifyReport(path, "", [v.arch_id for v in bundle.spec.variants])
+        checks = check_bundle(bundle, expected_target=expected_target, trusted_key=trusted_key)
+        report.add("checksums", "ok", f"{checks.files} files match {MANIFEST_NAME}; no extra or missing files, "
+                   "no symlinks")
+        signature = {"ok": ("ok", f"ed25519, trusted key {str(checks.signature.key_sha256)[:16]}..."),
+                     "unchecked": ("skipped", "signed, but no --trusted-key to check it against"),
+                     "absent": ("skipped", "not signed")}[checks.signature.status]
+        report.add("signature", *signature)
+        if root != path:
+            report.add("archive", "ok" if bound_to else "skipped",
+                       f"same manifest as {bound_to}" if bound_to else "no bundle directory beside it to compare")
         _check_contents(bundle)
         report.add("contents", "ok", "bundle.json, serve.json, index.json, profile.json parse and agree")
-        report.target = _check_target(bundle, expected_target)
+        report.target = checks.target
         report.add("target", "ok", report.target)
-        libraries = _check_machines(bundle, report.target)
-        report.add("elf machine", "ok" if libraries else "skipped",
-                   f"{libraries} libraries for {TARGETS[report.target].elf_machine}" if libraries
+        report.add("elf machine", "ok" if checks.libraries else "skipped",
+                   f"{checks.libraries} libraries for {checks.elf_machine}" if checks.libraries
                    else "no compiled libraries in the bundle")
         if run_models:
             _check_runs(bundle, report.target, report, seed)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from hmt.bundle import Bundle, load_bundle
+from hmt.bundle import Bundle, load_checked_bundle
 from hmt.errors import HmtError, InputError, UsageError
 from hmt.serve.api import ApiOptions, create_app
 from hmt.serve.controller import Controller, TickRecord
@@ -56,6 +56,8 @@ class SessionOptions:
     # serve.json keys replaced before parsing (nested objects merged one level deep), e.g.
     # {"switch": {"min_dwell_s": 0}}: benchmarks and tests tune the loop without a new bundle.
     serve_overrides: dict[str, Any] = field(default_factory=dict)
+    # PEM ed25519 public key: refuse a bundle without a matching signature (serve --trusted-key).
+    trusted_key: Path | None = None
 
     def __post_init__(self) -> None:
         if self.engine is not None and self.engine not in ENGINE_CHOICES:
@@ -87,7 +89,8 @@ def settings_for(bundle: Bundle, options: SessionOptions) -> ServeSettings:
 
 def open_controller(bundle_path: Path | str, options: SessionOptions, **kwargs: Any) -> Controller:
     """Load and verify the bundle (ArtifactError when it fails) and build its controller."""
-    bundle = load_bundle(bundle_path)
+    # The same structural checks as deploy --verify (no extra files, no symlinks, ELF machine, signature).
+    bundle = load_checked_bundle(bundle_path, trusted_key=options.trusted_key)
     settings = settings_for(bundle, options)
     return Controller(bundle, settings, engine=settings.engine, threads=options.threads,
                       fixed_variant=options.fixed_variant, **kwargs)

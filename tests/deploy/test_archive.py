@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 from pathlib import Path
 
 import pytest
 
+from hmt.artifacts import ArtifactWriter
 from hmt.deploy.archive import extract_archive, write_archive
 from hmt.deploy.elf import parse_elf_header
 from hmt.errors import ArtifactError, UnsafePathError
 
 
 def _tree(root: Path) -> Path:
-    (root / "variants" / "a").mkdir(parents=True)
-    (root / "bundle.json").write_text("{}\n")
-    (root / "variants" / "a" / "segment_0.onnx").write_bytes(b"\x00\x01" * 100)
+    with ArtifactWriter(root, kind="bundle", config={}) as writer:
+        writer.write_bytes("bundle.json", b"{}\n")
+        writer.write_bytes("variants/a/segment_0.onnx", b"\x00\x01" * 100)
     return root
 
 
@@ -28,19 +30,28 @@ def test_archive_is_deterministic_and_round_trips(tmp_path: Path) -> None:
     assert first == second
     with tarfile.open(tmp_path / "one.tar.gz") as tar:
         names = tar.getnames()
-        assert names == sorted(names) and all(m.mtime == 0 and m.uid == 0 and m.uname == "" for m in tar)
+        # The manifest first (extraction sizes its budget from it), then sorted.
+        assert names[:2] == ["bundle", "bundle/manifest.json"] and names[2:] == sorted(names[2:])
+        assert all(m.mtime == 0 and m.uid == 0 and m.uname == "" for m in tar)
     root = extract_archive(tmp_path / "one.tar.gz", tmp_path / "x")
     assert root.name == "bundle" and (root / "variants" / "a" / "segment_0.onnx").read_bytes() == b"\x00\x01" * 100
 
 
 def _evil(path: Path, member: tarfile.TarInfo, data: bytes = b"x") -> Path:
     with tarfile.open(path, "w:gz") as tar:
+        manifest = tarfile.TarInfo("bundle/manifest.json")
+        manifest.size = len(_MANIFEST)
+        tar.addfile(manifest, io.BytesIO(_MANIFEST))
         ok = tarfile.TarInfo("bundle/ok.json")
         ok.size = 2
         tar.addfile(ok, io.BytesIO(b"{}"))
         member.size = len(data) if member.isfile() else 0
         tar.addfile(member, io.BytesIO(data) if member.isfile() else None)
     return path
+
+
+_MANIFEST = json.dumps({"schema_version": 1, "kind": "bundle", "tool_version": "0", "created_utc": "", "config": {},
+                        "parents": [], "files": [], "environment": {}}).encode()
 
 
 def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:

@@ -32,7 +32,7 @@ def _import_monsoon() -> tuple[Any, Any, Any]:
     except ImportError as exc:
         raise DeviceError(
             f"--monsoon needs Monsoon's Python package (import Monsoon failed: {exc}); "
-            "install it with: pip install monsoon pyusb"
+            "install the extra: pip install \"hmt[monsoon]\" (that is: pip install monsoon pyusb)"
         ) from exc
     return HVPM, sampleEngine, pmapi
 
@@ -41,7 +41,8 @@ def _probe_usb(serial: int | None) -> None:
     try:
         import usb.core
     except ImportError as exc:
-        raise DeviceError("--monsoon needs pyusb (pip install pyusb) and libusb-1.0") from exc
+        raise DeviceError("--monsoon needs pyusb and libusb-1.0: pip install \"hmt[monsoon]\" and "
+                          "apt-get install libusb-1.0-0") from exc
     try:
         found = list(usb.core.find(find_all=True, idVendor=MONSOON_USB_VENDOR, idProduct=MONSOON_USB_PRODUCT))
     except Exception as exc:

@@ -1,0 +1,177 @@
+"""Optional ed25519 signatures over an artifact's manifest (``manifest.sig`` beside it).
+
+The manifest lists the sha256 and size of every file, and a verified load refuses files
+it does not list, so signing the manifest signs the whole artifact. The signed message is
+``hmt-manifest-v1\\n`` + the manifest's sha256 (hex): the domain prefix keeps a signature
+from being reusable for any other purpose, and the hash is the one the verified load
+computed from the very bytes it parsed.
+
+Keys are PEM files, as ``hmt deploy --gen-key`` or OpenSSL write them::
+
+    openssl genpkey -algorithm ed25519 -out hmt-sign.pem
+    openssl pkey -in hmt-sign.pem -pubout -out hmt-sign.pub
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hmt.errors import ArtifactError, InputError
+
+SIGNATURE_NAME = "manifest.sig"
+ALGORITHM = "ed25519"
+_DOMAIN = b"hmt-manifest-v1\n"
+_MAX_KEY_BYTES = 64 << 10
+_MAX_SIGNATURE_BYTES = 64 << 10
+_OPENSSL_HINT = ("create one with `hmt deploy --gen-key KEY` or `openssl genpkey -algorithm ed25519 -out KEY` "
+                 "(public half: `openssl pkey -in KEY -pubout -out KEY.pub`)")
+
+
+def _message(manifest_sha256: str) -> bytes:
+    return _DOMAIN + manifest_sha256.encode("ascii")
+
+
+def _read_key_file(path: Path, what: str) -> bytes:
+    try:
+        size = path.stat().st_size
+        if size > _MAX_KEY_BYTES:
+            raise InputError(f"{path}: {size} bytes; expected a small PEM {what}")
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such {what} file; {_OPENSSL_HINT}") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the {what} ({exc})") from exc
+
+
+def load_private_key(path: Path | str) -> Any:
+    """An ed25519 private key from a PEM file (InputError naming the file otherwise)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    path = Path(path)
+    try:
+        key = serialization.load_pem_private_key(_read_key_file(path, "private key"), password=None)
+    except (ValueError, TypeError) as exc:
+        raise InputError(f"{path}: not an unencrypted PEM private key ({exc}); {_OPENSSL_HINT}") from exc
+    if not isinstance(key, Ed25519PrivateKey):
+        raise InputError(f"{path}: a {type(key).__name__}, expected an ed25519 private key; {_OPENSSL_HINT}")
+    return key
+
+
+def load_public_key(path: Path | str) -> Any:
+    """An ed25519 public key from a PEM file (InputError naming the file otherwise)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    path = Path(path)
+    try:
+        key = serialization.load_pem_public_key(_read_key_file(path, "public key"))
+    except (ValueError, TypeError) as exc:
+        raise InputError(f"{path}: not a PEM public key ({exc}); {_OPENSSL_HINT}") from exc
+    if not isinstance(key, Ed25519PublicKey):
+        raise InputError(f"{path}: a {type(key).__name__}, expected an ed25519 public key; {_OPENSSL_HINT}")
+    return key
+
+
+def public_key_id(public_key: Any) -> str:
+    """sha256 (hex) of the raw 32-byte public key: names the key in signatures and messages."""
+    from cryptography.hazmat.primitives import serialization
+
+    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()
+
+
+def generate_key_pair(private_path: Path | str) -> tuple[Path, Path]:
+    """Write a new ed25519 key: ``private_path`` (PEM, mode 0600) and ``private_path.pub``.
+
+    Refuses to overwrite either file.
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    private_path = Path(private_path)
+    public_path = private_path.with_name(private_path.name + ".pub")
+    for path in (private_path, public_path):
+        if path.exists():
+            raise InputError(f"{path}: exists; refusing to overwrite a key")
+    key = Ed25519PrivateKey.generate()
+    private_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                    serialization.NoEncryption())
+    public_pem = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                               serialization.PublicFormat.SubjectPublicKeyInfo)
+    private_path.parent.mkdir(parents=True, exist_ok=True)
+    # O_EXCL + 0600 from the start: the private key is never readable by others, not even briefly.
+    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(private_pem)
+    public_path.write_bytes(public_pem)
+    return private_path, public_path
+
+
+def signature_document(manifest_sha256: str, private_key: Any) -> bytes:
+    """The ``manifest.sig`` contents for a manifest with this sha256."""
+    signature = private_key.sign(_message(manifest_sha256))
+    doc = {"algorithm": ALGORITHM, "key_sha256": public_key_id(private_key.public_key()),
+           "manifest_sha256": manifest_sha256, "signature": base64.b64encode(signature).decode("ascii")}
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+
+def sign_artifact_dir(root: Path, manifest_sha256: str, private_key: Any) -> Path:
+    """Write ``manifest.sig`` into ``root`` (an ``ArtifactWriter.before_commit`` hook)."""
+    path = root / SIGNATURE_NAME
+    path.write_bytes(signature_document(manifest_sha256, private_key))
+    return path
+
+
+@dataclass(frozen=True)
+class SignatureCheck:
+    status: str  # "ok" (checked against the trusted key), "unchecked" (present, no key), "absent"
+    key_sha256: str | None = None
+
+
+def check_signature(root: Path, manifest_sha256: str, trusted_key: Any | None) -> SignatureCheck:
+    """Check ``root/manifest.sig`` against ``trusted_key`` (a loaded public key).
+
+    With a trusted key, a missing, malformed or non-matching signature is an ArtifactError.
+    Without one, the signature is only reported (nothing to check it against).
+    """
+    path = root / SIGNATURE_NAME
+    if os.path.islink(path):
+        raise ArtifactError(f"{path}: a symlink; a signature must be a regular file")
+    if not path.is_file():
+        if trusted_key is not None:
+            raise ArtifactError(f"{path}: missing; a trusted key was given, so the bundle must be signed "
+                                "(hmt deploy --sign-key KEY)")
+        return SignatureCheck("absent")
+    if path.stat().st_size > _MAX_SIGNATURE_BYTES:
+        raise ArtifactError(f"{path}: larger than {_MAX_SIGNATURE_BYTES} bytes; not a signature")
+    try:
+        doc = json.loads(path.read_bytes())
+        algorithm, key_id = doc["algorithm"], str(doc["key_sha256"])
+        signature = base64.b64decode(str(doc["signature"]), validate=True)
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, binascii.Error) as exc:
+        raise ArtifactError(f"{path}: malformed signature file ({type(exc).__name__}: {exc}); expected "
+                            "JSON {algorithm, key_sha256, manifest_sha256, signature}") from exc
+    if algorithm != ALGORITHM:
+        raise ArtifactError(f"{path}: algorithm {algorithm!r}; expected {ALGORITHM!r}")
+    if trusted_key is None:
+        return SignatureCheck("unchecked", key_id)
+    from cryptography.exceptions import InvalidSignature
+
+    trusted_id = public_key_id(trusted_key)
+    try:
+        trusted_key.verify(signature, _message(manifest_sha256))
+    except InvalidSignature:
+        if key_id != trusted_id:
+            raise ArtifactError(f"{path}: signed by key {key_id[:16]}..., not by the trusted key "
+                                f"{trusted_id[:16]}...; refusing the bundle") from None
+        raise ArtifactError(f"{path}: the signature does not match manifest.json (sha256 {manifest_sha256[:16]}...);"
+                            " the manifest or the signature was changed") from None
+    return SignatureCheck("ok", trusted_id)
