@@ -63,7 +63,8 @@ def test_predict_npy_and_json(client: TestClient) -> None:
     (b"", NPY, 400, "empty_body"),
     (b"not npy", NPY, 400, "bad_npy"),
     (npy_bytes(np.zeros((1, 3), np.float32)), NPY, 422, "bad_shape"),
-    (npy_bytes(np.zeros((2, 4), np.float32)), NPY, 422, "bad_shape"),
+    (npy_bytes(np.zeros((2, 3), np.float32)), NPY, 422, "bad_shape"),
+    (npy_bytes(np.zeros((1, 1, 4), np.float32)), NPY, 422, "bad_shape"),
     (npy_bytes(np.zeros((1, 4), np.float64)), NPY, 422, "bad_dtype"),
     (npy_bytes(np.array([[0, np.nan, 0, 0]], np.float32)), NPY, 422, "non_finite"),
     (npy_bytes(np.array([[0, np.inf, 0, 0]], np.float32)), NPY, 422, "non_finite"),
@@ -73,13 +74,24 @@ def test_predict_npy_and_json(client: TestClient) -> None:
     (b'{"x": [0, 0, 0, 0]}', {"content-type": "application/json"}, 422, "bad_json"),
     (b'{"inputs": [0, 0, 0, "a"]}', {"content-type": "application/json"}, 422, "bad_inputs"),
     (b"{", {"content-type": "application/json"}, 400, "bad_json"),
+    # issue 17, defects 6 and 10: each of these was a 500 or was accepted
+    (b'{"inputs": ' + b"[" * 5000 + b"0" + b"]" * 5000 + b"}", {"content-type": "application/json"}, 400, "bad_json"),
+    (b'{"inputs": [' + b"9" * 400 + b', 0, 0, 0]}', {"content-type": "application/json"}, 422, "bad_number"),
+    (b'{"inputs": [1e39, 0, 0, 0]}', {"content-type": "application/json"}, 422, "bad_number"),
+    (b'{"inputs": [true, 0, 0, 0]}', {"content-type": "application/json"}, 422, "bad_inputs"),
+    (b'{"inputs": ["1.5", 0, 0, 0]}', {"content-type": "application/json"}, 422, "bad_inputs"),
+    (b'{"inputs": null}', {"content-type": "application/json"}, 422, "bad_inputs"),
+    (b'{"inputs": [0, null, 0, 0]}', {"content-type": "application/json"}, 422, "bad_inputs"),
+    (b'{"inputs": 5}', {"content-type": "application/json"}, 422, "bad_inputs"),
     (b"0,0,0,0", {"content-type": "text/csv"}, 415, "unsupported_media_type"),
     (b"0" * (2 << 20), NPY, 413, "body_too_large"),
+    (b"\x89PNG\r\n\x1a\n", {"content-type": "image/png"}, 415, "not_an_image_model"),
 ])
 def test_bad_requests_get_clear_errors(client: TestClient, content: bytes, headers: dict[str, str], status: int,
                                        code: str) -> None:
     r = client.post("/v1/predict", content=content, headers=headers)
     assert r.status_code == status and error_code(r) == code
+    assert "Error" not in r.json()["error"]["message"]  # a plain message, no exception names
     assert client.get("/v1/health/live").status_code == 200  # still alive
 
 
