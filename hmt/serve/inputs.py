@@ -108,7 +108,7 @@ def decode(body: bytes, content_type: str | None, spec: InputSpec) -> np.ndarray
                                           "or a JPEG/PNG image")
     if media in (NPY_MEDIA_TYPE, OCTET_MEDIA_TYPE):
         array = _load_npy(body)
-        if array.dtype == np.uint8 and numpy_dtype(spec.tensor.dtype) != np.uint8:
+        if array.dtype == np.uint8 and spec.preprocess is not None and numpy_dtype(spec.tensor.dtype) != np.uint8:
             return _batch(normalise(_pixel_batch(array, spec), spec), spec)
         return _batch(_tensor(array, spec), spec)
     if media == JSON_MEDIA_TYPE:
