@@ -211,3 +211,20 @@ def _spec_doc(shape: tuple[int, ...]) -> dict:  # type: ignore[type-arg]
 
 def _spec(shape: tuple[int, ...]) -> BundleSpec:
     return BundleSpec.from_mapping(_spec_doc(shape))
+
+
+def test_deploy_takes_preprocessing_and_class_names_from_the_supernet(tmp_path: Path) -> None:
+    from hmt.deploy.build import _input_meta
+
+    dataset = {"name": "cifar10", "modality": "image", "input_shape": [3, 32, 32], "num_classes": 3,
+               "class_names": ["a", "b", "c"], "mean": [0.1, 0.2, 0.3], "std": [0.4, 0.5, 0.6]}
+    with ArtifactWriter(tmp_path / "supernet", kind="supernet", config={}) as writer:
+        writer.write_json("supernet.json", {"dataset": dataset})
+    from hmt.artifacts import load_artifact
+
+    sha = load_artifact(tmp_path / "supernet", kind="supernet").manifest_sha256
+    pre, names, note = _input_meta({"supernet": {"path": str(tmp_path / "supernet"), "manifest_sha256": sha}})
+    assert pre == Preprocess(mean=(0.1, 0.2, 0.3), std=(0.4, 0.5, 0.6)) and names == ("a", "b", "c") and note is None
+    pre, names, note = _input_meta({"supernet": {"path": str(tmp_path / "supernet"), "manifest_sha256": "0" * 64}})
+    assert pre is None and names is None and note and "rebuilt" in note
+    assert _input_meta({})[2] == "no supernet recorded: the bundle carries no preprocessing or class names"
