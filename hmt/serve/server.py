@@ -99,10 +99,20 @@ def raise_fd_limit() -> tuple[int, int]:
 
 
 def connection_cap(requested: int, fd_soft_limit: int) -> int:
-    """At most ``requested`` connections, and never so many that accept() runs out of descriptors."""
+    """At most ``requested`` connections, and never so many that accept() runs out of descriptors:
+    asyncio accepts up to ``backlog`` sockets in one loop pass before the cap sees any of them,
+    so half of the free descriptors are kept for that burst (see :func:`accept_backlog`)."""
     if fd_soft_limit < 0:
         return requested
-    return max(1, min(requested, fd_soft_limit - FD_RESERVE))
+    return max(1, min(requested, (fd_soft_limit - FD_RESERVE) // 2))
+
+
+def accept_backlog(cap: int, fd_soft_limit: int, default: int = 2048) -> int:
+    """The listen backlog, which is also how many sockets asyncio accepts per loop pass: what the
+    descriptors left after ``cap`` connections and the reserve allow."""
+    if fd_soft_limit < 0:
+        return default
+    return max(16, min(default, fd_soft_limit - FD_RESERVE - cap))
 
 
 @dataclass(frozen=True)
@@ -148,8 +158,10 @@ class ApiServer:
                                      options.receipt_timeout_s, self.stats)
         self.socket = bind_socket(options.host, options.port)
         self.port = int(self.socket.getsockname()[1])
+        self.backlog = accept_backlog(self.guard.max_connections, self.fd_limit[1])
         config = uvicorn.Config(app, log_level=options.log_level, access_log=options.access_log, lifespan="on",
                                 http=guarded_protocol(self.guard), timeout_keep_alive=options.keep_alive_s,
+                                backlog=self.backlog,
                                 timeout_graceful_shutdown=int(max(1, options.graceful_timeout_s)))
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None

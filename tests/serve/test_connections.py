@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from hmt.serve.connections import AcceptErrorLog, ConnectionStats
-from hmt.serve.server import ApiServer, ServerOptions, bind_socket, connection_cap, raise_fd_limit
+from hmt.serve.server import ApiServer, ServerOptions, accept_backlog, bind_socket, connection_cap, raise_fd_limit
 
 
 async def tiny_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -239,6 +239,8 @@ def test_fd_limit_raised_and_cap_kept_below_it() -> None:
     assert before == soft and now == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if hard != resource.RLIM_INFINITY:
         assert now == hard
-    assert connection_cap(512, 1024) == 512
-    assert connection_cap(2048, 1024) == 1024 - 64
+    assert connection_cap(256, 1024) == 256
+    assert connection_cap(512, 1024) == (1024 - 64) // 2  # half the free descriptors: the accept burst
+    assert accept_backlog(480, 1024) == 1024 - 64 - 480
+    assert connection_cap(512, 1 << 20) == 512 and accept_backlog(512, 1 << 20) == 2048
     assert connection_cap(512, -1) == 512
