@@ -2,7 +2,7 @@
 
     python scripts/bench_http.py nodelay   BUNDLE [--requests 400] [--seconds 5]
     python scripts/bench_http.py slowloris BUNDLE [--sockets 1500] [--seconds 40]
-    python scripts/bench_http.py soak      BUNDLE [--clients 16] [--seconds 600]
+    python scripts/bench_http.py soak      BUNDLE [--clients 16] [--seconds 600] [--rate-hz 25]
 
 ``nodelay``: keep-alive p50 at the client against the server's own span (first byte in to
 last byte out, from /v1/status) and its reported latency, then the throughput of 16
@@ -18,7 +18,7 @@ latency and longest outage, the server's connection counters and its log volume;
 ``fixed`` and, unless --skip-legacy, ``legacy`` (shorter).
 
 ``soak``: an in-process server (fixed), ``--clients`` client processes (hmt.client,
-keep-alive) sending as fast as answers come, and the latency budget flipping every
+keep-alive) sending as fast as answers come (or ``--rate-hz`` each), and the latency budget flipping every
 ``--flip-s`` between a tight and a loose value so the loop switches variants all along.
 Counts every non-200 and transport error as failed.
 
@@ -353,7 +353,7 @@ def longest_outage(log: list[tuple[float, str, bool, float]]) -> float:
 # -- soak ------------------------------------------------------------------------------------------
 
 
-def _soak_client(port: int, body: bytes, seconds: float, out: Any) -> None:
+def _soak_client(port: int, body: bytes, seconds: float, rate_hz: float, out: Any) -> None:
     from hmt.client import HmtClient, ServeError
 
     ok = 0
@@ -361,8 +361,13 @@ def _soak_client(port: int, body: bytes, seconds: float, out: Any) -> None:
     latencies: list[float] = []
     variants: dict[str, int] = {}
     with HmtClient(f"http://127.0.0.1:{port}", timeout_s=30) as client:
-        end = time.monotonic() + seconds
+        start = time.monotonic()
+        end = start + seconds
+        sent = 0
         while time.monotonic() < end:
+            if rate_hz > 0:  # paced: the next send at its slot (no catching up in bursts)
+                time.sleep(max(0.0, start + sent / rate_hz - time.monotonic()))
+            sent += 1
             t0 = time.perf_counter()
             try:
                 doc = client.predict(body)
@@ -402,7 +407,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     thread.start()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_soak_client, args=(server.port, body, args.seconds, queue))
+    procs = [ctx.Process(target=_soak_client, args=(server.port, body, args.seconds, args.rate_hz, queue))
              for _ in range(args.clients)]
     t0 = time.monotonic()
     for p in procs:
@@ -426,6 +431,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     latencies = [x for r in results for x in r["latencies"]]
     ok = sum(r["ok"] for r in results)
     return {"machine": machine(), "bundle": args.bundle, "clients": args.clients, "seconds": args.seconds,
+            "rate_hz_per_client": args.rate_hz,
             "wall_s": wall_s, "ok": ok, "failed": sum(failures.values()), "failures": failures,
             "req_per_s": ok / args.seconds, "client_latency_p50_ms": pct(latencies, 50),
             "client_latency_p99_ms": pct(latencies, 99), "budget_flips": flips[0], "switches": status["switches"],
@@ -456,6 +462,7 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--seconds", type=float, default=600.0)
     p.add_argument("--flip-s", type=float, default=1.0)
+    p.add_argument("--rate-hz", type=float, default=0.0, help="per client; 0: as fast as answers come")
     p.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.command == "server":
