@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -398,6 +398,10 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
                 return await handler(request)
             except ApiError as exc:
                 return error_response(exc.status, exc.code, exc.message, exc.headers)
+            except ClientDisconnect:
+                # The client left, or the connection layer cut it (receipt deadline, shutdown) and
+                # already answered; nobody reads this, and it is not a server fault to log.
+                return error_response(400, "client_disconnected", "the client disconnected")
             except Exception as exc:  # noqa: BLE001 - one bad request must not take the server down
                 return internal_error(exc)
 

@@ -306,3 +306,22 @@ def _get_json(port: int, path: str) -> str:
         return conn.getresponse().read().decode()
     finally:
         conn.close()
+
+
+def test_a_body_cut_at_the_receipt_deadline_is_a_408_not_a_logged_500(bundle_dir: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    import socket
+
+    server = ApiServer(create_app(make_controller(bundle_dir)), ServerOptions(port=0, receipt_timeout_s=0.5))
+    server.start_background()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\ncontent-type: application/x-npy\r\n"
+                         b"Content-Length: 200\r\n\r\n\x93NUMPY")
+            reply = sock.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 408")
+        time.sleep(0.2)
+        assert _post(server.port)[0] == 200
+    finally:
+        server.stop_background()
+    assert not [r for r in caplog.records if "internal error" in r.getMessage()]
