@@ -48,41 +48,6 @@ class TensorSpec:
             raise ArtifactError(f"{where}: expected {{name, shape, dtype}} ({exc})") from exc
 
 
-# CIFAR-10's normalisation (the ImageNet constants the shipped CIFAR ResNets were trained
-# with, hmt.data.cifar): what serve assumes for an image bundle that does not say.
-DEFAULT_MEAN: tuple[float, ...] = (0.485, 0.456, 0.406)
-DEFAULT_STD: tuple[float, ...] = (0.229, 0.224, 0.225)
-LAYOUTS = ("NCHW", "NHWC")
-
-
-@dataclass(frozen=True)
-class Preprocess:
-    """How raw pixels become the input tensor: ``x = (pixel / pixel_scale - mean) / std`` per
-    channel, in ``layout``; the input size is the input spec's shape. Optional in
-    ``bundle.json`` (older bundles): serve then assumes these defaults (CIFAR-10's)."""
-
-    mean: tuple[float, ...] = DEFAULT_MEAN
-    std: tuple[float, ...] = DEFAULT_STD
-    layout: str = "NCHW"
-    pixel_scale: float = 255.0
-
-    @classmethod
-    def from_mapping(cls, data: Any, where: str) -> Preprocess:
-        if not isinstance(data, Mapping):
-            raise ArtifactError(f"{where}: expected an object {{mean, std, layout, pixel_scale}}")
-        try:
-            pre = cls(mean=tuple(float(v) for v in data.get("mean", DEFAULT_MEAN)),
-                      std=tuple(float(v) for v in data.get("std", DEFAULT_STD)),
-                      layout=str(data.get("layout", "NCHW")), pixel_scale=float(data.get("pixel_scale", 255.0)))
-        except (TypeError, ValueError) as exc:
-            raise ArtifactError(f"{where}: malformed ({exc})") from exc
-        if pre.layout not in LAYOUTS or len(pre.mean) != len(pre.std) or not pre.mean:
-            raise ArtifactError(f"{where}: needs layout in {list(LAYOUTS)} and one mean and std per channel")
-        if not all(s > 0 for s in pre.std) or not pre.pixel_scale > 0:
-            raise ArtifactError(f"{where}: std and pixel_scale must be > 0")
-        return pre
-
-
 @dataclass(frozen=True)
 class GraphSpec:
     """One static graph of a variant's chain (a segment or an exit head).
@@ -190,6 +155,41 @@ class BundleVariant:
 
     def to_json_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# CIFAR-10's normalisation (the ImageNet constants the shipped CIFAR ResNets were trained
+# with, hmt.data.cifar): what serve assumes for an image bundle that does not say.
+DEFAULT_MEAN: tuple[float, ...] = (0.485, 0.456, 0.406)
+DEFAULT_STD: tuple[float, ...] = (0.229, 0.224, 0.225)
+LAYOUTS = ("NCHW", "NHWC")
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """How raw pixels become the input tensor: ``x = (pixel / pixel_scale - mean) / std`` per
+    channel, in ``layout``; the input size is the input spec's shape. Optional in
+    ``bundle.json`` (older bundles): serve then assumes these defaults (CIFAR-10's)."""
+
+    mean: tuple[float, ...] = DEFAULT_MEAN
+    std: tuple[float, ...] = DEFAULT_STD
+    layout: str = "NCHW"
+    pixel_scale: float = 255.0
+
+    @classmethod
+    def from_mapping(cls, data: Any, where: str) -> Preprocess:
+        if not isinstance(data, Mapping):
+            raise ArtifactError(f"{where}: expected an object {{mean, std, layout, pixel_scale}}")
+        try:
+            pre = cls(mean=tuple(float(v) for v in data.get("mean", DEFAULT_MEAN)),
+                      std=tuple(float(v) for v in data.get("std", DEFAULT_STD)),
+                      layout=str(data.get("layout", "NCHW")), pixel_scale=float(data.get("pixel_scale", 255.0)))
+        except (TypeError, ValueError) as exc:
+            raise ArtifactError(f"{where}: malformed ({exc})") from exc
+        if pre.layout not in LAYOUTS or len(pre.mean) != len(pre.std) or not pre.mean:
+            raise ArtifactError(f"{where}: needs layout in {list(LAYOUTS)} and one mean and std per channel")
+        if not all(s > 0 for s in pre.std) or not pre.pixel_scale > 0:
+            raise ArtifactError(f"{where}: std and pixel_scale must be > 0")
+        return pre
 
 
 @dataclass(frozen=True)
