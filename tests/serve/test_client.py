@@ -77,3 +77,14 @@ def test_a_connection_the_server_closed_is_reopened_once(server: ApiServer) -> N
         time.sleep(1.6)  # past the server's 1 s keep-alive: it closes the idle connection
         assert client.predict(np.zeros(4, np.float32))["variant"] == "big"
         assert server.stats.accepted == accepted + 1
+
+
+def test_the_client_imports_neither_torch_nor_the_server() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, hmt.client; bad = [m for m in ('torch', 'starlette', 'uvicorn', 'onnxruntime', 'numpy') "
+            "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stdout + done.stderr
