@@ -7,7 +7,13 @@ likes, and ~1,000 of them exhaust the usual 1,024-fd limit before the bearer tok
 ever read (it is a header). :func:`guarded_protocol` builds an ``H11Protocol`` subclass
 that adds, for one server:
 
-- **a connection cap, at accept time.** At the cap, the connection that has waited
+- **a descriptor budget at accept() itself** (:class:`GuardedListener`): while the
+  connections accepted and not yet closed use the process's budget of descriptors, the
+  listening socket reports "nothing to accept" and new connections wait in the kernel's
+  queue. asyncio accepts a whole burst per loop pass before any protocol sees it, so
+  without this a reconnect burst ran the process out of descriptors (EMFILE) and asyncio
+  stopped accepting for a second.
+- **a connection cap** when a connection is set up. At the cap, the connection that has waited
   longest *without a complete request* (still receiving one, or idle between keep-alive
   requests) is closed to make room, the way a server under a slow-client flood sheds its
   slowest clients first; a connection whose request is already received is never
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import socket
@@ -60,6 +67,8 @@ class ConnectionStats:
     receipt_timeouts: int = 0  # request not received within the deadline: 408
     shutdown_cut: int = 0  # still receiving a request at shutdown: 503
     accept_errors: int = 0  # accept() failed for lack of file descriptors (EMFILE/ENFILE)
+    accept_deferred: int = 0  # accept() passes that left connections queued: the descriptor budget was spent
+    fd_budget: int = -1  # descriptors connections may use (-1: unbounded)
 
     def to_json_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,12 +81,15 @@ class ConnectionGuard:
     max_connections: int
     receipt_timeout_s: float
     stats: ConnectionStats = field(default_factory=ConnectionStats)
+    fd_budget: int = -1  # -1: unbounded
+    fds_in_use: int = 0  # accepted and not yet closed (counted at accept, released at connection_lost)
     # Connections without a complete request, oldest first (insertion order = since when).
     waiting: OrderedDict[GuardedH11Protocol, None] = field(default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         self.stats.max_connections = self.max_connections
         self.stats.receipt_timeout_s = self.receipt_timeout_s
+        self.stats.fd_budget = self.fd_budget
 
     def make_room(self) -> bool:
         """Close the connection waiting longest without a request; False when there is none."""
@@ -136,6 +148,7 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
         self.guard.waiting.pop(self, None)
+        self.guard.fds_in_use = max(0, self.guard.fds_in_use - 1)
         if self._refused:
             return
         self.guard.stats.open -= 1
@@ -228,6 +241,25 @@ class GuardedH11Protocol(H11Protocol):
             cycle.disconnected = True
             cycle.message_event.set()
         self.transport.close()
+
+
+class GuardedListener(socket.socket):
+    """A listening socket whose ``accept()`` leaves connections in the kernel's queue while
+    ``guard.fds_in_use`` has reached ``guard.fd_budget`` (asyncio reads the raised
+    BlockingIOError as "nothing to accept" and tries again on the next readiness event,
+    by which time the connections the cap closed have released their descriptors)."""
+
+    guard: ConnectionGuard | None = None
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        guard = self.guard
+        if guard is not None and 0 <= guard.fd_budget <= guard.fds_in_use:
+            guard.stats.accept_deferred += 1
+            raise BlockingIOError(errno.EAGAIN, "descriptor budget in use; connections stay queued")
+        conn, address = super().accept()
+        if guard is not None:
+            guard.fds_in_use += 1
+        return conn, address
 
 
 def guarded_protocol(guard: ConnectionGuard) -> type[GuardedH11Protocol]:

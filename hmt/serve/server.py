@@ -27,7 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from hmt.errors import DeviceError, UsageError
-from hmt.serve.connections import AcceptErrorLog, ConnectionGuard, ConnectionStats, guarded_protocol
+from hmt.serve.connections import (
+    AcceptErrorLog,
+    ConnectionGuard,
+    ConnectionStats,
+    GuardedListener,
+    guarded_protocol,
+)
 
 TOKEN_ENV = "HMT_SERVE_TOKEN"
 MIN_TOKEN_CHARS = 16
@@ -60,15 +66,15 @@ def resolve_token(host: str, token: str | None) -> str | None:
     return chosen
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (port 0: any free port)."""
+def bind_socket(host: str, port: int, factory: type[socket.socket] = socket.socket) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: any free port), an instance of ``factory``."""
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be in 0..65535, got {port}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted sockets only when the
     # listening socket says it is TCP (accepted sockets inherit its proto). With proto 0
     # every keep-alive response waited ~40 ms for the client's delayed ACK (Nagle).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock = factory(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -98,21 +104,18 @@ def raise_fd_limit() -> tuple[int, int]:
     return soft, soft
 
 
+def fd_budget(fd_soft_limit: int) -> int:
+    """Descriptors connections may use: the soft limit less the reserve (-1: unbounded)."""
+    return -1 if fd_soft_limit < 0 else max(1, fd_soft_limit - FD_RESERVE)
+
+
 def connection_cap(requested: int, fd_soft_limit: int) -> int:
-    """At most ``requested`` connections, and never so many that accept() runs out of descriptors:
-    asyncio accepts up to ``backlog`` sockets in one loop pass before the cap sees any of them,
-    so half of the free descriptors are kept for that burst (see :func:`accept_backlog`)."""
-    if fd_soft_limit < 0:
+    """At most ``requested`` connections, and a quarter of the descriptor budget (at least 64)
+    left over for connections accepted in a burst before the cap has closed others."""
+    budget = fd_budget(fd_soft_limit)
+    if budget < 0:
         return requested
-    return max(1, min(requested, (fd_soft_limit - FD_RESERVE) // 2))
-
-
-def accept_backlog(cap: int, fd_soft_limit: int, default: int = 2048) -> int:
-    """The listen backlog, which is also how many sockets asyncio accepts per loop pass: what the
-    descriptors left after ``cap`` connections and the reserve allow."""
-    if fd_soft_limit < 0:
-        return default
-    return max(16, min(default, fd_soft_limit - FD_RESERVE - cap))
+    return max(1, min(requested, budget - max(64, budget // 4)))
 
 
 @dataclass(frozen=True)
@@ -155,13 +158,14 @@ class ApiServer:
         stats = getattr(app, "connection_stats", None)
         self.stats: ConnectionStats = stats if isinstance(stats, ConnectionStats) else ConnectionStats()
         self.guard = ConnectionGuard(connection_cap(options.max_connections, self.fd_limit[1]),
-                                     options.receipt_timeout_s, self.stats)
-        self.socket = bind_socket(options.host, options.port)
+                                     options.receipt_timeout_s, self.stats, fd_budget=fd_budget(self.fd_limit[1]))
+        listener = bind_socket(options.host, options.port, factory=GuardedListener)
+        assert isinstance(listener, GuardedListener)
+        listener.guard = self.guard
+        self.socket: socket.socket = listener
         self.port = int(self.socket.getsockname()[1])
-        self.backlog = accept_backlog(self.guard.max_connections, self.fd_limit[1])
         config = uvicorn.Config(app, log_level=options.log_level, access_log=options.access_log, lifespan="on",
                                 http=guarded_protocol(self.guard), timeout_keep_alive=options.keep_alive_s,
-                                backlog=self.backlog,
                                 timeout_graceful_shutdown=int(max(1, options.graceful_timeout_s)))
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from hmt.serve.connections import AcceptErrorLog, ConnectionStats
-from hmt.serve.server import ApiServer, ServerOptions, accept_backlog, bind_socket, connection_cap, raise_fd_limit
+from hmt.serve.connections import AcceptErrorLog, ConnectionGuard, ConnectionStats, GuardedListener
+from hmt.serve.server import ApiServer, ServerOptions, bind_socket, connection_cap, fd_budget, raise_fd_limit
 
 
 async def tiny_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -239,8 +239,31 @@ def test_fd_limit_raised_and_cap_kept_below_it() -> None:
     assert before == soft and now == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if hard != resource.RLIM_INFINITY:
         assert now == hard
-    assert connection_cap(256, 1024) == 256
-    assert connection_cap(512, 1024) == (1024 - 64) // 2  # half the free descriptors: the accept burst
-    assert accept_backlog(480, 1024) == 1024 - 64 - 480
-    assert connection_cap(512, 1 << 20) == 512 and accept_backlog(512, 1 << 20) == 2048
+    assert fd_budget(1024) == 960 and fd_budget(-1) == -1
+    assert connection_cap(512, 1024) == 512
+    assert connection_cap(2048, 1024) == 960 - 240  # a quarter of the budget stays for accept bursts
+    assert connection_cap(512, 200) == 136 - 64
     assert connection_cap(512, -1) == 512
+
+
+def test_accept_leaves_connections_queued_while_the_descriptor_budget_is_used() -> None:
+    listener = bind_socket("127.0.0.1", 0, factory=GuardedListener)
+    assert isinstance(listener, GuardedListener)
+    guard = ConnectionGuard(max_connections=8, receipt_timeout_s=1.0, fd_budget=2)
+    listener.guard = guard
+    port = listener.getsockname()[1]
+    clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+    try:
+        accepted = [listener.accept()[0] for _ in range(2)]
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # asyncio reads this as "nothing to accept": no EMFILE, no 1 s pause
+        assert guard.fds_in_use == 2 and guard.stats.accept_deferred == 1
+        guard.fds_in_use -= 1  # one closes (connection_lost releases it)
+        accepted.append(listener.accept()[0])  # the third waited in the kernel's queue, not lost
+        assert guard.fds_in_use == 2
+        for sock in accepted:
+            sock.close()
+    finally:
+        for c in clients:
+            c.close()
+        listener.close()
