@@ -39,6 +39,7 @@ import json
 import logging
 import socket
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -83,6 +84,7 @@ class ConnectionGuard:
     stats: ConnectionStats = field(default_factory=ConnectionStats)
     fd_budget: int = -1  # -1: unbounded
     fds_in_use: int = 0  # accepted and not yet closed (counted at accept, released at connection_lost)
+    accepted: weakref.WeakSet[socket.socket] = field(default_factory=weakref.WeakSet)
     # Connections without a complete request, oldest first (insertion order = since when).
     waiting: OrderedDict[GuardedH11Protocol, None] = field(default_factory=OrderedDict)
 
@@ -90,6 +92,12 @@ class ConnectionGuard:
         self.stats.max_connections = self.max_connections
         self.stats.receipt_timeout_s = self.receipt_timeout_s
         self.stats.fd_budget = self.fd_budget
+
+    def recount(self) -> int:
+        """``fds_in_use`` counted from the accepted sockets still open: heals the running count
+        if asyncio ever closed an accepted socket without a ``connection_lost`` (a failed setup)."""
+        self.fds_in_use = sum(1 for s in list(self.accepted) if s.fileno() != -1)
+        return self.fds_in_use
 
     def make_room(self) -> bool:
         """Close the connection waiting longest without a request; False when there is none."""
@@ -253,12 +261,13 @@ class GuardedListener(socket.socket):
 
     def accept(self) -> tuple[socket.socket, Any]:
         guard = self.guard
-        if guard is not None and 0 <= guard.fd_budget <= guard.fds_in_use:
+        if guard is not None and 0 <= guard.fd_budget <= guard.fds_in_use and guard.fd_budget <= guard.recount():
             guard.stats.accept_deferred += 1
             raise BlockingIOError(errno.EAGAIN, "descriptor budget in use; connections stay queued")
         conn, address = super().accept()
         if guard is not None:
             guard.fds_in_use += 1
+            guard.accepted.add(conn)
         return conn, address
 
 
