@@ -25,7 +25,13 @@ On the network (every request then needs `Authorization: Bearer <token>`):
     HMT_SERVE_TOKEN=$(openssl rand -hex 24) hmt serve runs/bundle-host --host 0.0.0.0 --port 8000
 
 A prediction: `curl -s --data-binary @x.npy -H 'content-type: application/x-npy' localhost:8000/v1/predict`
-or `-d '{"inputs": [[...]]}' -H 'content-type: application/json'`.
+(the float tensor, uint8 pixels [H, W, C], or a batch [N, ...]), `--data-binary @cat.jpg -H 'content-type:
+image/jpeg'` (JPEG/PNG, normalised with the bundle's preprocessing), or `-d '{"inputs": [[...]]}'
+-H 'content-type: application/json'`. From Python: `hmt.client.HmtClient("http://127.0.0.1:8000").predict(x)`.
+
+Slow or idle clients cannot hold the server: at most --max-connections are open (at the cap the
+connection that has waited longest without a complete request is closed), and a request must
+arrive, headers and body, within --receipt-timeout-s (else 408).
 
 Replay a scenario for 60 s with real background load, labelled data through the API, and a timeline:
 
@@ -78,6 +84,17 @@ def serve_command(
         help="Per-request deadline (504 after it); a client may ask for less with X-Deadline-Ms.")] = 2000.0,
     max_body_kb: Annotated[int | None, typer.Option(
         help="Largest request body in KiB (default: from the input shape, at least 1 MiB).")] = None,
+    max_batch: Annotated[int, typer.Option(help="Most inputs in one request (a batch [N, ...]).")] = 64,
+    max_connections: Annotated[int, typer.Option(
+        help="Most open connections (kept below the file-descriptor limit, which serve raises to its hard "
+             "limit). At the cap the connection waiting longest without a complete request is closed.")] = 512,
+    receipt_timeout_s: Annotated[float, typer.Option(
+        help="Seconds a client has to send a whole request, headers and body (408 after), counted from "
+             "connecting or from the first byte of a keep-alive request.")] = 10.0,
+    health_without_token: Annotated[bool, typer.Option(
+        "--health-without-token",
+        help="Let GET /v1/health/live and /v1/health/ready through without the token (for orchestrator "
+             "probes); every other path still needs it.")] = False,
     latency_ms: Annotated[float | None, typer.Option(
         "--latency-ms",
         help="Latency budget in ms (overrides serve.json; a scenario's column overrides this).")] = None,
@@ -138,8 +155,10 @@ def serve_command(
                                  latency_ms=latency_ms, memory_mb=memory_mb, exit_confidence=exit_confidence,
                                  no_early_exit=no_early_exit, fixed_variant=variant, trusted_key=trusted_key)
         api = ApiOptions(token=resolved_token, max_body_bytes=None if max_body_kb is None else max_body_kb * 1024,
-                         max_queue=max_queue, workers=workers, deadline_ms=deadline_ms)
-        server = ServerOptions(host=host, port=port, log_level="info" if debug else "warning")
+                         max_queue=max_queue, workers=workers, deadline_ms=deadline_ms, max_batch=max_batch,
+                         health_without_token=health_without_token)
+        server = ServerOptions(host=host, port=port, log_level="info" if debug else "warning",
+                               max_connections=max_connections, receipt_timeout_s=receipt_timeout_s)
         if scenario is None:
             status = serve_forever(bundle, session, api, server,
                                    on_listening=lambda url: output.note(f"serving {bundle} on {url} "

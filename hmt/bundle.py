@@ -180,6 +180,41 @@ class BundleVariant:
         return asdict(self)
 
 
+# CIFAR-10's normalisation (the ImageNet constants the shipped CIFAR ResNets were trained
+# with, hmt.data.cifar): what serve assumes for an image bundle that does not say.
+DEFAULT_MEAN: tuple[float, ...] = (0.485, 0.456, 0.406)
+DEFAULT_STD: tuple[float, ...] = (0.229, 0.224, 0.225)
+LAYOUTS = ("NCHW", "NHWC")
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """How raw pixels become the input tensor: ``x = (pixel / pixel_scale - mean) / std`` per
+    channel, in ``layout``; the input size is the input spec's shape. Optional in
+    ``bundle.json`` (older bundles): serve then assumes these defaults (CIFAR-10's)."""
+
+    mean: tuple[float, ...] = DEFAULT_MEAN
+    std: tuple[float, ...] = DEFAULT_STD
+    layout: str = "NCHW"
+    pixel_scale: float = 255.0
+
+    @classmethod
+    def from_mapping(cls, data: Any, where: str) -> Preprocess:
+        if not isinstance(data, Mapping):
+            raise ArtifactError(f"{where}: expected an object {{mean, std, layout, pixel_scale}}")
+        try:
+            pre = cls(mean=tuple(float(v) for v in data.get("mean", DEFAULT_MEAN)),
+                      std=tuple(float(v) for v in data.get("std", DEFAULT_STD)),
+                      layout=str(data.get("layout", "NCHW")), pixel_scale=float(data.get("pixel_scale", 255.0)))
+        except (TypeError, ValueError) as exc:
+            raise ArtifactError(f"{where}: malformed ({exc})") from exc
+        if pre.layout not in LAYOUTS or len(pre.mean) != len(pre.std) or not pre.mean:
+            raise ArtifactError(f"{where}: needs layout in {list(LAYOUTS)} and one mean and std per channel")
+        if not all(s > 0 for s in pre.std) or not pre.pixel_scale > 0:
+            raise ArtifactError(f"{where}: std and pixel_scale must be > 0")
+        return pre
+
+
 @dataclass(frozen=True)
 class BundleSpec:
     """``bundle.json``: the target (a snapshot of its registry entry) and the variants."""
@@ -190,6 +225,9 @@ class BundleSpec:
     variants: tuple[BundleVariant, ...]
     notes: tuple[str, ...] = ()
     version: int = BUNDLE_SPEC_VERSION
+    # Optional (absent from older bundles): the input's preprocessing and the class names.
+    preprocess: Preprocess | None = None
+    class_names: tuple[str, ...] | None = None
 
     @classmethod
     def from_mapping(cls, data: Any, where: str = BUNDLE_SPEC_NAME) -> BundleSpec:
@@ -207,9 +245,15 @@ class BundleSpec:
                 classes=int(data["classes"]),
                 variants=variants,
                 notes=tuple(str(n) for n in data.get("notes", ())),
+                preprocess=None if data.get("preprocess") is None else Preprocess.from_mapping(
+                    data["preprocess"], f"{where}: preprocess"),
+                class_names=None if data.get("class_names") is None else tuple(
+                    str(n) for n in data["class_names"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"{where}: malformed ({exc})") from exc
+        if spec.class_names is not None and len(spec.class_names) != spec.classes:
+            raise ArtifactError(f"{where}: {len(spec.class_names)} class_names for {spec.classes} classes")
         if not variants:
             raise ArtifactError(f"{where}: lists no variants")
         ids = [v.arch_id for v in variants]

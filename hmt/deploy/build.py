@@ -39,6 +39,7 @@ from hmt.bundle import (
     BundleSpec,
     BundleVariant,
     GraphSpec,
+    Preprocess,
     variant_dir,
 )
 from hmt.deploy.archive import archive_path_for, build_archive_file
@@ -124,6 +125,30 @@ def _compiler_version(target: Target) -> str | None:
         return None
     lines = done.stdout.strip().splitlines()
     return lines[0] if lines else None
+
+
+def _input_meta(front_doc: Mapping[str, Any]) -> tuple[Preprocess | None, tuple[str, ...] | None, str | None]:
+    """The input's preprocessing and class names from the supernet's dataset record (pareto's
+    front names the supernet); (None, None, note) when it cannot be read: serve then assumes
+    CIFAR-10's normalisation for a 3-channel image input and answers class indices only."""
+    from hmt.errors import HmtError
+
+    record = front_doc.get("supernet") or {}
+    path = record.get("path")
+    if not path:
+        return None, None, "no supernet recorded: the bundle carries no preprocessing or class names"
+    try:
+        supernet = load_artifact(path, kind="supernet")
+        if record.get("manifest_sha256") not in (None, supernet.manifest_sha256):
+            raise HmtError(f"{path} was rebuilt after the pareto search")
+        dataset = supernet.read_json("supernet.json")["dataset"]
+        names = tuple(str(n) for n in dataset["class_names"])
+        if dataset.get("modality") != "image":
+            return None, names, None
+        return Preprocess(mean=tuple(float(v) for v in dataset["mean"]), std=tuple(float(v) for v in dataset["std"]),
+                          layout="NCHW", pixel_scale=255.0), names, None
+    except (HmtError, KeyError, TypeError, ValueError) as exc:
+        return None, None, f"dataset record of supernet {path} unreadable ({exc}): no preprocessing or class names"
 
 
 def _notes(target: Target, engines: tuple[str, ...], pareto_profile: str | None, profile_id: str) -> list[str]:
@@ -298,8 +323,15 @@ def deploy_bundle(
                 notes.append(f"variant {build.arch_id}: TVM build for {target.name} failed ({build.tvm_error}); "
                              "bundled for ONNX Runtime only")
         progress("compile", total, total, None)
+        preprocess, class_names, meta_note = _input_meta(front.doc)
+        if meta_note is not None:
+            notes.append(meta_note)
+        if class_names is not None and len(class_names) != int(classes):
+            notes.append(f"the supernet's {len(class_names)} class names do not match the {classes} outputs: dropped")
+            class_names = None
         spec = BundleSpec(target=target.to_json_dict(), input=first.input, classes=int(classes),
-                          variants=tuple(bundled), notes=tuple(notes))
+                          variants=tuple(bundled), notes=tuple(notes), preprocess=preprocess,
+                          class_names=class_names)
         keep = {v.arch_id for v in variants}
         index = FrontIndex([e for e in front.index.entries if e.arch_id in keep], units=front.index.units,
                            meta={**front.index.meta, "bundle_target": target.name, "bundle_profile": profile_id})

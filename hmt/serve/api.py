@@ -2,15 +2,25 @@
 
 Endpoints (see :func:`hmt.serve.exposition.openapi_document`): ``POST /v1/predict``,
 ``GET /v1/health/live``, ``GET /v1/health/ready``, ``GET /v1/status``, ``GET /metrics``,
-``GET /openapi.json``. Every error is JSON ``{"error": {"code", "message"}}``.
+``GET /openapi.json``. Every error is JSON ``{"error": {"code", "message"}}``; a 500 says
+only that it happened (with an id to find it in the log), never the exception's text.
 
-Guards, in request order: the bearer token (when one is set, on every path, compared in
-constant time); readiness (503); the body bound (``Content-Length`` first, then the
-streamed bytes, 413); the tensor's encoding, dtype, shape and finiteness against the
-bundle's input spec (400/415/422); admission to a bounded queue (429 when full); then
-the inference runs on a thread pool (the event loop only parses and answers) under a
-per-request deadline (504; a request still waiting in the queue at its deadline is
-dropped without running).
+Guards, in request order (below the app, :mod:`hmt.serve.connections` caps connections
+and bounds how long a request may take to arrive): the bearer token (when one is set, on
+every path but, with ``health_without_token``, ``/v1/health/*``; constant-time compare);
+readiness (503); the body bound (``Content-Length`` first, then the streamed bytes, 413);
+decoding (:mod:`hmt.serve.inputs`: .npy, JSON, JPEG/PNG, uint8 pixels, batches; 400/413/
+415/422); admission to a bounded queue (429 when full); then the inference runs on a
+thread pool (the event loop only parses and answers) under a per-request deadline (504; a
+request still waiting in the queue at its deadline is dropped without running).
+
+**Latency.** A request's span runs from its first byte in (stamped by the connection
+layer) to its last byte out. The part before compute (receipt, parsing, queueing) is
+handed to :meth:`Controller.predict` as ``queued_ms``, so the loop's latency and budget
+include it; the whole span, and the latency a client reports for its previous request
+(header ``X-HMT-Client-Latency-Ms``, sent by :mod:`hmt.client`), are kept in
+``/v1/status`` and ``/metrics``, and passed to ``controller.observe_request(span_ms,
+client_ms)`` when the controller has that method.
 """
 
 from __future__ import annotations
@@ -18,13 +28,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import hmac
-import io
 import json
+import logging
 import math
+import secrets
 import threading
 import time
-from collections import Counter
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -32,24 +43,37 @@ from typing import Any
 import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from hmt.bundle import TensorSpec
-from hmt.errors import HmtError, UsageError
+from hmt.errors import DeviceError, ModelError, UsageError
+from hmt.serve.connections import FIRST_BYTE_KEY, ConnectionStats
 from hmt.serve.controller import Controller, Prediction
 from hmt.serve.exposition import openapi_document, prometheus_text
-from hmt.serve.runner import numpy_dtype
+from hmt.serve.inputs import (
+    JSON_MEDIA_TYPE,
+    NPY_MEDIA_TYPE,
+    ApiError,
+    InputSpec,
+    as_items,
+    decode,
+)
 
-NPY_MEDIA_TYPE = "application/x-npy"
-JSON_MEDIA_TYPE = "application/json"
+__all__ = ["JSON_MEDIA_TYPE", "NPY_MEDIA_TYPE", "ApiError", "ApiOptions", "create_app"]
+
 DEADLINE_HEADER = "x-deadline-ms"
+CLIENT_LATENCY_HEADER = "x-hmt-client-latency-ms"
+HEALTH_PREFIX = "/v1/health/"
+_WINDOW = 2048
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+logger = logging.getLogger("hmt.serve.api")
 
 
 @dataclass(frozen=True)
@@ -61,6 +85,9 @@ class ApiOptions:
     max_queue: int = 64
     workers: int = 2
     deadline_ms: float = 2000.0
+    health_without_token: bool = False  # let /v1/health/* through without the token (orchestrator probes)
+    max_batch: int = 64  # inputs per request
+    max_image_pixels: int = 4096 * 4096  # width x height of an encoded image, checked before decoding
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
@@ -71,6 +98,10 @@ class ApiOptions:
             raise UsageError(f"deadline_ms must be a finite number > 0, got {self.deadline_ms}")
         if self.max_body_bytes is not None and self.max_body_bytes < 64:
             raise UsageError(f"max_body_bytes must be >= 64, got {self.max_body_bytes}")
+        if self.max_batch < 1:
+            raise UsageError(f"--max-batch must be >= 1, got {self.max_batch}")
+        if self.max_image_pixels < 1:
+            raise UsageError(f"max_image_pixels must be >= 1, got {self.max_image_pixels}")
 
     def body_limit(self, spec: TensorSpec) -> int:
         if self.max_body_bytes is not None:
@@ -80,72 +111,18 @@ class ApiOptions:
         return max(1 << 20, 32 * numel + 4096)
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = headers
-
-
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
 
 
-# -- the tensor ------------------------------------------------------------------------------
+def internal_error(exc: BaseException) -> JSONResponse:
+    """A 500 that tells the client nothing internal; the log has the traceback under the same id."""
+    incident = secrets.token_hex(4)
+    logger.error("internal error %s", incident, exc_info=exc)
+    return error_response(500, "internal_error", f"internal error (id {incident}); the server log has the details")
 
 
-def _reject_constant(name: str) -> float:
-    raise ApiError(422, "non_finite", f"inputs contain {name}; only finite numbers are accepted")
-
-
-def parse_tensor(body: bytes, content_type: str | None, spec: TensorSpec) -> np.ndarray:
-    """The request body as an array of the input spec's dtype and shape, or an :class:`ApiError`."""
-    media = (content_type or "").split(";")[0].strip().lower()
-    dtype = numpy_dtype(spec.dtype)
-    if not body:
-        raise ApiError(400, "empty_body", "the request body is empty; send a .npy tensor or JSON {\"inputs\": [...]}")
-    if media == NPY_MEDIA_TYPE:
-        try:
-            array = np.load(io.BytesIO(body), allow_pickle=False)
-        except Exception as exc:
-            raise ApiError(400, "bad_npy", f"body is not a valid .npy array ({type(exc).__name__}: {exc})") from exc
-        if not isinstance(array, np.ndarray):
-            raise ApiError(400, "bad_npy", "body is an .npz archive; send a single .npy array")
-        if array.dtype != dtype:
-            raise ApiError(422, "bad_dtype", f"input dtype is {array.dtype}; the bundle expects {spec.dtype}")
-    elif media == JSON_MEDIA_TYPE:
-        try:
-            doc = json.loads(body, parse_constant=_reject_constant)
-        except ApiError:
-            raise
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(400, "bad_json", f"body is not valid JSON ({exc})") from exc
-        if not isinstance(doc, dict) or "inputs" not in doc:
-            raise ApiError(422, "bad_json", 'expected a JSON object {"inputs": <nested list of numbers>}')
-        try:
-            wide = np.asarray(doc["inputs"], dtype=np.float64)
-        except (ValueError, TypeError) as exc:
-            raise ApiError(422, "bad_inputs", f"inputs must be a rectangular nested list of numbers ({exc})") from exc
-        if not np.all(np.isfinite(wide)):
-            raise ApiError(422, "non_finite", "inputs contain NaN or infinity; only finite numbers are accepted")
-        if np.issubdtype(dtype, np.integer) and not np.all(wide == np.round(wide)):
-            raise ApiError(422, "bad_dtype", f"the bundle expects {spec.dtype}; inputs hold non-integers")
-        array = wide.astype(dtype)
-    else:
-        raise ApiError(415, "unsupported_media_type", f"content-type {media or '(none)'!r} is not supported; "
-                                                      f"use {NPY_MEDIA_TYPE} or {JSON_MEDIA_TYPE}")
-    expected = tuple(spec.shape)
-    if array.shape != expected:
-        if expected and expected[0] == 1 and array.shape == expected[1:]:
-            array = array.reshape(expected)
-        else:
-            raise ApiError(422, "bad_shape", f"input shape is {list(array.shape)}; the bundle expects "
-                                             f"{list(expected)} (or {list(expected[1:])} without the batch axis)")
-    if np.issubdtype(array.dtype, np.floating) and not np.all(np.isfinite(array)):
-        raise ApiError(422, "non_finite", "input contains NaN or infinity; only finite numbers are accepted")
-    return np.ascontiguousarray(array)
+# -- the body ----------------------------------------------------------------------------------
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -168,6 +145,20 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def _header_ms(request: Request, name: str, code: str) -> float | None:
+    """A positive, finite millisecond header, or None when absent; 400 ``code`` when malformed."""
+    raw = request.headers.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ApiError(400, code, f"{name} {raw[:32]!r} is not a number") from exc
+    if not (math.isfinite(value) and 0 < value < 1e7):
+        raise ApiError(400, code, f"{name} must be a number of ms in (0, 1e7), got {raw[:32]!r}")
+    return value
+
+
 # -- admission and execution ---------------------------------------------------------------------
 
 
@@ -176,7 +167,11 @@ class _DeadlinePassed(Exception):
 
 
 class InferenceService:
-    """A bounded queue in front of a thread pool running :meth:`Controller.predict`."""
+    """A bounded queue in front of a thread pool running :meth:`Controller.predict`.
+
+    One admitted request holds one queue slot and one worker for all of its inputs (a
+    batch runs item by item: the bundle's graphs take a batch of one).
+    """
 
     def __init__(self, controller: Controller, options: ApiOptions) -> None:
         self.controller = controller
@@ -187,17 +182,20 @@ class InferenceService:
         self.rejected_full = 0
         self.deadline_expired = 0
 
-    def _release(self, _future: concurrent.futures.Future[Prediction]) -> None:
+    def _release(self, _future: concurrent.futures.Future[list[Prediction]]) -> None:
         with self._lock:
             self.admitted -= 1
 
-    def _work(self, x: np.ndarray, received_s: float, deadline_s: float) -> Prediction:
+    def _work(self, items: list[np.ndarray], first_byte_s: float, deadline_s: float) -> list[Prediction]:
         start_s = time.monotonic()
         if start_s > deadline_s:
             raise _DeadlinePassed()
-        return self.controller.predict(x, queued_ms=(start_s - received_s) * 1e3)
+        # Everything before compute (receipt, parsing, queueing) is the request's overhead:
+        # every item of a batch carries it, plus its own compute.
+        overhead_ms = (start_s - first_byte_s) * 1e3
+        return [self.controller.predict(x, queued_ms=overhead_ms) for x in items]
 
-    async def submit(self, x: np.ndarray, received_s: float, deadline_ms: float) -> Prediction:
+    async def submit(self, items: list[np.ndarray], first_byte_s: float, deadline_ms: float) -> list[Prediction]:
         with self._lock:
             if self.admitted >= self.options.max_queue:
                 self.rejected_full += 1
@@ -205,9 +203,9 @@ class InferenceService:
                                                   f"(limit {self.options.max_queue}); retry later",
                                headers={"Retry-After": "1"})
             self.admitted += 1
-        deadline_s = received_s + deadline_ms / 1e3
+        deadline_s = first_byte_s + deadline_ms / 1e3
         try:
-            future = self._executor.submit(self._work, x, received_s, deadline_s)
+            future = self._executor.submit(self._work, items, first_byte_s, deadline_s)
         except RuntimeError as exc:  # the pool is shutting down
             with self._lock:
                 self.admitted -= 1
@@ -218,31 +216,77 @@ class InferenceService:
             return await asyncio.wait_for(asyncio.wrap_future(future), max(0.0, deadline_s - time.monotonic()))
         except (asyncio.TimeoutError, _DeadlinePassed) as exc:
             self.deadline_expired += 1
-            raise ApiError(504, "deadline_exceeded", f"no answer within the deadline of {deadline_ms:g} ms") from exc
+            raise ApiError(504, "deadline_exceeded", f"no answer within the deadline of {deadline_ms:g} ms "
+                                                     "(counted from the request's first byte)") from exc
+        except ModelError as exc:
+            # The input passed every check, so a chain that cannot answer it (non-finite logits
+            # from finite inputs like 3e38) is the input's range, not a server fault.
+            logger.info("model refused an input: %s", exc)
+            peak = max(float(np.max(np.abs(x))) for x in items) if items else 0.0
+            raise ApiError(422, "input_out_of_range", f"the model gives no finite answer for this input (largest "
+                                                      f"|value| {peak:.3g}); send inputs in the model's range, "
+                                                      "e.g. normalised pixels") from exc
+        except DeviceError as exc:
+            logger.warning("inference unavailable: %s", exc)
+            raise ApiError(503, "unavailable", "no variant can answer right now; retry",
+                           headers={"Retry-After": "1"}) from exc
 
     def shutdown(self) -> None:
         """Finish every admitted request, then stop the pool."""
         self._executor.shutdown(wait=True)
 
 
+class LatencyWindow:
+    """Recent values (ms) and their running count/sum, thread-safe, for status and metrics."""
+
+    def __init__(self, size: int = _WINDOW) -> None:
+        self._values: deque[float] = deque(maxlen=size)
+        self._lock = threading.Lock()
+        self.count = 0
+        self.sum_ms = 0.0
+
+    def add(self, value_ms: float) -> None:
+        with self._lock:
+            self._values.append(value_ms)
+            self.count += 1
+            self.sum_ms += value_ms
+
+    def summary(self) -> dict[str, float] | None:
+        with self._lock:
+            values = np.array(self._values, dtype=np.float64)
+            count, total = self.count, self.sum_ms
+        if not values.size:
+            return None
+        return {"p50": float(np.percentile(values, 50)), "p95": float(np.percentile(values, 95)),
+                "p99": float(np.percentile(values, 99)), "count": count, "sum": total}
+
+
 # -- the app ---------------------------------------------------------------------------------
 
 
 class _Guard:
-    """Pure ASGI middleware: bearer token on every HTTP request, and response counts by path and status."""
+    """Pure ASGI middleware: the bearer token, response counts by path and status, and each
+    prediction's whole span (first byte in to last byte out)."""
 
-    def __init__(self, app: ASGIApp, token: str | None, counts: Counter[tuple[str, int]]) -> None:
+    def __init__(self, app: ASGIApp, token: str | None, counts: Counter[tuple[str, int]], *,
+                 open_prefix: str | None, on_span: Callable[[float, float | None], None]) -> None:
         self.app = app
         self.token = None if token is None else token.encode()
         self.counts = counts
+        self.open_prefix = open_prefix
+        self.on_span = on_span
+        self.connection_stats = ConnectionStats()  # shared with ApiServer, which fills it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        extensions = scope.setdefault("extensions", {})
+        # Under uvicorn the connection layer stamped the first byte; elsewhere (tests) it is now.
+        first_byte_s = extensions.setdefault(FIRST_BYTE_KEY, time.monotonic())
         path = scope.get("path", "")
         label = path if path in _KNOWN_PATHS else "other"
-        if self.token is not None:
+        if self.token is not None and not (self.open_prefix and path.startswith(self.open_prefix)):
             supplied = b""
             for name, value in scope.get("headers", ()):
                 if name == b"authorization":
@@ -257,16 +301,70 @@ class _Guard:
                                           headers={"WWW-Authenticate": "Bearer"})
                 await response(scope, receive, send)
                 return
+        status = [0]
 
         async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                self.counts[(label, int(message["status"]))] += 1
+                status[0] = int(message["status"])
+                self.counts[(label, status[0])] += 1
             await send(message)
+            if (message["type"] == "http.response.body" and not message.get("more_body")
+                    and label == "/v1/predict" and status[0] == 200):
+                # The last byte is handed to the transport: the request's whole server-side span.
+                self.on_span((time.monotonic() - first_byte_s) * 1e3, extensions.get(_CLIENT_MS_KEY))
 
         await self.app(scope, receive, counting_send)
 
 
 _KNOWN_PATHS = ("/v1/predict", "/v1/health/live", "/v1/health/ready", "/v1/status", "/metrics", "/openapi.json")
+_CLIENT_MS_KEY = "hmt.client_latency_ms"
+
+
+def _prediction_json(p: Prediction, class_names: tuple[str, ...] | None) -> dict[str, Any]:
+    return {
+        "class": p.class_index,
+        "class_name": class_names[p.class_index] if class_names and 0 <= p.class_index < len(class_names) else None,
+        "confidence": p.confidence,
+        "exit": p.exit,
+        "variant": p.variant,
+        "latency_ms": p.latency_ms,
+        "compute_ms": p.compute_ms,
+        "over_budget": p.deadline_miss,
+    }
+
+
+def _http_metrics(stats: ConnectionStats, spans: LatencyWindow, client: LatencyWindow) -> str:
+    """Prometheus lines of the HTTP and connection layers (appended to the controller's)."""
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_text: str, samples: Iterable[tuple[Mapping[str, str], float]]) -> None:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            suffix = "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""
+            lines.append(f"{name}{suffix} {float(value):.9g}")
+
+    metric("hmt_connections_open", "gauge", "Open HTTP connections.", [({}, stats.open)])
+    metric("hmt_connections_max", "gauge", "Connection cap (accept time).", [({}, stats.max_connections)])
+    metric("hmt_connection_events_total", "counter",
+           "Connections accepted, evicted for a new one, refused at the cap, cut at the receipt deadline or "
+           "at shutdown, and accept() failures.",
+           [({"event": e}, getattr(stats, f)) for e, f in (
+               ("accepted", "accepted"), ("evicted", "evicted"), ("refused_full", "refused_full"),
+               ("receipt_timeout", "receipt_timeouts"), ("shutdown_cut", "shutdown_cut"),
+               ("accept_error", "accept_errors"))])
+    for name, window, help_text in (
+            ("hmt_request_span_ms", spans, "Whole server-side span of answered predictions, first byte in to "
+                                           "last byte out (recent window)."),
+            ("hmt_client_latency_ms", client, "Latency clients reported for their previous request "
+                                              "(X-HMT-Client-Latency-Ms, recent window).")):
+        summary = window.summary()
+        quantiles = [({"quantile": q}, summary[k]) for q, k in (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"))] \
+            if summary else []
+        metric(name, "summary", help_text, quantiles)
+        lines.append(f"{name}_sum {window.sum_ms:.9g}")
+        lines.append(f"{name}_count {window.count}")
+    return "\n".join(lines) + "\n"
 
 
 def create_app(controller: Controller, options: ApiOptions | None = None,
@@ -274,10 +372,25 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
     """The ASGI app. ``on_shutdown`` runs after the last in-flight request has finished."""
     opts = options if options is not None else ApiOptions()
     service = InferenceService(controller, opts)
-    spec = controller.bundle.spec.input
+    bundle_spec = controller.bundle.spec
+    spec = bundle_spec.input
+    inputs = InputSpec.of_bundle(bundle_spec, max_batch=opts.max_batch, max_pixels=opts.max_image_pixels)
     body_limit = opts.body_limit(spec)
     counts: Counter[tuple[str, int]] = Counter()
     draining = threading.Event()
+    spans = LatencyWindow()
+    client_latency = LatencyWindow()
+    observe = getattr(controller, "observe_request", None)
+
+    def on_span(span_ms: float, client_ms: float | None) -> None:
+        spans.add(span_ms)
+        if client_ms is not None:
+            client_latency.add(client_ms)
+        if callable(observe):  # the controller's own record of whole-request latency, where it keeps one
+            try:
+                observe(span_ms=span_ms, client_ms=client_ms)
+            except Exception:
+                logger.exception("controller.observe_request failed")
 
     def guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def wrapped(request: Request) -> Response:
@@ -285,42 +398,36 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
                 return await handler(request)
             except ApiError as exc:
                 return error_response(exc.status, exc.code, exc.message, exc.headers)
-            except HmtError as exc:
-                return error_response(500, type(exc).__name__, str(exc))
+            except ClientDisconnect:
+                # The client left, or the connection layer cut it (receipt deadline, shutdown) and
+                # already answered; nobody reads this, and it is not a server fault to log.
+                return error_response(400, "client_disconnected", "the client disconnected")
             except Exception as exc:  # noqa: BLE001 - one bad request must not take the server down
-                return error_response(500, "internal_error", f"{type(exc).__name__}: {exc}")
+                return internal_error(exc)
 
         return wrapped
 
     @guarded
     async def predict(request: Request) -> Response:
-        received_s = time.monotonic()
+        first_byte_s = float(request.scope["extensions"][FIRST_BYTE_KEY])
         if draining.is_set():
             raise ApiError(503, "shutting_down", "the server is shutting down")
         if not controller.ready:
             raise ApiError(503, "not_ready", "no variant is loaded and warm yet", headers={"Retry-After": "1"})
         deadline_ms = opts.deadline_ms
-        asked = request.headers.get(DEADLINE_HEADER)
+        asked = _header_ms(request, DEADLINE_HEADER, "bad_deadline")
         if asked is not None:
-            try:
-                value = float(asked)
-            except ValueError as exc:
-                raise ApiError(400, "bad_deadline", f"{DEADLINE_HEADER} {asked!r} is not a number") from exc
-            if not (math.isfinite(value) and value > 0):
-                raise ApiError(400, "bad_deadline", f"{DEADLINE_HEADER} must be > 0 ms, got {asked!r}")
-            deadline_ms = min(deadline_ms, value)
+            deadline_ms = min(deadline_ms, asked)
+        client_ms = _header_ms(request, CLIENT_LATENCY_HEADER, "bad_client_latency")
+        if client_ms is not None:
+            request.scope["extensions"][_CLIENT_MS_KEY] = client_ms
         body = await read_body(request, body_limit)
-        x = parse_tensor(body, request.headers.get("content-type"), spec)
-        result = await service.submit(x, received_s, deadline_ms)
-        return JSONResponse({
-            "class": result.class_index,
-            "confidence": result.confidence,
-            "exit": result.exit,
-            "variant": result.variant,
-            "latency_ms": result.latency_ms,
-            "compute_ms": result.compute_ms,
-            "over_budget": result.deadline_miss,
-        })
+        batch = decode(body, request.headers.get("content-type"), inputs)
+        results = await service.submit(as_items(batch, inputs), first_byte_s, deadline_ms)
+        names = bundle_spec.class_names
+        if len(results) == 1:
+            return JSONResponse(_prediction_json(results[0], names))
+        return JSONResponse({"predictions": [_prediction_json(r, names) for r in results], "batch": len(results)})
 
     @guarded
     async def live(request: Request) -> Response:
@@ -339,11 +446,14 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
         doc = controller.status()
         doc["queue"] = {"admitted": service.admitted, "max_queue": opts.max_queue, "workers": opts.workers,
                         "rejected_full": service.rejected_full, "deadline_expired": service.deadline_expired}
+        doc["http"] = {"connections": guard.connection_stats.to_json_dict(), "request_span_ms": spans.summary(),
+                       "client_latency_ms": client_latency.summary()}
         return JSONResponse(json.loads(json.dumps(doc, default=_jsonable)))
 
     @guarded
     async def metrics(request: Request) -> Response:
         text = prometheus_text(controller, dict(counts), service.admitted, opts.max_queue)
+        text += _http_metrics(guard.connection_stats, spans, client_latency)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @guarded
@@ -351,10 +461,13 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
         return JSONResponse(openapi_document(spec, body_limit, auth=opts.token is not None))
 
     async def http_error(request: Request, exc: Exception) -> Response:
-        status = exc.status_code if isinstance(exc, HTTPException) else 500
-        detail = exc.detail if isinstance(exc, HTTPException) else str(exc)
+        if not isinstance(exc, HTTPException) or exc.status_code >= 500:
+            return internal_error(exc)
+        status = exc.status_code
         code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
-        return error_response(status, code, f"{request.method} {request.url.path}: {detail}")
+        # 405 carries Allow (RFC 9110 15.5.6); the route put it in the exception's headers.
+        return error_response(status, code, f"{request.method} {request.url.path}: {exc.detail}",
+                              headers=dict(exc.headers) if exc.headers else None)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> Any:
@@ -376,9 +489,14 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
         exception_handlers={HTTPException: http_error},
         lifespan=lifespan,
     )
+    # No redirect from /v1/status/ to /v1/status: starlette builds its Location from the
+    # client's Host header. A wrong path is a 404.
+    app.router.redirect_slashes = False
     app.state.service = service
     app.state.draining = draining
-    return _Guard(app, opts.token, counts)
+    guard = _Guard(app, opts.token, counts, open_prefix=HEALTH_PREFIX if opts.health_without_token else None,
+                   on_span=on_span)
+    return guard
 
 
 def _jsonable(value: Any) -> Any:

@@ -110,9 +110,17 @@ def openapi_document(spec: TensorSpec, body_limit_bytes: int, auth: bool) -> dic
                                 f"omitted), at most {body_limit_bytes} bytes of body. Header X-Deadline-Ms may lower "
                                 "the server's per-request deadline."),
                 "parameters": [{"name": "X-Deadline-Ms", "in": "header", "required": False,
+                                "schema": {"type": "number", "exclusiveMinimum": True, "minimum": 0}},
+                               {"name": "X-HMT-Client-Latency-Ms", "in": "header", "required": False,
+                                "description": "Latency the client saw for its previous request",
                                 "schema": {"type": "number", "exclusiveMinimum": True, "minimum": 0}}],
                 "requestBody": {"required": True, "content": {
                     "application/x-npy": {"schema": {"type": "string", "format": "binary"}},
+                    # hmt.serve.inputs: .npy also as octet-stream (float tensor, uint8 pixels [H, W, C],
+                    # or a batch [N, ...]); encoded images, normalised with the bundle's preprocessing.
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+                    "image/jpeg": {"schema": {"type": "string", "format": "binary"}},
+                    "image/png": {"schema": {"type": "string", "format": "binary"}},
                     "application/json": {"schema": {"type": "object", "required": ["inputs"], "properties": {
                         "inputs": {"type": "array", "items": {}, "description": f"Nested list of shape {shape}"}}}},
                 }},
@@ -137,6 +145,8 @@ def openapi_document(spec: TensorSpec, body_limit_bytes: int, auth: bool) -> dic
             "Prediction": {"type": "object", "required": ["class", "confidence", "exit", "variant", "latency_ms"],
                            "properties": {
                                "class": {"type": "integer", "description": "Arg-max class index"},
+                               "class_name": {"type": "string", "nullable": True,
+                                              "description": "The bundle's name for the class, if it has names"},
                                "confidence": {"type": "number", "description": "Softmax probability of the class"},
                                "exit": {"type": "integer", "description": "Segment whose exit head answered"},
                                "variant": {"type": "string", "description": "Arch id of the variant that answered"},

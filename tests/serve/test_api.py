@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import FAST_SWITCH
-from serve_bundles import npy_bytes, sleepy_loader
+from serve_bundles import VariantDef, make_bundle, npy_bytes, sleepy_loader
 
 from hmt.bundle import load_bundle
 from hmt.serve.api import ApiOptions, create_app
@@ -63,7 +64,8 @@ def test_predict_npy_and_json(client: TestClient) -> None:
     (b"", NPY, 400, "empty_body"),
     (b"not npy", NPY, 400, "bad_npy"),
     (npy_bytes(np.zeros((1, 3), np.float32)), NPY, 422, "bad_shape"),
-    (npy_bytes(np.zeros((2, 4), np.float32)), NPY, 422, "bad_shape"),
+    (npy_bytes(np.zeros((2, 3), np.float32)), NPY, 422, "bad_shape"),
+    (npy_bytes(np.zeros((1, 1, 4), np.float32)), NPY, 422, "bad_shape"),
     (npy_bytes(np.zeros((1, 4), np.float64)), NPY, 422, "bad_dtype"),
     (npy_bytes(np.array([[0, np.nan, 0, 0]], np.float32)), NPY, 422, "non_finite"),
     (npy_bytes(np.array([[0, np.inf, 0, 0]], np.float32)), NPY, 422, "non_finite"),
@@ -73,13 +75,24 @@ def test_predict_npy_and_json(client: TestClient) -> None:
     (b'{"x": [0, 0, 0, 0]}', {"content-type": "application/json"}, 422, "bad_json"),
     (b'{"inputs": [0, 0, 0, "a"]}', {"content-type": "application/json"}, 422, "bad_inputs"),
     (b"{", {"content-type": "application/json"}, 400, "bad_json"),
+    # issue 17, defects 6 and 10: each of these was a 500 or was accepted
+    (b'{"inputs": ' + b"[" * 5000 + b"0" + b"]" * 5000 + b"}", {"content-type": "application/json"}, 400, "bad_json"),
+    (b'{"inputs": [' + b"9" * 400 + b', 0, 0, 0]}', {"content-type": "application/json"}, 422, "bad_number"),
+    (b'{"inputs": [1e39, 0, 0, 0]}', {"content-type": "application/json"}, 422, "bad_number"),
+    (b'{"inputs": [true, 0, 0, 0]}', {"content-type": "application/json"}, 422, "bad_inputs"),
+    (b'{"inputs": ["1.5", 0, 0, 0]}', {"content-type": "application/json"}, 422, "bad_inputs"),
+    (b'{"inputs": null}', {"content-type": "application/json"}, 422, "bad_inputs"),
+    (b'{"inputs": [0, null, 0, 0]}', {"content-type": "application/json"}, 422, "bad_inputs"),
+    (b'{"inputs": 5}', {"content-type": "application/json"}, 422, "bad_inputs"),
     (b"0,0,0,0", {"content-type": "text/csv"}, 415, "unsupported_media_type"),
     (b"0" * (2 << 20), NPY, 413, "body_too_large"),
+    (b"\x89PNG\r\n\x1a\n", {"content-type": "image/png"}, 415, "not_an_image_model"),
 ])
 def test_bad_requests_get_clear_errors(client: TestClient, content: bytes, headers: dict[str, str], status: int,
                                        code: str) -> None:
     r = client.post("/v1/predict", content=content, headers=headers)
     assert r.status_code == status and error_code(r) == code
+    assert "Error" not in r.json()["error"]["message"]  # a plain message, no exception names
     assert client.get("/v1/health/live").status_code == 200  # still alive
 
 
@@ -185,3 +198,130 @@ def test_queue_full_429_and_deadline_504_over_real_http(bundle_dir: Path) -> Non
         assert status == 200  # the server is fine afterwards, and the queue drained
     finally:
         server.stop_background()
+
+
+# -- issue 17 (defects 6 and 10) and issue 14 item 2 --------------------------------------------
+
+
+def test_no_slash_redirect_and_405_carries_allow(client: TestClient) -> None:
+    r = client.get("/v1/status/", headers={"Host": "evil.example"}, follow_redirects=False)
+    assert r.status_code == 404 and "location" not in r.headers and error_code(r) == "not_found"
+    r = client.request("TRACE", "/v1/status")
+    assert r.status_code == 405 and error_code(r) == "method_not_allowed"
+    assert set(r.headers["allow"].replace(" ", "").split(",")) == {"GET", "HEAD"}
+    r = client.delete("/v1/predict")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+
+
+def test_health_without_token_flag_opens_only_health(bundle_dir: Path) -> None:
+    app = create_app(make_controller(bundle_dir), ApiOptions(token=TOKEN, health_without_token=True))
+    with TestClient(app) as cl:
+        assert cl.get("/v1/health/live").status_code == 200
+        assert cl.get("/v1/health/ready").status_code == 200
+        for path in ("/v1/status", "/metrics", "/openapi.json", "/v1/health"):
+            assert cl.get(path).status_code == 401
+        assert cl.post("/v1/predict", json={"inputs": [0, 0, 0, 0]}).status_code == 401
+
+
+def test_a_500_never_echoes_the_exception(bundle_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    controller = make_controller(bundle_dir)
+
+    def broken(last: int = 10) -> dict[str, object]:
+        raise RuntimeError("secret /etc/internal/path")
+
+    controller.status = broken  # type: ignore[method-assign]
+    with TestClient(create_app(controller)) as cl:
+        r = cl.get("/v1/status")
+    assert r.status_code == 500 and error_code(r) == "internal_error"
+    assert "secret" not in r.text and "RuntimeError" not in r.text
+    incident = r.json()["error"]["message"].split("id ")[1].split(")")[0]
+    assert any(incident in rec.getMessage() for rec in caplog.records)  # the log has it, under the same id
+
+
+def test_finite_inputs_with_non_finite_logits_are_a_422(tmp_path: Path) -> None:
+    # slow_n's ReduceSum of 3e38s overflows to inf, and inf * 0 gives NaN logits.
+    bundle = make_bundle(tmp_path / "overflow", [VariantDef("v", 0.9, 1.0, 1.0, slow_n=2)])
+    with TestClient(create_app(make_controller(bundle))) as cl:
+        r = cl.post("/v1/predict", json={"inputs": [3e38, 3e38, 3e38, 3e38]})
+        assert r.status_code == 422 and error_code(r) == "input_out_of_range"
+        assert "3e+38" in r.json()["error"]["message"] and "ModelError" not in r.text
+        assert cl.post("/v1/predict", json={"inputs": [1, 0, 0, 0]}).status_code == 200
+
+
+def _slow_post(port: int, pause_s: float, headers: str = "") -> dict[str, object]:
+    """A request whose body arrives ``pause_s`` after its headers (a slow upload)."""
+    import socket
+
+    body = npy_bytes(np.zeros((1, 4), np.float32))
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(f"POST /v1/predict HTTP/1.1\r\nHost: x\r\ncontent-type: application/x-npy\r\n{headers}"
+                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:10])
+        time.sleep(pause_s)
+        sock.sendall(body[10:])
+        data = b""
+        while not data.endswith(b"}"):
+            data += sock.recv(65536)
+    return json.loads(data.split(b"\r\n\r\n", 1)[1])  # type: ignore[no-any-return]
+
+
+def test_latency_counts_receipt_and_queueing(bundle_dir: Path) -> None:
+    controller = make_controller(bundle_dir, sleep_s=0.25)
+    seen: list[tuple[float, float | None]] = []
+    controller.observe_request = lambda span_ms, client_ms: seen.append((span_ms, client_ms))  # type: ignore[attr-defined]
+    app = create_app(controller, ApiOptions(workers=1, deadline_ms=10000))
+    server = ApiServer(app, ServerOptions(port=0))
+    server.start_background()
+    try:
+        # Receipt: the body comes 0.3 s after the headers; compute is ~0.25 s.
+        doc = _slow_post(server.port, 0.3, headers="X-HMT-Client-Latency-Ms: 12.5\r\n")
+        assert doc["latency_ms"] >= 300 + doc["compute_ms"] - 5  # type: ignore[operator]
+        # Queueing: two at once on one worker; the second waits for the first's ~0.25 s.
+        latencies = [_post(server.port)[1]["latency_ms"]]  # alone: about its compute
+        statuses: list[float] = []
+        threads = [threading.Thread(target=lambda: statuses.append(_post(server.port)[1]["latency_ms"]))
+                   for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert max(statuses) >= 2 * 250 - 20, (latencies, statuses)
+        status = json.loads(_get_json(server.port, "/v1/status"))
+        span = status["http"]["request_span_ms"]
+        assert span["count"] == 4 and span["p95"] >= 500
+        assert status["http"]["client_latency_ms"]["count"] == 1 and status["http"]["client_latency_ms"]["p50"] == 12.5
+        assert len(seen) == 4 and seen[0][1] == 12.5 and seen[0][0] >= doc["latency_ms"]  # type: ignore[operator]
+        metrics = _get_json(server.port, "/metrics")
+        assert "hmt_request_span_ms_count 4" in metrics and "hmt_client_latency_ms_count 1" in metrics
+        assert 'hmt_connection_events_total{event="accepted"}' in metrics
+        status_code, err = _post(server.port, {"X-HMT-Client-Latency-Ms": "soon"})
+        assert status_code == 400 and err["error"]["code"] == "bad_client_latency"  # type: ignore[index]
+    finally:
+        server.stop_background()
+
+
+def _get_json(port: int, path: str) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().read().decode()
+    finally:
+        conn.close()
+
+
+def test_a_body_cut_at_the_receipt_deadline_is_a_408_not_a_logged_500(bundle_dir: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    import socket
+
+    server = ApiServer(create_app(make_controller(bundle_dir)), ServerOptions(port=0, receipt_timeout_s=0.5))
+    server.start_background()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\ncontent-type: application/x-npy\r\n"
+                         b"Content-Length: 200\r\n\r\n\x93NUMPY")
+            reply = sock.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 408")
+        time.sleep(0.2)
+        assert _post(server.port)[0] == 200
+    finally:
+        server.stop_background()
+    assert not [r for r in caplog.records if "internal error" in r.getMessage()]

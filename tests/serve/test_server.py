@@ -38,6 +38,13 @@ def test_loopback_needs_no_token_anything_else_does(monkeypatch: pytest.MonkeyPa
     assert resolve_token("0.0.0.0", None) == TOKEN
 
 
+@pytest.mark.parametrize("token", [" " * 24, "\t" * 20, "abcdefgh ijklmnopq", "tok\u00e9" * 5, "x" * 20 + "\n"])
+def test_a_token_a_header_cannot_carry_is_refused_at_start(token: str) -> None:
+    # A whitespace-only token used to be accepted and then refused every request.
+    with pytest.raises(UsageError, match="printable ASCII"):
+        resolve_token("0.0.0.0", token)
+
+
 def _hmt(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "commands.app", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
@@ -117,5 +124,49 @@ def test_sigterm_drains_requests_in_flight_then_exits_zero(tmp_path: Path) -> No
             http.client.HTTPConnection("127.0.0.1", port, timeout=2).request("GET", "/v1/health/live")
     finally:
         if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_health_without_token_over_a_real_process(bundle_dir: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "commands.app", "serve", str(bundle_dir), "--port", "0",
+                             "--host", "127.0.0.1", "--health-without-token", "--receipt-timeout-s", "2",
+                             "--max-connections", "32", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, TOKEN_ENV: TOKEN})
+    try:
+        assert proc.stderr is not None
+        match = None
+        for _ in range(50):
+            line = proc.stderr.readline()
+            match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+            if match or not line:
+                break
+        assert match
+        port = int(match.group(1))
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/v1/health/ready")
+                if conn.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "server never became ready"
+            time.sleep(0.05)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request("GET", "/v1/status")
+        assert conn.getresponse().status == 401
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request("GET", "/v1/status", headers={"Authorization": f"Bearer {TOKEN}"})
+        doc = json.loads(conn.getresponse().read())
+        assert doc["http"]["connections"]["max_connections"] == 32
+        assert doc["http"]["connections"]["receipt_timeout_s"] == 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

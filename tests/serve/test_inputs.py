@@ -1,0 +1,230 @@
+"""Inputs users have (issue 14 item 5): JPEG/PNG, uint8 pixels, .npy as octet-stream and batches
+give the same answer as the float tensor; bad images get a 4xx; class names come back."""
+
+from __future__ import annotations
+
+import io
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import FAST_SWITCH
+from onnx import TensorProto, helper, numpy_helper
+from PIL import Image
+from serve_bundles import npy_bytes
+
+from hmt.artifacts import ArtifactWriter
+from hmt.bundle import BundleSpec, Preprocess, TensorSpec, load_bundle
+from hmt.errors import ArtifactError
+from hmt.pareto.index import FrontIndex, IndexEntry
+from hmt.serve.api import ApiOptions, create_app
+from hmt.serve.controller import Controller
+from hmt.serve.inputs import ApiError, InputSpec, decode
+from hmt.serve.settings import ServeSettings
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from starlette.testclient import TestClient
+
+H = W = 8
+CLASS_NAMES = ["cat", "dog", "ship", "frog"]
+MEAN, STD = (0.5, 0.4, 0.3), (0.25, 0.2, 0.3)
+
+
+def _model(nodes: list, inputs: list, outputs: list, inits: list) -> bytes:  # type: ignore[type-arg]
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def make_image_bundle(out: Path) -> Path:
+    """One variant, one stage: flatten [1, 3, 8, 8] -> fixed random [192, 4] matmul -> identity head."""
+    weights = np.random.default_rng(0).standard_normal((3 * H * W, 4)).astype(np.float32)
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, H, W])
+    f = helper.make_tensor_value_info("features_0", TensorProto.FLOAT, [1, 4])
+    segment = _model([helper.make_node("Flatten", ["input"], ["flat"], axis=1),
+                      helper.make_node("MatMul", ["flat", "w"], ["features_0"])], [x], [f],
+                     [numpy_helper.from_array(weights, "w")])
+    y = helper.make_tensor_value_info("logits_0", TensorProto.FLOAT, [1, 4])
+    head = _model([helper.make_node("MatMul", ["features_0", "eye"], ["logits_0"])], [f], [y],
+                  [numpy_helper.from_array(np.eye(4, dtype=np.float32), "eye")])
+    graph = {"index": 0, "onnx": "variants/v/segment_0.onnx",
+             "input": {"name": "input", "shape": [1, 3, H, W], "dtype": "float32"},
+             "output": {"name": "features_0", "shape": [1, 4], "dtype": "float32"}}
+    exit_graph = {"index": 0, "onnx": "variants/v/exit_0.onnx", "consumes_segment": 0,
+                  "input": {"name": "features_0", "shape": [1, 4], "dtype": "float32"},
+                  "output": {"name": "logits_0", "shape": [1, 4], "dtype": "float32"}}
+    with ArtifactWriter(out, kind="bundle", config={"test": True}) as writer:
+        writer.write_bytes("variants/v/segment_0.onnx", segment)
+        writer.write_bytes("variants/v/exit_0.onnx", head)
+        writer.write_json("bundle.json", {
+            "version": 1, "target": {"name": "host"}, "classes": 4, "class_names": CLASS_NAMES,
+            "preprocess": {"mean": list(MEAN), "std": list(STD), "layout": "NCHW"},
+            "input": {"name": "input", "shape": [1, 3, H, W], "dtype": "float32"},
+            "variants": [{"arch_id": "v", "exit_stage": 0, "accuracy": 0.9, "accuracy_per_exit": [0.9],
+                          "latency_ms": 1.0, "energy": 1.0, "memory_mb": 1.0, "segments": [graph],
+                          "exits": [exit_graph], "preferred_engine": "onnxruntime", "engines": ["onnxruntime"]}]})
+        writer.write_json("profile.json", {"device": "test"})
+        writer.write_json("index.json", FrontIndex([IndexEntry("v", 0.9, 1.0, 1.0, 1.0, 0, (0.9,),
+                                                               "onnxruntime")]).to_json_dict())
+        writer.write_json("serve.json", {**FAST_SWITCH, "early_exit": {"enabled": False}})
+    return out
+
+
+@pytest.fixture(scope="module")
+def image_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    bundle = load_bundle(make_image_bundle(tmp_path_factory.mktemp("img") / "bundle"))
+    controller = Controller(bundle, ServeSettings.from_mapping({**FAST_SWITCH, "early_exit": {"enabled": False}}),
+                            warmup_runs=1)
+    controller.start(background=False)
+    with TestClient(create_app(controller, ApiOptions(max_image_pixels=1_000_000, max_batch=8))) as cl:
+        yield cl
+
+
+def pixels(seed: int, h: int = H, w: int = W) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+def as_tensor(px: np.ndarray) -> np.ndarray:
+    """What the bundle's preprocessing should make of pixels, written out independently."""
+    x = (px.astype(np.float64) / 255.0 - np.array(MEAN)) / np.array(STD)
+    return x.transpose(2, 0, 1)[None].astype(np.float32)
+
+
+def encoded(px: np.ndarray, fmt: str, **kwargs: object) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(px).save(buf, format=fmt, **kwargs)
+    return buf.getvalue()
+
+
+def answer(client: TestClient, body: bytes, media: str) -> dict:  # type: ignore[type-arg]
+    r = client.post("/v1/predict", content=body, headers={"content-type": media})
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def same(a: dict, b: dict) -> None:  # type: ignore[type-arg]
+    assert a["class"] == b["class"] and a["class_name"] == b["class_name"]
+    assert a["confidence"] == pytest.approx(b["confidence"], rel=1e-5)
+
+
+def test_png_uint8_octet_stream_and_float_tensor_agree(image_client: TestClient) -> None:
+    classes = set()
+    for seed in range(6):
+        px = pixels(seed)
+        reference = answer(image_client, npy_bytes(as_tensor(px)), "application/x-npy")
+        assert reference["class_name"] == CLASS_NAMES[reference["class"]]
+        classes.add(reference["class"])
+        same(answer(image_client, npy_bytes(px), "application/x-npy"), reference)  # uint8 HWC
+        same(answer(image_client, npy_bytes(as_tensor(px)), "application/octet-stream"), reference)
+        same(answer(image_client, encoded(px, "PNG"), "image/png"), reference)
+    assert len(classes) > 1  # the answers depend on the image (the test could not pass by accident)
+
+
+def test_jpeg_gives_the_answer_of_its_decoded_pixels(image_client: TestClient) -> None:
+    px = pixels(7)
+    data = encoded(px, "JPEG", quality=90)
+    decoded = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    same(answer(image_client, data, "image/jpeg"), answer(image_client, npy_bytes(as_tensor(decoded)),
+                                                           "application/x-npy"))
+
+
+def test_a_larger_image_is_resized_to_the_input(image_client: TestClient) -> None:
+    big = np.repeat(np.repeat(pixels(3), 4, axis=0), 4, axis=1)  # 32 x 32, each pixel a 4 x 4 block
+    small = np.asarray(Image.fromarray(big).resize((W, H), Image.Resampling.BILINEAR))
+    same(answer(image_client, encoded(big, "PNG"), "image/png"),
+         answer(image_client, npy_bytes(small), "application/x-npy"))
+
+
+def test_batches_answer_per_item_like_single_requests(image_client: TestClient) -> None:
+    batch_px = np.stack([pixels(s) for s in range(3)])
+    singles = [answer(image_client, npy_bytes(as_tensor(px)), "application/x-npy") for px in batch_px]
+    for body in (npy_bytes(np.concatenate([as_tensor(px) for px in batch_px])), npy_bytes(batch_px)):
+        doc = answer(image_client, body, "application/x-npy")
+        assert doc["batch"] == 3 and len(doc["predictions"]) == 3
+        for got, want in zip(doc["predictions"], singles, strict=True):
+            same(got, want)
+    doc = answer(image_client, b'{"inputs": ' + str(np.concatenate([as_tensor(px) for px in batch_px]).tolist())
+                 .encode() + b"}", "application/json")
+    for got, want in zip(doc["predictions"], singles, strict=True):
+        same(got, want)
+    r = image_client.post("/v1/predict", content=npy_bytes(np.zeros((9, H, W, 3), np.uint8)),
+                          headers={"content-type": "application/x-npy"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "batch_too_large"
+
+
+@pytest.mark.parametrize(("body", "media", "status", "code"), [
+    (encoded(pixels(1), "PNG")[:60], "image/png", 400, "bad_image"),  # truncated
+    (b"\xff\xd8\xff" + b"\x00" * 200, "image/jpeg", 400, "bad_image"),
+    (encoded(pixels(1), "PNG"), "image/jpeg", 400, "bad_image"),  # a PNG labelled JPEG: only the named decoder runs
+    (encoded(np.zeros((1100, 1100, 3), np.uint8), "PNG"), "image/png", 413, "image_too_large"),  # 1.2 MP > 1 MP
+    (npy_bytes(np.zeros((H, W, 4), np.uint8)), "application/x-npy", 422, "bad_shape"),
+    (npy_bytes(np.zeros((1, 3, H, W), np.float64)), "application/x-npy", 422, "bad_dtype"),
+    (b"PK\x03\x04 an npz", "application/octet-stream", 400, "bad_npy"),
+])
+def test_malformed_inputs_get_4xx(image_client: TestClient, body: bytes, media: str, status: int, code: str) -> None:
+    r = image_client.post("/v1/predict", content=body, headers={"content-type": media})
+    assert r.status_code == status and r.json()["error"]["code"] == code, r.text
+
+
+def test_decompression_bomb_is_refused_before_decoding() -> None:
+    # A 20000 x 20000 PNG of zeros is ~1 MB compressed and 1.2 GB decoded: the header alone refuses it.
+    spec = InputSpec(TensorSpec("input", (1, 3, H, W), "float32"), Preprocess(), max_pixels=4096 * 4096)
+    header = encoded(np.zeros((1, 1, 3), np.uint8), "PNG")
+    ihdr = header.index(b"IHDR")
+    bomb = bytearray(header)
+    bomb[ihdr + 4:ihdr + 12] = (20000).to_bytes(4, "big") * 2  # width, height (CRC now wrong: never read)
+    with pytest.raises(ApiError) as err:
+        decode(bytes(bomb), "image/png", spec)
+    assert err.value.status in (400, 413)
+
+
+def test_preprocess_defaults_and_non_image_bundles() -> None:
+    cifar = InputSpec.of_bundle(_spec((1, 3, 32, 32)))  # an older bundle: no preprocess field
+    assert cifar.preprocess == Preprocess() and cifar.preprocess.mean == (0.485, 0.456, 0.406)
+    flat = InputSpec.of_bundle(_spec((1, 4)))
+    assert flat.preprocess is None
+    with pytest.raises(ApiError) as err:
+        decode(npy_bytes(np.zeros((2, 2, 3), np.uint8)), "application/x-npy", flat)
+    assert err.value.status == 422  # uint8 into a float tensor that is not an image: a dtype error
+    with pytest.raises(ArtifactError, match="class_names"):
+        BundleSpec.from_mapping({**_spec_doc((1, 4)), "class_names": ["a"]})
+    with pytest.raises(ArtifactError, match="layout"):
+        BundleSpec.from_mapping({**_spec_doc((1, 4)), "preprocess": {"layout": "CHWN"}})
+
+
+def _spec_doc(shape: tuple[int, ...]) -> dict:  # type: ignore[type-arg]
+    graph = {"index": 0, "onnx": "a.onnx", "input": {"name": "x", "shape": list(shape), "dtype": "float32"},
+             "output": {"name": "f", "shape": [1, 4], "dtype": "float32"}}
+    return {"version": 1, "target": {}, "classes": 4,
+            "input": {"name": "x", "shape": list(shape), "dtype": "float32"},
+            "variants": [{"arch_id": "v", "exit_stage": 0, "accuracy": 0.9, "accuracy_per_exit": [0.9],
+                          "latency_ms": 1.0, "energy": 1.0, "memory_mb": 1.0, "segments": [graph],
+                          "exits": [{**graph, "consumes_segment": 0}], "preferred_engine": "onnxruntime",
+                          "engines": ["onnxruntime"]}]}
+
+
+def _spec(shape: tuple[int, ...]) -> BundleSpec:
+    return BundleSpec.from_mapping(_spec_doc(shape))
+
+
+def test_deploy_takes_preprocessing_and_class_names_from_the_supernet(tmp_path: Path) -> None:
+    from hmt.deploy.build import _input_meta
+
+    dataset = {"name": "cifar10", "modality": "image", "input_shape": [3, 32, 32], "num_classes": 3,
+               "class_names": ["a", "b", "c"], "mean": [0.1, 0.2, 0.3], "std": [0.4, 0.5, 0.6]}
+    with ArtifactWriter(tmp_path / "supernet", kind="supernet", config={}) as writer:
+        writer.write_json("supernet.json", {"dataset": dataset})
+    from hmt.artifacts import load_artifact
+
+    sha = load_artifact(tmp_path / "supernet", kind="supernet").manifest_sha256
+    pre, names, note = _input_meta({"supernet": {"path": str(tmp_path / "supernet"), "manifest_sha256": sha}})
+    assert pre == Preprocess(mean=(0.1, 0.2, 0.3), std=(0.4, 0.5, 0.6)) and names == ("a", "b", "c") and note is None
+    pre, names, note = _input_meta({"supernet": {"path": str(tmp_path / "supernet"), "manifest_sha256": "0" * 64}})
+    assert pre is None and names is None and note and "rebuilt" in note
+    assert _input_meta({})[2] == "no supernet recorded: the bundle carries no preprocessing or class names"
