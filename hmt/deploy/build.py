@@ -182,6 +182,8 @@ def _build_variant(writer: ArtifactWriter, variant: FusedVariant, point: Mapping
     preferred = variant.fuse_engine if variant.fuse_engine in bundled_engines else bundled_engines[0]
     extra = {
         "fused_name": variant.name,
+        # fp32 / int8 / fp16 (hmt.precision): a quantised variant is one more variant to serve.
+        "precision": point.get("precision", "fp32"),
         "fuse_choice": variant.fuse_candidate,
         "predicted_for": point.get("predicted_for"),
         "macs": point.get("macs"),

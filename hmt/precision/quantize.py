@@ -17,6 +17,8 @@ Both return new ``onnx.ModelProto`` objects; the float graph is left untouched.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -65,6 +67,18 @@ def _input_name(model: onnx.ModelProto) -> str:
     return names[0]
 
 
+@contextlib.contextmanager
+def _quiet_root_logger() -> Iterator[None]:
+    """ORT's quantiser logs advice ("consider pre-processing") on the root logger at every call;
+    hmt never prints, so warnings are held back for the call and the level restored after."""
+    before = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(before)
+
+
 def quantize_int8(model: onnx.ModelProto, calibration: Sequence[np.ndarray], *,
                   options: QuantOptions | None = None) -> onnx.ModelProto:
     """A QDQ INT8 copy of ``model`` calibrated on ``calibration`` (one array per run, the graph's input shape)."""
@@ -85,7 +99,7 @@ def quantize_int8(model: onnx.ModelProto, calibration: Sequence[np.ndarray], *,
             return None if item is None else {name: item}
 
     activation = QuantType.QUInt8 if options.activation == "uint8" else QuantType.QInt8
-    with tempfile.TemporaryDirectory(prefix="hmt-quant-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="hmt-quant-") as tmp, _quiet_root_logger():
         src, dst = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
         onnx.save(model, str(src))
         try:
