@@ -11,7 +11,8 @@ seeded samples, or every point of ``--pareto``'s front up to ``--max-variants``)
    accuracy of the INT8 variant is measured, and compared with the FP32 one;
 4. the full-depth path (every segment, then the last exit) of FP32 and INT8 is timed in
    one alternating loop (bursts, as fuse times), at ORT's default thread count and at one
-   thread.
+   thread, graph by graph (serve's early-exit path) and merged into one graph (fuse's
+   chain candidate: one ORT call, no dequantise/quantise between segments).
 
 The machine may be shared: ratios measured in one loop are the figures; each result
 records the load average, CPU and versions.
@@ -98,22 +99,11 @@ def chains(converted: Path) -> dict[str, tuple[str, list[Any], list[Any]]]:
     return out
 
 
-def path_runner(segments: list[Any], exits: list[Any], x: Any, threads: int) -> Any:
-    """The full-depth path (every segment, then the last exit) as ORT sessions, default level."""
-    from hmt.fuse.engines.ort import OrtConfig
-    from hmt.fuse.runtime import chain, ort_step
-
-    cfg = OrtConfig(intra_op_threads=threads)
-    models = [*segments, exits[-1]]
-    steps = [ort_step(m.SerializeToString(), cfg) for m in models]
-    names = [m.graph.input[0].name for m in models]
-    return chain(steps, {names[0]: x}, names[1:])
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--supernet", type=Path, required=True)
-    parser.add_argument("--converted", type=Path, help="reuse this converted artifact (of --supernet)")
+    parser.add_argument("--converted", type=Path,
+                        help="reuse this converted artifact of --supernet (written here first if absent)")
     parser.add_argument("--variant", action="append", default=[], help="arch id, largest or smallest (repeat)")
     parser.add_argument("--random", type=int, default=0, help="seeded random variants to add")
     parser.add_argument("--pareto", type=Path, help="add the front of this pareto artifact")
@@ -134,9 +124,9 @@ def main() -> int:
 
     import numpy as np
 
-    from hmt.fuse.engines.timing import measure_alternating
     from hmt.pareto.data import held_out_data
     from hmt.precision.accuracy import chain_accuracy
+    from hmt.precision.measure import time_chains
     from hmt.precision.quantize import QuantOptions, quantize_chain
     from hmt.supernet import load_supernet
 
@@ -153,11 +143,11 @@ def main() -> int:
     log(f"{len(ids)} variants, {len(y)} held-out images ({data.source}), {len(calibration)} calibration samples")
     with tempfile.TemporaryDirectory(prefix="bench-precision-") as tmp:
         converted = args.converted
-        if converted is None:
+        if converted is None or not converted.exists():
             from hmt.convert import SupernetSource, convert_model
 
-            converted = Path(tmp) / "converted"
-            log("converting (fp32, verified against torch)")
+            converted = converted or Path(tmp) / "converted"
+            log(f"converting (fp32, verified against torch) -> {converted}")
             convert_model(SupernetSource(args.supernet, tuple(ids)), converted)
         available = chains(converted)
         for vid in ids:
@@ -180,19 +170,19 @@ def main() -> int:
                                   "eval_s": round(time.perf_counter() - t0, 1),
                                   "drop_points": round(100 * (fp32_acc[-1] - acc[-1]), 3)}
             feed = x[:1]
-            for threads in threads_list:
-                runners = {"fp32": path_runner(segs, exits, feed, threads)}
-                runners.update({p: path_runner(*q, feed, threads) for p, q in quantised.items()})
-                timings = measure_alternating(runners, warmup=10, repeats=args.repeats, burst=8,
-                                              drop_slower_than=None)
-                key = f"threads={threads or 'default'}"
-                row[f"latency_{key}"] = {k: t.to_json() for k, t in timings.items()}
-                for p in quantised:
-                    row[f"latency_{key}"][f"speedup_{p}"] = round(timings["fp32"].median_ms / timings[p].median_ms, 3)
-            log(f"{vid}: fp32 {100 * fp32_acc[-1]:.2f}% " + ", ".join(
-                f"{p} {100 * row[p]['accuracy_per_exit'][-1]:.2f}% x"
-                + "/".join(str(row[f'latency_threads={t or "default"}'][f'speedup_{p}']) for t in threads_list)
-                for p in quantised))
+            speedups: dict[str, list[str]] = {p: [] for p in quantised}
+            for merged in (False, True):
+                for threads in threads_list:
+                    timings = time_chains({"fp32": (segs, exits), **quantised}, feed, threads=threads,
+                                          repeats=args.repeats, merged=merged)
+                    key = f"{'merged' if merged else 'per_graph'},threads={threads or 'default'}"
+                    row[f"latency[{key}]"] = {k: t.to_json() for k, t in timings.items()}
+                    for p in quantised:
+                        ratio = round(timings["fp32"].median_ms / timings[p].median_ms, 3)
+                        row[f"latency[{key}]"][f"speedup_{p}"] = ratio
+                        speedups[p].append(f"{key}: x{ratio}")
+            log(f"{vid}: fp32 {100 * fp32_acc[-1]:.2f}% " + "; ".join(
+                f"{p} {100 * row[p]['accuracy_per_exit'][-1]:.2f}% ({', '.join(speedups[p])})" for p in quantised))
             result["variants"].append(row)
     result["machine"]["load_avg_end"] = list(os.getloadavg())
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -67,6 +67,12 @@ class FuseOptions:
     # back to back, and picked TVM for it.
     timing_burst: int = 8
     settle_s: float = 0.005
+    # ORT's parallel execution mode (independent branches at once, inter-op threads) as one
+    # more candidate, chosen only if it measures faster (CrowdHMTware III-C1 (2)).
+    ort_parallel: bool = True
+    # Peak RSS of the chosen ORT candidate in a fresh process, with ORT's memory pattern and
+    # arena on (its default) and off: what the static memory plan buys (hmt.fuse.rss).
+    measure_rss: bool = False
 
 
 @dataclass
@@ -182,6 +188,8 @@ def _variant_engines(
             graph.report["onnx"] = {"file": rel, **info}
             graph.report["_portable"] = portable
         configs = [ort_engine.OrtConfig(), ort_engine.OrtConfig(intra_op_threads=1)]
+        if options.ort_parallel:
+            configs.append(ort_engine.OrtConfig(execution_mode="parallel"))
         for cfg in configs:
             label = f"{cfg.name}(fused)"
             try:
@@ -318,6 +326,7 @@ def fuse_model(
                         f"switch_margin and be within switch_margin of their p{int(QUIET_QUANTILE * 100)}"),
         "timing": timing_mode(options.timing_burst, options.settle_s),
         "atol": options.atol, "rtol": options.rtol,
+        "ort_parallel": options.ort_parallel, "measure_rss": options.measure_rss,
     }
     results: list[FusedVariant] = []
     report_variants: list[dict[str, Any]] = []
@@ -349,6 +358,12 @@ def fuse_model(
             results.append(_variant_result(name, best, timings, graphs))
             report_variants.append(_variant_report(entry, name, graphs, path, runtime, failures, checks, timings,
                                                    best, per_graph))
+            if options.measure_rss:
+                from hmt.fuse.rss import memory_report
+
+                progress("peak rss", 0, 1, name)
+                report_variants[-1]["memory"] = memory_report(writer, runtime[per_graph.name], path,
+                                                              results[-1].planned_peak_bytes)
             for graph in graphs:
                 writer.write_json(f"{name}/{Path(graph.file).stem}.memory_plan.json", graph.report["_plan"].to_json())
         report = {"variants": report_variants, "device": options.device,

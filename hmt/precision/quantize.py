@@ -122,7 +122,29 @@ def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
         converted: onnx.ModelProto = convert_float_to_float16(copy.deepcopy(model), keep_io_types=True)
     except Exception as exc:
         raise ModelError(f"FP16 conversion failed: {type(exc).__name__}: {exc}") from exc
+    _sort_nodes(converted.graph)  # the converter appends its input casts last; checkers want topological order
     return converted
+
+
+def _sort_nodes(graph: onnx.GraphProto) -> None:
+    """Reorder ``graph``'s nodes topologically (stable: the original order among ready nodes)."""
+    available = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    pending = list(graph.node)
+    ordered = []
+    while pending:
+        ready = [n for n in pending if all(i in available for i in n.input)]
+        if not ready:
+            raise ModelError(f"graph {graph.name!r} has a cycle or an undefined input after FP16 conversion")
+        for node in ready:
+            available.update(node.output)
+        ready_ids = {id(n) for n in ready}
+        ordered.extend(ready)
+        pending = [n for n in pending if id(n) not in ready_ids]
+    copies = [type(n)() for n in ordered]
+    for dst, src in zip(copies, ordered, strict=True):
+        dst.CopyFrom(src)
+    del graph.node[:]
+    graph.node.extend(copies)
 
 
 def float_features(model: onnx.ModelProto, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -137,12 +159,14 @@ def float_features(model: onnx.ModelProto, inputs: Sequence[np.ndarray]) -> list
 
 
 def quantize_chain(segments: Sequence[onnx.ModelProto], exits: Sequence[onnx.ModelProto], samples: np.ndarray,
-                   precision: str, *, options: QuantOptions | None = None
+                   precision: str, *, options: QuantOptions | None = None, batched: bool = False
                    ) -> tuple[list[onnx.ModelProto], list[onnx.ModelProto]]:
     """The segments and exit heads of one variant at ``precision``.
 
     ``samples``: normalised calibration inputs, shape (N, *segment 0's input shape without
     its batch dimension); the graphs are static, so each sample runs as a batch of one.
+    ``batched``: ``samples`` is (N, *segment 0's full input shape) instead, for graphs
+    exported at a batch size above one.
     """
     options = (options or QuantOptions()).validate()
     check_precision(precision)
@@ -154,7 +178,7 @@ def quantize_chain(segments: Sequence[onnx.ModelProto], exits: Sequence[onnx.Mod
         return [to_fp16(m) for m in segments], [to_fp16(m) for m in exits]
     assert precision == INT8
     kept = samples[: options.calibration_samples]
-    feed = [x[None, ...].astype("float32", copy=False) for x in kept]
+    feed = [(x if batched else x[None, ...]).astype("float32", copy=False) for x in kept]
     q_segments, q_exits = [], []
     for segment, head in zip(segments, exits, strict=True):
         q_segments.append(quantize_int8(segment, feed, options=options))

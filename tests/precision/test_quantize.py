@@ -71,3 +71,20 @@ def test_bad_options_are_usage_errors(tiny_chain) -> None:
     with pytest.raises(UsageError):
         check_accuracy("int8", (segments, exits), (segments, exits), np.zeros((1, 3, 8, 8), np.float32),
                        np.zeros(1, int), max_drop=2.0)
+
+
+def test_fp16_chain_is_topologically_sorted_and_merges(tiny_chain, tiny_data) -> None:
+    import onnx
+
+    from hmt.fuse.engines.ort import merge_chain
+
+    segments, exits = tiny_chain
+    x, _ = tiny_data
+    h_segments, h_exits = quantize_chain(segments, exits, x, "fp16")
+    merged = merge_chain([*h_segments, h_exits[-1]])  # fuse's chain candidate: needs sorted graphs
+    onnx.checker.check_model(merged)
+    from hmt.precision.quantize import float_features
+
+    (out,) = float_features(merged, [x[:1]])
+    (ref,) = float_features(h_exits[-1], float_features(h_segments[1], float_features(h_segments[0], [x[:1]])))
+    np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-3)
