@@ -380,8 +380,26 @@ def fuse_model(
                 for r in results
             },
         })
+        siblings = _precision_siblings(results, converted["variants"])
+        if siblings:
+            writer.metrics["precision_vs_fp32"] = siblings
         progress("fuse", total, total, None)
     return FuseResult(Path(out_dir), tuple(results), report)
+
+
+def _precision_siblings(results: list[FusedVariant], entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each quantised variant against its fp32 sibling fused in the same run: the chosen engines' medians."""
+    from hmt.precision import split_variant_id
+
+    by_id = {str(e.get("arch_id") or e["name"]): r for e, r in zip(entries, results, strict=True)}
+    out: dict[str, Any] = {}
+    for vid, result in by_id.items():
+        base, precision = split_variant_id(vid)
+        if precision != "fp32" and base in by_id:
+            out[vid] = {"precision": precision, "fp32": base, "latency_ms": round(result.latency_ms, 4),
+                        "fp32_latency_ms": round(by_id[base].latency_ms, 4),
+                        "speedup_vs_fp32": round(by_id[base].latency_ms / result.latency_ms, 3)}
+    return out
 
 
 def _variant_result(name: str, best: Timing, timings: dict[str, Timing], graphs: list[_Graph]) -> FusedVariant:

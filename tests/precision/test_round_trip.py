@@ -81,6 +81,8 @@ def test_int8_gene_round_trips(tiny_supernet: Path, tmp_path: Path) -> None:
                options=FuseOptions(engines=("ort",), repeats=2, warmup=1, timing_burst=2))
     fused = json.loads((tmp_path / "fused" / "report.json").read_text())
     assert {v["arch_id"] for v in fused["variants"]} == {fp32_id, point["arch_id"]}
+    siblings = json.loads((tmp_path / "fused" / "manifest.json").read_text())["metrics"]["precision_vs_fp32"]
+    assert siblings[point["arch_id"]]["fp32"] == fp32_id and siblings[point["arch_id"]]["speedup_vs_fp32"] > 0
 
     # deploy bundles exactly what is on the front; serve loads the int8 variant by its id.
     on_front = {p["arch_id"] for p in front.points}
