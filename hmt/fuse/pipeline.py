@@ -189,7 +189,7 @@ def _variant_engines(
             graph.report["_portable"] = portable
         configs = [ort_engine.OrtConfig(), ort_engine.OrtConfig(intra_op_threads=1)]
         if options.ort_parallel:
-            configs.append(ort_engine.OrtConfig(execution_mode="parallel"))
+            configs.extend(_parallel_configs(graphs, path))
         for cfg in configs:
             label = f"{cfg.name}(fused)"
             try:
@@ -203,6 +203,19 @@ def _variant_engines(
     if "tvm" in options.engines:
         _add_tvm(writer, name, graphs, path, options, runners, runtime, failures, progress)
     return runners, runtime, failures
+
+
+def _parallel_configs(graphs: list[_Graph], path: list[_Graph]) -> list[ort_engine.OrtConfig]:
+    """ORT's parallel mode, offered only where the timed path has parallel branches of heavy operators."""
+    from hmt.convert.graph import cpu_count_physical
+    from hmt.fuse.branches import parallel_width
+
+    for graph in graphs:
+        graph.report["parallel_width"] = parallel_width(graph.report["_portable"])
+    width = max(g.report["parallel_width"] for g in path)
+    if width < 2:
+        return []  # every hand-off would cost a thread wake-up for nothing (hmt.fuse.branches)
+    return [ort_engine.OrtConfig(execution_mode="parallel", inter_op_threads=min(width, max(2, cpu_count_physical())))]
 
 
 def _add_merged_chain(
