@@ -384,6 +384,10 @@ def convert_model(
 ) -> ConvertResult:
     """Convert ``source`` into a verified "converted" artifact at ``out_dir`` (atomically)."""
     options = options or ConvertOptions()
+    if not 0.0 <= options.max_accuracy_drop <= 1.0:
+        raise UsageError(f"--max-accuracy-drop must be 0-100 points, got {100 * options.max_accuracy_drop:g}")
+    if options.accuracy_samples is not None and options.accuracy_samples < 1:
+        raise UsageError(f"--accuracy-samples must be >= 1, got {options.accuracy_samples}")
     config: dict[str, Any] = {
         "opset": options.opset,
         "exporter": options.exporter,

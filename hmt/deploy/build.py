@@ -286,6 +286,11 @@ def deploy_bundle(
             if build.tvm_error:
                 notes.append(f"variant {build.arch_id}: TVM build for {target.name} failed ({build.tvm_error}); "
                              "bundled for ONNX Runtime only")
+        quantised = sorted({str(v.extra.get("precision")) for v in bundled} - {"fp32", "None"})
+        if quantised:
+            notes.append(f"{'/'.join(quantised)} variants are quantised ONNX graphs (int8: QDQ, which ONNX Runtime's "
+                         "CPU provider runs with integer kernels and TensorRT reads as explicit quantisation; fp16: "
+                         "for GPU providers); their accuracy was measured on held-out images by pareto and convert")
         progress("compile", total, total, None)
         spec = BundleSpec(target=target.to_json_dict(), input=first.input, classes=int(classes),
                           variants=tuple(bundled), notes=tuple(notes))

@@ -93,6 +93,7 @@ def test_int8_gene_round_trips(tiny_supernet: Path, tmp_path: Path) -> None:
     bundle = load_bundle(tmp_path / "bundle")
     bundled = {v.arch_id: v for v in bundle.spec.variants}
     assert bundled[point["arch_id"]].extra["precision"] == "int8"
+    assert any("quantised ONNX graphs" in note for note in bundle.spec.notes)
     onnx_file = bundle.artifact.file(bundled[point["arch_id"]].segments[0].onnx)
     import onnx
 
@@ -102,3 +103,30 @@ def test_int8_gene_round_trips(tiny_supernet: Path, tmp_path: Path) -> None:
     result = runner.run(x, None)
     assert 0 <= result.class_index < bundle.spec.classes
     assert split_variant_id(point["arch_id"]) == (fp32_id, "int8")
+
+
+def test_convert_refuses_a_quantised_variant_past_the_bound(tiny_supernet: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A badly calibrated INT8 variant (ranges 1000x too wide) is measured, refused, and nothing is written."""
+    import torch
+
+    from hmt.convert import ConvertOptions, SupernetSource, convert_model
+    from hmt.convert import precision as convert_precision
+    from hmt.errors import VerificationError
+    from hmt.supernet import load_supernet
+
+    loaded = load_supernet(tiny_supernet)
+    net = loaded.materialize(loaded.space.largest())
+    real_load = convert_precision.QuantContext.load
+
+    def sabotaged(supernet: Path, options: ConvertOptions) -> convert_precision.QuantContext:
+        context = real_load(supernet, options)
+        with torch.no_grad():  # labels = the fp32 variant's own answers: fp32 scores ~100%, any damage shows
+            labels = net(torch.from_numpy(context.x)).argmax(dim=1).numpy()
+        return convert_precision.QuantContext(1000 * context.calibration, context.x, labels, context.source)
+
+    monkeypatch.setattr(convert_precision.QuantContext, "load", staticmethod(sabotaged))
+    with pytest.raises(VerificationError, match=r"\.int8: int8 accuracy .* points below fp32"):
+        convert_model(SupernetSource(tiny_supernet, ("largest.int8",)), tmp_path / "converted",
+                      options=ConvertOptions(max_accuracy_drop=0.05))
+    assert not (tmp_path / "converted").exists()
