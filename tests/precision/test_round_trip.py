@@ -94,6 +94,10 @@ def test_int8_gene_round_trips(tiny_supernet: Path, tmp_path: Path) -> None:
     bundled = {v.arch_id: v for v in bundle.spec.variants}
     assert bundled[point["arch_id"]].extra["precision"] == "int8"
     assert any("quantised ONNX graphs" in note for note in bundle.spec.notes)
+    from hmt.fuse.engines.ort import OrtConfig
+
+    session = bundled[point["arch_id"]].extra["ort_session"]  # what fuse chose graph by graph, rebuildable
+    assert OrtConfig(**session).name.startswith("ort[")
     onnx_file = bundle.artifact.file(bundled[point["arch_id"]].segments[0].onnx)
     import onnx
 
