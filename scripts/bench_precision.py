@@ -74,31 +74,6 @@ def variant_ids(loaded: Any, args: argparse.Namespace) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
-def normalised(loaded: Any, data: Any) -> tuple[Any, Any]:
-    import numpy as np
-
-    from hmt.pareto.data import device_batches
-
-    batches = device_batches(data, batch_size=512)
-    return (np.concatenate([xb.numpy() for xb, _ in batches]).astype(np.float32),
-            np.concatenate([yb.numpy() for _, yb in batches]))
-
-
-def chains(converted: Path) -> dict[str, tuple[str, list[Any], list[Any]]]:
-    """arch id -> (folder name, segment models, exit models) of a converted artifact."""
-    from hmt.convert.graph import load_onnx
-    from hmt.convert.pipeline import load_converted
-
-    artifact, report = load_converted(converted)
-    out = {}
-    for entry in report["variants"]:
-        graphs = sorted(entry["graphs"], key=lambda g: (g["role"], g["index"]))
-        segs = [load_onnx(artifact.file(g["file"])) for g in graphs if g["role"] == "segment"]
-        exits = [load_onnx(artifact.file(g["file"])) for g in graphs if g["role"] == "exit"]
-        out[str(entry.get("arch_id") or entry["name"])] = (str(entry["name"]), segs, exits)
-    return out
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--supernet", type=Path, required=True)
@@ -122,9 +97,8 @@ def main() -> int:
     precisions = args.precision or ["int8"]
     threads_list = args.threads or [0, 1]
 
-    import numpy as np
-
     from hmt.pareto.data import held_out_data
+    from hmt.pareto.precision import calibration_array, held_out_arrays, read_chains
     from hmt.precision.accuracy import chain_accuracy
     from hmt.precision.measure import time_chains
     from hmt.precision.quantize import QuantOptions, quantize_chain
@@ -136,8 +110,8 @@ def main() -> int:
     if not ids:
         parser.error("no variants: give --variant, --random or --pareto")
     data = held_out_data(loaded, data_path=args.data, split=args.split, max_samples=args.max_samples, seed=args.seed)
-    x, y = normalised(loaded, data)
-    calibration = np.concatenate([b.numpy() for b in loaded.calibration_batches()]).astype(np.float32)
+    x, y = held_out_arrays(data)
+    calibration = calibration_array(loaded)
     options = QuantOptions(activation=args.activation, calibration_samples=args.calibration_samples)
     result.update({"supernet": str(args.supernet), "data": data.describe(), "quantisation": options.to_json()})
     log(f"{len(ids)} variants, {len(y)} held-out images ({data.source}), {len(calibration)} calibration samples")
@@ -149,11 +123,11 @@ def main() -> int:
             converted = converted or Path(tmp) / "converted"
             log(f"converting (fp32, verified against torch) -> {converted}")
             convert_model(SupernetSource(args.supernet, tuple(ids)), converted)
-        available = chains(converted)
+        available = read_chains(converted)
         for vid in ids:
             if vid not in available:
                 raise SystemExit(f"{converted}: no converted variant {vid}")
-            _, segs, exits = available[vid]
+            segs, exits = available[vid]
             row: dict[str, Any] = {"arch_id": vid, "exits": len(exits)}
             t0 = time.perf_counter()
             fp32_acc = chain_accuracy(segs, exits, x, y)

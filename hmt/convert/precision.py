@@ -35,18 +35,14 @@ class QuantContext:
 
     @classmethod
     def load(cls, supernet: Path, options: ConvertOptions) -> QuantContext:
-        import numpy as np
-
-        from hmt.pareto.data import device_batches, held_out_data
+        from hmt.pareto.data import held_out_data
+        from hmt.pareto.precision import calibration_array, held_out_arrays
         from hmt.supernet import load_supernet
 
         loaded = load_supernet(supernet)
-        calibration = np.concatenate([b.numpy() for b in loaded.calibration_batches()]).astype(np.float32)
         data = held_out_data(loaded, max_samples=options.accuracy_samples, seed=options.seed)
-        batches = device_batches(data, batch_size=512)
-        x = np.concatenate([xb.numpy() for xb, _ in batches]).astype(np.float32)
-        y = np.concatenate([yb.numpy() for _, yb in batches])
-        return cls(calibration, x, y, data.source)
+        x, y = held_out_arrays(data)
+        return cls(calibration_array(loaded), x, y, data.source)
 
 
 def quantise_variant(writer: ArtifactWriter, variant: ConvertedVariant, context: QuantContext, *,

@@ -80,7 +80,8 @@ def check_device(options: PrecisionOptions, device: str) -> None:
                              "measure them (install onnxruntime-gpu on a GPU host); use --precision int8 on CPUs")
 
 
-def _normalised(data: Any) -> tuple[Any, Any]:
+def held_out_arrays(data: Any) -> tuple[Any, Any]:
+    """A :class:`hmt.pareto.data.HeldOut` normalised as the supernet was trained: float32 inputs, labels."""
     import numpy as np
 
     from hmt.pareto.data import device_batches
@@ -90,20 +91,33 @@ def _normalised(data: Any) -> tuple[Any, Any]:
             np.concatenate([yb.numpy() for _, yb in batches]))
 
 
-def _fp32_chains(supernet: Path, arch_ids: Sequence[str], tmp: Path) -> dict[str, tuple[list[Any], list[Any]]]:
-    from hmt.convert import SupernetSource, convert_model
+def calibration_array(loaded: Any) -> Any:
+    """The supernet's stored calibration images, normalised, as one float32 array."""
+    import numpy as np
+
+    return np.concatenate([b.numpy() for b in loaded.calibration_batches()]).astype(np.float32)
+
+
+def read_chains(converted: Path) -> dict[str, tuple[list[Any], list[Any]]]:
+    """Variant id -> (segment graphs, exit graphs), in chain order, of a converted artifact (verified load)."""
     from hmt.convert.graph import load_onnx
     from hmt.convert.pipeline import load_converted
 
-    convert_model(SupernetSource(supernet, tuple(arch_ids)), tmp / "converted")
-    artifact, report = load_converted(tmp / "converted")
+    artifact, report = load_converted(converted)
     chains = {}
     for entry in report["variants"]:
         graphs = sorted(entry["graphs"], key=lambda g: (g["role"], g["index"]))
-        chains[str(entry["arch_id"])] = (
+        chains[str(entry.get("arch_id") or entry["name"])] = (
             [load_onnx(artifact.file(g["file"])) for g in graphs if g["role"] == "segment"],
             [load_onnx(artifact.file(g["file"])) for g in graphs if g["role"] == "exit"])
     return chains
+
+
+def _fp32_chains(supernet: Path, arch_ids: Sequence[str], tmp: Path) -> dict[str, tuple[list[Any], list[Any]]]:
+    from hmt.convert import SupernetSource, convert_model
+
+    convert_model(SupernetSource(supernet, tuple(arch_ids)), tmp / "converted")
+    return read_chains(tmp / "converted")
 
 
 def _quantised_costs(fp32: Costs, precision: str, ratio: float) -> Costs:
@@ -129,11 +143,8 @@ def expand_precisions(supernet: Path, result: SearchResult, data: Any, options: 
                    key=lambda r: (r.costs.latency_ms, -r.accuracy.accuracy))[: options.max_candidates]
     if not front:
         return expansion
-    import numpy as np
-
-    x, y = _normalised(data)
-    loaded = load_supernet(supernet)
-    calibration = np.concatenate([b.numpy() for b in loaded.calibration_batches()]).astype(np.float32)
+    x, y = held_out_arrays(data)
+    calibration = calibration_array(load_supernet(supernet))
     quant = QuantOptions(activation=options.activation, calibration_samples=options.calibration_samples)
     limits = result.budgets.limits()
     total = len(front) * len(options.extra)
@@ -187,4 +198,5 @@ def expand_precisions(supernet: Path, result: SearchResult, data: Any, options: 
     return expansion
 
 
-__all__ = ["PrecisionExpansion", "PrecisionOptions", "check_device", "expand_precisions"]
+__all__ = ["PrecisionExpansion", "PrecisionOptions", "calibration_array", "check_device", "expand_precisions",
+           "held_out_arrays", "read_chains"]
