@@ -150,6 +150,10 @@ def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions
     from hmt.supernet import load_supernet
 
     start = time.perf_counter()
+    if options.precision.extra:  # before any work: fp16 needs a GPU provider to be timed
+        from hmt.pareto.precision import check_device
+
+        check_device(options.precision, options.device)
     loaded = load_supernet(supernet, device=options.device)
     device_profile = load_profile(profile)
     progress("block costs", 0, None, "measuring every block choice once")
@@ -159,10 +163,6 @@ def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions
         raise UsageError(f"profile {device_profile.name!r} has an uncalibrated energy model (unit "
                          f"{predictor.energy_unit}); --energy-mj needs a profile calibrated with a power source")
     costs = VariantCostModel(loaded.net, blocks, predictor)
-    if options.precision.extra:
-        from hmt.pareto.precision import check_device
-
-        check_device(options.precision, options.device)
     encoding = Encoding(loaded.space, choice_order=costs.choice_order(loaded.space),
                         engines=(str(device_profile.doc["device"].get("engine") or "default"),))
     precheck_budgets(encoding, costs, options.budgets)

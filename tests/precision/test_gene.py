@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hmt.errors import UsageError
@@ -55,3 +57,22 @@ def test_fp16_needs_a_cuda_provider() -> None:
         with pytest.raises(UsageError, match="fp16 variants are for GPU providers"):
             check_device(options, "cpu")
     check_device(PrecisionOptions(precisions=("fp32", "int8")), "cpu")
+
+
+def test_cli_refuses_fp16_without_gpu_and_unknown_precision(tmp_path: Path) -> None:
+    import onnxruntime as ort
+    from typer.testing import CliRunner
+
+    from commands.app import _register, app
+
+    _register()
+    nano = str(Path(__file__).resolve().parents[2] / "profiles" / "jetson-nano.json")
+    common = ["pareto", "--supernet", str(tmp_path / "no-supernet"), "--profile", nano, "--out", str(tmp_path / "p")]
+    unknown = CliRunner().invoke(app, [*common, "--precision", "int4"])
+    assert unknown.exit_code == 2 and "unknown precision(s) int4" in unknown.output
+    assert "Traceback" not in unknown.output
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        fp16 = CliRunner().invoke(app, [*common, "--precision", "fp16"])
+        # refused before the supernet is even read (it does not exist here)
+        assert fp16.exit_code == 2 and "fp16 variants are for GPU providers" in fp16.output
+    assert not (tmp_path / "p").exists()
