@@ -27,6 +27,10 @@ Variants of a supernet artifact (segments + early-exit heads as separate graphs)
 
     hmt convert --supernet runs/supernet --variant largest --variant smallest --out runs/converted
 
+INT8 beside fp32 (QDQ, calibrated on the supernet's images; refused past 1 point lost):
+
+    hmt convert --supernet runs/supernet --variant largest --variant largest.int8 --out runs/converted
+
   Every point of a Pareto front (or 4 spread along it):
 
     hmt convert --supernet runs/supernet --pareto runs/pareto --max-variants 4 --out runs/converted
@@ -62,7 +66,8 @@ def convert_command(
     onnx_file: Annotated[Path | None, typer.Option("--onnx", help="An ONNX file to convert.")] = None,
     supernet: Annotated[Path | None, typer.Option("--supernet", help="A supernet artifact directory.")] = None,
     variant: Annotated[list[str] | None, typer.Option(
-        "--variant", help="Variant id of --supernet (repeatable; also 'largest', 'smallest').")] = None,
+        "--variant", help="Variant id of --supernet (repeatable; also 'largest', 'smallest'). A '.int8' or "
+        "'.fp16' suffix quantises it (measured on the supernet's held-out images).")] = None,
     pareto: Annotated[Path | None, typer.Option(
         "--pareto", help="A pareto artifact searched on --supernet: convert the points of its front.")] = None,
     max_variants: Annotated[int | None, typer.Option(
@@ -78,6 +83,12 @@ def convert_command(
         "--folder", help="Constant folder of pass 2.")] = FolderChoice.onnxslim,
     atol: Annotated[float, typer.Option("--atol", help="Absolute tolerance of the verification.")] = 1e-4,
     rtol: Annotated[float, typer.Option("--rtol", help="Tolerance relative to max |reference output|.")] = 1e-3,
+    max_accuracy_drop: Annotated[float, typer.Option(
+        "--max-accuracy-drop", help="Refuse a quantised variant (.int8/.fp16) losing more than this many points "
+        "(0-100) against its fp32 chain on the held-out images.")] = 1.0,
+    accuracy_samples: Annotated[int | None, typer.Option(
+        "--accuracy-samples", help="Measure quantised variants on a stratified subset of this many held-out "
+        "images (default: all of the supernet's validation split).")] = None,
     seed: SeedOpt = 0,
     json_mode: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -121,7 +132,8 @@ def convert_command(
         if weights and not model:
             raise UsageError("--weights goes with --model")
         options = ConvertOptions(opset=opset, exporter=exporter.value, folder=folder.value,
-                                 seed=seed, atol=atol, rtol=rtol)
+                                 seed=seed, atol=atol, rtol=rtol, max_accuracy_drop=max_accuracy_drop / 100.0,
+                                 accuracy_samples=accuracy_samples)
         with output.progress() as progress:
             result = convert_model(source, out, options=options, onnx_input_shapes=shapes if onnx_file else None,
                                    progress=progress)

@@ -76,6 +76,12 @@ def fuse_command(
     burst: Annotated[int, typer.Option(
         "--burst", help="Back-to-back calls per visit of a candidate; calls 2..N are timed (serve's rate "
         "under load). 1: a pause before every timed call (an idle server's first request).")] = 8,
+    ort_parallel: Annotated[bool, typer.Option(
+        "--ort-parallel/--no-ort-parallel", help="Also time ORT's parallel execution mode (independent branches "
+        "at once on inter-op threads); chosen only if it measures faster.")] = True,
+    measure_rss: Annotated[bool, typer.Option(
+        "--measure-rss", help="Measure each variant's peak RSS in fresh processes with ORT's memory plan "
+        "(memory pattern + arena) on and off; hmt's own plan is a prediction, reported beside it.")] = False,
     seed: SeedOpt = 0,
     json_mode: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -105,6 +111,8 @@ def fuse_command(
             warmup=warmup,
             timing_burst=burst,
             seed=seed,
+            ort_parallel=ort_parallel,
+            measure_rss=measure_rss,
         )
         with output.progress() as progress:
             result = fuse_model(converted, out, options=options, progress=progress)
@@ -114,7 +122,7 @@ def fuse_command(
             # Candidate labels hold brackets ("ort[all,threads=1](chain)") that rich reads as markup.
             rows.append([v.name, escape(v.engine), f"{v.latency_ms:.3f}", f"{v.speedup_vs_ort_default:.2f}x",
                          f"{v.planned_peak_bytes / 1024:.0f}/{v.naive_bytes / 1024:.0f}", fired])
-        output.table("fused (ms: median here; memory: planned/naive KiB)",
+        output.table("fused (ms: median here; memory: hmt's planned/naive KiB, a prediction)",
                      ["variant", "chosen engine", "ms", "vs ORT default", "memory", "fusions fired"], rows)
         output.result(
             {"out": str(out), "metrics": {v.name: {"engine": v.engine, "latency_ms": v.latency_ms,

@@ -26,6 +26,13 @@ On the device's own ("edge") data, 500 images of it, 300 evaluations:
     hmt pareto --supernet runs/r18 --profile runs/profile --data ../shared/datasets/cifar10-jpeg \\
         --max-eval-samples 500 --evaluations 300 --latency-ms 20 --out runs/pareto-r18
 
+Precision as a gene: INT8 copies of the fp32 front's variants, each quantised (ORT QDQ,
+calibrated on the supernet's stored images), measured on the held-out data and timed against
+fp32 here; one losing more than --max-accuracy-drop points is refused:
+
+    hmt pareto --supernet runs/supernet --profile profiles/jetson-nano.json --precision int8 \
+        --max-accuracy-drop 1 --out runs/pareto-int8
+
 The baselines (same evaluation budget): --method evolution (plain NSGA-II) or --method random.
 
 Writes front.json (per point: arch id, config, accuracy per exit, predicted latency / energy /
@@ -89,6 +96,14 @@ def pareto_command(
         help="Torch CPU threads while evaluating (1 is fastest on a busy shared machine).")] = None,
     no_block_table: Annotated[bool, typer.Option(
         "--no-block-table", help="Predict latency with eq. 2 even if the profile has a block table.")] = False,
+    precision: Annotated[list[str] | None, typer.Option(
+        "--precision", help="Extra precisions that compete on the front: int8 (CPUs), fp16 (needs ORT's CUDA "
+        "provider); repeatable. fp32 is always searched.")] = None,
+    max_accuracy_drop: Annotated[float, typer.Option(
+        help="Refuse a quantised variant that loses more than this many points (0-100) against its fp32 copy "
+             "on the held-out data.")] = 1.0,
+    precision_candidates: Annotated[int, typer.Option(
+        help="fp32 front variants (fastest first) quantised at each extra precision.")] = 8,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the search and of the data subset.")] = 0,
     json_mode: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -102,6 +117,7 @@ def pareto_command(
     def body(output: Output) -> None:
         from hmt.pareto import Budgets, ParetoOptions, SearchOptions, find_front
         from hmt.pareto.budgets import describe
+        from hmt.pareto.precision import PrecisionOptions
 
         options = ParetoOptions(
             budgets=Budgets.of(latency_ms=latency_ms, energy=energy_mj, memory_mb=memory_mb),
@@ -111,6 +127,9 @@ def pareto_command(
             data_path=data, data_split=data_split.value, max_eval_samples=max_eval_samples, batch_size=batch_size,
             cache_mb=cache_mb, device=device, use_block_table=not no_block_table, threads=threads,
             calibration_samples=calibration_samples,
+            precision=PrecisionOptions(precisions=("fp32", *(precision or [])),
+                                       max_accuracy_drop=max_accuracy_drop / 100.0,
+                                       max_candidates=precision_candidates),
         ).validate()
         output.note(f"searching {supernet} for {profile} ({method.value}, {evaluations} evaluations, "
                     f"{describe(options.budgets.limits(), 'mJ')}) -> {out}")

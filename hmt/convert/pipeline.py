@@ -64,6 +64,11 @@ class ConvertOptions:
     seed: int = 0
     atol: float = DEFAULT_ATOL
     rtol: float = DEFAULT_RTOL
+    # Quantised variants (ids ending .int8 / .fp16, hmt.precision): refused when they lose
+    # more than this fraction against the fp32 chain on the supernet's held-out images
+    # (its validation split; ``accuracy_samples`` caps them, stratified).
+    max_accuracy_drop: float = 0.01
+    accuracy_samples: int | None = None
 
 
 @dataclass
@@ -95,6 +100,8 @@ class ConvertedVariant:
     arch_id: str | None
     graphs: list[ConvertedGraph] = field(default_factory=list)
     comparisons: list[Comparison] = field(default_factory=list)
+    precision: str = "fp32"
+    quantisation: dict[str, Any] | None = None  # how it was quantised and its measured accuracy
 
     @property
     def max_abs_error(self) -> float:
@@ -137,6 +144,8 @@ class ConvertedVariant:
             "max_rel_error": float(f"{self.max_rel_error:.6g}"),
             "nodes_before": nodes_before,
             "nodes_after": nodes_after,
+            "precision": self.precision,
+            **({"quantisation": self.quantisation} if self.quantisation is not None else {}),
         }
 
 
@@ -331,15 +340,19 @@ def _supernet_variants(source: SupernetSource) -> tuple[list[Artifact], list[tup
     if not variant_ids:
         raise UsageError("give at least one --variant ID (or 'largest' / 'smallest') or --pareto with a "
                          "supernet artifact")
+    from hmt.precision import split_variant_id
+    from hmt.precision import variant_id as precise_id
+
     variants = []
-    for variant_id in variant_ids:
-        if variant_id == "largest":
+    for requested in variant_ids:
+        base, precision = split_variant_id(requested)  # "<arch id>.int8": the arch, quantised
+        if base == "largest":
             arch = loaded.space.largest()
-        elif variant_id == "smallest":
+        elif base == "smallest":
             arch = loaded.space.smallest()
         else:
-            arch = loaded.space.parse(variant_id)
-        variants.append((_arch_id(arch, variant_id), loaded.materialize(arch)))
+            arch = loaded.space.parse(base)
+        variants.append((precise_id(_arch_id(arch, base), precision), loaded.materialize(arch)))
     artifact = getattr(loaded, "artifact", None)
     parents = [a for a in (artifact, front_artifact) if isinstance(a, Artifact)]
     return parents, variants
@@ -355,6 +368,12 @@ def _arch_id(arch: Any, fallback: str) -> str:
     return fallback
 
 
+def _fp32_id(vid: str) -> str:
+    from hmt.precision import split_variant_id
+
+    return split_variant_id(vid)[0]
+
+
 def convert_model(
     source: ModelSource,
     out_dir: Path | str,
@@ -365,6 +384,10 @@ def convert_model(
 ) -> ConvertResult:
     """Convert ``source`` into a verified "converted" artifact at ``out_dir`` (atomically)."""
     options = options or ConvertOptions()
+    if not 0.0 <= options.max_accuracy_drop <= 1.0:
+        raise UsageError(f"--max-accuracy-drop must be 0-100 points, got {100 * options.max_accuracy_drop:g}")
+    if options.accuracy_samples is not None and options.accuracy_samples < 1:
+        raise UsageError(f"--accuracy-samples must be >= 1, got {options.accuracy_samples}")
     config: dict[str, Any] = {
         "opset": options.opset,
         "exporter": options.exporter,
@@ -387,7 +410,9 @@ def convert_model(
         config["source"] = {"type": "supernet", "artifact": str(source.artifact_dir),
                             "variants": list(source.variant_ids), "batch": source.batch,
                             "pareto": str(source.pareto_dir) if source.pareto_dir else None,
-                            "max_variants": source.max_variants}
+                            "max_variants": source.max_variants,
+                            "max_accuracy_drop": options.max_accuracy_drop,
+                            "accuracy_samples": options.accuracy_samples}
     with ArtifactWriter(out_dir, kind=CONVERTED_KIND, config=config, parents=parents) as writer:
         if isinstance(source, TorchSource):
             progress("convert", 0, 1, source.name)
@@ -410,13 +435,21 @@ def convert_model(
             sources, materialised = _supernet_variants(source)
             writer.parents = tuple(a.as_parent() for a in sources)
             total = len(materialised)
+            context = None  # calibration + held-out images, loaded at the first quantised variant
             for i, (arch_id, net) in enumerate(materialised):
                 progress("convert", i, total, arch_id)
                 name = safe_variant_name(arch_id)
                 if any(v.name == name for v in variants):
                     continue
                 shape = (source.batch, *tuple(net.input_shape))
-                variants.append(_convert_segmented(writer, net, shape, name=name, arch_id=arch_id, options=options))
+                variant = _convert_segmented(writer, net, shape, name=name, arch_id=arch_id, options=options)
+                if variant.arch_id is not None and variant.arch_id != _fp32_id(variant.arch_id):
+                    from hmt.convert.precision import QuantContext, quantise_variant
+
+                    progress("quantise", i, total, arch_id)
+                    context = context or QuantContext.load(source.artifact_dir, options)
+                    quantise_variant(writer, variant, context, options=options)
+                variants.append(variant)
             progress("convert", total, total, None)
         report = {"variants": [v.to_json() for v in variants], "notes": notes}
         writer.write_json(REPORT_NAME, report)

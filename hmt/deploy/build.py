@@ -173,7 +173,8 @@ def _notes(target: Target, engines: tuple[str, ...], pareto_profile: str | None,
 
 def _build_variant(writer: ArtifactWriter, variant: FusedVariant, point: Mapping[str, Any], *, fused: Any,
                    target: Target, engines: tuple[str, ...], strict: bool, progress: ProgressCallback,
-                   done: list[int], total: int) -> tuple[BundleVariant, VariantBuild]:
+                   done: list[int], total: int, ort_session: Mapping[str, Any] | None = None
+                   ) -> tuple[BundleVariant, VariantBuild]:
     from hmt.deploy.compile import compile_graph
 
     folder = variant_dir(variant.arch_id)
@@ -213,6 +214,11 @@ def _build_variant(writer: ArtifactWriter, variant: FusedVariant, point: Mapping
     preferred = variant.fuse_engine if variant.fuse_engine in bundled_engines else bundled_engines[0]
     extra = {
         "fused_name": variant.name,
+        # fp32 / int8 / fp16 (hmt.precision): a quantised variant is one more variant to serve.
+        "precision": point.get("precision", "fp32"),
+        # The ORT session settings fuse measured fastest graph by graph (threads, parallel mode),
+        # for a runtime that rebuilds them (hmt.fuse.engines.ort.OrtConfig(**ort_session)).
+        "ort_session": dict(ort_session) if ort_session else None,
         "fuse_choice": variant.fuse_candidate,
         "predicted_for": point.get("predicted_for"),
         "macs": point.get("macs"),
@@ -236,6 +242,17 @@ def _build_variant(writer: ArtifactWriter, variant: FusedVariant, point: Mapping
     )
     build = VariantBuild(variant.arch_id, bundled_engines, preferred, len(specs), compile_s, size_bytes, tvm_error)
     return bundle_variant, build
+
+
+def _ort_sessions(fused: Any) -> dict[str, Mapping[str, Any]]:
+    """Fused name -> the ORT settings of fuse's per-graph choice, where that choice is an ORT candidate."""
+    report = fused.read_json("report.json")
+    out: dict[str, Mapping[str, Any]] = {}
+    for entry in report.get("variants", []) if isinstance(report, dict) else []:
+        choice = entry.get("choice_per_graph") or {}
+        if choice.get("engine") == "ort" and isinstance(choice.get("ort"), Mapping):
+            out[str(entry.get("name"))] = choice["ort"]
+    return out
 
 
 def _check_options(options: DeployOptions, target: Target) -> None:
@@ -308,6 +325,7 @@ def deploy_bundle(
     notes = _notes(target, options.engines, pareto_profile, profile_id)
     out_abs = Path(os.path.abspath(out_dir))
     archive = archive_path_for(out_abs) if options.archive else None
+    sessions = _ort_sessions(fused)
     with ArtifactWriter(out_dir, kind=BUNDLE_KIND, config=config, parents=parents) as writer:
         if signing_key is not None:
             writer.before_commit(partial(sign_artifact_dir, private_key=signing_key))
@@ -316,12 +334,18 @@ def deploy_bundle(
         for variant in variants:
             bundle_variant, build = _build_variant(
                 writer, variant, points[variant.arch_id], fused=fused, target=target, engines=options.engines,
-                strict=options.strict, progress=progress, done=done, total=total)
+                strict=options.strict, progress=progress, done=done, total=total,
+                ort_session=sessions.get(variant.name))
             bundled.append(bundle_variant)
             builds.append(build)
             if build.tvm_error:
                 notes.append(f"variant {build.arch_id}: TVM build for {target.name} failed ({build.tvm_error}); "
                              "bundled for ONNX Runtime only")
+        quantised = sorted({str(v.extra.get("precision")) for v in bundled} - {"fp32", "None"})
+        if quantised:
+            notes.append(f"{'/'.join(quantised)} variants are quantised ONNX graphs (int8: QDQ, which ONNX Runtime's "
+                         "CPU provider runs with integer kernels and TensorRT reads as explicit quantisation; fp16: "
+                         "for GPU providers); their accuracy was measured on held-out images by pareto and convert")
         progress("compile", total, total, None)
         preprocess, class_names, meta_note = _input_meta(front.doc)
         if meta_note is not None:

@@ -67,6 +67,12 @@ class FuseOptions:
     # back to back, and picked TVM for it.
     timing_burst: int = 8
     settle_s: float = 0.005
+    # ORT's parallel execution mode (independent branches at once, inter-op threads) as one
+    # more candidate, chosen only if it measures faster (CrowdHMTware III-C1 (2)).
+    ort_parallel: bool = True
+    # Peak RSS of the chosen ORT candidate in a fresh process, with ORT's memory pattern and
+    # arena on (its default) and off: what the static memory plan buys (hmt.fuse.rss).
+    measure_rss: bool = False
 
 
 @dataclass
@@ -182,6 +188,8 @@ def _variant_engines(
             graph.report["onnx"] = {"file": rel, **info}
             graph.report["_portable"] = portable
         configs = [ort_engine.OrtConfig(), ort_engine.OrtConfig(intra_op_threads=1)]
+        if options.ort_parallel:
+            configs.extend(_parallel_configs(graphs, path))
         for cfg in configs:
             label = f"{cfg.name}(fused)"
             try:
@@ -195,6 +203,19 @@ def _variant_engines(
     if "tvm" in options.engines:
         _add_tvm(writer, name, graphs, path, options, runners, runtime, failures, progress)
     return runners, runtime, failures
+
+
+def _parallel_configs(graphs: list[_Graph], path: list[_Graph]) -> list[ort_engine.OrtConfig]:
+    """ORT's parallel mode, offered only where the timed path has parallel branches of heavy operators."""
+    from hmt.convert.graph import cpu_count_physical
+    from hmt.fuse.branches import parallel_width
+
+    for graph in graphs:
+        graph.report["parallel_width"] = parallel_width(graph.report["_portable"])
+    width = max(g.report["parallel_width"] for g in path)
+    if width < 2:
+        return []  # every hand-off would cost a thread wake-up for nothing (hmt.fuse.branches)
+    return [ort_engine.OrtConfig(execution_mode="parallel", inter_op_threads=min(width, max(2, cpu_count_physical())))]
 
 
 def _add_merged_chain(
@@ -318,6 +339,7 @@ def fuse_model(
                         f"switch_margin and be within switch_margin of their p{int(QUIET_QUANTILE * 100)}"),
         "timing": timing_mode(options.timing_burst, options.settle_s),
         "atol": options.atol, "rtol": options.rtol,
+        "ort_parallel": options.ort_parallel, "measure_rss": options.measure_rss,
     }
     results: list[FusedVariant] = []
     report_variants: list[dict[str, Any]] = []
@@ -349,10 +371,18 @@ def fuse_model(
             results.append(_variant_result(name, best, timings, graphs))
             report_variants.append(_variant_report(entry, name, graphs, path, runtime, failures, checks, timings,
                                                    best, per_graph))
+            if options.measure_rss:
+                from hmt.fuse.rss import memory_report
+
+                progress("peak rss", 0, 1, name)
+                report_variants[-1]["memory"] = memory_report(writer, runtime[per_graph.name], path,
+                                                              results[-1].planned_peak_bytes)
             for graph in graphs:
                 writer.write_json(f"{name}/{Path(graph.file).stem}.memory_plan.json", graph.report["_plan"].to_json())
         report = {"variants": report_variants, "device": options.device,
-                  "timing": timing_mode(options.timing_burst, options.settle_s)}
+                  "timing": timing_mode(options.timing_burst, options.settle_s),
+                  "memory_plan_status": ("predicted: hmt's tensor-lifetime plan is not executed by an engine; ORT runs "
+                                         "its own (memory pattern + arena), whose peak RSS --measure-rss measures")}
         writer.write_json(REPORT_NAME, report)
         writer.metrics.update({
             "variants": len(results),
@@ -365,8 +395,26 @@ def fuse_model(
                 for r in results
             },
         })
+        siblings = _precision_siblings(results, converted["variants"])
+        if siblings:
+            writer.metrics["precision_vs_fp32"] = siblings
         progress("fuse", total, total, None)
     return FuseResult(Path(out_dir), tuple(results), report)
+
+
+def _precision_siblings(results: list[FusedVariant], entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each quantised variant against its fp32 sibling fused in the same run: the chosen engines' medians."""
+    from hmt.precision import split_variant_id
+
+    by_id = {str(e.get("arch_id") or e["name"]): r for e, r in zip(entries, results, strict=True)}
+    out: dict[str, Any] = {}
+    for vid, result in by_id.items():
+        base, precision = split_variant_id(vid)
+        if precision != "fp32" and base in by_id:
+            out[vid] = {"precision": precision, "fp32": base, "latency_ms": round(result.latency_ms, 4),
+                        "fp32_latency_ms": round(by_id[base].latency_ms, 4),
+                        "speedup_vs_fp32": round(by_id[base].latency_ms / result.latency_ms, 3)}
+    return out
 
 
 def _variant_result(name: str, best: Timing, timings: dict[str, Timing], graphs: list[_Graph]) -> FusedVariant:

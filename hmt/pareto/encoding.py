@@ -42,14 +42,26 @@ class Candidate:
     arch: ArchConfig
     engine: str = DEFAULT_ENGINE
     offload_cut: int | None = None  # reserved for the offload issue
+    # Numeric precision (hmt.precision): fp32, or a quantised copy of the same arch whose
+    # accuracy was measured (hmt.pareto.precision); its id is the arch id + ".int8"/".fp16".
+    precision: str = "fp32"
+
+    @property
+    def variant_id(self) -> str:
+        """The arch id, with the precision as a suffix when it is not fp32."""
+        return self.arch.arch_id if self.precision == "fp32" else f"{self.arch.arch_id}.{self.precision}"
 
     @property
     def key(self) -> str:
-        """Unique key: the arch id and the engine."""
-        return f"{self.arch.arch_id}@{self.engine}"
+        """Unique key: the variant id (arch id + precision) and the engine."""
+        return f"{self.variant_id}@{self.engine}"
 
     def to_json_dict(self) -> dict[str, object]:
-        return self.arch.to_json_dict() | {"engine": self.engine, "offload_cut": self.offload_cut}
+        data = self.arch.to_json_dict() | {"engine": self.engine, "offload_cut": self.offload_cut,
+                                           "precision": self.precision}
+        if self.precision != "fp32":
+            data |= {"arch_id": self.variant_id, "base_arch_id": self.arch.arch_id}
+        return data
 
 
 class Encoding:

@@ -19,6 +19,7 @@ from hmt.pareto.budgets import Budgets, describe
 from hmt.pareto.front import budget_excess, closest_to_budgets, hypervolume
 from hmt.pareto.index import FrontIndex, IndexEntry
 from hmt.pareto.objectives import COST_METRICS
+from hmt.pareto.precision import PrecisionOptions
 from hmt.pareto.search import Record, SearchOptions, SearchResult, minimise_metric, run_search
 from hmt.progress import ProgressCallback, no_progress
 
@@ -37,9 +38,12 @@ class ParetoOptions:
     cache_dir: Path | None = None  # decoded-dataset cache
     threads: int | None = None  # torch intra-op threads while evaluating (None: torch's default)
     calibration_samples: int | None = None  # BN re-estimation on the first N stored samples (None: all)
+    # The precision gene (hmt.pareto.precision): quantised copies of the fp32 front compete.
+    precision: PrecisionOptions = field(default_factory=PrecisionOptions)
 
     def validate(self) -> ParetoOptions:
         self.search.validate()
+        self.precision.validate()
         if self.batch_size < 1:
             raise UsageError(f"batch size must be >= 1, got {self.batch_size}")
         if self.cache_mb < 0:
@@ -52,6 +56,7 @@ class ParetoOptions:
         data = dataclasses.asdict(self)
         data["budgets"] = self.budgets.to_json_dict()
         data["search"] = dataclasses.asdict(self.search) | {"objectives": list(self.search.objectives)}
+        data["precision"] = dataclasses.asdict(self.precision) | {"precisions": list(self.precision.precisions)}
         data["data_path"] = str(self.data_path) if self.data_path else None
         data["cache_dir"] = str(self.cache_dir) if self.cache_dir else None
         return data
@@ -145,6 +150,10 @@ def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions
     from hmt.supernet import load_supernet
 
     start = time.perf_counter()
+    if options.precision.extra:  # before any work: fp16 needs a GPU provider to be timed
+        from hmt.pareto.precision import check_device
+
+        check_device(options.precision, options.device)
     loaded = load_supernet(supernet, device=options.device)
     device_profile = load_profile(profile)
     progress("block costs", 0, None, "measuring every block choice once")
@@ -164,6 +173,13 @@ def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions
     calibration = calibration_batches(loaded, device=options.device, max_samples=options.calibration_samples)
     evaluator = PrefixEvaluator(loaded.net, batches, calibration=calibration, cache_bytes=int(options.cache_mb * 1e6))
     result = run_search(encoding, costs, evaluator, options.budgets, options.search, progress=progress)
+    fp32_front = [result.records[i] for i in result.front]
+    expansion = None
+    if options.precision.extra and result.records:
+        from hmt.pareto.precision import expand_precisions
+
+        expansion = expand_precisions(supernet, result, data, options.precision, device=options.device,
+                                      progress=progress)
     limits = options.budgets.limits()
     if not result.records:
         closest = result.extras.get("closest_infeasible")
@@ -196,6 +212,7 @@ def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions
 
     hv_ref_latency = max(limits.get("latency_ms", 0.0), max(r.costs.latency_ms for r in result.records)) * 1.1
     hv = hypervolume([[-r.accuracy.accuracy, r.costs.latency_ms] for r in front_records], [0.0, hv_ref_latency])
+    hv_fp32 = hypervolume([[-r.accuracy.accuracy, r.costs.latency_ms] for r in fp32_front], [0.0, hv_ref_latency])
     stats = result.eval_stats.to_json_dict()
     metrics: dict[str, Any] = {
         "front_size": len(points), "evaluations": result.evaluations, "archive_size": len(result.records),
@@ -209,6 +226,11 @@ def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions
         "hypervolume_acc_latency": hv, "hypervolume_reference": {"accuracy": 0.0, "latency_ms": hv_ref_latency},
         "budgets_met": sum(a.point is not None for a in answers), "budget_combos": len(answers),
     }
+    if expansion is not None:
+        metrics.update({"hypervolume_acc_latency_fp32_only": hv_fp32,
+                        "hypervolume_gain_from_precision": hv / hv_fp32 - 1.0 if hv_fp32 > 0 else None,
+                        "precision_variants_admitted": len(expansion.records),
+                        "precision_variants_on_front": sum(r.candidate.precision != "fp32" for r in front_records)})
     notes = []
     if calibration is None:
         notes.append("the supernet stores no calibration set: variants ran with the supernet's shared BN "
@@ -258,9 +280,16 @@ def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions
                    "stop_reason": result.stop_reason, "wall_s": result.wall_s, "evaluation": stats},
         "notes": notes,
     }
+    if expansion is not None:
+        front_doc["precision"] = {**expansion.to_json_dict(), "options": options.to_json_dict()["precision"],
+                                  "latency": "fp32 prediction for the profile x the quantised/fp32 ratio of "
+                                             "medians measured on the build host (ONNX Runtime)"}
+        notes.append("quantised variants' latency and energy are the fp32 predictions scaled by the speed ratio "
+                     "measured on the build host, not on the profiled device")
     front_ids = {r.candidate.key for r in front_records}
-    archive_rows = [{"order": r.order, "generation": r.generation, "arch_id": r.candidate.arch.arch_id,
-                     "engine": r.candidate.engine, "exit_stage": r.candidate.arch.exit_stage,
+    archive_rows = [{"order": r.order, "generation": r.generation, "arch_id": r.candidate.variant_id,
+                     "engine": r.candidate.engine, "precision": r.candidate.precision,
+                     "exit_stage": r.candidate.arch.exit_stage,
                      "accuracy": r.accuracy.accuracy, **r.costs.to_json_dict(),
                      "derived_from": r.derived_from or "", "on_front": r.candidate.key in front_ids}
                     for r in result.records]

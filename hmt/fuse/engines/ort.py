@@ -23,15 +23,35 @@ class OrtConfig:
     level: str = "all"
     intra_op_threads: int = 0
     allow_spinning: bool = True
+    # Parallel operators (CrowdHMTware III-C1 (2)): "parallel" runs independent branches of
+    # the graph at once on ``inter_op_threads`` (0: ORT's default); fuse measures it.
+    execution_mode: str = "sequential"
+    inter_op_threads: int = 0
+    # ORT's own static memory plan (tensor lifetimes -> one block, reused across runs) and
+    # its CPU arena; both on is ORT's default. hmt.fuse.rss measures what they cost in RSS.
+    mem_pattern: bool = True
+    cpu_arena: bool = True
 
     @property
     def name(self) -> str:
         threads = "default" if self.intra_op_threads == 0 else str(self.intra_op_threads)
         spin = "" if self.allow_spinning else ",nospin"
-        return f"ort[{self.level},threads={threads}{spin}]"
+        extra = ""
+        if self.execution_mode != "sequential":
+            extra += f",{self.execution_mode}" + (f",inter={self.inter_op_threads}" if self.inter_op_threads else "")
+        extra += "" if self.mem_pattern else ",nomempattern"
+        extra += "" if self.cpu_arena else ",noarena"
+        return f"ort[{self.level},threads={threads}{spin}{extra}]"
 
     def to_json(self) -> dict[str, Any]:
-        return {"level": self.level, "intra_op_threads": self.intra_op_threads, "allow_spinning": self.allow_spinning}
+        data: dict[str, Any] = {"level": self.level, "intra_op_threads": self.intra_op_threads,
+                                "allow_spinning": self.allow_spinning}
+        # Only what differs from ORT's defaults, so readers that predate these fields still load it.
+        if self.execution_mode != "sequential" or self.inter_op_threads:
+            data |= {"execution_mode": self.execution_mode, "inter_op_threads": self.inter_op_threads}
+        if not self.mem_pattern or not self.cpu_arena:
+            data |= {"mem_pattern": self.mem_pattern, "cpu_arena": self.cpu_arena}
+        return data
 
 
 def session_options(config: OrtConfig) -> Any:
@@ -43,6 +63,13 @@ def session_options(config: OrtConfig) -> Any:
     options.log_severity_level = 3
     if not config.allow_spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if config.execution_mode == "parallel":
+        options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+        options.inter_op_num_threads = config.inter_op_threads
+    elif config.execution_mode != "sequential":
+        raise ModelError(f"unknown ORT execution mode {config.execution_mode!r}; expected sequential or parallel")
+    options.enable_mem_pattern = config.mem_pattern
+    options.enable_cpu_mem_arena = config.cpu_arena
     return options
 
 

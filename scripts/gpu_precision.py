@@ -1,0 +1,240 @@
+"""GPU host: CUDA EP / TensorRT EP (fp32, fp16, int8) vs torch eager vs ORT CPU, batch 1 and 64, and fuse's choice.
+
+For each variant of ``--supernet`` and each batch size:
+
+- ``torch-eager`` (and ``torch-eager-fp16``): the materialised variant (BN re-estimated on
+  the stored calibration images) on ``cuda``, input already on the device, logits copied
+  back (``.cpu()``, which synchronises);
+- ONNX Runtime on the full-depth path merged into one graph (fuse's chain candidate),
+  numpy in and out (the copies are part of the time, as serve pays them):
+  ``ort-cpu`` (fp32, int8), ``ort-cuda`` (fp32, fp16), ``ort-tensorrt`` (fp32, fp16 via
+  ``trt_fp16_enable``, int8 from the QDQ graph) when the wheel carries those providers;
+- ``fuse``: ``hmt fuse --device cuda`` on the same converted graphs (ORT candidates,
+  and TVM CUDA with ``--fuse-tvm``), its chosen candidate's median as fuse measured it,
+  beside the best of the above ("fuse >= 1.0x best" is the issue's target).
+
+All of a variant's engines at one batch size alternate in one timing loop (bursts of 8,
+calls 2..8 timed, as fuse times). fp16 / int8 outputs are compared with fp32's: top-1
+agreement on the stored calibration images. A provider that is absent or fails is
+recorded as such, never silently dropped. It also runs on a CPU-only machine (GPU rows
+then say "unavailable"), which is how it was tested.
+
+    python scripts/gpu_precision.py --supernet runs/r20 --variant largest --variant smallest --random 2 \
+        --batches 1 64 --out $OUT/gpu_precision.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+
+
+def log(msg: str) -> None:
+    print(f"[gpu_precision {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def machine() -> dict[str, Any]:
+    import onnxruntime as ort
+    import torch
+
+    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
+                            "torch": torch.__version__, "onnxruntime": ort.__version__,
+                            "providers": ort.get_available_providers(), "cuda": torch.cuda.is_available(),
+                            "load_avg_start": list(os.getloadavg())}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def ort_runner(model: Any, x: Any, provider: str, *, trt_fp16: bool = False, trt_int8: bool = False) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if provider == "TensorrtExecutionProvider":
+        trt = {"trt_fp16_enable": trt_fp16, "trt_int8_enable": trt_int8,
+               "trt_engine_cache_enable": True, "trt_engine_cache_path": tempfile.gettempdir()}
+        providers: list[Any] = [(provider, trt), "CUDAExecutionProvider", "CPUExecutionProvider"]
+    elif provider == "CUDAExecutionProvider":
+        providers = [provider, "CPUExecutionProvider"]
+    else:
+        providers = ["CPUExecutionProvider"]
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+    if session.get_providers()[0] != provider:
+        raise RuntimeError(f"{provider} did not take the graph (session runs on {session.get_providers()})")
+    name = session.get_inputs()[0].name
+    return lambda: session.run(None, {name: x})[0]
+
+
+def torch_runner(net: Any, x: Any, *, half: bool) -> Any:
+    import copy
+
+    import torch
+
+    model = copy.deepcopy(net).cuda().eval()
+    xt = torch.from_numpy(x).cuda()
+    if half:
+        model, xt = model.half(), xt.half()
+
+    def run() -> Any:
+        with torch.no_grad():
+            out = model(xt)
+        return out.float().cpu().numpy()
+
+    return run
+
+
+def agreement(a: Any, b: Any) -> float:
+    import numpy as np
+
+    return float(np.mean(np.argmax(a, axis=-1) == np.argmax(b, axis=-1)))
+
+
+def bench_variant(loaded: Any, arch_id: str, batch: int, args: argparse.Namespace, calibration: Any,
+                  tmp: Path) -> dict[str, Any]:
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    from hmt.convert import SupernetSource, convert_model
+    from hmt.convert.graph import load_onnx
+    from hmt.convert.pipeline import load_converted
+    from hmt.fuse.engines.ort import merge_chain
+    from hmt.fuse.engines.timing import measure_alternating
+    from hmt.precision.quantize import QuantOptions, quantize_chain
+
+    work = tmp / f"{arch_id.replace('.', '_')}-b{batch}"
+    convert_model(SupernetSource(args.supernet, (arch_id,), batch=batch), work / "converted")
+    artifact, report = load_converted(work / "converted")
+    (entry,) = report["variants"]
+    graphs = sorted(entry["graphs"], key=lambda g: (g["role"], g["index"]))
+    segs = [load_onnx(artifact.file(g["file"])) for g in graphs if g["role"] == "segment"]
+    exits = [load_onnx(artifact.file(g["file"])) for g in graphs if g["role"] == "exit"]
+    # int8 calibration runs the static batch-`batch` graphs: group the images by batch.
+    usable = (min(len(calibration), args.calibration_samples) // batch) * batch or batch
+    groups = np.resize(calibration, (usable, *calibration.shape[1:])).reshape(-1, batch, *calibration.shape[1:])
+    chains = {"fp32": (segs, exits),
+              "fp16": quantize_chain(segs, exits, groups, "fp16", batched=True),
+              "int8": quantize_chain(segs, exits, groups, "int8", batched=True,
+                                     options=QuantOptions(calibration_samples=len(groups)))}
+    merged = {p: merge_chain([*s, e[-1]]) for p, (s, e) in chains.items()}
+    x = calibration[:batch] if len(calibration) >= batch else np.resize(calibration, (batch, *calibration.shape[1:]))
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    runners: dict[str, Any] = {}
+    unavailable: dict[str, str] = {}
+    providers = ort.get_available_providers()
+    plan = [("ort-cpu fp32", "fp32", "CPUExecutionProvider", {}), ("ort-cpu int8", "int8", "CPUExecutionProvider", {}),
+            ("ort-cuda fp32", "fp32", "CUDAExecutionProvider", {}),
+            ("ort-cuda fp16", "fp16", "CUDAExecutionProvider", {}),
+            ("ort-tensorrt fp32", "fp32", "TensorrtExecutionProvider", {}),
+            ("ort-tensorrt fp16", "fp32", "TensorrtExecutionProvider", {"trt_fp16": True}),
+            ("ort-tensorrt int8", "int8", "TensorrtExecutionProvider", {"trt_int8": True})]
+    for label, precision, provider, extra in plan:
+        if provider not in providers:
+            unavailable[label] = f"{provider} not in this onnxruntime ({providers})"
+            continue
+        try:
+            runners[label] = ort_runner(merged[precision], x, provider, **extra)
+        except Exception as exc:  # noqa: BLE001 - a provider refusing a graph is a result to record
+            unavailable[label] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    if torch.cuda.is_available():
+        net = loaded.materialize(loaded.space.parse(arch_id))
+        runners["torch-eager fp32"] = torch_runner(net, x, half=False)
+        runners["torch-eager fp16"] = torch_runner(net, x, half=True)
+    else:
+        unavailable["torch-eager"] = "torch.cuda is not available"
+    outputs = {label: np.asarray(run()) for label, run in runners.items()}
+    reference = outputs.get("ort-cpu fp32")
+    timings = measure_alternating(runners, warmup=10, repeats=args.repeats, burst=8, drop_slower_than=None)
+    row: dict[str, Any] = {"arch_id": arch_id, "batch": batch, "unavailable": unavailable, "engines": {}}
+    for label, timing in timings.items():
+        row["engines"][label] = {**timing.to_json(), "per_image_ms": round(timing.median_ms / batch, 5)}
+        if reference is not None:
+            row["engines"][label]["top1_agreement_with_ort_cpu_fp32"] = agreement(outputs[label], reference)
+    if timings:
+        best = min(timings.values(), key=lambda t: t.median_ms)
+        row["best"] = {"engine": best.name, "median_ms": round(best.median_ms, 4)}
+    row["fuse"] = run_fuse(work, args, row.get("best"))
+    return row
+
+
+def run_fuse(work: Path, args: argparse.Namespace, best: dict[str, Any] | None) -> dict[str, Any]:
+    from hmt.errors import HmtError
+    from hmt.fuse import FuseOptions, fuse_model
+
+    engines = ("ort", "tvm") if args.fuse_tvm else ("ort",)
+    device = "cuda" if args.fuse_device == "cuda" else "cpu"
+    try:
+        result = fuse_model(work / "converted", work / "fused", options=FuseOptions(
+            engines=engines, device=device, repeats=args.repeats, warmup=10))
+    except HmtError as exc:
+        return {"error": str(exc)}
+    (variant,) = result.variants
+    report = result.report["variants"][0]
+    out = {"device": device, "engines": list(engines), "choice": variant.engine,
+           "median_ms": round(variant.latency_ms, 4), "ort_device": report["choice"].get("ort_device"),
+           "timed_in": "fuse's own loop (not the loop above); compare ratios with care"}
+    if best:
+        out["best_over_fuse"] = round(best["median_ms"] / variant.latency_ms, 3)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--supernet", type=Path, required=True)
+    parser.add_argument("--variant", action="append", default=[], help="arch id, largest or smallest (repeat)")
+    parser.add_argument("--random", type=int, default=0)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--repeats", type=int, default=100)
+    parser.add_argument("--calibration-samples", type=int, default=256)
+    parser.add_argument("--fuse-device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--fuse-tvm", action="store_true", help="let fuse try TVM too (CUDA compile: slow)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    import numpy as np
+
+    from hmt.supernet import load_supernet
+
+    loaded = load_supernet(args.supernet)
+    ids = []
+    for v in args.variant or ["largest", "smallest"]:
+        pick = {"largest": loaded.space.largest, "smallest": loaded.space.smallest}.get(v)
+        ids.append(pick().arch_id if pick else loaded.space.parse(v).arch_id)
+    rng = np.random.default_rng(args.seed)
+    ids += [loaded.space.sample(rng).arch_id for _ in range(args.random)]
+    ids = list(dict.fromkeys(ids))
+    calibration = np.concatenate([b.numpy() for b in loaded.calibration_batches()]).astype(np.float32)
+    result: dict[str, Any] = {"machine": machine(), "command": " ".join(sys.argv), "supernet": str(args.supernet),
+                              "rows": []}
+    log(f"{len(ids)} variants x batches {args.batches}; providers {result['machine']['providers']}")
+    with tempfile.TemporaryDirectory(prefix="gpu-precision-") as tmp:
+        for arch_id in ids:
+            for batch in args.batches:
+                row = bench_variant(loaded, arch_id, batch, args, calibration, Path(tmp))
+                result["rows"].append(row)
+                summary = ", ".join(f"{k} {v['median_ms']:.3f}" for k, v in row["engines"].items())
+                log(f"{arch_id} b{batch}: {summary}; fuse {row['fuse'].get('choice')} "
+                    f"{row['fuse'].get('median_ms')}")
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(result, indent=2) + "\n")  # partial results survive a timeout
+    result["machine"]["load_avg_end"] = list(os.getloadavg())
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    log(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
