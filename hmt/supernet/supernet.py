@@ -435,7 +435,7 @@ class Supernet(nn.Module):
                 shape = shapes[pos.name]
                 yield ref(("block", p, "base"), shape, shape[0])
                 for out_w in self.width_options(s):
-                    for in_w in previous if pos.index == 0 else (out_w,):
+                    for in_w in previous if (pos.index == 0 and s > 0) else (out_w,):
                         for choice in (SLIM_FULL, *(c for c in pos.choices if c != "base")):
                             if (in_w, out_w) != ("base", "base") and choice not in (SLIM_FULL, *STREAM_COMPATIBLE):
                                 continue
