@@ -57,7 +57,9 @@ def test_shared_prefix_runs_once_per_batch(tiny_loaded) -> None:  # type: ignore
     net, space = tiny_loaded.net, tiny_loaded.space
     first = space.positions[0].choices
     # Same first block, different second blocks: the stem and s0.b0 and exit0 run once.
-    archs = [space.make([first[0], c, "base"], 1) for c in space.positions[1].choices[:4]]
+    # (Not the original's first block: the original runs its own stem, every other variant
+    # the shared copy, so only non-original variants share a prefix with each other.)
+    archs = [space.make([first[1], c, "base"], 1) for c in space.positions[1].choices[:4]]
     batches = _batches(n_batches=2)
     evaluator = PrefixEvaluator(net, batches, cache_bytes=0)  # shared BN statistics: no calibration pass
     evaluator.evaluate(archs)
@@ -66,7 +68,7 @@ def test_shared_prefix_runs_once_per_batch(tiny_loaded) -> None:  # type: ignore
     assert evaluator.stats.block_evals_plain == 2 * 4 * (3 + 2)
     # Evaluating them again costs nothing; an arch sharing only known prefixes costs nothing either.
     evaluator.evaluate(archs)
-    evaluator.evaluate([space.make([first[0], "base", "base"], 0)])
+    evaluator.evaluate([space.make([first[1], "base", "base"], 0)])
     assert evaluator.stats.block_evals == 2 * (3 + 4 * 2)
 
 
