@@ -233,28 +233,18 @@ def seeded_inputs(specs: list[TensorSpec], *, seed: int) -> dict[str, np.ndarray
 
 def ort_optimization_level(level: str) -> Any:
     """ONNX Runtime's enum for a level name: disable, basic, extended or all."""
-    import onnxruntime as ort
+    from hmt.runtime.ort import optimization_level
 
-    return {
-        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }[level]
+    return optimization_level(level)
 
 
 def ort_session(model: onnx.ModelProto, *, level: str = "all", threads: int = 0) -> Any:
     """An ONNX Runtime CPU session on an in-memory model; ModelError naming the cause on failure."""
-    import onnxruntime as ort
+    from hmt.runtime.ort import OrtOptions
+    from hmt.runtime.ort import ort_session as build_session
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort_optimization_level(level)
-    options.intra_op_num_threads = threads
-    options.log_severity_level = 3
-    try:
-        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except Exception as exc:
-        raise ModelError(f"ONNX Runtime cannot load the model: {exc}") from exc
+    return build_session(model.SerializeToString(), OrtOptions(level=level, intra_op_threads=threads),
+                         what="the model").session
 
 
 def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, level: str = "all") -> list[np.ndarray]:

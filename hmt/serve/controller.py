@@ -31,12 +31,11 @@ import numpy as np
 
 from hmt.bundle import Bundle
 from hmt.errors import DeviceError, HmtError, ModelError, UsageError
-from hmt.pareto.index import FrontIndex
+from hmt.runtime.chain import Runner
 from hmt.serve.load_index import LoadForecaster, load_index_of
 from hmt.serve.monitor import ResourceMonitor, ResourceSample, Sampler
 from hmt.serve.optimizer import Budgets, Decision, LatencyCorrector, Optimizer, Variant
 from hmt.serve.pool import Loader, VariantPool
-from hmt.serve.runner import ChainRunner
 from hmt.serve.settings import BudgetSettings, ServeSettings
 from hmt.serve.switcher import STAY_VIOLATION_PENDING, Switcher
 
@@ -72,7 +71,6 @@ class TickRecord:
     switch_reason: str
     feasible: bool
     predicted_latency_ms: float  # of the active variant, load-scaled and r-corrected
-    index_best: str | None  # most accurate within the corrected budgets (pareto runtime index)
     decision_us: float  # wall time of optimizer + switcher (includes waiting for the GIL)
     decision_cpu_us: float  # this thread's CPU time for the same work: the decision's own cost
     error: str | None = None
@@ -110,17 +108,6 @@ def variants_of(bundle: Bundle) -> list[Variant]:
             for v in bundle.spec.variants]
 
 
-def _front_index(bundle: Bundle) -> FrontIndex | None:
-    from hmt.pareto.index import load_index
-
-    try:
-        index = load_index(bundle.index_path())
-    except HmtError:
-        return None  # the optimizer works from bundle.json alone; the index only adds a cross-check
-    index.prepare()
-    return index
-
-
 class Controller:
     """Adaptation loop + inference entry point of one bundle (see the module docstring)."""
 
@@ -130,7 +117,7 @@ class Controller:
         settings: ServeSettings | None = None,
         *,
         engine: str | None = None,
-        threads: int = 1,
+        threads: int | None = None,
         sampler: Sampler | None = None,
         fixed_variant: str | None = None,
         on_tick: Callable[[TickRecord], None] | None = None,
@@ -153,10 +140,10 @@ class Controller:
         self.forecaster = LoadForecaster(order=2, window=60)
         self._recent_load: deque[float] = deque(maxlen=5)
         self.monitor = ResourceMonitor(sampler, frequency_hz=1.0 / self.settings.monitor_period_s)
-        self.pool = VariantPool(bundle, engine=self.engine, threads=threads, warmup_runs=warmup_runs, loader=loader)
-        self.index = _front_index(bundle)
+        self.pool = VariantPool(bundle, engine=self.engine, threads=threads, warmup_runs=warmup_runs, loader=loader,
+                                early_exit=self.settings.early_exit.enabled)
         self.budgets: BudgetSettings = self.settings.budgets
-        self._active: ChainRunner | None = None
+        self._active: Runner | None = None
         self._load_scale = 1.0  # (1 + alpha * I) of the last decision, without r
         self._state_lock = threading.Lock()
         self._tick_lock = threading.Lock()
@@ -326,13 +313,6 @@ class Controller:
         if error is not None:
             self.last_error = error
         active_variant = self.optimizer.variant(active)
-        index_best = None
-        if self.index is not None:
-            scale = decision.latency_scale
-            entry = self.index.best_within(
-                latency_ms=None if opt_budgets.latency_ms is None else opt_budgets.latency_ms / scale,
-                memory_mb=budgets.memory_mb)
-            index_best = None if entry is None else entry.arch_id
         record = TickRecord(
             time_s=self.now_s(), trigger=trigger, cpu_util=sample.cpu_util, mem_util=sample.mem_util,
             gpu_util=sample.gpu_util, battery_percent=sample.battery_percent, temperature_c=sample.temperature_c,
@@ -342,7 +322,7 @@ class Controller:
             proposed=decision.arch_id, active=active, switched=result.switched and error is None,
             switch_reason=result.reason, feasible=decision.feasible,
             predicted_latency_ms=active_variant.latency_ms * decision.latency_scale,
-            index_best=index_best, decision_us=decision_us, decision_cpu_us=decision_cpu_us, error=error,
+            decision_us=decision_us, decision_cpu_us=decision_cpu_us, error=error,
         )
         with self._state_lock:
             self.ticks.append(record)
