@@ -25,11 +25,16 @@ from hmt.serve.monitor import ResourceSample
 
 @dataclass(frozen=True)
 class LoadWeights:
-    """Weights of eq. 2. Non-negative; those of the resources present must not all be zero."""
+    """Weights of eq. 2. Non-negative; those of the resources present must not all be zero.
+
+    The defaults count the CPU only, the same index profile-device fits its load model's
+    alpha with (``hmt.profile.fits.load_index``): serve scales latencies by that alpha, so
+    it must read the load the same way. Memory pressure is the memory budget's business.
+    """
 
     cpu: float = 1.0
-    gpu: float = 1.0
-    memory: float = 1.0
+    gpu: float = 0.0
+    memory: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("cpu", "gpu", "memory"):

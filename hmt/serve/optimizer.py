@@ -42,6 +42,7 @@ from hmt.serve.config import dataclass_from_mapping
 REASON_BEST = "best_within_budgets"
 REASON_FASTEST = "infeasible_fastest_in_memory"
 REASON_SMALLEST = "infeasible_least_memory"
+REASON_MEASURED_FASTEST = "infeasible_fastest_measured"
 _CACHE_MAX_ENTRIES = 4096
 
 
@@ -77,12 +78,15 @@ class Budgets:
 
     latency_ms: float | None = None
     memory_bytes: int | None = None
+    energy_mj: float | None = None  # per inference, in the profile's energy unit
 
     def __post_init__(self) -> None:
         if self.latency_ms is not None and not (math.isfinite(self.latency_ms) and self.latency_ms > 0):
             raise UsageError(f"latency budget must be a finite number > 0 ms, got {self.latency_ms}")
         if self.memory_bytes is not None and self.memory_bytes < 0:
             raise UsageError(f"memory budget must be >= 0 bytes, got {self.memory_bytes}")
+        if self.energy_mj is not None and not (math.isfinite(self.energy_mj) and self.energy_mj > 0):
+            raise UsageError(f"energy budget must be a finite number > 0, got {self.energy_mj}")
 
 
 @dataclass(frozen=True)
@@ -189,6 +193,9 @@ class Decision:
 
     @property
     def reason(self) -> str:
+        if self.reason_code == REASON_MEASURED_FASTEST:
+            return (f"no variant meets the budgets on the latencies measured now: serving the fastest, "
+                    f"{self.arch_id} at p95 {self.predicted_latency_ms:.3f} ms (budget {self.budgets.latency_ms} ms)")
         if self.reason_code == REASON_BEST:
             head = "best mu*Norm(A) - (1-mu)*Norm(E) within budgets"
         elif self.reason_code == REASON_FASTEST:
@@ -244,6 +251,8 @@ class Optimizer:
         self._least_memory = int(np.argmin(self._memory))  # first in latency order among ties
         self._position = {v.arch_id: i for i, v in enumerate(table)}
         self._cache: dict[tuple[int, int, float], tuple[int, str]] = {}
+        self._scores: dict[float, list[float]] = {}
+        self._memory_list = [v.memory_bytes for v in table]
 
     def __len__(self) -> int:
         return len(self.variants)
@@ -287,6 +296,74 @@ class Optimizer:
         self._cache[key] = result
         return result
 
+    def scores(self, mu: float) -> list[float]:
+        """Eq. 3's score of every variant (latency order) for ``mu``; cached per ``mu``."""
+        cached = self._scores.get(mu)
+        if cached is None:
+            if len(self._scores) >= _CACHE_MAX_ENTRIES:
+                self._scores.clear()
+            cached = self._scores[mu] = [mu * a - (1.0 - mu) * e
+                                         for a, e in zip(self._acc_list, self._energy_list, strict=True)]
+        return cached
+
+    def decide_estimates(
+        self,
+        latency_ms: Sequence[float],
+        energy_mj: Sequence[float] | None = None,
+        *,
+        mu: float = 1.0,
+        budgets: Budgets | None = None,
+        current_arch_id: str | None = None,
+        load_index: float = 0.0,
+        latency_scale: float = 1.0,
+    ) -> Decision:
+        """Eq. 3 over per-variant estimates (``self.variants`` order): the tail latency each
+        variant would serve at now (measured where measured, the prior elsewhere) and its energy.
+
+        Feasible: latency, memory and energy within their budgets. None feasible: the variant
+        with the least estimated latency among those within the memory budget (the least
+        memory if none is), flagged infeasible with a reason that says so.
+        """
+        b = budgets if budgets is not None else Budgets()
+        scores = self.scores(mu)
+        lat_budget = b.latency_ms
+        mem_budget = b.memory_bytes
+        energy_budget = b.energy_mj
+        memory = self._memory_list
+        best = -1
+        best_score = -math.inf
+        feasible_flags = []
+        for i, lat in enumerate(latency_ms):
+            ok = ((lat_budget is None or lat <= lat_budget) and (mem_budget is None or memory[i] <= mem_budget)
+                  and (energy_budget is None or energy_mj is None or energy_mj[i] <= energy_budget))
+            feasible_flags.append(ok)
+            if ok and scores[i] > best_score:
+                best, best_score = i, scores[i]
+        if best >= 0:
+            reason = REASON_BEST
+        else:
+            fits = [i for i in range(len(memory)) if mem_budget is None or memory[i] <= mem_budget]
+            if fits:
+                best = min(fits, key=lambda i: latency_ms[i])
+                reason = REASON_MEASURED_FASTEST
+            else:
+                best, reason = self._least_memory, REASON_SMALLEST
+        current_score: float | None = None
+        current_feasible: bool | None = None
+        if current_arch_id is not None:
+            pos = self._position.get(current_arch_id)
+            if pos is None:
+                raise UsageError(f"unknown current variant {current_arch_id!r}")
+            current_score = scores[pos]
+            current_feasible = feasible_flags[pos]
+        return Decision(
+            arch_id=self.variants[best].arch_id, feasible=reason == REASON_BEST, reason_code=reason,
+            score=scores[best], predicted_latency_ms=latency_ms[best],
+            predicted_energy_mj=self.variants[best].energy_mj if energy_mj is None else energy_mj[best],
+            memory_bytes=memory[best], mu=mu, load_index=load_index, latency_scale=latency_scale, budgets=b,
+            current_arch_id=current_arch_id, current_score=current_score, current_feasible=current_feasible,
+        )
+
     def decide(
         self,
         load_index: float = 0.0,
@@ -305,6 +382,13 @@ class Optimizer:
         b = budgets if budgets is not None else Budgets()
         mu = mu_from_battery(battery_percent, battery_plugged, cfg)
         latency_scale = (1.0 + cfg.alpha_latency * load_index) * latency_ratio
+        if b.energy_mj is not None:
+            # The prefix search covers latency and memory; an energy budget takes the general path.
+            energy_scale = (1.0 + cfg.alpha_energy * load_index) * latency_ratio
+            return self.decide_estimates([t * latency_scale for t in self._latency_list],
+                                         [v.energy_mj * energy_scale for v in self.variants], mu=mu, budgets=b,
+                                         current_arch_id=current_arch_id, load_index=load_index,
+                                         latency_scale=latency_scale)
         n = len(self._latency_list)
         k = n if b.latency_ms is None else bisect_right(self._latency_list, b.latency_ms / latency_scale)
         memory_count = n if b.memory_bytes is None else bisect_right(self._memory_sorted, b.memory_bytes)

@@ -9,6 +9,7 @@ from typing import Any
 
 from hmt.errors import UsageError
 from hmt.serve.config import dataclass_from_mapping
+from hmt.serve.estimates import EstimatorSettings
 from hmt.serve.load_index import LoadWeights
 from hmt.serve.optimizer import Budgets, OptimizerConfig
 from hmt.serve.switcher import SwitchPolicy
@@ -43,22 +44,23 @@ class BudgetSettings:
                 raise UsageError(f"budgets.{name} must be a number > 0 or null, got {value!r}")
 
     def to_budgets(self) -> Budgets:
+        """The optimizer's budgets: every budget reaches the decision (energy included)."""
         memory = None if self.memory_mb is None else int(self.memory_mb * 1e6)
-        return Budgets(latency_ms=self.latency_ms, memory_bytes=memory)
+        return Budgets(latency_ms=self.latency_ms, memory_bytes=memory, energy_mj=self.energy)
 
 
 @dataclass(frozen=True)
 class CorrectionSettings:
-    """``r = measured / predicted`` of the running variant (AdaptiveNet 5.3), smoothed and clipped.
+    """``r = measured / predicted`` (AdaptiveNet 5.3), smoothed, kept per variant and per engine.
 
-    ``r_max`` is wide by default: a chain of small graphs run from Python can take several
-    times the profile's prediction (per-graph dispatch), and a tight clip would hide a load
-    step on top of that.
+    ``r`` is never clipped: ``[r_min, r_max]`` is the bound beyond which the prediction and
+    the measurements are said to disagree (status ``prediction_disagrees``, metric
+    ``hmt_prediction_disagreement``); the measurements win either way.
     """
 
     smoothing: float = 0.3
     r_min: float = 0.2
-    r_max: float = 20.0
+    r_max: float = 5.0
     # Share of the latency budget the corrected *mean* prediction may use: requests scatter
     # around the mean (and queue near capacity), so a prediction right at the budget misses
     # about half the time.
@@ -81,6 +83,7 @@ class ServeSettings:
     load_weights: LoadWeights = field(default_factory=LoadWeights)
     early_exit: EarlyExit = field(default_factory=EarlyExit)
     correction: CorrectionSettings = field(default_factory=CorrectionSettings)
+    estimates: EstimatorSettings = field(default_factory=EstimatorSettings)
     preload_memory_mb: float | None = None
     monitor_period_s: float = 1.0
     # A request over budget asks for a decision now, at most once per this interval.
@@ -108,6 +111,7 @@ class ServeSettings:
             "load_weights": LoadWeights,
             "early_exit": EarlyExit,
             "correction": CorrectionSettings,
+            "estimates": EstimatorSettings,
         }
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
