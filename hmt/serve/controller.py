@@ -40,6 +40,7 @@ from hmt.serve.estimates import LatencyEstimator
 from hmt.serve.load_index import LoadForecaster, load_index_of
 from hmt.serve.monitor import ResourceMonitor, ResourceSample, Sampler
 from hmt.serve.optimizer import (
+    DEFAULT_ALPHA,
     Budgets,
     Decision,
     Optimizer,
@@ -57,7 +58,6 @@ TRIGGER_PERIODIC = "periodic"
 TRIGGER_ON_DEMAND = "on_demand"
 # A variant that failed to load is not tried again for this long (each try costs a load).
 LOAD_RETRY_S = 30.0
-DEFAULT_ALPHA = 1.0  # the load model when neither serve.json nor the profile gives one
 
 
 def variants_of(bundle: Bundle) -> list[Variant]:
@@ -77,18 +77,17 @@ def profile_alpha(bundle: Bundle) -> float | None:
 
 
 def optimizer_config(bundle: Bundle, settings: ServeSettings) -> tuple[OptimizerConfig, str]:
-    """serve.json's optimizer settings, with the profile's alpha unless serve.json sets one."""
+    """serve.json's optimizer settings with the load model resolved: serve.json's alpha when it
+    sets one, else the one profile-device fitted, else the default (and where it came from)."""
     config = settings.optimizer
-    explicit = (isinstance(bundle.serve_config.get("optimizer"), dict)
-                and "alpha_latency" in bundle.serve_config["optimizer"]) \
-        or config.alpha_latency != OptimizerConfig.alpha_latency  # set by the caller's settings
-    if explicit:
+    if config.alpha_latency is not None:
         return config, "serve.json"
     alpha = profile_alpha(bundle)
     if alpha is None:
         return (replace(config, alpha_latency=DEFAULT_ALPHA),
                 f"default {DEFAULT_ALPHA:g} (the profile has no load model)")
-    return replace(config, alpha_latency=alpha, alpha_energy=alpha), "profile models.load.alpha"
+    energy = alpha if config.alpha_energy is None else config.alpha_energy
+    return replace(config, alpha_latency=alpha, alpha_energy=energy), "profile models.load.alpha"
 
 
 class Controller:
@@ -315,9 +314,9 @@ class Controller:
         """Estimates + eq. 3 (the timed part of a tick, with the switcher)."""
         optimizer = self.optimizer
         cfg = optimizer.config
-        load_scale = 1.0 + cfg.alpha_latency * load_next
+        load_scale = 1.0 + optimizer.alpha_latency * load_next
         latencies, ratios = self.estimator.latencies(load_scale)
-        energy_scale = 1.0 + cfg.alpha_energy * load_next
+        energy_scale = 1.0 + optimizer.alpha_energy * load_next
         energies = [e * energy_scale * r for e, r in zip(self._energy0, ratios, strict=True)]
         mu = mu_from_battery(sample.battery_percent, sample.battery_plugged, cfg)
         active_id = self.switcher.active_arch_id
@@ -505,7 +504,7 @@ class Controller:
             "mu": None if latest is None else latest.mu,
             "budgets": {"latency_ms": self.budgets.latency_ms, "memory_mb": self.budgets.memory_mb},
             "energy_budget": self.budgets.energy,  # per inference, the profile's energy unit (None: unconstrained)
-            "load_model": {"alpha_latency": self.optimizer.config.alpha_latency, "source": self.alpha_source},
+            "load_model": {"alpha_latency": self.optimizer.alpha_latency, "source": self.alpha_source},
             "own_cpu_util": None if latest is None else latest.own_cpu_util,
             "estimates": estimates,
             "engine_ratios": engine_ratios,

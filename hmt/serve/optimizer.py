@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,7 @@ REASON_FASTEST = "infeasible_fastest_in_memory"
 REASON_SMALLEST = "infeasible_least_memory"
 REASON_MEASURED_FASTEST = "infeasible_fastest_measured"
 _CACHE_MAX_ENTRIES = 4096
+DEFAULT_ALPHA = 1.0  # T = T0 * (1 + alpha * I) when neither serve.json nor the profile gives alpha
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,10 @@ class Budgets:
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    alpha_latency: float = 1.0
-    alpha_energy: float = 1.0
+    # None: the load model profile-device fitted (the bundle profile's models.load.alpha),
+    # or DEFAULT_ALPHA without one; a number set in serve.json wins over the profile.
+    alpha_latency: float | None = None
+    alpha_energy: float | None = None
     accuracy_weight: float = 1.0
     energy_weight: float = 1.0
     mu_min: float = 0.2
@@ -105,7 +108,9 @@ class OptimizerConfig:
     def __post_init__(self) -> None:
         for name in ("alpha_latency", "alpha_energy", "accuracy_weight", "energy_weight", "mu_step"):
             value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
+            if value is None and name.startswith("alpha_"):
+                continue
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise UsageError(f"optimizer {name} must be a finite number >= 0, got {value}")
         if not 0.0 <= self.mu_min <= self.mu_max <= 1.0:
             raise UsageError(f"optimizer needs 0 <= mu_min <= mu_max <= 1, got {self.mu_min}, {self.mu_max}")
@@ -220,7 +225,13 @@ class Optimizer:
     """Eq. 3 over a fixed table of variants. Build once per table; ``decide`` per tick."""
 
     def __init__(self, variants: Sequence[Variant | Mapping[str, Any]], config: OptimizerConfig | None = None) -> None:
-        self.config = config if config is not None else OptimizerConfig()
+        config = config if config is not None else OptimizerConfig()
+        # Unresolved alphas (no profile to take them from) get the default load model.
+        self.config = replace(config, alpha_latency=DEFAULT_ALPHA if config.alpha_latency is None
+                              else config.alpha_latency,
+                              alpha_energy=DEFAULT_ALPHA if config.alpha_energy is None else config.alpha_energy)
+        self.alpha_latency: float = self.config.alpha_latency or 0.0
+        self.alpha_energy: float = self.config.alpha_energy or 0.0
         table = [
             v if isinstance(v, Variant) else Variant.from_mapping(v, f"variant {i}") for i, v in enumerate(variants)
         ]
@@ -264,7 +275,7 @@ class Optimizer:
             raise UsageError(f"unknown variant {arch_id!r}") from exc
 
     def latency_scale(self, load_index: float, latency_ratio: float = 1.0) -> float:
-        return (1.0 + self.config.alpha_latency * load_index) * latency_ratio
+        return (1.0 + self.alpha_latency * load_index) * latency_ratio
 
     def predicted_latency_ms(self, arch_id: str, load_index: float, latency_ratio: float = 1.0) -> float:
         """The load-scaled (and ``r``-corrected) latency prediction of one variant."""
@@ -381,10 +392,10 @@ class Optimizer:
         cfg = self.config
         b = budgets if budgets is not None else Budgets()
         mu = mu_from_battery(battery_percent, battery_plugged, cfg)
-        latency_scale = (1.0 + cfg.alpha_latency * load_index) * latency_ratio
+        latency_scale = (1.0 + self.alpha_latency * load_index) * latency_ratio
         if b.energy_mj is not None:
             # The prefix search covers latency and memory; an energy budget takes the general path.
-            energy_scale = (1.0 + cfg.alpha_energy * load_index) * latency_ratio
+            energy_scale = (1.0 + self.alpha_energy * load_index) * latency_ratio
             return self.decide_estimates([t * latency_scale for t in self._latency_list],
                                          [v.energy_mj * energy_scale for v in self.variants], mu=mu, budgets=b,
                                          current_arch_id=current_arch_id, load_index=load_index,
@@ -394,7 +405,7 @@ class Optimizer:
         memory_count = n if b.memory_bytes is None else bisect_right(self._memory_sorted, b.memory_bytes)
         index, reason_code = self._choose(k, memory_count, b.memory_bytes, mu)
         chosen = self.variants[index]
-        energy_scale = (1.0 + cfg.alpha_energy * load_index) * latency_ratio
+        energy_scale = (1.0 + self.alpha_energy * load_index) * latency_ratio
         current_score: float | None = None
         current_feasible: bool | None = None
         if current_arch_id is not None:

@@ -129,6 +129,8 @@ def test_the_profiles_load_model_alpha_is_used(tmp_path: Path) -> None:
     explicit = Controller(bundle, ServeSettings.from_mapping({"optimizer": {"alpha_latency": 2.0}}),
                           sampler=sample, warmup_runs=1)
     assert explicit.optimizer.config.alpha_latency == 2.0 and explicit.alpha_source == "serve.json"
+    # deploy writes every serve.json key: the unset alpha stays null, so the profile's still applies.
+    assert ServeSettings().to_json_dict()["optimizer"]["alpha_latency"] is None
 
 
 def test_shadow_runs_measure_idle_variants_within_their_share(bundle_dir: Path) -> None:
