@@ -34,7 +34,7 @@ from hmt.errors import ArtifactError, DeviceError, HmtError, ModelError, UsageEr
 from hmt.runtime.chain import LAYOUT_CHAIN, LAYOUT_MERGED, ChainRunner, GraphFn, MergedChainRunner, Runner
 from hmt.runtime.ort import OrtOptions, ort_session
 from hmt.runtime.tvm import tvm_graph_fn
-from hmt.runtime.verified import read_verified, verified_path
+from hmt.runtime.verified import read_verified, verified_file
 
 ENGINES = ("onnxruntime", "tvm")
 RUNTIME_KEY = "runtime"
@@ -145,7 +145,8 @@ def graph_fn(bundle: Bundle, spec: GraphSpec, engine: str, threads: int | None =
     if engine == "tvm":
         if spec.tvm is None:
             raise ModelError(f"graph {spec.onnx} has no TVM library in this bundle")
-        return tvm_graph_fn(verified_path(bundle.artifact, spec.tvm), 1 if threads is None else threads)
+        path, digest = verified_file(bundle.artifact, spec.tvm)
+        return tvm_graph_fn(path, 1 if threads is None else threads, sha256=digest)
     options = ort if ort is not None else SERVE_DEFAULT_ORT
     if threads is not None:
         options = replace(options, intra_op_threads=threads)

@@ -51,6 +51,11 @@ def read_verified(artifact: Artifact, relative: str) -> bytes:
 
 def verified_path(artifact: Artifact, relative: str) -> Path:
     """The path of ``relative`` after hashing the file now (for loaders that need a path)."""
+    return verified_file(artifact, relative)[0]
+
+
+def verified_file(artifact: Artifact, relative: str) -> tuple[Path, str]:
+    """``(path, sha256)`` of ``relative`` after hashing the file now and matching the manifest."""
     record = _record(artifact, relative)
     path = safe_join(artifact.root, relative, what="manifest entry")
     digest = hashlib.sha256()
@@ -63,4 +68,4 @@ def verified_path(artifact: Artifact, relative: str) -> Path:
     except OSError as exc:
         raise ArtifactError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
     _check(path, record, size, digest.hexdigest(), artifact.root / MANIFEST_NAME)
-    return path
+    return path, record.sha256
