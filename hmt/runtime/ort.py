@@ -14,7 +14,7 @@ recorded in :attr:`OrtSession.notes` so status pages and reports can say what re
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +41,13 @@ class OrtOptions:
     level: str = "all"
     intra_op_threads: int = 0
     allow_spinning: bool = True
-    inter_op_threads: int = 0
+    # Parallel operators (CrowdHMTware III-C1 (2)): "parallel" runs independent branches of
+    # the graph at once on ``inter_op_threads`` (0: ORT's default).
     execution_mode: str = "sequential"
+    inter_op_threads: int = 0
+    # ORT's static memory plan and CPU arena (both on: ORT's default).
+    mem_pattern: bool = True
+    cpu_arena: bool = True
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -58,16 +63,22 @@ class OrtOptions:
     def name(self) -> str:
         threads = "default" if self.intra_op_threads == 0 else str(self.intra_op_threads)
         spin = "" if self.allow_spinning else ",nospin"
-        mode = "" if self.execution_mode == "sequential" else f",{self.execution_mode}"
-        return f"ort[{self.level},threads={threads}{spin}{mode}]"
+        extra = ""
+        if self.execution_mode != "sequential":
+            extra += f",{self.execution_mode}" + (f",inter={self.inter_op_threads}" if self.inter_op_threads else "")
+        extra += "" if self.mem_pattern else ",nomempattern"
+        extra += "" if self.cpu_arena else ",noarena"
+        return f"ort[{self.level},threads={threads}{spin}{extra}]"
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        # Defaults of the fields added after fuse first wrote reports are left out, so
-        # reports and bundle entries stay byte-identical to what older fuse runs wrote.
-        for key, default in (("inter_op_threads", 0), ("execution_mode", "sequential")):
-            if data[key] == default:
-                del data[key]
+        data: dict[str, Any] = {"level": self.level, "intra_op_threads": self.intra_op_threads,
+                                "allow_spinning": self.allow_spinning}
+        # Only what differs from ORT's defaults, so reports and bundles stay readable by
+        # readers that predate these fields (and byte-identical to what they wrote).
+        if self.execution_mode != "sequential" or self.inter_op_threads:
+            data |= {"execution_mode": self.execution_mode, "inter_op_threads": self.inter_op_threads}
+        if not self.mem_pattern or not self.cpu_arena:
+            data |= {"mem_pattern": self.mem_pattern, "cpu_arena": self.cpu_arena}
         return data
 
     @classmethod
@@ -109,6 +120,8 @@ def session_options(options: OrtOptions) -> Any:
     so.execution_mode = (ort.ExecutionMode.ORT_PARALLEL if options.execution_mode == "parallel"
                          else ort.ExecutionMode.ORT_SEQUENTIAL)
     so.log_severity_level = 3
+    so.enable_mem_pattern = options.mem_pattern
+    so.enable_cpu_mem_arena = options.cpu_arena
     if not options.allow_spinning:
         # Spinning workers burn a core between calls; on a small shared device that steals
         # the very CPU the load index measures.

@@ -41,7 +41,9 @@ from hmt.serve.load_index import LoadForecaster, load_index_of
 from hmt.serve.monitor import ResourceMonitor, ResourceSample, Sampler
 from hmt.serve.optimizer import (
     DEFAULT_ALPHA,
+    REASON_BEST,
     Budgets,
+    Choice,
     Decision,
     Optimizer,
     OptimizerConfig,
@@ -125,6 +127,8 @@ class Controller:
                                           self.settings.estimates, smoothing=c.smoothing, r_min=c.r_min,
                                           r_max=c.r_max)
         self._energy0 = [v.energy_mj for v in table]
+        self._fixed_index = [v.arch_id for v in table].index(fixed_variant) if fixed_variant is not None else -1
+        self._last_inputs: tuple[list[float], list[float], float, float] = ([], [], 1.0, 1.0)
         self.forecaster = LoadForecaster(order=2, window=60)
         self._recent_load: deque[float] = deque(maxlen=5)
         self.monitor = ResourceMonitor(sampler, frequency_hz=1.0 / self.settings.monitor_period_s)
@@ -310,26 +314,38 @@ class Controller:
         load_next = min(max(recent), max(min(recent), float(self.forecaster.forecast(1)[0])))
         return load_now, load_next, own
 
-    def _decide(self, load_next: float, sample: ResourceSample, budgets: Budgets) -> tuple[Decision, float]:
-        """Estimates + eq. 3 (the timed part of a tick, with the switcher)."""
+    def _decide(self, load_next: float, sample: ResourceSample, budgets: Budgets) -> tuple[Choice, float]:
+        """The timed hot path of a tick (with the switcher): estimates -> eq. 3 within the budgets."""
         optimizer = self.optimizer
-        cfg = optimizer.config
         load_scale = 1.0 + optimizer.alpha_latency * load_next
         latencies, ratios = self.estimator.latencies(load_scale)
+        energies = None
+        if budgets.energy_mj is not None:
+            energy_scale = 1.0 + optimizer.alpha_energy * load_next
+            energies = [e * energy_scale * r for e, r in zip(self._energy0, ratios, strict=True)]
+        mu = mu_from_battery(sample.battery_percent, sample.battery_plugged, optimizer.config)
+        choice = optimizer.choose(latencies, energies, mu, budgets, self.switcher.active_arch_id)
+        if self.fixed_variant is not None and choice.arch_id != self.fixed_variant:
+            pos = self._fixed_index
+            choice = choice._replace(arch_id=self.fixed_variant, position=pos, score=optimizer.scores(mu)[pos])
+        self._last_inputs = (latencies, ratios, mu, load_scale)
+        return choice, load_scale
+
+    def _record_decision(self, choice: Choice, load_next: float, budgets: Budgets) -> Decision:
+        """The full :class:`Decision` of the choice just made (after the timed part)."""
+        latencies, ratios, mu, load_scale = self._last_inputs
+        optimizer = self.optimizer
         energy_scale = 1.0 + optimizer.alpha_energy * load_next
         energies = [e * energy_scale * r for e, r in zip(self._energy0, ratios, strict=True)]
-        mu = mu_from_battery(sample.battery_percent, sample.battery_plugged, cfg)
-        active_id = self.switcher.active_arch_id
-        decision = optimizer.decide_estimates(latencies, energies, mu=mu, budgets=budgets, current_arch_id=active_id,
-                                              load_index=load_next, latency_scale=load_scale)
-        if self.fixed_variant is not None:
-            pos = [v.arch_id for v in optimizer.variants].index(self.fixed_variant)
-            fixed = optimizer.variants[pos]
-            decision = replace(decision, arch_id=fixed.arch_id, predicted_latency_ms=latencies[pos],
-                               predicted_energy_mj=energies[pos], memory_bytes=fixed.memory_bytes,
-                               score=optimizer.scores(mu)[pos], feasible=bool(decision.current_feasible)
-                               if active_id == fixed.arch_id else decision.feasible)
-        return decision, load_scale
+        decision = optimizer.decision_of(choice, latencies, energies, mu=mu, budgets=budgets, load_index=load_next,
+                                         latency_scale=load_scale)
+        if self.fixed_variant is not None and choice.reason_code == REASON_BEST:
+            # A static baseline is "feasible" when the fixed variant itself meets the budgets.
+            i = choice.position
+            decision = replace(decision, feasible=(budgets.latency_ms is None or latencies[i] <= budgets.latency_ms)
+                               and (budgets.memory_bytes is None or optimizer.variants[i].memory_bytes
+                                    <= budgets.memory_bytes))
+        return decision
 
     def _tick(self, trigger: str, sample: ResourceSample | None) -> TickRecord:
         self._last_tick_s = self._clock()
@@ -350,10 +366,11 @@ class Controller:
         t0 = time.perf_counter()
         estimate_us = (t0 - e0) * 1e6
         cpu0 = time.thread_time_ns()
-        decision, load_scale = self._decide(load_next, sample, opt_budgets)
-        result = self.switcher.offer(decision, now_s=self._clock())
+        choice, load_scale = self._decide(load_next, sample, opt_budgets)
+        result = self.switcher.offer(choice, now_s=self._clock())
         decision_us = (time.perf_counter() - t0) * 1e6
         decision_cpu_us = (time.thread_time_ns() - cpu0) / 1e3
+        decision = self._record_decision(choice, load_next, opt_budgets)
         with self._state_lock:
             self.stats.decision_us.append(decision_us)
             self.stats.infeasible_ticks += not decision.feasible

@@ -32,7 +32,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -215,6 +215,19 @@ class Decision:
         )
 
 
+class Choice(NamedTuple):
+    """The loop's hot-path answer (what the switcher needs); :meth:`Optimizer.decision_of` turns it
+    into the full :class:`Decision` record afterwards, outside the timed decision."""
+
+    arch_id: str
+    position: int  # in the optimizer's table
+    reason_code: str
+    score: float
+    current_arch_id: str | None
+    current_score: float | None
+    current_feasible: bool | None
+
+
 def _normalise(values: np.ndarray, log: bool) -> np.ndarray:
     v = np.log(np.maximum(values, 1e-12)) if log else values
     span = float(v.max() - v.min())
@@ -263,6 +276,7 @@ class Optimizer:
         self._position = {v.arch_id: i for i, v in enumerate(table)}
         self._cache: dict[tuple[int, int, float], tuple[int, str]] = {}
         self._scores: dict[float, list[float]] = {}
+        self._orders: dict[float, list[int]] = {}
         self._memory_list = [v.memory_bytes for v in table]
 
     def __len__(self) -> int:
@@ -316,6 +330,70 @@ class Optimizer:
             cached = self._scores[mu] = [mu * a - (1.0 - mu) * e
                                          for a, e in zip(self._acc_list, self._energy_list, strict=True)]
         return cached
+
+    def _order(self, mu: float) -> list[int]:
+        """Variant indices by eq. 3's score for ``mu``, best first (ties: the faster by profile)."""
+        cached = self._orders.get(mu)
+        if cached is None:
+            scores = self.scores(mu)
+            if len(self._orders) >= _CACHE_MAX_ENTRIES:
+                self._orders.clear()
+            cached = self._orders[mu] = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+        return cached
+
+    def choose(
+        self,
+        latency_ms: Sequence[float],
+        energy_mj: Sequence[float] | None,
+        mu: float,
+        budgets: Budgets,
+        current_arch_id: str | None = None,
+    ) -> Choice:
+        """The decision's hot path: the best-scoring variant within every budget, checked in
+        score order (usually the first or second one is the answer), and whether the active
+        variant is within them. Same answer as :meth:`decide_estimates`."""
+        lat_budget = budgets.latency_ms
+        mem_budget = budgets.memory_bytes
+        energy_budget = budgets.energy_mj if energy_mj is not None else None
+        memory = self._memory_list
+        scores = self.scores(mu)
+        best = -1
+        for i in self._order(mu):
+            if ((lat_budget is None or latency_ms[i] <= lat_budget) and (mem_budget is None or memory[i] <= mem_budget)
+                    and (energy_budget is None or energy_mj[i] <= energy_budget)):  # type: ignore[index]
+                best = i
+                break
+        reason = REASON_BEST
+        if best < 0:
+            fits = [i for i in range(len(memory)) if mem_budget is None or memory[i] <= mem_budget]
+            if fits:
+                best, reason = min(fits, key=lambda i: latency_ms[i]), REASON_MEASURED_FASTEST
+            else:
+                best, reason = self._least_memory, REASON_SMALLEST
+        current_score: float | None = None
+        current_ok: bool | None = None
+        if current_arch_id is not None:
+            pos = self._position.get(current_arch_id)
+            if pos is None:
+                raise UsageError(f"unknown current variant {current_arch_id!r}")
+            current_score = scores[pos]
+            current_ok = ((lat_budget is None or latency_ms[pos] <= lat_budget)
+                          and (mem_budget is None or memory[pos] <= mem_budget)
+                          and (energy_budget is None or energy_mj[pos] <= energy_budget))  # type: ignore[index]
+        return Choice(self.variants[best].arch_id, best, reason, scores[best], current_arch_id, current_score,
+                      current_ok)
+
+    def decision_of(self, choice: Choice, latency_ms: Sequence[float], energy_mj: Sequence[float], *, mu: float,
+                    budgets: Budgets, load_index: float, latency_scale: float) -> Decision:
+        """The full record of a :class:`Choice` (for ticks, status and the switcher's callers)."""
+        i = choice.position
+        return Decision(
+            arch_id=choice.arch_id, feasible=choice.reason_code == REASON_BEST, reason_code=choice.reason_code,
+            score=choice.score, predicted_latency_ms=latency_ms[i], predicted_energy_mj=energy_mj[i],
+            memory_bytes=self._memory_list[i], mu=mu, load_index=load_index, latency_scale=latency_scale,
+            budgets=budgets, current_arch_id=choice.current_arch_id, current_score=choice.current_score,
+            current_feasible=choice.current_feasible,
+        )
 
     def decide_estimates(
         self,

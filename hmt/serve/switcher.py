@@ -25,7 +25,7 @@ from typing import Any
 
 from hmt.errors import UsageError
 from hmt.serve.config import dataclass_from_mapping
-from hmt.serve.optimizer import Decision
+from hmt.serve.optimizer import Choice, Decision
 
 SWITCH_INITIAL = "initial"
 SWITCH_VIOLATION = "budget_violation"
@@ -81,7 +81,7 @@ class Switcher:
         self._candidate_streak = 0
         self.switch_count = 0
 
-    def _switch(self, decision: Decision, now_s: float, reason: str) -> SwitchResult:
+    def _switch(self, decision: Decision | Choice, now_s: float, reason: str) -> SwitchResult:
         previous = self.active_arch_id
         self.active_arch_id = decision.arch_id
         self._since_s = now_s
@@ -91,12 +91,13 @@ class Switcher:
         self.switch_count += previous is not None
         return SwitchResult(True, decision.arch_id, previous, decision.arch_id, reason)
 
-    def _stay(self, decision: Decision, reason: str) -> SwitchResult:
+    def _stay(self, decision: Decision | Choice, reason: str) -> SwitchResult:
         assert self.active_arch_id is not None
         return SwitchResult(False, self.active_arch_id, self.active_arch_id, decision.arch_id, reason)
 
-    def offer(self, decision: Decision, now_s: float | None = None) -> SwitchResult:
-        """Apply the rules to ``decision``, which must score the active variant (``current_arch_id``)."""
+    def offer(self, decision: Decision | Choice, now_s: float | None = None) -> SwitchResult:
+        """Apply the rules to ``decision`` (or the loop's :class:`Choice`), which must score the
+        active variant (``current_arch_id``)."""
         now = self._clock() if now_s is None else now_s
         if self.active_arch_id is None:
             return self._switch(decision, now, SWITCH_INITIAL)

@@ -50,3 +50,36 @@ def test_deploy_verify_does_not_load_graphs_through_serve() -> None:
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hmt.serve"):
                 assert node.module == "hmt.serve.settings", f"{path.name} imports {node.module}"
+
+
+def _imports(package_dir: str) -> dict[str, set[str]]:
+    """Every hmt module each file of ``package_dir`` imports (top level or inside functions)."""
+    import ast
+    from pathlib import Path
+
+    import hmt
+
+    root = Path(hmt.__file__).parent / package_dir
+    found: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+        found[str(path.relative_to(root.parent))] = {n for n in names if n.startswith("hmt.")}
+    return found
+
+
+def test_no_import_cycle_between_convert_and_fuse() -> None:
+    """The graph-pass catalogue both share sits below them, in hmt.graph."""
+    for path, names in _imports("graph").items():
+        assert not [n for n in names if n.startswith(("hmt.convert", "hmt.fuse"))], path
+    for path, names in _imports("convert").items():
+        assert not [n for n in names if n.startswith("hmt.fuse")], path
+
+
+def test_profile_stages_do_not_import_the_run_that_orders_them() -> None:
+    stages = _imports("profile")["profile/stages.py"]
+    assert "hmt.profile.run" not in stages

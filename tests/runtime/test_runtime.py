@@ -75,6 +75,9 @@ def test_ort_options_round_trip_and_refuse_typos() -> None:
     # fuse's older reports have exactly these three keys: to_json keeps them unchanged.
     assert options.to_json() == {"level": "basic", "intra_op_threads": 2, "allow_spinning": False}
     assert OrtOptions(execution_mode="parallel").name == "ort[all,threads=default,parallel]"
+    parallel = OrtOptions(execution_mode="parallel", inter_op_threads=2, cpu_arena=False)
+    assert parallel.name == "ort[all,threads=default,parallel,inter=2,noarena]"
+    assert OrtOptions.from_mapping(parallel.to_json()) == parallel
     with pytest.raises(UsageError, match="unknown ORT option"):
         OrtOptions.from_mapping({"intra_op_thread": 1})
     with pytest.raises(UsageError, match="level"):

@@ -64,8 +64,10 @@ def test_an_engine_60x_slower_than_its_profile_switches_within_two_ticks(tmp_pat
     status = c.status()
     # small was never run: its prior took the engine's r (~60), no clamp at r_max.
     assert status["estimates"]["small"]["source"] == "prior"
+    r_engine = c.estimator.engine_ratio("tvm") or 0.0
+    assert r_engine > 20  # ~60 (more when this shared machine is busy): far past r_max = 5, unclipped
     small_ms = status["estimates"]["small"]["latency_ms"]
-    assert small_ms == pytest.approx(0.05 * 60 * c.estimator.tail_factor, rel=0.3)
+    assert small_ms == pytest.approx(0.05 * r_engine * c.estimator.tail_factor)
     assert status["prediction_disagrees"]["big"] > 40  # said, not hidden
     assert status["estimates"]["big"]["disagrees"]
     metrics = prometheus_text(c, {}, 0, 64)
