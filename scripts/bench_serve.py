@@ -172,6 +172,9 @@ def bench_engine(args: argparse.Namespace, engine: str, bundle: Any, data: Path,
     duration = scenario.end_s
     modes = [("adaptive", None), ("adaptive_unloaded", None), ("static_largest", largest),
              ("static_smallest", smallest)]
+    if args.with_profile_only:
+        # The ablation: the same loop deciding on the profile's predictions alone (x load model).
+        modes.insert(1, ("adaptive_profile_only", None))
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m, _ in modes}
     for rep in range(args.reps):
         for mode, fixed in modes:
@@ -179,7 +182,8 @@ def bench_engine(args: argparse.Namespace, engine: str, bundle: Any, data: Path,
             result = run(args.bundle, unloaded if mode == "adaptive_unloaded" else scenario, duration, data,
                          fixed=fixed, clients=args.clients,
                          rate_hz=rate_hz, timeline=timeline, label=f"{engine} {mode} (rep {rep})",
-                         engine=engine, overrides=overrides)
+                         engine=engine, overrides={**overrides, "estimates": {"mode": "predicted"}}
+                         if mode == "adaptive_profile_only" else overrides)
             runs[mode].append(trimmed(result))
             s = result.summary
             print(f"{engine} rep {rep} {mode:16s} p95 {s['latency_ms']['p95']:.3f} ms  miss "
@@ -220,6 +224,8 @@ def main() -> None:
     parser.add_argument("--serve-json", default="{}",
                         help="serve.json overrides for every run, as JSON (e.g. '{\"estimates\": {\"mode\": "
                              "\"predicted\"}}' for the profile-only ablation)")
+    parser.add_argument("--with-profile-only", action="store_true",
+                        help="also run the loop on the profile's predictions alone (estimates.mode predicted)")
     args = parser.parse_args()
     args.overrides = json.loads(args.serve_json)
 

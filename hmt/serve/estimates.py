@@ -6,8 +6,9 @@ shadow runs (:meth:`LatencyEstimator.observe`). Its estimate for a decision is:
 - **measured**: the window's p95 once it holds ``min_samples`` samples younger than
   ``max_age_s`` (feasibility is judged on the tail, not the mean);
 - **prior** otherwise: the profile's latency, scaled by the load model
-  (``1 + alpha * I``), by ``r`` (measured / predicted, an exponential average kept per
-  variant, falling back to the one kept per engine, then to 1), and by the tail factor
+  (``1 + alpha * I``), by ``r`` (measured / predicted: the engine's current average times
+  the variant's own ratio to its engine when it was last measured, so priors follow the
+  engine's state now; 1 before anything ran on the engine), and by the tail factor
   (p95 / median over the measured windows), so a prediction is a p95 as well.
 
 No silent clamp: ``r`` is not clipped. When a variant's measured ``r`` leaves
@@ -127,6 +128,8 @@ class LatencyEstimator:
         self._windows = [_Window(self.settings.window) for _ in self.arch_ids]
         self._r_variant: list[float | None] = [None] * len(self.arch_ids)
         self._r_engine: dict[str, float] = {}
+        self._rel: list[float | None] = [None] * len(self.arch_ids)
+        self._prior_r = [1.0] * len(self.arch_ids)  # r of each prior, as of the last refresh
         self.tail_factor = self.settings.default_tail
         self.samples = 0
         self._measured: list[float | None] = [None] * len(self.arch_ids)  # tails as of the last refresh
@@ -152,6 +155,11 @@ class LatencyEstimator:
             self._r_variant[i] = sample if r is None else r + a * (sample - r)
             engine = self.engines[i]
             r_e = self._r_engine.get(engine)
+            # How this variant runs against its prediction *relative to its engine now*: when
+            # the load lifts, the active variant's r falls and every prior of that engine with it.
+            rel = sample / r_e if r_e is not None and r_e > 0 else 1.0
+            q = self._rel[i]
+            self._rel[i] = rel if q is None else q + a * (rel - q)
             self._r_engine[engine] = sample if r_e is None else r_e + a * (sample - r_e)
 
     def ratio(self, arch_id: str) -> float | None:
@@ -185,6 +193,12 @@ class LatencyEstimator:
                 measured[i] = None
         if tails:  # the priors are tail latencies too, with the spread measured now
             self.tail_factor = max(1.0, sum(tails) / len(tails))
+        for i, rel in enumerate(self._rel):
+            r_engine = self._r_engine.get(self.engines[i])
+            if r_engine is None:
+                self._prior_r[i] = self._r_variant[i] or 1.0
+            else:
+                self._prior_r[i] = r_engine * (1.0 if rel is None else rel)
         return count
 
     def latencies(self, load_scale: float) -> tuple[list[float], list[float]]:
@@ -196,16 +210,14 @@ class LatencyEstimator:
         out = []
         ratios = []
         tail_factor = self.tail_factor
-        r_variant = self._r_variant
+        prior_r = self._prior_r
         for i, tail in enumerate(self._measured):
             prior_ms = predicted[i] * load_scale
             if tail is not None:
                 out.append(tail)
                 ratios.append(tail / prior_ms)
                 continue
-            r = r_variant[i]
-            if r is None:
-                r = self._r_engine.get(self.engines[i], 1.0)
+            r = prior_r[i]
             out.append(prior_ms * r * tail_factor)
             ratios.append(r)
         return out, ratios
