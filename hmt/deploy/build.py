@@ -239,7 +239,7 @@ def deploy_bundle(
     """Build the bundle for ``options.target`` in ``out_dir`` (atomically) and ``<out>.tar.gz``."""
     from hmt.pareto.artifact import load_front
     from hmt.pareto.index import FrontIndex
-    from hmt.serve.settings import BudgetSettings, ServeSettings
+    from hmt.runtime.settings import BudgetSettings, ServeSettings
 
     start = time.perf_counter()
     target = get_target(options.target)

@@ -102,7 +102,7 @@ def _check_files(bundle: Bundle) -> int:
 def _check_contents(bundle: Bundle) -> None:
     from hmt.pareto.index import FrontIndex
     from hmt.profile.schema import validate_profile
-    from hmt.serve.settings import ServeSettings
+    from hmt.runtime.settings import ServeSettings
 
     root = bundle.root
     try:

@@ -28,45 +28,10 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hmt.errors import UsageError
+from hmt.runtime.settings import MODE_MEASURED, EstimatorSettings
 
 SOURCE_MEASURED = "measured"
 SOURCE_PRIOR = "prior"
-
-
-MODE_MEASURED = "measured"
-MODE_PREDICTED = "predicted"
-
-
-@dataclass(frozen=True)
-class EstimatorSettings:
-    """serve.json ``estimates``: how measurements replace the profile's predictions.
-
-    ``mode="predicted"`` ignores measurements (the profile times the load model only): an
-    ablation baseline, and a way to pin decisions to the budgets in tests.
-    """
-
-    window: int = 64  # samples kept per variant
-    min_samples: int = 5  # fresh samples before the window's p95 is trusted over the prior
-    max_age_s: float = 3.0  # samples older than this are stale (the load moved on)
-    quantile: float = 0.95
-    default_tail: float = 1.3  # p95 / median assumed before any window has enough samples
-    shadow_share: float = 0.05  # at most this share of wall time goes to shadow runs of idle variants
-    mode: str = MODE_MEASURED
-
-    def __post_init__(self) -> None:
-        if self.window < 1 or self.min_samples < 1 or self.min_samples > self.window:
-            raise UsageError(f"estimates needs 1 <= min_samples <= window, got {self.min_samples}, {self.window}")
-        if not (math.isfinite(self.max_age_s) and self.max_age_s > 0):
-            raise UsageError(f"estimates.max_age_s must be > 0, got {self.max_age_s}")
-        if not 0.5 <= self.quantile < 1.0:
-            raise UsageError(f"estimates.quantile must be in [0.5, 1), got {self.quantile}")
-        if not (math.isfinite(self.default_tail) and self.default_tail >= 1.0):
-            raise UsageError(f"estimates.default_tail must be >= 1, got {self.default_tail}")
-        if not 0.0 <= self.shadow_share <= 0.5:
-            raise UsageError(f"estimates.shadow_share must be in [0, 0.5], got {self.shadow_share}")
-        if self.mode not in (MODE_MEASURED, MODE_PREDICTED):
-            raise UsageError(f"estimates.mode must be {MODE_MEASURED!r} or {MODE_PREDICTED!r}, got {self.mode!r}")
 
 
 @dataclass(frozen=True)

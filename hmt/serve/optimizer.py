@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from hmt.errors import InputError, UsageError
-from hmt.serve.config import dataclass_from_mapping
+from hmt.runtime.settings import Budgets, OptimizerConfig
 
 REASON_BEST = "best_within_budgets"
 REASON_FASTEST = "infeasible_fastest_in_memory"
@@ -71,59 +71,6 @@ class Variant:
             raise InputError(f"{where}: missing field {exc.args[0]!r}") from exc
         except (TypeError, ValueError) as exc:
             raise InputError(f"{where}: {exc}") from exc
-
-
-@dataclass(frozen=True)
-class Budgets:
-    """Run-time budgets; ``None`` means unconstrained."""
-
-    latency_ms: float | None = None
-    memory_bytes: int | None = None
-    energy_mj: float | None = None  # per inference, in the profile's energy unit
-
-    def __post_init__(self) -> None:
-        if self.latency_ms is not None and not (math.isfinite(self.latency_ms) and self.latency_ms > 0):
-            raise UsageError(f"latency budget must be a finite number > 0 ms, got {self.latency_ms}")
-        if self.memory_bytes is not None and self.memory_bytes < 0:
-            raise UsageError(f"memory budget must be >= 0 bytes, got {self.memory_bytes}")
-        if self.energy_mj is not None and not (math.isfinite(self.energy_mj) and self.energy_mj > 0):
-            raise UsageError(f"energy budget must be a finite number > 0, got {self.energy_mj}")
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    # None: the load model profile-device fitted (the bundle profile's models.load.alpha),
-    # or DEFAULT_ALPHA without one; a number set in serve.json wins over the profile.
-    alpha_latency: float | None = None
-    alpha_energy: float | None = None
-    accuracy_weight: float = 1.0
-    energy_weight: float = 1.0
-    mu_min: float = 0.2
-    mu_max: float = 1.0
-    mu_no_battery: float = 1.0
-    mu_when_plugged: float | None = 1.0
-    mu_step: float = 0.01
-    norm: str = "minmax"
-
-    def __post_init__(self) -> None:
-        for name in ("alpha_latency", "alpha_energy", "accuracy_weight", "energy_weight", "mu_step"):
-            value = getattr(self, name)
-            if value is None and name.startswith("alpha_"):
-                continue
-            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-                raise UsageError(f"optimizer {name} must be a finite number >= 0, got {value}")
-        if not 0.0 <= self.mu_min <= self.mu_max <= 1.0:
-            raise UsageError(f"optimizer needs 0 <= mu_min <= mu_max <= 1, got {self.mu_min}, {self.mu_max}")
-        for name in ("mu_no_battery", "mu_when_plugged"):
-            value = getattr(self, name)
-            if value is not None and not 0.0 <= value <= 1.0:
-                raise UsageError(f"optimizer {name} must be in 0..1, got {value}")
-        if self.norm not in ("minmax", "log"):
-            raise UsageError(f"optimizer norm must be 'minmax' or 'log', got {self.norm!r}")
-
-    @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any]) -> OptimizerConfig:
-        return dataclass_from_mapping(cls, mapping, "serve optimizer config")
 
 
 def mu_from_battery(

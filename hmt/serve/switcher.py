@@ -21,10 +21,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from hmt.errors import UsageError
-from hmt.serve.config import dataclass_from_mapping
+from hmt.runtime.settings import SwitchPolicy
 from hmt.serve.optimizer import Choice, Decision
 
 SWITCH_INITIAL = "initial"
@@ -35,26 +34,6 @@ STAY_VIOLATION_PENDING = "violation_pending"
 STAY_IMPROVEMENT_PENDING = "improvement_pending"
 STAY_BELOW_MARGIN = "below_margin"
 STAY_DWELL = "min_dwell"
-
-
-@dataclass(frozen=True)
-class SwitchPolicy:
-    score_margin: float = 0.05
-    violation_patience: int = 2
-    improve_patience: int = 2
-    min_dwell_s: float = 2.0
-
-    def __post_init__(self) -> None:
-        if not self.score_margin >= 0:
-            raise UsageError(f"switch score_margin must be >= 0, got {self.score_margin}")
-        if self.violation_patience < 1 or self.improve_patience < 1:
-            raise UsageError("switch violation_patience and improve_patience must be >= 1")
-        if not self.min_dwell_s >= 0:
-            raise UsageError(f"switch min_dwell_s must be >= 0, got {self.min_dwell_s}")
-
-    @classmethod
-    def from_mapping(cls, mapping: dict[str, Any]) -> SwitchPolicy:
-        return dataclass_from_mapping(cls, mapping, "serve switch policy")
 
 
 @dataclass(frozen=True)
