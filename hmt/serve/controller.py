@@ -60,6 +60,7 @@ TRIGGER_PERIODIC = "periodic"
 TRIGGER_ON_DEMAND = "on_demand"
 # A variant that failed to load is not tried again for this long (each try costs a load).
 LOAD_RETRY_S = 30.0
+QUEUE_WINDOW = 32  # requests whose queue wait sets the serving overhead (median)
 
 
 def variants_of(bundle: Bundle) -> list[Variant]:
@@ -150,7 +151,11 @@ class Controller:
         self.last_error: str | None = None
         self.last_decision: Decision | None = None
         self._failed_loads: dict[str, float] = {}
-        self.overhead_ms = 0.0  # smoothed queue wait per request (the budget's share the model cannot use)
+        # Queue wait per request: the budget's share no variant can use. The median of the last
+        # QUEUE_WINDOW requests, not a mean: one stall of the machine (hundreds of ms) must not
+        # make every variant infeasible and send the loop switching on noise no choice can fix.
+        self.overhead_ms = 0.0
+        self._queue_waits: deque[float] = deque(maxlen=QUEUE_WINDOW)
         self._inflight = 0
         self._last_input: np.ndarray | None = None
         self._shadow_next = 0
@@ -354,7 +359,8 @@ class Controller:
         load_now, load_next, own = self._load(sample)
         budgets = self.budgets
         opt_budgets = budgets.to_budgets()
-        overhead_ms = self.overhead_ms
+        waits = sorted(self._queue_waits)
+        overhead_ms = self.overhead_ms = waits[len(waits) // 2] if waits else 0.0
         if opt_budgets.latency_ms is not None:
             # The budget covers queue wait + compute; the estimates are compute alone, so they
             # get what the serving overhead measured now leaves of it (times the headroom).
@@ -468,7 +474,7 @@ class Controller:
         now_s = self.now_s()
         with self._state_lock:
             self.estimator.observe(runner.arch_id, result.compute_ms, predicted_ms, now_s)
-            self.overhead_ms += 0.3 * (max(0.0, queued_ms) - self.overhead_ms)
+            self._queue_waits.append(max(0.0, queued_ms))
             stats = self.stats
             stats.requests += 1
             stats.deadline_misses += miss

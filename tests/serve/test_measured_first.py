@@ -199,3 +199,18 @@ def test_a_tampered_graph_is_refused_at_reload_and_the_old_variant_keeps_serving
     assert status["pool"]["integrity_failures"] == 1
     assert c.predict(X).variant == "mid"
     assert "hmt_variant_integrity_failures_total 1" in prometheus_text(c, {}, 0, 64)
+
+
+def test_one_stalled_request_does_not_make_every_variant_infeasible(bundle_dir: Path) -> None:
+    c = Controller(load_bundle(bundle_dir), ServeSettings.from_mapping({"estimates": {"mode": "predicted"},
+                                                                          "budgets": {"latency_ms": 10.0}}),
+                   sampler=sample, warmup_runs=1)
+    c.start(background=False)
+    for _ in range(20):
+        c.predict(X, queued_ms=1.0)
+    c.predict(X, queued_ms=500.0)  # the machine stalled once
+    record = c.tick(sample=sample())
+    assert record.overhead_ms == pytest.approx(1.0) and record.feasible and record.active == "big"
+    for _ in range(20):
+        c.predict(X, queued_ms=9.0)  # queueing that lasts: it is the budget's
+    assert c.tick(sample=sample()).overhead_ms == pytest.approx(9.0)
