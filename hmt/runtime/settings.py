@@ -145,6 +145,9 @@ class EstimatorSettings:
     quantile: float = 0.95
     default_tail: float = 1.3  # p95 / median assumed before any window has enough samples
     shadow_share: float = 0.05  # at most this share of wall time goes to shadow runs of idle variants
+    # ... and only while the device is idle: outside load index below this. A shadow run on busy
+    # cores takes CPU from the requests (ORT workers spin after each run).
+    shadow_max_load: float = 0.5
     mode: str = MODE_MEASURED
 
     def __post_init__(self) -> None:
@@ -156,6 +159,8 @@ class EstimatorSettings:
             raise UsageError(f"estimates.quantile must be in [0.5, 1), got {self.quantile}")
         if not (math.isfinite(self.default_tail) and self.default_tail >= 1.0):
             raise UsageError(f"estimates.default_tail must be >= 1, got {self.default_tail}")
+        if not 0.0 <= self.shadow_max_load <= 1.0:
+            raise UsageError(f"estimates.shadow_max_load must be in [0, 1], got {self.shadow_max_load}")
         if not 0.0 <= self.shadow_share <= 0.5:
             raise UsageError(f"estimates.shadow_share must be in [0, 0.5], got {self.shadow_share}")
         if self.mode not in (MODE_MEASURED, MODE_PREDICTED):

@@ -159,6 +159,7 @@ class Controller:
         self._inflight = 0
         self._last_input: np.ndarray | None = None
         self._shadow_next = 0
+        self._load_now = 0.0  # outside load index of the last tick (shadow runs wait for idle)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -248,16 +249,19 @@ class Controller:
         return [a for a in self.pool.loaded_ids() if a != active and self.estimator.stale(a, now)]
 
     def _shadow_wanted(self) -> bool:
-        share = self.settings.estimates.shadow_share
-        return share > 0 and bool(self._shadow_candidates()) and \
-            self.stats.shadow_s <= share * max(self.now_s(), 1e-3)
+        estimates = self.settings.estimates
+        share = estimates.shadow_share
+        return share > 0 and self._load_now < estimates.shadow_max_load and bool(self._shadow_candidates()) \
+            and self.stats.shadow_s <= share * max(self.now_s(), 1e-3)
 
     def shadow_run(self) -> bool:
         """Run one stale, loaded, idle variant on a recent input and record its time (issue 14 item 1).
 
-        Only while no request is in flight and the shadow time so far is within
-        ``estimates.shadow_share`` of the wall time: measurements of the alternatives must
-        not cost the requests being served. Returns whether a run happened.
+        Only while the device is idle (outside load index below ``estimates.shadow_max_load``),
+        no request is in flight and the shadow time so far is within ``estimates.shadow_share``
+        of the wall time: measurements of the alternatives must not cost the requests being
+        served (on busy cores the priors follow the engine's r instead). Returns whether a run
+        happened.
         """
         if self._inflight or not self._shadow_wanted():
             return False
@@ -310,7 +314,7 @@ class Controller:
         """(load index now, forecast for the next period, serve's own CPU share)."""
         own = sample.own_cpu_util  # measured by the live sampler; a synthetic sample is outside load already
         outside = sample if own is None else replace(sample, cpu_util=max(0.0, sample.cpu_util - own))
-        load_now = load_index_of(outside, self.settings.load_weights)
+        load_now = self._load_now = load_index_of(outside, self.settings.load_weights)
         self.forecaster.update(load_now)
         recent = self._recent_load
         recent.append(load_now)

@@ -158,6 +158,13 @@ def test_shadow_runs_measure_idle_variants_within_their_share(bundle_dir: Path) 
     none.start(background=False)
     none.predict(X)
     assert not none.shadow_run()
+    busy = Controller(bundle, settings, sampler=sample, warmup_runs=1)
+    busy.start(background=False)
+    busy.predict(X)
+    busy.tick(sample=sample(cpu=0.9))  # the device is busy: no shadow runs on its cores
+    assert not busy.shadow_run()
+    busy.tick(sample=sample(cpu=0.1))
+    assert busy.shadow_run()
 
 
 def test_own_inference_is_not_counted_as_outside_load(tmp_path: Path) -> None:
