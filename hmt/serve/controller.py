@@ -522,6 +522,9 @@ class Controller:
             "ready": self.ready,
             "variant": self.active_arch_id,
             "engine": self._active.engine if self._active is not None else None,
+            # What really runs: fuse's merged chain or graph by graph, and any provider fallback.
+            "layout": self._active.layout if self._active is not None else None,
+            "runtime_notes": list(self._active.notes) if self._active is not None else [],
             "fixed_variant": self.fixed_variant,
             "uptime_s": self.now_s(),
             "load_index": None if latest is None else latest.load_index,

@@ -77,6 +77,8 @@ def test_serve_runs_the_merged_chain_fuse_chose(chain_bundle: tuple[Path, Path])
     controller.start(background=False)
     active = controller._active
     assert isinstance(active, MergedChainRunner)
+    status = controller.status()
+    assert status["layout"] == "merged_chain" and any("merged chain" in n for n in status["runtime_notes"])
     bundle = controller.bundle
     x = example_input(bundle, np.random.default_rng(3))
     per_graph = load_variant(bundle, active.arch_id, early_exit=True)
