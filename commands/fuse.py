@@ -37,7 +37,7 @@ after a pause instead, the rate of a server that idles between requests.
 
 def _pass_choice() -> type[Enum]:
     # The choices are the registry's keys, so the help never drifts from the passes.
-    from hmt.fuse.passes.registry import fusion_pass_names
+    from hmt.graph.passes.registry import fusion_pass_names
 
     return Enum("PassChoice", {name: name for name in fusion_pass_names()}, type=str)  # type: ignore[return-value]
 

@@ -75,9 +75,9 @@ def serve_command(
     engine: Annotated[EngineChoice | None, typer.Option(
         help="Runtime: auto (each variant's preferred engine if its runtime imports, else onnxruntime), "
              "onnxruntime or tvm. Default: serve.json's.")] = None,
-    threads: Annotated[int, typer.Option(
-        help="Runtime threads per graph (0: the runtime's default). 1 suits small graphs: requests run in "
-             "parallel instead.")] = 1,
+    threads: Annotated[int | None, typer.Option(
+        help="Runtime threads per graph (0: the runtime's default). Default: what fuse measured fastest for "
+             "each variant (1 for bundles that do not record it).")] = None,
     workers: Annotated[int, typer.Option(help="Inference worker threads.")] = 2,
     max_queue: Annotated[int, typer.Option(help="Requests queued or running before new ones get 429.")] = 64,
     deadline_ms: Annotated[float, typer.Option(

@@ -332,7 +332,7 @@ class BundleChecks:
 
 
 def _check_serve_config(bundle: Bundle) -> None:
-    from hmt.serve.settings import ServeSettings
+    from hmt.runtime.settings import ServeSettings
 
     where = str(bundle.root / SERVE_CONFIG_NAME)
     try:

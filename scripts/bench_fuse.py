@@ -222,8 +222,8 @@ def main() -> None:
     parser.add_argument("--work-dir", default=None, help="keep artifacts here (default: a temp dir)")
     args = parser.parse_args()
 
-    from hmt.convert.graph import cpu_count_physical
     from hmt.fuse.engines.timing import timing_mode
+    from hmt.graph.model import cpu_count_physical
 
     threads = cpu_count_physical()
     peak = gemm_peak_gflops(args.device, threads)

@@ -81,7 +81,7 @@ def _export(
 ) -> onnx.ModelProto:
     import torch
 
-    from hmt.convert.graph import load_onnx
+    from hmt.graph.model import load_onnx
 
     with tempfile.TemporaryDirectory(prefix="hmt-export-") as tmp:
         path = Path(tmp) / "model.onnx"

@@ -17,8 +17,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from hmt.convert.graph import constant_node_count, op_counts
 from hmt.errors import ModelError, UsageError
+from hmt.graph.model import constant_node_count, op_counts
 
 if TYPE_CHECKING:
     import onnx
@@ -52,7 +52,7 @@ class PassStage:
 
 def fuse_and_deduplicate(model: onnx.ModelProto, *, seed: int) -> tuple[onnx.ModelProto, PassStage]:
     """Pass 1."""
-    from hmt.fuse.passes import apply_passes, resolve_passes
+    from hmt.graph.passes import apply_passes, resolve_passes
 
     out, reports = apply_passes(model, resolve_passes(list(PASS1_NAMES)), seed=seed)
     stage = PassStage(

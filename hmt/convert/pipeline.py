@@ -19,18 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from hmt.artifacts import Artifact, ArtifactWriter
 from hmt.convert.export import DEFAULT_OPSET, Exporter, export_module
-from hmt.convert.graph import (
-    TensorSpec,
-    check_model,
-    graph_inputs,
-    graph_outputs,
-    load_onnx,
-    op_counts,
-    run_ort,
-    save_onnx,
-    seeded_inputs,
-    unknown_ops,
-)
 from hmt.convert.passes import Folder, PassStage, fold_constants, fuse_and_deduplicate
 from hmt.convert.sources import (
     ModelSource,
@@ -45,6 +33,18 @@ from hmt.convert.sources import (
 )
 from hmt.convert.verify import DEFAULT_ATOL, DEFAULT_RTOL, Comparison, compare, require
 from hmt.errors import InputError, ModelError, UsageError
+from hmt.graph.model import (
+    TensorSpec,
+    check_model,
+    graph_inputs,
+    graph_outputs,
+    load_onnx,
+    op_counts,
+    run_ort,
+    save_onnx,
+    seeded_inputs,
+    unknown_ops,
+)
 from hmt.progress import ProgressCallback, no_progress
 
 if TYPE_CHECKING:

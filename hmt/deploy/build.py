@@ -52,6 +52,7 @@ from hmt.deploy.sources import (
     match_points,
     read_fused_variants,
     read_profile,
+    runtime_entry,
     select_variants,
     supernet_hint,
 )
@@ -212,6 +213,11 @@ def _build_variant(writer: ArtifactWriter, variant: FusedVariant, point: Mapping
         size_bytes += sum(p.stat().st_size for p in libraries)
     bundled_engines = tuple(e for e in engines if e != "tvm" or tvm_error is None)
     preferred = variant.fuse_engine if variant.fuse_engine in bundled_engines else bundled_engines[0]
+    runtime, merged_source = runtime_entry(variant, exit_stage=int(point["exit_stage"]), folder=folder,
+                                           engines=bundled_engines)
+    if merged_source is not None and runtime is not None:  # fuse's merged chain: what serve runs without early exit
+        shutil.copyfile(fused.file(merged_source), writer.path(runtime["merged_chain"]["onnx"]))
+        size_bytes += writer.path(runtime["merged_chain"]["onnx"]).stat().st_size
     extra = {
         "fused_name": variant.name,
         # fp32 / int8 / fp16 (hmt.precision): a quantised variant is one more variant to serve.
@@ -225,6 +231,7 @@ def _build_variant(writer: ArtifactWriter, variant: FusedVariant, point: Mapping
         "params": point.get("params"),
         "compile_s": round(compile_s, 3),
         "tvm_error": tvm_error,
+        "runtime": runtime,
     }
     bundle_variant = BundleVariant(
         arch_id=variant.arch_id,
@@ -280,7 +287,7 @@ def deploy_bundle(
     """Build the bundle for ``options.target`` in ``out_dir`` (atomically) and ``<out>.tar.gz``."""
     from hmt.pareto.artifact import load_front
     from hmt.pareto.index import FrontIndex
-    from hmt.serve.settings import BudgetSettings, ServeSettings
+    from hmt.runtime.settings import BudgetSettings, ServeSettings
 
     start = time.perf_counter()
     target = get_target(options.target)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,10 @@ class FusedVariant:
     exits: tuple[FusedGraph, ...]
     fuse_engine: str  # "onnxruntime" or "tvm": what fuse measured fastest on the build host
     fuse_candidate: str
+    # fuse's report entries: the overall winner and the fastest graph-by-graph candidate
+    # (what serve runs with early exit); see :func:`runtime_entry`.
+    choice: dict[str, Any] = field(default_factory=dict)
+    choice_per_graph: dict[str, Any] = field(default_factory=dict)
 
     def graphs(self) -> tuple[FusedGraph, ...]:
         return (*self.segments, *self.exits)
@@ -91,7 +95,9 @@ def read_fused_variants(fused: Artifact) -> list[FusedVariant]:
         arch_id = str(entry.get("arch_id") or name)
         if not _SAFE_ID.match(arch_id):
             raise InputError(f"{at}: variant id {arch_id!r} is not a plain file name (letters, digits, . _ -)")
-        variants.append(FusedVariant(name, arch_id, segments, exits, engine, str(choice.get("candidate", ""))))
+        per_graph = entry.get("choice_per_graph") or {}
+        variants.append(FusedVariant(name, arch_id, segments, exits, engine, str(choice.get("candidate", "")),
+                                     dict(choice), dict(per_graph) if isinstance(per_graph, Mapping) else {}))
     if not variants:
         raise InputError(f"{where}: lists no variants")
     return variants
@@ -193,3 +199,36 @@ def read_profile(path: Path) -> tuple[bytes, dict[str, Any], Artifact | None]:
 def graph_spec(graph: FusedGraph, *, onnx: str, tvm: str | None) -> GraphSpec:
     return GraphSpec(index=graph.index, input=graph.input, output=graph.output, onnx=onnx, tvm=tvm,
                      consumes_segment=graph.index if graph.role == "exit" else None)
+
+
+MERGED_CHAIN_FILE = "chain.onnx"
+_ENGINE_NAMES = {"ort": "onnxruntime", "tvm": "tvm"}
+
+
+def runtime_entry(variant: FusedVariant, *, exit_stage: int, folder: str,
+                  engines: Sequence[str]) -> tuple[dict[str, Any] | None, str | None]:
+    """fuse's run-time choice as ``bundle.json`` records it (``extra.runtime``, read by
+    :class:`hmt.runtime.variant.VariantRuntime`), and the fused file of the merged chain to
+    copy to ``<folder>/chain.onnx`` (None when not bundled).
+
+    The merged chain is bundled only when fuse chose it and its path (every segment, then
+    the last head) is the variant's: a variant stopping at an earlier exit runs another graph.
+    """
+    per_graph = variant.choice_per_graph
+    if not per_graph:
+        return None, None  # a fused artifact from before fuse recorded it: serve keeps its defaults
+    engine = _ENGINE_NAMES.get(str(per_graph.get("engine")))
+    entry: dict[str, Any] = {"per_graph": {"engine": engine if engine in engines else "onnxruntime",
+                                           "candidate": per_graph.get("candidate")},
+                             "choice": "per_graph"}
+    if engine == "onnxruntime" and isinstance(per_graph.get("ort"), Mapping):
+        entry["per_graph"]["ort"] = dict(per_graph["ort"])
+    choice = variant.choice
+    merged_source: str | None = None
+    if (choice.get("graphs") == "chain" and choice.get("onnx") and isinstance(choice.get("ort"), Mapping)
+            and exit_stage == len(variant.segments) - 1):
+        merged_source = str(choice["onnx"])
+        entry["merged_chain"] = {"onnx": f"{folder}/{MERGED_CHAIN_FILE}", "ort": dict(choice["ort"]),
+                                 "candidate": choice.get("candidate")}
+        entry["choice"] = "merged_chain"
+    return entry, merged_source

@@ -124,8 +124,8 @@ def _check_contents(bundle: Bundle) -> None:
 
 
 def _chain(bundle: Bundle, variant: BundleVariant, x: Any, engine: str) -> list[Any]:
-    """Exit logits after every segment, each graph loaded the way ``hmt serve`` loads it."""
-    from hmt.serve.runner import graph_fn
+    """Exit logits after every segment, each graph verified and loaded by the runtime layer ``hmt serve`` uses."""
+    from hmt.runtime.variant import graph_fn
 
     outputs = []
     features = x

@@ -24,15 +24,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hmt.artifacts import ArtifactWriter
-from hmt.convert.graph import check_model, graph_inputs, load_onnx, save_onnx, seeded_inputs
 from hmt.convert.pipeline import load_converted
 from hmt.convert.verify import compare
 from hmt.errors import HmtError, UsageError
 from hmt.fuse.engines import ort as ort_engine
 from hmt.fuse.engines.timing import Timing, measure_alternating, timing_mode
 from hmt.fuse.memory_plan import plan_memory
-from hmt.fuse.passes import apply_passes, fusion_pass_names, resolve_passes
 from hmt.fuse.runtime import Step, chain, ort_step, tvm_step
+from hmt.graph.model import check_model, graph_inputs, load_onnx, save_onnx, seeded_inputs
+from hmt.graph.passes import apply_passes, fusion_pass_names, resolve_passes
 from hmt.progress import ProgressCallback, no_progress
 
 if TYPE_CHECKING:

@@ -12,64 +12,28 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hmt.errors import InputError, ModelError
+from hmt.errors import InputError
+from hmt.runtime.chain import feeds_chain
+from hmt.runtime.ort import OrtOptions, ort_session, providers_for_device
+from hmt.runtime.tvm import tvm_feeds_fn
 
 Step = Callable[[dict[str, Any]], list[Any]]
 
 
-def ort_step(model: bytes | str, config: Any, device: str = "cpu") -> Step:
-    """One graph under ONNX Runtime with an :class:`~hmt.fuse.engines.ort.OrtConfig`."""
-    import onnxruntime as ort
-
-    from hmt.fuse.engines import ort as ort_engine
-
-    try:
-        session = ort.InferenceSession(
-            model, ort_engine.session_options(config), providers=ort_engine.providers(device)
-        )
-    except Exception as exc:
-        raise ModelError(f"ONNX Runtime cannot load a graph with {config.name}: {exc}") from exc
-    return lambda feeds: session.run(None, feeds)
+def ort_step(model: bytes | str, config: OrtOptions | None, device: str = "cpu") -> Step:
+    """One graph under ONNX Runtime with an :class:`~hmt.runtime.ort.OrtOptions` (built by hmt.runtime)."""
+    session = ort_session(model, config, providers=providers_for_device(device), what="a fused graph")
+    return session.run
 
 
 def tvm_step(library: Path, input_name: str, device: str = "cpu") -> Step:
     """One graph compiled by TVM (a Relax VM module exported as a shared library)."""
-    import tvm
-    from tvm import relax
-
-    from hmt.fuse.engines.tvm import flatten_outputs
-
-    dev = tvm.cuda(0) if device == "cuda" else tvm.cpu(0)
-    try:
-        vm = relax.VirtualMachine(tvm.runtime.load_module(str(library)), dev)
-    except Exception as exc:
-        raise ModelError(f"{library}: TVM cannot load the module ({exc})") from exc
-    main = vm["main"]
-
-    def step(feeds: dict[str, Any]) -> list[Any]:
-        value = feeds[input_name]
-        out = main(value if isinstance(value, tvm.runtime.Tensor) else tvm.runtime.tensor(value, dev))
-        if device == "cuda":
-            dev.sync()
-        return flatten_outputs(out)
-
-    return step
+    return tvm_feeds_fn(library, input_name, device)
 
 
 def chain(steps: list[Step], first_feeds: dict[str, Any], next_inputs: list[str]) -> Callable[[], list[Any]]:
     """Run the steps in order: step k+1 reads step k's first output under ``next_inputs[k]``."""
-    if len(steps) != len(next_inputs) + 1:
-        raise ValueError("one input name per step after the first")
-    if len(steps) == 1:
-        return lambda: steps[0](first_feeds)
-
-    def run() -> list[Any]:
-        features = steps[0](first_feeds)[0]
-        for step, name in zip(steps[1:-1], next_inputs[:-1], strict=True):
-            features = step({name: features})[0]
-        return steps[-1]({next_inputs[-1]: features})
-
-    return run
+    return feeds_chain(steps, first_feeds, next_inputs)
 
 
 def load_fused_runner(
@@ -82,7 +46,6 @@ def load_fused_runner(
 ) -> Callable[[], list[Any]]:
     """A zero-argument callable running ``variant`` of a fused artifact on ``feeds`` (numpy inputs)."""
     from hmt.artifacts import load_artifact
-    from hmt.fuse.engines.ort import OrtConfig
 
     artifact = load_artifact(fused_dir, kind="fused")
     report = artifact.read_json("report.json")
@@ -98,15 +61,16 @@ def load_fused_runner(
     graphs = {g["file"]: g for g in entry["graphs"]}
     path = entry["timed_path"]
     inputs = [graphs[f]["input_name"] for f in path]
+    ort_options = OrtOptions.from_mapping(spec["ort"], f"{fused_dir}: {label}.ort") if "ort" in spec else None
     if spec["engine"] == "ort" and spec["graphs"] == "chain":
         # The whole path merged into one graph (hmt.fuse.engines.ort.merge_chain): one call.
-        return chain([ort_step(str(artifact.file(spec["onnx"])), OrtConfig(**spec["ort"]), device)], feeds, [])
+        return chain([ort_step(str(artifact.file(spec["onnx"])), ort_options, device)], feeds, [])
     steps: list[Step] = []
     for file in path:
         if spec["engine"] == "ort":
             onnx_file = graphs[file]["onnx"]["file"] if spec["graphs"] == "fused" else file
             root = artifact.root if spec["graphs"] == "fused" else Path(artifact.manifest.parents[0].path)
-            steps.append(ort_step(str(root / onnx_file), OrtConfig(**spec["ort"]), device))
+            steps.append(ort_step(str(root / onnx_file), ort_options, device))
         else:
             steps.append(tvm_step(artifact.file(spec["libraries"][file]), graphs[file]["input_name"], device))
     return chain(steps, feeds, inputs[1:])

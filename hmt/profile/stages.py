@@ -13,11 +13,7 @@ from hmt.errors import ModelError
 from hmt.profile.blocktable import BLOCK_UNITS, measure_block_table
 from hmt.profile.calibrate import Workload, calibrate
 from hmt.profile.devices import DEVICES, shipped_profile
-from hmt.profile.fits import LATENCY_FORMS, fit_latency
-from hmt.profile.load import measure_load_model
-from hmt.profile.power.base import PowerSource
-from hmt.profile.predictor import HitRateCurve, Predictor
-from hmt.profile.run import (
+from hmt.profile.document import (
     _LATENCY_UNITS,
     ProfileOptions,
     ProfileRun,
@@ -26,6 +22,10 @@ from hmt.profile.run import (
     default_energy_doc,
     energy_rows,
 )
+from hmt.profile.fits import LATENCY_FORMS, fit_latency
+from hmt.profile.load import measure_load_model
+from hmt.profile.power.base import PowerSource
+from hmt.profile.predictor import HitRateCurve, Predictor
 from hmt.profile.schema import DeviceProfile, quantity, write_profile_artifact
 from hmt.profile.timing import ROW_UNITS, OrtRunner, TorchRunner
 from hmt.progress import ProgressCallback

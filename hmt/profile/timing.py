@@ -173,18 +173,13 @@ class OrtRunner:
         self.version = ort.__version__
 
     def session(self, onnx_bytes: bytes) -> Callable[[np.ndarray], object]:
-        import onnxruntime as ort
+        from hmt.runtime.ort import OrtOptions, ort_session
 
-        options = ort.SessionOptions()
-        if self.threads:
-            options.intra_op_num_threads = self.threads
-        options.log_severity_level = 3
-        try:
-            sess = ort.InferenceSession(onnx_bytes, sess_options=options, providers=self.providers)
-        except Exception as exc:
-            raise ModelError(f"ONNX Runtime cannot load the model: {exc}") from exc
-        name = sess.get_inputs()[0].name
-        return lambda x: sess.run(None, {name: x})
+        # ORT's defaults but for the thread count (its default level is "all").
+        session = ort_session(onnx_bytes, OrtOptions(intra_op_threads=self.threads or 0),
+                              providers=tuple(self.providers), what="the model")
+        run = session.graph_fn()
+        return lambda x: run(x)
 
     def prepare(self, module: torch.nn.Module, shape: Sequence[int], *, seed: int = 0) -> Callable[[], object]:
         run = self.session(export_onnx_bytes(module, shape[1:], batch=shape[0]))

@@ -1,19 +1,23 @@
-"""The on-device adaptation loop: monitor -> load index -> corrected costs -> eq. 3 -> switch.
+"""The on-device adaptation loop: monitor -> load index -> measured estimates -> eq. 3 -> switch.
 
 One :class:`Controller` per served bundle. Its control thread takes a resource sample
 every ``monitor_period_s`` (and on demand: a request over its latency budget, a budget
 change, or a pending budget violation asks for a decision at most every
-``on_demand_min_interval_s``), computes the load index (AdaScale eq. 2) and its AR
-forecast for the next period, scales every candidate's profiled latency by the forecast
-load and by ``r = measured / predicted`` of the running variant (AdaptiveNet 5.3),
-chooses by CrowdHMTware eq. 3 and offers the choice to the hysteresis switcher. A switch
-to a variant that is not loaded loads it on the control thread while the old one keeps
-serving; a failed load is reverted and the old variant stays.
+``on_demand_min_interval_s``), computes the load index of the load *outside* serve
+(AdaScale eq. 2 minus serve's own CPU time) and its AR forecast, and estimates every
+variant's tail latency: **measured first** (the p95 of its recent compute times, from
+served requests and from shadow runs of loaded idle variants), the profile's prediction
+only as a prior until measurements exist, scaled by the profile's load model
+(``1 + alpha * I``) and by ``r = measured / predicted`` kept per variant and per engine
+(:mod:`hmt.serve.estimates`). It chooses by CrowdHMTware eq. 3 within the latency,
+memory and energy budgets and offers the choice to the hysteresis switcher. When
+nothing is feasible it serves the fastest and says so. A switch to a variant that is not
+loaded loads it on the control thread while the old one keeps serving; a failed load
+(a runtime error, or a graph whose sha256 no longer matches the manifest) is reverted,
+the old variant stays, and status says why.
 
 Requests call :meth:`Controller.predict` from any thread: it reads the active runner
-(one reference, swapped atomically), runs the chain with early exit, and feeds the
-measured time back into ``r``. ``r`` compares like with like: a request that left at an
-early exit is compared with the share of the full chain's warm-up time it spent.
+(one reference, swapped atomically), runs it, and records the measured time.
 """
 
 from __future__ import annotations
@@ -22,86 +26,41 @@ import contextlib
 import math
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
 
 from hmt.bundle import Bundle
-from hmt.errors import DeviceError, HmtError, ModelError, UsageError
-from hmt.pareto.index import FrontIndex
+from hmt.errors import DeviceError, HmtError, ModelError
+from hmt.runtime.chain import Runner
+from hmt.serve.estimates import LatencyEstimator
 from hmt.serve.load_index import LoadForecaster, load_index_of
 from hmt.serve.monitor import ResourceMonitor, ResourceSample, Sampler
-from hmt.serve.optimizer import Budgets, Decision, LatencyCorrector, Optimizer, Variant
+from hmt.serve.optimizer import (
+    DEFAULT_ALPHA,
+    REASON_BEST,
+    Budgets,
+    Choice,
+    Decision,
+    Optimizer,
+    OptimizerConfig,
+    Variant,
+    mu_from_battery,
+)
 from hmt.serve.pool import Loader, VariantPool
-from hmt.serve.runner import ChainRunner
+from hmt.serve.records import Prediction, Stats, TickRecord
 from hmt.serve.settings import BudgetSettings, ServeSettings
 from hmt.serve.switcher import STAY_VIOLATION_PENDING, Switcher
 
 TRIGGER_INITIAL = "initial"
 TRIGGER_PERIODIC = "periodic"
 TRIGGER_ON_DEMAND = "on_demand"
-_HISTORY = 2048
 # A variant that failed to load is not tried again for this long (each try costs a load).
 LOAD_RETRY_S = 30.0
-
-
-@dataclass(frozen=True)
-class TickRecord:
-    """One decision of the loop, as the timeline and ``/v1/status`` show it."""
-
-    time_s: float  # since the controller started
-    trigger: str
-    cpu_util: float
-    mem_util: float
-    gpu_util: float | None
-    battery_percent: float | None
-    temperature_c: float | None
-    load_index: float
-    load_forecast: float
-    latency_ratio: float
-    overhead_ms: float
-    mu: float
-    latency_budget_ms: float | None
-    memory_budget_mb: float | None
-    proposed: str
-    active: str
-    switched: bool
-    switch_reason: str
-    feasible: bool
-    predicted_latency_ms: float  # of the active variant, load-scaled and r-corrected
-    index_best: str | None  # most accurate within the corrected budgets (pareto runtime index)
-    decision_us: float  # wall time of optimizer + switcher (includes waiting for the GIL)
-    decision_cpu_us: float  # this thread's CPU time for the same work: the decision's own cost
-    error: str | None = None
-
-    def to_json_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Prediction:
-    class_index: int
-    confidence: float
-    exit: int
-    variant: str
-    compute_ms: float
-    latency_ms: float  # queue wait + compute
-    deadline_miss: bool
-
-
-@dataclass
-class _Stats:
-    requests: int = 0
-    deadline_misses: int = 0
-    per_exit: Counter[int] = field(default_factory=Counter)
-    per_variant: Counter[str] = field(default_factory=Counter)
-    latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_HISTORY))
-    decision_us: deque[float] = field(default_factory=lambda: deque(maxlen=_HISTORY))
-    latency_sum_ms: float = 0.0
-    load_failures: int = 0
+QUEUE_WINDOW = 32  # requests whose queue wait sets the serving overhead (median)
 
 
 def variants_of(bundle: Bundle) -> list[Variant]:
@@ -110,15 +69,28 @@ def variants_of(bundle: Bundle) -> list[Variant]:
             for v in bundle.spec.variants]
 
 
-def _front_index(bundle: Bundle) -> FrontIndex | None:
-    from hmt.pareto.index import load_index
-
+def profile_alpha(bundle: Bundle) -> float | None:
+    """The load model's alpha that profile-device fitted (``models.load.alpha``), if the profile has one."""
     try:
-        index = load_index(bundle.index_path())
-    except HmtError:
-        return None  # the optimizer works from bundle.json alone; the index only adds a cross-check
-    index.prepare()
-    return index
+        value = bundle.profile()["models"]["load"]["alpha"]
+        alpha = float(value["value"] if isinstance(value, dict) else value)
+    except (HmtError, KeyError, TypeError, ValueError):
+        return None
+    return alpha if math.isfinite(alpha) and alpha >= 0 else None
+
+
+def optimizer_config(bundle: Bundle, settings: ServeSettings) -> tuple[OptimizerConfig, str]:
+    """serve.json's optimizer settings with the load model resolved: serve.json's alpha when it
+    sets one, else the one profile-device fitted, else the default (and where it came from)."""
+    config = settings.optimizer
+    if config.alpha_latency is not None:
+        return config, "serve.json"
+    alpha = profile_alpha(bundle)
+    if alpha is None:
+        return (replace(config, alpha_latency=DEFAULT_ALPHA),
+                f"default {DEFAULT_ALPHA:g} (the profile has no load model)")
+    energy = alpha if config.alpha_energy is None else config.alpha_energy
+    return replace(config, alpha_latency=alpha, alpha_energy=energy), "profile models.load.alpha"
 
 
 class Controller:
@@ -130,7 +102,7 @@ class Controller:
         settings: ServeSettings | None = None,
         *,
         engine: str | None = None,
-        threads: int = 1,
+        threads: int | None = None,
         sampler: Sampler | None = None,
         fixed_variant: str | None = None,
         on_tick: Callable[[TickRecord], None] | None = None,
@@ -143,21 +115,29 @@ class Controller:
         self.engine = engine if engine is not None else self.settings.engine
         self._clock = clock
         self.t0_s = clock()  # the controller's time zero on ``clock``
-        self.optimizer = Optimizer(variants_of(bundle), self.settings.optimizer)
+        config, self.alpha_source = optimizer_config(bundle, self.settings)
+        self.optimizer = Optimizer(variants_of(bundle), config)
         if fixed_variant is not None:
             self.optimizer.variant(fixed_variant)  # unknown id: UsageError naming it
         self.fixed_variant = fixed_variant
         self.switcher = Switcher(self.settings.switch, clock=clock)
+        table = self.optimizer.variants
         c = self.settings.correction
-        self.corrector = LatencyCorrector(c.smoothing, c.r_min, c.r_max)
+        engines = [bundle.spec.variant(v.arch_id).preferred_engine for v in table]
+        self.estimator = LatencyEstimator([v.arch_id for v in table], [v.latency_ms for v in table], engines,
+                                          self.settings.estimates, smoothing=c.smoothing, r_min=c.r_min,
+                                          r_max=c.r_max)
+        self._energy0 = [v.energy_mj for v in table]
+        self._fixed_index = [v.arch_id for v in table].index(fixed_variant) if fixed_variant is not None else -1
+        self._last_inputs: tuple[list[float], list[float], float, float] = ([], [], 1.0, 1.0)
         self.forecaster = LoadForecaster(order=2, window=60)
         self._recent_load: deque[float] = deque(maxlen=5)
         self.monitor = ResourceMonitor(sampler, frequency_hz=1.0 / self.settings.monitor_period_s)
-        self.pool = VariantPool(bundle, engine=self.engine, threads=threads, warmup_runs=warmup_runs, loader=loader)
-        self.index = _front_index(bundle)
+        self.pool = VariantPool(bundle, engine=self.engine, threads=threads, warmup_runs=warmup_runs, loader=loader,
+                                early_exit=self.settings.early_exit.enabled)
         self.budgets: BudgetSettings = self.settings.budgets
-        self._active: ChainRunner | None = None
-        self._load_scale = 1.0  # (1 + alpha * I) of the last decision, without r
+        self._active: Runner | None = None
+        self._load_scale = 1.0  # (1 + alpha * I) of the last decision
         self._state_lock = threading.Lock()
         self._tick_lock = threading.Lock()
         self._wake = threading.Event()
@@ -167,10 +147,19 @@ class Controller:
         self._pending = False  # an on-demand decision was asked for
         self._on_tick = on_tick
         self.ticks: deque[TickRecord] = deque(maxlen=256)
-        self.stats = _Stats()
+        self.stats = Stats()
         self.last_error: str | None = None
+        self.last_decision: Decision | None = None
         self._failed_loads: dict[str, float] = {}
-        self.overhead_ms = 0.0  # smoothed queue wait per request (the budget's share the model cannot use)
+        # Queue wait per request: the budget's share no variant can use. The median of the last
+        # QUEUE_WINDOW requests, not a mean: one stall of the machine (hundreds of ms) must not
+        # make every variant infeasible and send the loop switching on noise no choice can fix.
+        self.overhead_ms = 0.0
+        self._queue_waits: deque[float] = deque(maxlen=QUEUE_WINDOW)
+        self._inflight = 0
+        self._last_input: np.ndarray | None = None
+        self._shadow_next = 0
+        self._load_now = 0.0  # outside load index of the last tick (shadow runs wait for idle)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -222,7 +211,10 @@ class Controller:
             wait_s = next_s - now
             if self._pending:
                 wait_s = min(wait_s, self._last_tick_s + min_gap_s - now)
-            self._wake.wait(max(0.0, wait_s))
+            # Idle variants are measured between decisions (bounded share), never instead of one.
+            if wait_s > 0.02 and self.shadow_run():
+                continue
+            self._wake.wait(max(0.0, min(wait_s, 0.1) if self._shadow_wanted() else wait_s))
             self._wake.clear()
             if self._stop.is_set():
                 return
@@ -247,11 +239,62 @@ class Controller:
         self._wake.set()
         return True
 
+    # -- shadow runs ---------------------------------------------------------------------------
+
+    def _shadow_candidates(self) -> list[str]:
+        if self.fixed_variant is not None or not self.estimator.measure or self._last_input is None:
+            return []
+        active = self.active_arch_id
+        now = self.now_s()
+        return [a for a in self.pool.loaded_ids() if a != active and self.estimator.stale(a, now)]
+
+    def _shadow_wanted(self) -> bool:
+        estimates = self.settings.estimates
+        share = estimates.shadow_share
+        return share > 0 and self._load_now < estimates.shadow_max_load and bool(self._shadow_candidates()) \
+            and self.stats.shadow_s <= share * max(self.now_s(), 1e-3)
+
+    def shadow_run(self) -> bool:
+        """Run one stale, loaded, idle variant on a recent input and record its time (issue 14 item 1).
+
+        Only while the device is idle (outside load index below ``estimates.shadow_max_load``),
+        no request is in flight and the shadow time so far is within ``estimates.shadow_share``
+        of the wall time: measurements of the alternatives must not cost the requests being
+        served (on busy cores the priors follow the engine's r instead). Returns whether a run
+        happened.
+        """
+        if self._inflight or not self._shadow_wanted():
+            return False
+        candidates = self._shadow_candidates()
+        arch_id = candidates[self._shadow_next % len(candidates)]
+        self._shadow_next += 1
+        runner = self.pool.get(arch_id)
+        x = self._last_input
+        if runner is None or x is None or not runner.warm:
+            return False
+        early = self.settings.early_exit
+        start = time.perf_counter()
+        try:
+            result = runner.run(x, early.confidence if early.enabled else None)
+        except HmtError as exc:
+            self.last_error = f"shadow run of {arch_id!r} failed: {exc}"
+            return False
+        spent_s = time.perf_counter() - start
+        predicted_ms = runner.variant.latency_ms * self._load_scale * result.predicted_share
+        with self._state_lock:
+            self.estimator.observe(arch_id, result.compute_ms, predicted_ms, self.now_s())
+            self.stats.shadow_runs += 1
+            self.stats.shadow_s += spent_s
+        return True
+
     # -- budgets ---------------------------------------------------------------------------
 
-    def set_budgets(self, latency_ms: float | None, memory_mb: float | None) -> None:
-        """Replace the run-time budgets (``None``: unconstrained) and ask for a decision."""
-        new = BudgetSettings(latency_ms=latency_ms, memory_mb=memory_mb, energy=self.budgets.energy)
+    def set_budgets(self, latency_ms: float | None, memory_mb: float | None, energy: float | None = None,
+                    *, keep_energy: bool = True) -> None:
+        """Replace the run-time budgets (``None``: unconstrained; the energy budget is kept unless
+        ``keep_energy=False``) and ask for a decision."""
+        new = BudgetSettings(latency_ms=latency_ms, memory_mb=memory_mb,
+                             energy=self.budgets.energy if keep_energy and energy is None else energy)
         if new != self.budgets:
             self.budgets = new
             self.request_tick()
@@ -267,82 +310,104 @@ class Controller:
         with self._tick_lock:
             return self._tick(trigger, sample)
 
-    def _tick(self, trigger: str, sample: ResourceSample | None) -> TickRecord:
-        self._last_tick_s = self._clock()
-        if sample is None:
-            sample = self.monitor.sample_now()
-        load_now = load_index_of(sample, self.settings.load_weights)
+    def _load(self, sample: ResourceSample) -> tuple[float, float, float | None]:
+        """(load index now, forecast for the next period, serve's own CPU share)."""
+        own = sample.own_cpu_util  # measured by the live sampler; a synthetic sample is outside load already
+        outside = sample if own is None else replace(sample, cpu_util=max(0.0, sample.cpu_util - own))
+        load_now = self._load_now = load_index_of(outside, self.settings.load_weights)
         self.forecaster.update(load_now)
         recent = self._recent_load
         recent.append(load_now)
         # An AR fit over a step-like window can overshoot wildly (we saw 1.0 and 0.0 forecast
         # right after a step from 0.02 to 0.27): keep its smoothing, not its extrapolation.
         load_next = min(max(recent), max(min(recent), float(self.forecaster.forecast(1)[0])))
+        return load_now, load_next, own
+
+    def _decide(self, load_next: float, sample: ResourceSample, budgets: Budgets) -> tuple[Choice, float]:
+        """The timed hot path of a tick (with the switcher): estimates -> eq. 3 within the budgets."""
+        optimizer = self.optimizer
+        load_scale = 1.0 + optimizer.alpha_latency * load_next
+        latencies, ratios = self.estimator.latencies(load_scale)
+        energies = None
+        if budgets.energy_mj is not None:
+            energy_scale = 1.0 + optimizer.alpha_energy * load_next
+            energies = [e * energy_scale * r for e, r in zip(self._energy0, ratios, strict=True)]
+        mu = mu_from_battery(sample.battery_percent, sample.battery_plugged, optimizer.config)
+        choice = optimizer.choose(latencies, energies, mu, budgets, self.switcher.active_arch_id)
+        if self.fixed_variant is not None and choice.arch_id != self.fixed_variant:
+            pos = self._fixed_index
+            choice = choice._replace(arch_id=self.fixed_variant, position=pos, score=optimizer.scores(mu)[pos])
+        self._last_inputs = (latencies, ratios, mu, load_scale)
+        return choice, load_scale
+
+    def _record_decision(self, choice: Choice, load_next: float, budgets: Budgets) -> Decision:
+        """The full :class:`Decision` of the choice just made (after the timed part)."""
+        latencies, ratios, mu, load_scale = self._last_inputs
+        optimizer = self.optimizer
+        energy_scale = 1.0 + optimizer.alpha_energy * load_next
+        energies = [e * energy_scale * r for e, r in zip(self._energy0, ratios, strict=True)]
+        decision = optimizer.decision_of(choice, latencies, energies, mu=mu, budgets=budgets, load_index=load_next,
+                                         latency_scale=load_scale)
+        if self.fixed_variant is not None and choice.reason_code == REASON_BEST:
+            # A static baseline is "feasible" when the fixed variant itself meets the budgets.
+            i = choice.position
+            decision = replace(decision, feasible=(budgets.latency_ms is None or latencies[i] <= budgets.latency_ms)
+                               and (budgets.memory_bytes is None or optimizer.variants[i].memory_bytes
+                                    <= budgets.memory_bytes))
+        return decision
+
+    def _tick(self, trigger: str, sample: ResourceSample | None) -> TickRecord:
+        self._last_tick_s = self._clock()
+        if sample is None:
+            sample = self.monitor.sample_now()
+        load_now, load_next, own = self._load(sample)
         budgets = self.budgets
         opt_budgets = budgets.to_budgets()
-        overhead_ms = self.overhead_ms
+        waits = sorted(self._queue_waits)
+        overhead_ms = self.overhead_ms = waits[len(waits) // 2] if waits else 0.0
         if opt_budgets.latency_ms is not None:
-            # The budget covers queue wait + compute; the variants' costs are compute alone, so
-            # they get what the serving overhead measured now leaves of it (times the headroom).
+            # The budget covers queue wait + compute; the estimates are compute alone, so they
+            # get what the serving overhead measured now leaves of it (times the headroom).
             compute_ms = self.settings.correction.headroom * opt_budgets.latency_ms - overhead_ms
             opt_budgets = replace(opt_budgets, latency_ms=max(1e-3, compute_ms))
-        active_id = self.switcher.active_arch_id
-        ratio = self.corrector.ratio
+        e0 = time.perf_counter()
+        with self._state_lock:
+            measured = self.estimator.refresh(self.now_s())
         t0 = time.perf_counter()
+        estimate_us = (t0 - e0) * 1e6
         cpu0 = time.thread_time_ns()
-        decision = self.optimizer.decide(load_next, sample.battery_percent, sample.battery_plugged, opt_budgets,
-                                         ratio, active_id)
-        if self.fixed_variant is not None:
-            decision = self._fixed(decision, load_next, ratio, opt_budgets)
-        result = self.switcher.offer(decision, now_s=self._clock())
+        choice, load_scale = self._decide(load_next, sample, opt_budgets)
+        result = self.switcher.offer(choice, now_s=self._clock())
         decision_us = (time.perf_counter() - t0) * 1e6
         decision_cpu_us = (time.thread_time_ns() - cpu0) / 1e3
+        decision = self._record_decision(choice, load_next, opt_budgets)
         with self._state_lock:
             self.stats.decision_us.append(decision_us)
-        self._load_scale = self.optimizer.latency_scale(load_next)
-        error: str | None = None
-        if result.switched or self._active is None or self._active.arch_id != result.active_arch_id:
-            try:
-                failed_at = self._failed_loads.get(result.active_arch_id)
-                if failed_at is not None and self._clock() - failed_at < LOAD_RETRY_S:
-                    raise ModelError(f"variant {result.active_arch_id!r} failed to load "
-                                     f"{self._clock() - failed_at:.1f} s ago; retrying after {LOAD_RETRY_S:g} s")
-                runner = self.pool.load(result.active_arch_id)
-            except ModelError as exc:
-                error = str(exc)
-                self.stats.load_failures += 1
-                if failed_at is None or self._clock() - failed_at >= LOAD_RETRY_S:  # a real try, not a skip
-                    self._failed_loads[result.active_arch_id] = self._clock()
-                if result.switched:
-                    self.switcher.revert(result)
-                if self._active is None:
-                    self._fallback_initial(result.active_arch_id)
-            else:
-                # r carries over to the new variant (AdaptiveNet: the ratio reflects the device now).
-                self._active = runner
-                self._failed_loads.pop(result.active_arch_id, None)
+            self.stats.infeasible_ticks += not decision.feasible
+        self._load_scale = load_scale
+        self.last_decision = decision
+        error = self._apply(result)
         active = self._active.arch_id if self._active is not None else result.active_arch_id
         self.pool.trim(self._capacity_bytes(), keep={active})
         if error is not None:
             self.last_error = error
-        active_variant = self.optimizer.variant(active)
-        index_best = None
-        if self.index is not None:
-            scale = decision.latency_scale
-            entry = self.index.best_within(
-                latency_ms=None if opt_budgets.latency_ms is None else opt_budgets.latency_ms / scale,
-                memory_mb=budgets.memory_mb)
-            index_best = None if entry is None else entry.arch_id
+        elif result.switched or trigger == TRIGGER_INITIAL:
+            self.last_error = None  # a stale error must not outlive the state it described
+        estimates = {e.arch_id: e for e in self.estimator.estimates(self.now_s(), load_scale)}
+        active_estimate = estimates[active]
         record = TickRecord(
             time_s=self.now_s(), trigger=trigger, cpu_util=sample.cpu_util, mem_util=sample.mem_util,
             gpu_util=sample.gpu_util, battery_percent=sample.battery_percent, temperature_c=sample.temperature_c,
-            load_index=load_now, load_forecast=load_next, latency_ratio=ratio, overhead_ms=overhead_ms,
-            mu=decision.mu,
+            load_index=load_now, load_forecast=load_next,
+            latency_ratio=active_estimate.ratio if active_estimate.ratio is not None else 1.0,
+            overhead_ms=overhead_ms, mu=decision.mu,
             latency_budget_ms=budgets.latency_ms, memory_budget_mb=budgets.memory_mb,
             proposed=decision.arch_id, active=active, switched=result.switched and error is None,
             switch_reason=result.reason, feasible=decision.feasible,
-            predicted_latency_ms=active_variant.latency_ms * decision.latency_scale,
-            index_best=index_best, decision_us=decision_us, decision_cpu_us=decision_cpu_us, error=error,
+            predicted_latency_ms=active_estimate.latency_ms, decision_us=decision_us,
+            decision_cpu_us=decision_cpu_us, error=error, own_cpu_util=own,
+            estimate_source=active_estimate.source, measured_variants=measured, energy_budget=budgets.energy,
+            estimate_us=estimate_us,
         )
         with self._state_lock:
             self.ticks.append(record)
@@ -353,15 +418,29 @@ class Controller:
             self._on_tick(record)
         return record
 
-    def _fixed(self, decision: Decision, load: float, ratio: float, budgets: Budgets) -> Decision:
-        """A static baseline: the decision is always the fixed variant (scored for the record)."""
-        fixed = self.optimizer.variant(self.fixed_variant or "")
-        scale = self.optimizer.latency_scale(load, ratio)
-        feasible = (budgets.latency_ms is None or fixed.latency_ms * scale <= budgets.latency_ms) and (
-            budgets.memory_bytes is None or fixed.memory_bytes <= budgets.memory_bytes)
-        return replace(decision, arch_id=fixed.arch_id, feasible=feasible,
-                       predicted_latency_ms=fixed.latency_ms * scale, memory_bytes=fixed.memory_bytes,
-                       score=decision.current_score or 0.0)
+    def _apply(self, result: Any) -> str | None:
+        """Load the switcher's choice if it is not the active runner; a failure reverts the switch."""
+        if not (result.switched or self._active is None or self._active.arch_id != result.active_arch_id):
+            return None
+        failed_at = self._failed_loads.get(result.active_arch_id)
+        try:
+            if failed_at is not None and self._clock() - failed_at < LOAD_RETRY_S:
+                raise ModelError(f"variant {result.active_arch_id!r} failed to load "
+                                 f"{self._clock() - failed_at:.1f} s ago; retrying after {LOAD_RETRY_S:g} s")
+            runner = self.pool.load(result.active_arch_id)
+        except ModelError as exc:
+            self.stats.load_failures += 1
+            if failed_at is None or self._clock() - failed_at >= LOAD_RETRY_S:  # a real try, not a skip
+                self._failed_loads[result.active_arch_id] = self._clock()
+            if result.switched:
+                self.switcher.revert(result)
+            if self._active is None:
+                self._fallback_initial(result.active_arch_id)
+            return str(exc)
+        self._active = runner
+        self.estimator.set_engine(runner.arch_id, runner.engine)
+        self._failed_loads.pop(result.active_arch_id, None)
+        return None
 
     def _fallback_initial(self, failed: str) -> None:
         """The first choice failed to load: take the first variant (fastest first) that loads."""
@@ -386,16 +465,20 @@ class Controller:
         if runner is None or not runner.warm:
             raise DeviceError("no variant is loaded and warm yet")
         early = self.settings.early_exit
-        result = runner.run(x, early.confidence if early.enabled else None)
+        self._inflight += 1
+        try:
+            result = runner.run(x, early.confidence if early.enabled else None)
+        finally:
+            self._inflight -= 1
+        self._last_input = x
         latency_ms = queued_ms + result.compute_ms
         budget_ms = self.budgets.latency_ms
         miss = budget_ms is not None and latency_ms > budget_ms
         predicted_ms = runner.variant.latency_ms * self._load_scale * result.predicted_share
+        now_s = self.now_s()
         with self._state_lock:
-            if predicted_ms > 0:
-                with contextlib.suppress(UsageError):
-                    self.corrector.update(result.compute_ms, predicted_ms)
-            self.overhead_ms += self.corrector.smoothing * (max(0.0, queued_ms) - self.overhead_ms)
+            self.estimator.observe(runner.arch_id, result.compute_ms, predicted_ms, now_s)
+            self._queue_waits.append(max(0.0, queued_ms))
             stats = self.stats
             stats.requests += 1
             stats.deadline_misses += miss
@@ -426,25 +509,46 @@ class Controller:
             misses = stats.deadline_misses
             per_exit = {str(k): v for k, v in sorted(stats.per_exit.items())}
             per_variant = dict(stats.per_variant)
+            shadow_runs, shadow_s = stats.shadow_runs, stats.shadow_s
+            estimates = {e.arch_id: {"latency_ms": e.latency_ms, "source": e.source, "samples": e.samples,
+                                     "ratio": e.ratio, "disagrees": e.disagrees}
+                         for e in self.estimator.estimates(self.now_s(), self._load_scale)}
+            disagreements = self.estimator.disagreements()
+            engine_ratios = {e: self.estimator.engine_ratio(e) for e in sorted(set(self.estimator.engines))}
         latest = ticks[-1] if ticks else None
+        decision = self.last_decision
         capacity = self._capacity_bytes()
         return {
             "ready": self.ready,
             "variant": self.active_arch_id,
             "engine": self._active.engine if self._active is not None else None,
+            # What really runs: fuse's merged chain or graph by graph, and any provider fallback.
+            "layout": self._active.layout if self._active is not None else None,
+            "runtime_notes": list(self._active.notes) if self._active is not None else [],
             "fixed_variant": self.fixed_variant,
             "uptime_s": self.now_s(),
             "load_index": None if latest is None else latest.load_index,
             "load_forecast": None if latest is None else latest.load_forecast,
-            "latency_ratio": self.corrector.ratio,
+            "latency_ratio": None if latest is None else latest.latency_ratio,
             "overhead_ms": self.overhead_ms,
             "mu": None if latest is None else latest.mu,
             "budgets": {"latency_ms": self.budgets.latency_ms, "memory_mb": self.budgets.memory_mb},
+            "energy_budget": self.budgets.energy,  # per inference, the profile's energy unit (None: unconstrained)
+            "load_model": {"alpha_latency": self.optimizer.alpha_latency, "source": self.alpha_source},
+            "own_cpu_util": None if latest is None else latest.own_cpu_util,
+            "estimates": estimates,
+            "engine_ratios": engine_ratios,
+            # Measured / predicted outside [r_min, r_max]: the measurement is what decides.
+            "prediction_disagrees": disagreements,
+            "feasible": None if decision is None else decision.feasible,
+            "infeasible_reason": None if decision is None or decision.feasible else decision.reason,
+            "shadow": {"runs": shadow_runs, "seconds": shadow_s,
+                       "share_limit": self.settings.estimates.shadow_share},
             "early_exit": asdict(self.settings.early_exit),
             "pool": {"loaded": self.pool.loaded_ids(), "loaded_mb": self.pool.loaded_bytes() / 1e6,
                      "capacity_mb": None if capacity is None else capacity / 1e6,
                      "loads": self.pool.load_count, "load_failures": self.pool.load_failures,
-                     "evictions": self.pool.evictions},
+                     "evictions": self.pool.evictions, "integrity_failures": self.pool.integrity_failures},
             "switches": self.switcher.switch_count,
             "requests": requests,
             "deadline_misses": misses,

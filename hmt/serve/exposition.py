@@ -79,7 +79,37 @@ def prometheus_text(controller: Controller, http_counts: Mapping[tuple[str, int]
             [({}, pool["load_failures"])])
     _metric(lines, "hmt_queue_depth", "gauge", "Requests admitted (queued or running).", [({}, queue_depth)])
     _metric(lines, "hmt_queue_limit", "gauge", "Admission limit; beyond it requests get 429.", [({}, max_queue)])
+    _loop_metrics(lines, status)
     return "\n".join(lines) + "\n"
+
+
+def _loop_metrics(lines: list[str], status: Mapping[str, Any]) -> None:
+    """What the loop decides on: per-variant estimates, disagreements, integrity refusals, shadow runs."""
+    estimates = status.get("estimates") or {}
+    _metric(lines, "hmt_variant_latency_estimate_ms", "gauge",
+            "Tail latency the loop decides on per variant: measured p95, or the prior (profile x load x r).",
+            [({"variant": a, "source": e["source"]}, e["latency_ms"]) for a, e in sorted(estimates.items())])
+    _metric(lines, "hmt_variant_latency_ratio", "gauge", "Measured / predicted latency per measured variant.",
+            [({"variant": a}, e["ratio"]) for a, e in sorted(estimates.items()) if e["ratio"] is not None])
+    _metric(lines, "hmt_prediction_disagreement", "gauge",
+            "Measured / predicted ratio of variants outside [r_min, r_max]: the measurement decides.",
+            [({"variant": a}, r) for a, r in sorted((status.get("prediction_disagrees") or {}).items())])
+    if status.get("feasible") is not None:
+        _metric(lines, "hmt_decision_feasible", "gauge", "0 when no variant meets the budgets (serving the fastest).",
+                [({}, float(bool(status["feasible"])))])
+    pool = status["pool"]
+    _metric(lines, "hmt_variant_integrity_failures_total", "counter",
+            "Variant loads refused because a file no longer matches the bundle manifest's sha256.",
+            [({}, pool.get("integrity_failures", 0))])
+    shadow = status.get("shadow") or {}
+    _metric(lines, "hmt_shadow_runs_total", "counter", "Shadow runs measuring idle variants.",
+            [({}, shadow.get("runs", 0))])
+    if status.get("own_cpu_util") is not None:
+        _metric(lines, "hmt_own_cpu_util", "gauge", "serve's own CPU share, left out of the load index.",
+                [({}, status["own_cpu_util"])])
+    if status.get("energy_budget") is not None:
+        _metric(lines, "hmt_energy_budget", "gauge", "Energy budget per inference (profile unit).",
+                [({}, status["energy_budget"])])
 
 
 def _error_schema() -> dict[str, Any]:

@@ -20,24 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hmt.errors import UsageError
+from hmt.runtime.settings import LoadWeights
 from hmt.serve.monitor import ResourceSample
-
-
-@dataclass(frozen=True)
-class LoadWeights:
-    """Weights of eq. 2. Non-negative; those of the resources present must not all be zero."""
-
-    cpu: float = 1.0
-    gpu: float = 1.0
-    memory: float = 1.0
-
-    def __post_init__(self) -> None:
-        for name in ("cpu", "gpu", "memory"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-                raise UsageError(f"load weight {name!r} must be a finite number >= 0, got {value!r}")
-        if self.cpu + self.gpu + self.memory <= 0:
-            raise UsageError("load weights must not all be zero")
 
 
 def load_index(

@@ -40,6 +40,9 @@ class ResourceSample:
     battery_percent: float | None = None  # 0..100
     battery_plugged: bool | None = None
     temperature_c: float | None = None  # hottest sensor
+    # This process's share of all cores since the previous sample (0..1): serve's own
+    # inference, which the load index must not count as outside load. None: not measured.
+    own_cpu_util: float | None = None
 
     @property
     def mem_util(self) -> float:
@@ -96,7 +99,26 @@ class PsutilSampler:
     def __init__(self, use_nvml: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._nvml = _Nvml() if use_nvml else None
+        self._process = psutil.Process()
+        self._cores = psutil.cpu_count() or 1
         psutil.cpu_percent(interval=None)  # prime: the next call measures from here
+        self._own_last = self._own_times()
+
+    def _own_times(self) -> tuple[float, float]:
+        times = self._process.cpu_times()
+        return time.monotonic(), float(times.user + times.system)
+
+    def _own_share(self) -> float | None:
+        """This process's CPU time since the last sample over the wall time of all cores."""
+        try:
+            now = self._own_times()
+        except psutil.Error:
+            return None
+        (t0, c0), (t1, c1) = self._own_last, now
+        self._own_last = now
+        if t1 - t0 <= 0:
+            return None
+        return min(1.0, max(0.0, (c1 - c0) / ((t1 - t0) * self._cores)))
 
     @property
     def has_gpu(self) -> bool:
@@ -104,6 +126,7 @@ class PsutilSampler:
 
     def __call__(self) -> ResourceSample:
         cpu_util = psutil.cpu_percent(interval=None) / 100.0
+        own = self._own_share()
         mem = psutil.virtual_memory()
         freq_mhz: float | None = None
         with contextlib.suppress(Exception):
@@ -129,6 +152,7 @@ class PsutilSampler:
             battery_percent=battery_percent,
             battery_plugged=plugged,
             temperature_c=_hottest_temperature_c(),
+            own_cpu_util=own,
         )
 
     def close(self) -> None:

@@ -31,18 +31,20 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from hmt.errors import InputError, UsageError
-from hmt.serve.config import dataclass_from_mapping
+from hmt.runtime.settings import Budgets, OptimizerConfig
 
 REASON_BEST = "best_within_budgets"
 REASON_FASTEST = "infeasible_fastest_in_memory"
 REASON_SMALLEST = "infeasible_least_memory"
+REASON_MEASURED_FASTEST = "infeasible_fastest_measured"
 _CACHE_MAX_ENTRIES = 4096
+DEFAULT_ALPHA = 1.0  # T = T0 * (1 + alpha * I) when neither serve.json nor the profile gives alpha
 
 
 @dataclass(frozen=True)
@@ -69,52 +71,6 @@ class Variant:
             raise InputError(f"{where}: missing field {exc.args[0]!r}") from exc
         except (TypeError, ValueError) as exc:
             raise InputError(f"{where}: {exc}") from exc
-
-
-@dataclass(frozen=True)
-class Budgets:
-    """Run-time budgets; ``None`` means unconstrained."""
-
-    latency_ms: float | None = None
-    memory_bytes: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.latency_ms is not None and not (math.isfinite(self.latency_ms) and self.latency_ms > 0):
-            raise UsageError(f"latency budget must be a finite number > 0 ms, got {self.latency_ms}")
-        if self.memory_bytes is not None and self.memory_bytes < 0:
-            raise UsageError(f"memory budget must be >= 0 bytes, got {self.memory_bytes}")
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    alpha_latency: float = 1.0
-    alpha_energy: float = 1.0
-    accuracy_weight: float = 1.0
-    energy_weight: float = 1.0
-    mu_min: float = 0.2
-    mu_max: float = 1.0
-    mu_no_battery: float = 1.0
-    mu_when_plugged: float | None = 1.0
-    mu_step: float = 0.01
-    norm: str = "minmax"
-
-    def __post_init__(self) -> None:
-        for name in ("alpha_latency", "alpha_energy", "accuracy_weight", "energy_weight", "mu_step"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise UsageError(f"optimizer {name} must be a finite number >= 0, got {value}")
-        if not 0.0 <= self.mu_min <= self.mu_max <= 1.0:
-            raise UsageError(f"optimizer needs 0 <= mu_min <= mu_max <= 1, got {self.mu_min}, {self.mu_max}")
-        for name in ("mu_no_battery", "mu_when_plugged"):
-            value = getattr(self, name)
-            if value is not None and not 0.0 <= value <= 1.0:
-                raise UsageError(f"optimizer {name} must be in 0..1, got {value}")
-        if self.norm not in ("minmax", "log"):
-            raise UsageError(f"optimizer norm must be 'minmax' or 'log', got {self.norm!r}")
-
-    @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any]) -> OptimizerConfig:
-        return dataclass_from_mapping(cls, mapping, "serve optimizer config")
 
 
 def mu_from_battery(
@@ -189,6 +145,9 @@ class Decision:
 
     @property
     def reason(self) -> str:
+        if self.reason_code == REASON_MEASURED_FASTEST:
+            return (f"no variant meets the budgets on the latencies measured now: serving the fastest, "
+                    f"{self.arch_id} at p95 {self.predicted_latency_ms:.3f} ms (budget {self.budgets.latency_ms} ms)")
         if self.reason_code == REASON_BEST:
             head = "best mu*Norm(A) - (1-mu)*Norm(E) within budgets"
         elif self.reason_code == REASON_FASTEST:
@@ -203,6 +162,19 @@ class Decision:
         )
 
 
+class Choice(NamedTuple):
+    """The loop's hot-path answer (what the switcher needs); :meth:`Optimizer.decision_of` turns it
+    into the full :class:`Decision` record afterwards, outside the timed decision."""
+
+    arch_id: str
+    position: int  # in the optimizer's table
+    reason_code: str
+    score: float
+    current_arch_id: str | None
+    current_score: float | None
+    current_feasible: bool | None
+
+
 def _normalise(values: np.ndarray, log: bool) -> np.ndarray:
     v = np.log(np.maximum(values, 1e-12)) if log else values
     span = float(v.max() - v.min())
@@ -213,7 +185,13 @@ class Optimizer:
     """Eq. 3 over a fixed table of variants. Build once per table; ``decide`` per tick."""
 
     def __init__(self, variants: Sequence[Variant | Mapping[str, Any]], config: OptimizerConfig | None = None) -> None:
-        self.config = config if config is not None else OptimizerConfig()
+        config = config if config is not None else OptimizerConfig()
+        # Unresolved alphas (no profile to take them from) get the default load model.
+        self.config = replace(config, alpha_latency=DEFAULT_ALPHA if config.alpha_latency is None
+                              else config.alpha_latency,
+                              alpha_energy=DEFAULT_ALPHA if config.alpha_energy is None else config.alpha_energy)
+        self.alpha_latency: float = self.config.alpha_latency or 0.0
+        self.alpha_energy: float = self.config.alpha_energy or 0.0
         table = [
             v if isinstance(v, Variant) else Variant.from_mapping(v, f"variant {i}") for i, v in enumerate(variants)
         ]
@@ -244,6 +222,9 @@ class Optimizer:
         self._least_memory = int(np.argmin(self._memory))  # first in latency order among ties
         self._position = {v.arch_id: i for i, v in enumerate(table)}
         self._cache: dict[tuple[int, int, float], tuple[int, str]] = {}
+        self._scores: dict[float, list[float]] = {}
+        self._orders: dict[float, list[int]] = {}
+        self._memory_list = [v.memory_bytes for v in table]
 
     def __len__(self) -> int:
         return len(self.variants)
@@ -255,7 +236,7 @@ class Optimizer:
             raise UsageError(f"unknown variant {arch_id!r}") from exc
 
     def latency_scale(self, load_index: float, latency_ratio: float = 1.0) -> float:
-        return (1.0 + self.config.alpha_latency * load_index) * latency_ratio
+        return (1.0 + self.alpha_latency * load_index) * latency_ratio
 
     def predicted_latency_ms(self, arch_id: str, load_index: float, latency_ratio: float = 1.0) -> float:
         """The load-scaled (and ``r``-corrected) latency prediction of one variant."""
@@ -287,6 +268,138 @@ class Optimizer:
         self._cache[key] = result
         return result
 
+    def scores(self, mu: float) -> list[float]:
+        """Eq. 3's score of every variant (latency order) for ``mu``; cached per ``mu``."""
+        cached = self._scores.get(mu)
+        if cached is None:
+            if len(self._scores) >= _CACHE_MAX_ENTRIES:
+                self._scores.clear()
+            cached = self._scores[mu] = [mu * a - (1.0 - mu) * e
+                                         for a, e in zip(self._acc_list, self._energy_list, strict=True)]
+        return cached
+
+    def _order(self, mu: float) -> list[int]:
+        """Variant indices by eq. 3's score for ``mu``, best first (ties: the faster by profile)."""
+        cached = self._orders.get(mu)
+        if cached is None:
+            scores = self.scores(mu)
+            if len(self._orders) >= _CACHE_MAX_ENTRIES:
+                self._orders.clear()
+            cached = self._orders[mu] = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+        return cached
+
+    def choose(
+        self,
+        latency_ms: Sequence[float],
+        energy_mj: Sequence[float] | None,
+        mu: float,
+        budgets: Budgets,
+        current_arch_id: str | None = None,
+    ) -> Choice:
+        """The decision's hot path: the best-scoring variant within every budget, checked in
+        score order (usually the first or second one is the answer), and whether the active
+        variant is within them. Same answer as :meth:`decide_estimates`."""
+        lat_budget = budgets.latency_ms
+        mem_budget = budgets.memory_bytes
+        energy_budget = budgets.energy_mj if energy_mj is not None else None
+        memory = self._memory_list
+        scores = self.scores(mu)
+        best = -1
+        for i in self._order(mu):
+            if ((lat_budget is None or latency_ms[i] <= lat_budget) and (mem_budget is None or memory[i] <= mem_budget)
+                    and (energy_budget is None or energy_mj[i] <= energy_budget)):  # type: ignore[index]
+                best = i
+                break
+        reason = REASON_BEST
+        if best < 0:
+            fits = [i for i in range(len(memory)) if mem_budget is None or memory[i] <= mem_budget]
+            if fits:
+                best, reason = min(fits, key=lambda i: latency_ms[i]), REASON_MEASURED_FASTEST
+            else:
+                best, reason = self._least_memory, REASON_SMALLEST
+        current_score: float | None = None
+        current_ok: bool | None = None
+        if current_arch_id is not None:
+            pos = self._position.get(current_arch_id)
+            if pos is None:
+                raise UsageError(f"unknown current variant {current_arch_id!r}")
+            current_score = scores[pos]
+            current_ok = ((lat_budget is None or latency_ms[pos] <= lat_budget)
+                          and (mem_budget is None or memory[pos] <= mem_budget)
+                          and (energy_budget is None or energy_mj[pos] <= energy_budget))  # type: ignore[index]
+        return Choice(self.variants[best].arch_id, best, reason, scores[best], current_arch_id, current_score,
+                      current_ok)
+
+    def decision_of(self, choice: Choice, latency_ms: Sequence[float], energy_mj: Sequence[float], *, mu: float,
+                    budgets: Budgets, load_index: float, latency_scale: float) -> Decision:
+        """The full record of a :class:`Choice` (for ticks, status and the switcher's callers)."""
+        i = choice.position
+        return Decision(
+            arch_id=choice.arch_id, feasible=choice.reason_code == REASON_BEST, reason_code=choice.reason_code,
+            score=choice.score, predicted_latency_ms=latency_ms[i], predicted_energy_mj=energy_mj[i],
+            memory_bytes=self._memory_list[i], mu=mu, load_index=load_index, latency_scale=latency_scale,
+            budgets=budgets, current_arch_id=choice.current_arch_id, current_score=choice.current_score,
+            current_feasible=choice.current_feasible,
+        )
+
+    def decide_estimates(
+        self,
+        latency_ms: Sequence[float],
+        energy_mj: Sequence[float] | None = None,
+        *,
+        mu: float = 1.0,
+        budgets: Budgets | None = None,
+        current_arch_id: str | None = None,
+        load_index: float = 0.0,
+        latency_scale: float = 1.0,
+    ) -> Decision:
+        """Eq. 3 over per-variant estimates (``self.variants`` order): the tail latency each
+        variant would serve at now (measured where measured, the prior elsewhere) and its energy.
+
+        Feasible: latency, memory and energy within their budgets. None feasible: the variant
+        with the least estimated latency among those within the memory budget (the least
+        memory if none is), flagged infeasible with a reason that says so.
+        """
+        b = budgets if budgets is not None else Budgets()
+        scores = self.scores(mu)
+        lat_budget = b.latency_ms
+        mem_budget = b.memory_bytes
+        energy_budget = b.energy_mj
+        memory = self._memory_list
+        best = -1
+        best_score = -math.inf
+        feasible_flags = []
+        for i, lat in enumerate(latency_ms):
+            ok = ((lat_budget is None or lat <= lat_budget) and (mem_budget is None or memory[i] <= mem_budget)
+                  and (energy_budget is None or energy_mj is None or energy_mj[i] <= energy_budget))
+            feasible_flags.append(ok)
+            if ok and scores[i] > best_score:
+                best, best_score = i, scores[i]
+        if best >= 0:
+            reason = REASON_BEST
+        else:
+            fits = [i for i in range(len(memory)) if mem_budget is None or memory[i] <= mem_budget]
+            if fits:
+                best = min(fits, key=lambda i: latency_ms[i])
+                reason = REASON_MEASURED_FASTEST
+            else:
+                best, reason = self._least_memory, REASON_SMALLEST
+        current_score: float | None = None
+        current_feasible: bool | None = None
+        if current_arch_id is not None:
+            pos = self._position.get(current_arch_id)
+            if pos is None:
+                raise UsageError(f"unknown current variant {current_arch_id!r}")
+            current_score = scores[pos]
+            current_feasible = feasible_flags[pos]
+        return Decision(
+            arch_id=self.variants[best].arch_id, feasible=reason == REASON_BEST, reason_code=reason,
+            score=scores[best], predicted_latency_ms=latency_ms[best],
+            predicted_energy_mj=self.variants[best].energy_mj if energy_mj is None else energy_mj[best],
+            memory_bytes=memory[best], mu=mu, load_index=load_index, latency_scale=latency_scale, budgets=b,
+            current_arch_id=current_arch_id, current_score=current_score, current_feasible=current_feasible,
+        )
+
     def decide(
         self,
         load_index: float = 0.0,
@@ -304,13 +417,20 @@ class Optimizer:
         cfg = self.config
         b = budgets if budgets is not None else Budgets()
         mu = mu_from_battery(battery_percent, battery_plugged, cfg)
-        latency_scale = (1.0 + cfg.alpha_latency * load_index) * latency_ratio
+        latency_scale = (1.0 + self.alpha_latency * load_index) * latency_ratio
+        if b.energy_mj is not None:
+            # The prefix search covers latency and memory; an energy budget takes the general path.
+            energy_scale = (1.0 + self.alpha_energy * load_index) * latency_ratio
+            return self.decide_estimates([t * latency_scale for t in self._latency_list],
+                                         [v.energy_mj * energy_scale for v in self.variants], mu=mu, budgets=b,
+                                         current_arch_id=current_arch_id, load_index=load_index,
+                                         latency_scale=latency_scale)
         n = len(self._latency_list)
         k = n if b.latency_ms is None else bisect_right(self._latency_list, b.latency_ms / latency_scale)
         memory_count = n if b.memory_bytes is None else bisect_right(self._memory_sorted, b.memory_bytes)
         index, reason_code = self._choose(k, memory_count, b.memory_bytes, mu)
         chosen = self.variants[index]
-        energy_scale = (1.0 + cfg.alpha_energy * load_index) * latency_ratio
+        energy_scale = (1.0 + self.alpha_energy * load_index) * latency_ratio
         current_score: float | None = None
         current_feasible: bool | None = None
         if current_arch_id is not None:

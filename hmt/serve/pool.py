@@ -17,32 +17,35 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from hmt.bundle import Bundle
-from hmt.errors import HmtError, ModelError
-from hmt.serve.runner import ChainRunner, example_input, load_runner
+from hmt.errors import ArtifactError, HmtError, ModelError
+from hmt.runtime.chain import Runner
+from hmt.runtime.variant import example_input, load_variant
 
-Loader = Callable[[str], ChainRunner]
+Loader = Callable[[str], Runner]
 
 
 class VariantPool:
-    """Loaded :class:`ChainRunner` objects by arch id, least recently used first."""
+    """Loaded :class:`Runner` objects by arch id, least recently used first."""
 
-    def __init__(self, bundle: Bundle, *, engine: str = "auto", threads: int = 1, warmup_runs: int = 3,
-                 loader: Loader | None = None) -> None:
+    def __init__(self, bundle: Bundle, *, engine: str = "auto", threads: int | None = None, warmup_runs: int = 3,
+                 loader: Loader | None = None, early_exit: bool = True) -> None:
         self.bundle = bundle
         self.engine = engine
-        self.threads = threads
+        self.threads = threads  # None: fuse's choice per variant (see hmt.runtime.variant)
+        self.early_exit = early_exit
         self.warmup_runs = warmup_runs
         self._loader: Loader = loader if loader is not None else self._load_from_bundle
-        self._loaded: OrderedDict[str, ChainRunner] = OrderedDict()
+        self._loaded: OrderedDict[str, Runner] = OrderedDict()
         self._load_lock = threading.Lock()
         self._warm_input = example_input(bundle, np.random.default_rng(0))
         self.load_count = 0
         self.load_failures = 0
+        self.integrity_failures = 0  # loads refused because a file no longer matches the manifest
         self.evictions = 0
         self.last_load_ms: float | None = None
 
-    def _load_from_bundle(self, arch_id: str) -> ChainRunner:
-        return load_runner(self.bundle, arch_id, self.engine, self.threads)
+    def _load_from_bundle(self, arch_id: str) -> Runner:
+        return load_variant(self.bundle, arch_id, self.engine, self.threads, early_exit=self.early_exit)
 
     def __contains__(self, arch_id: object) -> bool:
         return arch_id in self._loaded
@@ -53,7 +56,7 @@ class VariantPool:
     def loaded_bytes(self) -> int:
         return sum(r.memory_bytes for r in list(self._loaded.values()))
 
-    def get(self, arch_id: str) -> ChainRunner | None:
+    def get(self, arch_id: str) -> Runner | None:
         runner = self._loaded.get(arch_id)
         if runner is not None:
             # Evicted by another thread meanwhile: the caller still holds it.
@@ -61,7 +64,7 @@ class VariantPool:
                 self._loaded.move_to_end(arch_id)
         return runner
 
-    def load(self, arch_id: str) -> ChainRunner:
+    def load(self, arch_id: str) -> Runner:
         """The loaded, warmed runner of ``arch_id``, loading it now if needed (ModelError on failure)."""
         runner = self.get(arch_id)
         if runner is not None:
@@ -76,6 +79,7 @@ class VariantPool:
                 runner.warm_up(self._warm_input, self.warmup_runs)
             except HmtError as exc:
                 self.load_failures += 1
+                self.integrity_failures += isinstance(exc, ArtifactError)
                 raise ModelError(f"variant {arch_id!r} failed to load: {exc}") from exc
             except Exception as exc:
                 self.load_failures += 1

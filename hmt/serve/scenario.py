@@ -151,7 +151,8 @@ class ScenarioSampler:
         cpu = self.state.cpu_load
         battery = self.state.battery_pct
         if self.synthetic_cpu:
-            sample = replace(sample, cpu_util=0.0 if cpu is None else cpu)
+            # The synthetic load is outside load already: nothing of it is serve's own.
+            sample = replace(sample, cpu_util=0.0 if cpu is None else cpu, own_cpu_util=None)
         if battery is not None:
             sample = replace(sample, battery_percent=battery, battery_plugged=False)
         return sample

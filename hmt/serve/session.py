@@ -47,7 +47,7 @@ class SessionOptions:
     """Command-line overrides of the bundle's serve.json (``None``: keep serve.json's value)."""
 
     engine: str | None = None
-    threads: int = 1
+    threads: int | None = None  # None: fuse's per-variant choice (1 when the bundle records none)
     latency_ms: float | None = None
     memory_mb: float | None = None
     exit_confidence: float | None = None
@@ -62,7 +62,7 @@ class SessionOptions:
     def __post_init__(self) -> None:
         if self.engine is not None and self.engine not in ENGINE_CHOICES:
             raise UsageError(f"--engine must be one of {list(ENGINE_CHOICES)}, got {self.engine!r}")
-        if self.threads < 0:
+        if self.threads is not None and self.threads < 0:
             raise UsageError(f"--threads must be >= 0, got {self.threads}")
 
 

@@ -21,11 +21,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from hmt.errors import UsageError
-from hmt.serve.config import dataclass_from_mapping
-from hmt.serve.optimizer import Decision
+from hmt.runtime.settings import SwitchPolicy
+from hmt.serve.optimizer import Choice, Decision
 
 SWITCH_INITIAL = "initial"
 SWITCH_VIOLATION = "budget_violation"
@@ -35,26 +34,6 @@ STAY_VIOLATION_PENDING = "violation_pending"
 STAY_IMPROVEMENT_PENDING = "improvement_pending"
 STAY_BELOW_MARGIN = "below_margin"
 STAY_DWELL = "min_dwell"
-
-
-@dataclass(frozen=True)
-class SwitchPolicy:
-    score_margin: float = 0.05
-    violation_patience: int = 2
-    improve_patience: int = 2
-    min_dwell_s: float = 2.0
-
-    def __post_init__(self) -> None:
-        if not self.score_margin >= 0:
-            raise UsageError(f"switch score_margin must be >= 0, got {self.score_margin}")
-        if self.violation_patience < 1 or self.improve_patience < 1:
-            raise UsageError("switch violation_patience and improve_patience must be >= 1")
-        if not self.min_dwell_s >= 0:
-            raise UsageError(f"switch min_dwell_s must be >= 0, got {self.min_dwell_s}")
-
-    @classmethod
-    def from_mapping(cls, mapping: dict[str, Any]) -> SwitchPolicy:
-        return dataclass_from_mapping(cls, mapping, "serve switch policy")
 
 
 @dataclass(frozen=True)
@@ -81,7 +60,7 @@ class Switcher:
         self._candidate_streak = 0
         self.switch_count = 0
 
-    def _switch(self, decision: Decision, now_s: float, reason: str) -> SwitchResult:
+    def _switch(self, decision: Decision | Choice, now_s: float, reason: str) -> SwitchResult:
         previous = self.active_arch_id
         self.active_arch_id = decision.arch_id
         self._since_s = now_s
@@ -91,12 +70,13 @@ class Switcher:
         self.switch_count += previous is not None
         return SwitchResult(True, decision.arch_id, previous, decision.arch_id, reason)
 
-    def _stay(self, decision: Decision, reason: str) -> SwitchResult:
+    def _stay(self, decision: Decision | Choice, reason: str) -> SwitchResult:
         assert self.active_arch_id is not None
         return SwitchResult(False, self.active_arch_id, self.active_arch_id, decision.arch_id, reason)
 
-    def offer(self, decision: Decision, now_s: float | None = None) -> SwitchResult:
-        """Apply the rules to ``decision``, which must score the active variant (``current_arch_id``)."""
+    def offer(self, decision: Decision | Choice, now_s: float | None = None) -> SwitchResult:
+        """Apply the rules to ``decision`` (or the loop's :class:`Choice`), which must score the
+        active variant (``current_arch_id``)."""
         now = self._clock() if now_s is None else now_s
         if self.active_arch_id is None:
             return self._switch(decision, now, SWITCH_INITIAL)

@@ -99,6 +99,7 @@ def summarize(records: Sequence[RequestRecord], ticks: Sequence[TickRecord], ste
         "switches": switches,
         "decisions": len(ticks),
         "decision_us": _quantiles(decisions),
+        "estimate_us": _quantiles([t.estimate_us for t in ticks]),
         "decision_cpu_us": _quantiles([t.decision_cpu_us for t in ticks]),
         "per_exit": {str(k): v for k, v in sorted(Counter(r.exit for r in ok).items(), key=lambda kv: str(kv[0]))},
         "per_variant": dict(Counter(r.variant for r in ok if r.variant is not None)),

@@ -16,8 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from hmt.artifacts import load_artifact
 from hmt.convert import ConvertOptions, OnnxSource, TorchSource, convert_model
-from hmt.convert.graph import load_onnx
 from hmt.errors import InputError, ModelError, UnsafePathError, UsageError, VerificationError
+from hmt.graph.model import load_onnx
 
 
 def _no_output(out: Path) -> None:

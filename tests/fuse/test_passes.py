@@ -7,8 +7,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from hmt.convert.graph import graph_inputs, op_counts, run_ort, seeded_inputs
-from hmt.fuse.passes import apply_passes, fusion_pass_names, graph_passes, resolve_passes
+from hmt.graph.model import graph_inputs, op_counts, run_ort, seeded_inputs
+from hmt.graph.passes import apply_passes, fusion_pass_names, graph_passes, resolve_passes
 
 RNG = np.random.default_rng(0)
 
@@ -148,7 +148,7 @@ def test_eliminations() -> None:
 
 
 def test_pass_that_breaks_the_graph_is_rejected() -> None:
-    from hmt.fuse.passes.registry import GraphPass
+    from hmt.graph.passes.registry import GraphPass
 
     def wrong(view):  # scales the conv weights: outputs change
         from onnx import numpy_helper as nh

@@ -14,7 +14,9 @@ def test_load_index_weights_and_absent_gpu() -> None:
     assert load_index(0.5, 0.25, 1.0, w) == pytest.approx((2 * 0.5 + 1.0 + 0.25) / 4)
     # no GPU reading: its weight drops out
     assert load_index(0.5, 0.25, None, w) == pytest.approx((2 * 0.5 + 0.25) / 3)
-    assert load_index(2.0, -1.0, None, LoadWeights()) == pytest.approx(0.5)  # clipped to 0..1
+    assert load_index(2.0, -1.0, None, LoadWeights(memory=1.0)) == pytest.approx(0.5)  # clipped to 0..1
+    # The default counts the CPU only, as profile-device's alpha fit does.
+    assert load_index(0.3, 0.9, 0.8, LoadWeights()) == pytest.approx(0.3)
     with pytest.raises(UsageError):
         LoadWeights(cpu=-1.0)
     with pytest.raises(UsageError):
@@ -24,7 +26,8 @@ def test_load_index_weights_and_absent_gpu() -> None:
 def test_load_index_of_sample() -> None:
     s = ResourceSample(time_s=0.0, cpu_util=0.4, mem_available_bytes=750, mem_total_bytes=1000, gpu_util=None)
     assert s.mem_util == pytest.approx(0.25)
-    assert load_index_of(s) == pytest.approx((0.4 + 0.25) / 2)
+    assert load_index_of(s, LoadWeights(memory=1.0)) == pytest.approx((0.4 + 0.25) / 2)
+    assert load_index_of(s) == pytest.approx(0.4)
 
 
 def test_fit_ar_recovers_coefficients() -> None:

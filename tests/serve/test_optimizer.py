@@ -173,3 +173,23 @@ def test_decision_time_is_small() -> None:
         times.append(time.perf_counter() - t0)
     # generous bound for a shared, loaded machine; scripts/bench_serve_decision.py reports the figures
     assert float(np.median(times)) < 1e-3
+
+
+def test_the_loops_hot_path_choice_matches_the_full_decision() -> None:
+    rng = np.random.default_rng(0)
+    table = [Variant(f"v{i}", float(rng.uniform(0.5, 0.95)), float(rng.uniform(1, 50)), float(rng.uniform(1, 100)),
+                     int(rng.integers(1, 500)) * MB) for i in range(12)]
+    opt = Optimizer(table)
+    for _ in range(300):
+        latency = [float(x) for x in rng.uniform(0.5, 80, len(table))]
+        energy = [float(x) for x in rng.uniform(1, 120, len(table))]
+        budgets = Budgets(latency_ms=float(rng.uniform(1, 60)) if rng.random() < 0.8 else None,
+                          memory_bytes=int(rng.integers(0, 500)) * MB if rng.random() < 0.5 else None,
+                          energy_mj=float(rng.uniform(5, 100)) if rng.random() < 0.5 else None)
+        mu = round(float(rng.uniform(0.2, 1.0)), 2)
+        current = table[int(rng.integers(len(table)))].arch_id
+        full = opt.decide_estimates(latency, energy, mu=mu, budgets=budgets, current_arch_id=current)
+        fast = opt.choose(latency, energy, mu, budgets, current)
+        assert (fast.arch_id, fast.reason_code, fast.current_feasible) == (
+            full.arch_id, full.reason_code, full.current_feasible)
+        assert fast.score == full.score and fast.current_score == full.current_score

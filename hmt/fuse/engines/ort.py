@@ -2,107 +2,38 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hmt.convert.graph import ort_optimization_level
 from hmt.errors import ModelError
+from hmt.runtime.ort import OrtOptions, ort_session, providers_for_device, resolve_providers
+from hmt.runtime.ort import session_options as session_options
 
 if TYPE_CHECKING:
     import numpy as np
     import onnx
 
-_LEVELS = ("disable", "basic", "extended", "all")
-
-
-@dataclass(frozen=True)
-class OrtConfig:
-    """A session configuration serve can rebuild: optimisation level and intra-op threads (0 = ORT's default)."""
-
-    level: str = "all"
-    intra_op_threads: int = 0
-    allow_spinning: bool = True
-    # Parallel operators (CrowdHMTware III-C1 (2)): "parallel" runs independent branches of
-    # the graph at once on ``inter_op_threads`` (0: ORT's default); fuse measures it.
-    execution_mode: str = "sequential"
-    inter_op_threads: int = 0
-    # ORT's own static memory plan (tensor lifetimes -> one block, reused across runs) and
-    # its CPU arena; both on is ORT's default. hmt.fuse.rss measures what they cost in RSS.
-    mem_pattern: bool = True
-    cpu_arena: bool = True
-
-    @property
-    def name(self) -> str:
-        threads = "default" if self.intra_op_threads == 0 else str(self.intra_op_threads)
-        spin = "" if self.allow_spinning else ",nospin"
-        extra = ""
-        if self.execution_mode != "sequential":
-            extra += f",{self.execution_mode}" + (f",inter={self.inter_op_threads}" if self.inter_op_threads else "")
-        extra += "" if self.mem_pattern else ",nomempattern"
-        extra += "" if self.cpu_arena else ",noarena"
-        return f"ort[{self.level},threads={threads}{spin}{extra}]"
-
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"level": self.level, "intra_op_threads": self.intra_op_threads,
-                                "allow_spinning": self.allow_spinning}
-        # Only what differs from ORT's defaults, so readers that predate these fields still load it.
-        if self.execution_mode != "sequential" or self.inter_op_threads:
-            data |= {"execution_mode": self.execution_mode, "inter_op_threads": self.inter_op_threads}
-        if not self.mem_pattern or not self.cpu_arena:
-            data |= {"mem_pattern": self.mem_pattern, "cpu_arena": self.cpu_arena}
-        return data
-
-
-def session_options(config: OrtConfig) -> Any:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort_optimization_level(config.level)
-    options.intra_op_num_threads = config.intra_op_threads
-    options.log_severity_level = 3
-    if not config.allow_spinning:
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if config.execution_mode == "parallel":
-        options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
-        options.inter_op_num_threads = config.inter_op_threads
-    elif config.execution_mode != "sequential":
-        raise ModelError(f"unknown ORT execution mode {config.execution_mode!r}; expected sequential or parallel")
-    options.enable_mem_pattern = config.mem_pattern
-    options.enable_cpu_mem_arena = config.cpu_arena
-    return options
+# fuse's name for the runtime's session configuration: what fuse measures is what serve
+# rebuilds (hmt.runtime.ort.OrtOptions, written into the report with ``to_json``).
+OrtConfig = OrtOptions
 
 
 def providers(device: str) -> list[str]:
     """ORT providers for ``device``; CUDA falls back to the CPU provider when ORT here has none
     (the CPU-only wheel): see :func:`effective_device`."""
-    if effective_device(device) == "cuda":
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    return ["CPUExecutionProvider"]
+    chosen, _ = resolve_providers(providers_for_device(device))
+    return chosen
 
 
 def effective_device(device: str) -> str:
     """Where ORT really runs for ``device``: "cuda" only if the CUDA provider is installed."""
-    import onnxruntime as ort
-
-    if device == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
-        return "cuda"
-    return "cpu"
+    return "cuda" if "CUDAExecutionProvider" in providers(device) else "cpu"
 
 
 def make_runner(model_bytes: bytes, config: OrtConfig, feeds: dict[str, np.ndarray], *, device: str = "cpu") -> Any:
-    """A zero-argument callable running one inference, plus the session (for outputs)."""
-    import onnxruntime as ort
-
-    try:
-        session = ort.InferenceSession(model_bytes, session_options(config), providers=providers(device))
-    except Exception as exc:
-        raise ModelError(f"ONNX Runtime cannot load the model with {config.name}: {exc}") from exc
-
-    def run() -> list[np.ndarray]:
-        return session.run(None, feeds)
-
-    return run
+    """A zero-argument callable running one inference."""
+    session = ort_session(model_bytes, config, providers=providers_for_device(device), what="the model")
+    return lambda: session.run(feeds)
 
 
 def merge_chain(models: list[onnx.ModelProto]) -> onnx.ModelProto:
@@ -144,14 +75,9 @@ def save_portable(model: onnx.ModelProto, path: Path) -> dict[str, Any]:
     saved; if even the basic result holds a non-standard op, it is marked ORT-only.
     """
     import onnx
-    import onnxruntime as ort
 
-    options = session_options(OrtConfig(level="basic"))
-    options.optimized_model_filepath = str(path)
-    try:
-        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except Exception as exc:
-        raise ModelError(f"ONNX Runtime cannot optimise the model: {exc}") from exc
+    ort_session(model.SerializeToString(), OrtConfig(level="basic"), what="the model to optimise",
+                optimized_model_path=path)
     saved = onnx.load(str(path))
     domains = sorted({node.domain for node in saved.graph.node if node.domain not in ("", "ai.onnx")})
     return {"ort_only": bool(domains), "level": "basic", "non_standard_domains": domains}

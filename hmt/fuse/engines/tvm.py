@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hmt.convert.graph import cpu_count_physical
 from hmt.errors import DeviceError, ModelError
+from hmt.graph.model import cpu_count_physical
 from hmt.progress import ProgressCallback, no_progress
 
 if TYPE_CHECKING:

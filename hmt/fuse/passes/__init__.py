@@ -1,14 +1,16 @@
-"""Named ONNX graph passes: the five fusion classes and the redundancy eliminations."""
+"""Moved to :mod:`hmt.graph.passes` (the pass catalogue convert and fuse share); kept so imports
+of ``hmt.fuse.passes`` keep working."""
 
-from hmt.fuse.passes.registry import (
+from hmt.graph.passes import (
     FUSION_CLASSES,
     GraphPass,
+    PassReport,
+    apply_passes,
     fusion_pass_names,
     graph_passes,
     register_pass,
     resolve_passes,
 )
-from hmt.fuse.passes.runner import PassReport, apply_passes
 
 __all__ = [
     "FUSION_CLASSES",

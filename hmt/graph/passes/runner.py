@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from hmt.convert.graph import graph_inputs, op_counts, run_ort, seeded_inputs
 from hmt.errors import HmtError
-from hmt.fuse.passes.registry import GraphPass
-from hmt.fuse.rewrite import GraphView
+from hmt.graph.model import graph_inputs, op_counts, run_ort, seeded_inputs
+from hmt.graph.passes.registry import GraphPass
+from hmt.graph.rewrite import GraphView
 
 if TYPE_CHECKING:
     import onnx

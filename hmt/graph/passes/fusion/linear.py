@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hmt.fuse.passes.registry import register_pass
-from hmt.fuse.rewrite import GraphView, apply_until_fixed, attr
+from hmt.graph.passes.registry import register_pass
+from hmt.graph.rewrite import GraphView, apply_until_fixed, attr
 
 if TYPE_CHECKING:
     import numpy as np

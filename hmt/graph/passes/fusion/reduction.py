@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hmt.fuse.passes.registry import register_pass
-from hmt.fuse.rewrite import GraphView, apply_until_fixed, attr, set_attr
+from hmt.graph.passes.registry import register_pass
+from hmt.graph.rewrite import GraphView, apply_until_fixed, attr, set_attr
 
 if TYPE_CHECKING:
     import onnx

@@ -7,8 +7,8 @@ to a larger shape.
 
 from __future__ import annotations
 
-from hmt.fuse.passes.registry import register_pass
-from hmt.fuse.rewrite import GraphView
+from hmt.graph.passes.registry import register_pass
+from hmt.graph.rewrite import GraphView
 
 
 def _neutral_operand(view: GraphView, node: object) -> str | None:

@@ -7,8 +7,8 @@ follows a ConvTranspose (scale on the output-channel axis 1 of its weights).
 
 from __future__ import annotations
 
-from hmt.fuse.passes.registry import register_pass
-from hmt.fuse.rewrite import GraphView, attr
+from hmt.graph.passes.registry import register_pass
+from hmt.graph.rewrite import GraphView, attr
 
 
 @register_pass("conv-batchnorm", category="fusion", summary="fold BatchNormalization into the Conv before it")

@@ -7,8 +7,8 @@ constant initializers are merged first so that such nodes are recognised.
 
 from __future__ import annotations
 
-from hmt.fuse.passes.registry import register_pass
-from hmt.fuse.rewrite import GraphView
+from hmt.graph.passes.registry import register_pass
+from hmt.graph.rewrite import GraphView
 
 _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Dropout"}
 

@@ -7,8 +7,8 @@ skipped); ``Transpose`` by the identity permutation; two ``Transpose`` that canc
 
 from __future__ import annotations
 
-from hmt.fuse.passes.registry import register_pass
-from hmt.fuse.rewrite import GraphView, attr
+from hmt.graph.passes.registry import register_pass
+from hmt.graph.rewrite import GraphView, attr
 
 
 def _static(shape: tuple[int | None, ...] | None) -> bool:

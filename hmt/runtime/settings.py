@@ -1,0 +1,280 @@
+"""``serve.json``: the serve config a bundle carries. deploy writes and verifies it, serve reads it.
+
+It sits in the runtime floor (torch-free, no serve import) so that deploy and serve share one
+schema without deploy importing serve. Every budget has one type here: :class:`BudgetSettings`
+(serve.json's units: ms, MB, the profile's energy unit) and :class:`Budgets` (what the
+optimizer compares: ms, bytes, energy), made from it by :meth:`BudgetSettings.to_budgets`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from typing import Any, TypeVar
+
+from hmt.errors import UsageError
+
+T = TypeVar("T")
+
+
+def dataclass_from_mapping(cls: type[T], mapping: Mapping[str, Any], where: str) -> T:
+    """``cls(**mapping)``, refusing unknown keys and wrong arguments with a UsageError naming ``where``."""
+    if not is_dataclass(cls):
+        raise TypeError(f"{cls!r} is not a dataclass")
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(mapping) - names)
+    if unknown:
+        raise UsageError(f"{where}: unknown key(s) {unknown}; expected some of {sorted(names)}")
+    try:
+        return cls(**dict(mapping))
+    except TypeError as exc:
+        raise UsageError(f"{where}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Run-time budgets; ``None`` means unconstrained."""
+
+    latency_ms: float | None = None
+    memory_bytes: int | None = None
+    energy_mj: float | None = None  # per inference, in the profile's energy unit
+
+    def __post_init__(self) -> None:
+        if self.latency_ms is not None and not (math.isfinite(self.latency_ms) and self.latency_ms > 0):
+            raise UsageError(f"latency budget must be a finite number > 0 ms, got {self.latency_ms}")
+        if self.memory_bytes is not None and self.memory_bytes < 0:
+            raise UsageError(f"memory budget must be >= 0 bytes, got {self.memory_bytes}")
+        if self.energy_mj is not None and not (math.isfinite(self.energy_mj) and self.energy_mj > 0):
+            raise UsageError(f"energy budget must be a finite number > 0, got {self.energy_mj}")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    # None: the load model profile-device fitted (the bundle profile's models.load.alpha),
+    # or DEFAULT_ALPHA without one; a number set in serve.json wins over the profile.
+    alpha_latency: float | None = None
+    alpha_energy: float | None = None
+    accuracy_weight: float = 1.0
+    energy_weight: float = 1.0
+    mu_min: float = 0.2
+    mu_max: float = 1.0
+    mu_no_battery: float = 1.0
+    mu_when_plugged: float | None = 1.0
+    mu_step: float = 0.01
+    norm: str = "minmax"
+
+    def __post_init__(self) -> None:
+        for name in ("alpha_latency", "alpha_energy", "accuracy_weight", "energy_weight", "mu_step"):
+            value = getattr(self, name)
+            if value is None and name.startswith("alpha_"):
+                continue
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise UsageError(f"optimizer {name} must be a finite number >= 0, got {value}")
+        if not 0.0 <= self.mu_min <= self.mu_max <= 1.0:
+            raise UsageError(f"optimizer needs 0 <= mu_min <= mu_max <= 1, got {self.mu_min}, {self.mu_max}")
+        for name in ("mu_no_battery", "mu_when_plugged"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise UsageError(f"optimizer {name} must be in 0..1, got {value}")
+        if self.norm not in ("minmax", "log"):
+            raise UsageError(f"optimizer norm must be 'minmax' or 'log', got {self.norm!r}")
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any]) -> OptimizerConfig:
+        return dataclass_from_mapping(cls, mapping, "serve optimizer config")
+
+
+@dataclass(frozen=True)
+class SwitchPolicy:
+    score_margin: float = 0.05
+    violation_patience: int = 2
+    improve_patience: int = 2
+    min_dwell_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.score_margin >= 0:
+            raise UsageError(f"switch score_margin must be >= 0, got {self.score_margin}")
+        if self.violation_patience < 1 or self.improve_patience < 1:
+            raise UsageError("switch violation_patience and improve_patience must be >= 1")
+        if not self.min_dwell_s >= 0:
+            raise UsageError(f"switch min_dwell_s must be >= 0, got {self.min_dwell_s}")
+
+    @classmethod
+    def from_mapping(cls, mapping: dict[str, Any]) -> SwitchPolicy:
+        return dataclass_from_mapping(cls, mapping, "serve switch policy")
+
+
+@dataclass(frozen=True)
+class LoadWeights:
+    """Weights of eq. 2. Non-negative; those of the resources present must not all be zero.
+
+    The defaults count the CPU only, the same index profile-device fits its load model's
+    alpha with (``hmt.profile.fits.load_index``): serve scales latencies by that alpha, so
+    it must read the load the same way. Memory pressure is the memory budget's business.
+    """
+
+    cpu: float = 1.0
+    gpu: float = 0.0
+    memory: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("cpu", "gpu", "memory"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise UsageError(f"load weight {name!r} must be a finite number >= 0, got {value!r}")
+        if self.cpu + self.gpu + self.memory <= 0:
+            raise UsageError("load weights must not all be zero")
+
+
+MODE_MEASURED = "measured"
+MODE_PREDICTED = "predicted"
+
+
+@dataclass(frozen=True)
+class EstimatorSettings:
+    """serve.json ``estimates``: how measurements replace the profile's predictions.
+
+    ``mode="predicted"`` ignores measurements (the profile times the load model only): an
+    ablation baseline, and a way to pin decisions to the budgets in tests.
+    """
+
+    window: int = 64  # samples kept per variant
+    min_samples: int = 5  # fresh samples before the window's p95 is trusted over the prior
+    max_age_s: float = 3.0  # samples older than this are stale (the load moved on)
+    quantile: float = 0.95
+    default_tail: float = 1.3  # p95 / median assumed before any window has enough samples
+    shadow_share: float = 0.05  # at most this share of wall time goes to shadow runs of idle variants
+    # ... and only while the device is idle: outside load index below this. A shadow run on busy
+    # cores takes CPU from the requests (ORT workers spin after each run).
+    shadow_max_load: float = 0.5
+    mode: str = MODE_MEASURED
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.min_samples < 1 or self.min_samples > self.window:
+            raise UsageError(f"estimates needs 1 <= min_samples <= window, got {self.min_samples}, {self.window}")
+        if not (math.isfinite(self.max_age_s) and self.max_age_s > 0):
+            raise UsageError(f"estimates.max_age_s must be > 0, got {self.max_age_s}")
+        if not 0.5 <= self.quantile < 1.0:
+            raise UsageError(f"estimates.quantile must be in [0.5, 1), got {self.quantile}")
+        if not (math.isfinite(self.default_tail) and self.default_tail >= 1.0):
+            raise UsageError(f"estimates.default_tail must be >= 1, got {self.default_tail}")
+        if not 0.0 <= self.shadow_max_load <= 1.0:
+            raise UsageError(f"estimates.shadow_max_load must be in [0, 1], got {self.shadow_max_load}")
+        if not 0.0 <= self.shadow_share <= 0.5:
+            raise UsageError(f"estimates.shadow_share must be in [0, 0.5], got {self.shadow_share}")
+        if self.mode not in (MODE_MEASURED, MODE_PREDICTED):
+            raise UsageError(f"estimates.mode must be {MODE_MEASURED!r} or {MODE_PREDICTED!r}, got {self.mode!r}")
+
+
+ENGINE_CHOICES = ("auto", "onnxruntime", "tvm")
+
+
+@dataclass(frozen=True)
+class EarlyExit:
+    """Stop after a segment when its exit's softmax confidence reaches ``confidence``."""
+
+    enabled: bool = True
+    confidence: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.confidence <= 1.0:
+            raise UsageError(f"early_exit.confidence must be in (0, 1], got {self.confidence}")
+
+
+@dataclass(frozen=True)
+class BudgetSettings:
+    """Budgets in the units users think in; ``None`` = unconstrained."""
+
+    latency_ms: float | None = None
+    memory_mb: float | None = None
+    energy: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("latency_ms", "memory_mb", "energy"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise UsageError(f"budgets.{name} must be a number > 0 or null, got {value!r}")
+
+    def to_budgets(self) -> Budgets:
+        """The optimizer's budgets: every budget reaches the decision (energy included)."""
+        memory = None if self.memory_mb is None else int(self.memory_mb * 1e6)
+        return Budgets(latency_ms=self.latency_ms, memory_bytes=memory, energy_mj=self.energy)
+
+
+@dataclass(frozen=True)
+class CorrectionSettings:
+    """``r = measured / predicted`` (AdaptiveNet 5.3), smoothed, kept per variant and per engine.
+
+    ``r`` is never clipped: ``[r_min, r_max]`` is the bound beyond which the prediction and
+    the measurements are said to disagree (status ``prediction_disagrees``, metric
+    ``hmt_prediction_disagreement``); the measurements win either way.
+    """
+
+    smoothing: float = 0.3
+    r_min: float = 0.2
+    r_max: float = 5.0
+    # Share of the latency budget the corrected *mean* prediction may use: requests scatter
+    # around the mean (and queue near capacity), so a prediction right at the budget misses
+    # about half the time.
+    headroom: float = 0.8
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.headroom <= 1.0:
+            raise UsageError(f"correction.headroom must be in (0, 1], got {self.headroom}")
+        if not 0.0 < self.smoothing <= 1.0:
+            raise UsageError(f"correction.smoothing must be in (0, 1], got {self.smoothing}")
+        if not 0.0 < self.r_min <= 1.0 <= self.r_max:
+            raise UsageError(f"correction needs 0 < r_min <= 1 <= r_max, got {self.r_min}, {self.r_max}")
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    budgets: BudgetSettings = field(default_factory=BudgetSettings)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    switch: SwitchPolicy = field(default_factory=SwitchPolicy)
+    load_weights: LoadWeights = field(default_factory=LoadWeights)
+    early_exit: EarlyExit = field(default_factory=EarlyExit)
+    correction: CorrectionSettings = field(default_factory=CorrectionSettings)
+    estimates: EstimatorSettings = field(default_factory=EstimatorSettings)
+    preload_memory_mb: float | None = None
+    monitor_period_s: float = 1.0
+    # A request over budget asks for a decision now, at most once per this interval.
+    on_demand_min_interval_s: float = 0.05
+    engine: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINE_CHOICES:
+            raise UsageError(f"engine must be one of {list(ENGINE_CHOICES)}, got {self.engine!r}")
+        if not (math.isfinite(self.monitor_period_s) and self.monitor_period_s > 0):
+            raise UsageError(f"monitor_period_s must be > 0, got {self.monitor_period_s}")
+        if not (math.isfinite(self.on_demand_min_interval_s) and self.on_demand_min_interval_s >= 0):
+            raise UsageError(f"on_demand_min_interval_s must be >= 0, got {self.on_demand_min_interval_s}")
+        if self.preload_memory_mb is not None and not self.preload_memory_mb >= 0:
+            raise UsageError(f"preload_memory_mb must be >= 0 or null, got {self.preload_memory_mb}")
+
+    @classmethod
+    def from_mapping(cls, data: Any, where: str = "serve.json") -> ServeSettings:
+        if not isinstance(data, Mapping):
+            raise UsageError(f"{where}: expected a JSON object")
+        nested = {
+            "budgets": BudgetSettings,
+            "optimizer": OptimizerConfig,
+            "switch": SwitchPolicy,
+            "load_weights": LoadWeights,
+            "early_exit": EarlyExit,
+            "correction": CorrectionSettings,
+            "estimates": EstimatorSettings,
+        }
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if key in nested:
+                if not isinstance(value, Mapping):
+                    raise UsageError(f"{where}: {key} must be an object")
+                kwargs[key] = dataclass_from_mapping(nested[key], value, f"{where}: {key}")
+            else:
+                kwargs[key] = value
+        return dataclass_from_mapping(cls, kwargs, where)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return asdict(self)

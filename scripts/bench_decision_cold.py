@@ -1,0 +1,74 @@
+"""The loop's decision (estimates -> eq. 3 -> hysteresis) hot, after a sleep, and with the core kept busy.
+
+Builds a controller on serve's tiny test bundle (4 variants, ONNX Runtime), feeds it
+requests so the estimates are measured, then times ``Controller._decide`` +
+``Switcher.offer`` (what ``decision_us`` covers in the loop) as thread CPU time:
+
+- hot: back to back;
+- after sleep: each call after the control thread slept ``--gap-s`` (the loop's situation);
+- busy between: each call after ``--gap-s`` of other Python work instead of sleeping.
+
+    PYTHONPATH=$PWD python3 scripts/bench_decision_cold.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "serve"))
+
+from serve_bundles import VariantDef, make_bundle
+
+from hmt.bundle import load_bundle
+from hmt.serve.controller import Controller
+from hmt.serve.monitor import ResourceSample
+from hmt.serve.settings import ServeSettings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gap-s", type=float, default=0.05)
+    parser.add_argument("--calls", type=int, default=200)
+    args = parser.parse_args()
+    variants = [VariantDef(f"v{i}", 0.8 + 0.01 * i, 1.0 + i, 1.0 + i, energy=10.0 + i) for i in range(4)]
+    bundle = load_bundle(make_bundle(Path(tempfile.mkdtemp()) / "b", variants))
+    sample = ResourceSample(time.monotonic(), 0.3, 8, 8, battery_percent=70.0, battery_plugged=False)
+    c = Controller(bundle, ServeSettings.from_mapping({"budgets": {"latency_ms": 3.0}}), sampler=lambda: sample,
+                   warmup_runs=1)
+    c.start(background=False)
+    x = np.zeros((1, 4), dtype=np.float32)
+    for _ in range(50):
+        c.predict(x)
+    c.estimator.refresh(c.now_s())
+    budgets = c.budgets.to_budgets()
+
+    def one() -> float:
+        t0 = time.thread_time_ns()
+        choice, _ = c._decide(0.3, sample, budgets)
+        c.switcher.offer(choice, now_s=time.monotonic())
+        return (time.thread_time_ns() - t0) / 1e3
+
+    def busy(seconds: float) -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            sum(range(1000))
+
+    hot = [one() for _ in range(2000)]
+    slept, kept_busy = [], []
+    for _ in range(args.calls):
+        time.sleep(args.gap_s)
+        slept.append(one())
+        busy(args.gap_s)
+        kept_busy.append(one())
+    print(f"decision CPU us p50: hot {np.median(hot):.1f}, after a {args.gap_s * 1e3:.0f} ms sleep "
+          f"{np.median(slept):.1f}, after {args.gap_s * 1e3:.0f} ms of other Python work {np.median(kept_busy):.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""fuse's per-variant run-time choice travels through deploy into what serve runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hmt.bundle import load_bundle
+from hmt.runtime.chain import ChainRunner, MergedChainRunner
+from hmt.runtime.variant import VariantRuntime, example_input, load_variant
+
+
+def _deploy_conftest() -> Any:
+    import importlib.util
+
+    path = Path(__file__).with_name("conftest.py")
+    spec = importlib.util.spec_from_file_location("_deploy_conftest_for_runtime", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def chain_bundle(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A fused artifact whose choice is the merged chain (forced: timing would make it a coin toss
+    between near-equal candidates on a shared machine), and its bundle."""
+    import hmt.fuse.pipeline as pipeline
+    from hmt.convert import TorchSource, convert_model
+    from hmt.deploy import DeployOptions, deploy_bundle
+    from hmt.fuse import FuseOptions, fuse_model
+
+    helpers = _deploy_conftest()
+    root = tmp_path_factory.mktemp("runtime-choice")
+    (root / "seg.py").write_text(helpers._segmented_source())
+    convert_model(TorchSource(f"{root / 'seg.py'}:segmented", ((1, 3, 16, 16),)), root / "converted")
+    real_choose = pipeline.choose
+
+    def prefer_chain(timings: dict[str, Any], *, margin: float) -> Any:
+        chained = [t for name, t in timings.items() if name.endswith("(chain)")]
+        return chained[0] if chained else real_choose(timings, margin=margin)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pipeline, "choose", prefer_chain)
+        fuse_model(root / "converted", root / "fused", options=FuseOptions(engines=("ort",), repeats=2, warmup=1))
+    report = json.loads((root / "fused" / "report.json").read_text())
+    arch_id = str(report["variants"][0].get("arch_id") or report["variants"][0]["name"])
+    helpers.make_pareto(root / "pareto", [helpers.point(arch_id)])
+    deploy_bundle(root / "fused", root / "pareto", root / "bundle",
+                  options=DeployOptions(target="x86-64", engines=("onnxruntime",)))
+    return root / "fused", root / "bundle"
+
+
+def test_bundle_records_fuses_choice(chain_bundle: tuple[Path, Path]) -> None:
+    fused, bundle_dir = chain_bundle
+    entry = json.loads((fused / "report.json").read_text())["variants"][0]
+    bundle = load_bundle(bundle_dir)
+    variant = bundle.spec.variants[0]
+    runtime = VariantRuntime.of(variant)
+    assert runtime.choice == "merged_chain"
+    assert runtime.merged_candidate == entry["choice"]["candidate"]
+    assert runtime.merged_ort is not None and runtime.merged_ort.to_json() == entry["choice"]["ort"]
+    assert runtime.per_graph_candidate == entry["choice_per_graph"]["candidate"]
+    # The bundled chain is byte for byte the graph fuse timed.
+    assert bundle.path(runtime.merged_onnx or "").read_bytes() == (fused / entry["choice"]["onnx"]).read_bytes()
+
+
+def test_serve_runs_the_merged_chain_fuse_chose(chain_bundle: tuple[Path, Path]) -> None:
+    from hmt.serve.session import SessionOptions, open_controller
+
+    _, bundle_dir = chain_bundle
+    controller = open_controller(bundle_dir, SessionOptions(no_early_exit=True))
+    controller.start(background=False)
+    active = controller._active
+    assert isinstance(active, MergedChainRunner)
+    status = controller.status()
+    assert status["layout"] == "merged_chain" and any("merged chain" in n for n in status["runtime_notes"])
+    bundle = controller.bundle
+    x = example_input(bundle, np.random.default_rng(3))
+    per_graph = load_variant(bundle, active.arch_id, early_exit=True)
+    assert isinstance(per_graph, ChainRunner)
+    merged = controller.predict(x)
+    reference = per_graph.run(x, None)
+    assert merged.class_index == reference.class_index
+    assert merged.confidence == pytest.approx(reference.confidence, abs=1e-4)
+    # With early exit on, serve runs graph by graph with fuse's per-graph options.
+    with_exits = open_controller(bundle_dir, SessionOptions())
+    with_exits.start(background=False)
+    assert isinstance(with_exits._active, ChainRunner)
+    assert any("per-graph" in n for n in with_exits._active.notes) or \
+        VariantRuntime.of(bundle.spec.variants[0]).ort is None

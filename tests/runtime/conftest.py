@@ -1,0 +1,8 @@
+"""The runtime tests reuse serve's tiny onnx.helper bundles."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "serve"))
