@@ -178,15 +178,19 @@ class ElastifiedSupernet(nn.Module):
                 candidates["dws"] = alt_ops.depthwise_separable(base)
             if "k1" in wanted:
                 candidates["k1"] = alt_ops.kernel_one(base)
+        if block.kind == "opaque":
+            candidates.clear()  # kept exactly as it is: no skip, no merge
+            wanted = set()
         if "skip" in wanted:
             same = block.in_shape == block.out_shape
             candidates["skip"] = (None, "identity") if same else (None, "input and output shapes differ")
         nxt = plan.blocks[p + 1] if p + 1 < len(plan.blocks) else None
         if "merge" in wanted:
-            if nxt is not None and plan.stages[p + 1] == plan.stages[p] and nxt.in_shape == nxt.out_shape:
+            fits = nxt is not None and nxt.kind != "opaque" and nxt.in_shape == nxt.out_shape
+            if nxt is not None and fits and plan.stages[p + 1] == plan.stages[p]:
                 candidates["merge"] = (alt_ops.merged(base), f"stands in for this block and {nxt.owner or 'the next'}")
             else:
-                candidates["merge"] = (None, "the next block changes the shape or starts another stage")
+                candidates["merge"] = (None, "the next block changes the shape, starts another stage or is opaque")
         example = torch.randn(1, *block.in_shape[1:])
         alts: dict[str, nn.Module] = {}
         choices = ["base"]

@@ -30,6 +30,7 @@ class _Tracer(fx.Tracer):
         self.record_stack_traces = True
         self.leaves = set(leaves)
         self.path_stack: list[str] = []
+        self.failed_path: str | None = None  # the innermost module being traced when tracing broke
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return module_qualified_name in self.leaves or super().is_leaf_module(m, module_qualified_name)
@@ -38,6 +39,10 @@ class _Tracer(fx.Tracer):
         self.path_stack.append(self.path_of_module(m))
         try:
             return super().call_module(m, forward, args, kwargs)
+        except Exception:
+            if self.failed_path is None:
+                self.failed_path = self.path_stack[-1]
+            raise
         finally:
             self.path_stack.pop()
 
@@ -71,7 +76,7 @@ def trace_model(model: nn.Module, leaves: Sequence[str] = ()) -> fx.GraphModule:
     try:
         graph = tracer.trace(model)
     except Exception as exc:
-        path = tracer.path_stack[-1] if tracer.path_stack else ""
+        path = tracer.failed_path or ""
         where = _user_frame(exc)
         module_text = (
             f"module {path!r} ({type(model.get_submodule(path)).__name__})" if path else "the top-level forward"
