@@ -101,7 +101,7 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     from hmt.supernet.elastify.train import elastify_supernet
     from hmt.supernet.train import resolve_config
 
-    out_dir = args.out / name
+    out_dir = (args.artifact_dir or args.out) / name
     weights = args.weights_dir / f"{name}.safetensors" if args.weights_dir else None
     overrides: dict[str, Any] = {
         "dataset": "cifar10",
@@ -123,7 +123,8 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     }
     config = resolve_config(overrides=overrides)
     started = time.perf_counter()
-    result = elastify_supernet(config, out_dir / "supernet", progress=_progress if args.progress else _quiet)
+    result = elastify_supernet(config, out_dir / "supernet", cache_dir=args.cache_dir,
+                               progress=_progress if args.progress else _quiet)
     wall_s = time.perf_counter() - started
     m = result.metrics
     if m["largest_test_acc"] != m["original_test_acc"]:
@@ -251,13 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--original-epochs", type=int, default=30)
+    parser.add_argument("--original-epochs", type=int, default=20)
     parser.add_argument("--original-lr", type=float, default=0.1)
-    parser.add_argument("--exit-epochs", type=int, default=2)
-    parser.add_argument("--distill-epochs", type=int, default=4)
-    parser.add_argument("--finetune-epochs", type=int, default=8)
+    parser.add_argument("--exit-epochs", type=int, default=1)
+    parser.add_argument("--distill-epochs", type=int, default=3)
+    parser.add_argument("--finetune-epochs", type=int, default=6)
     parser.add_argument("--finetune-lr", type=float, default=0.02)
-    parser.add_argument("--variants", type=int, default=40, help="random variants timed (plus largest, smallest)")
+    parser.add_argument("--variants", type=int, default=30, help="random variants timed (plus largest, smallest)")
     parser.add_argument("--max-train-samples", type=int, default=None)
     parser.add_argument("--calibration-samples", type=int, default=2048)
     parser.add_argument("--ort-threads", type=int, default=1)
@@ -265,7 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--within", type=float, default=2.0, help="accuracy points below the original")
     parser.add_argument("--progress", action="store_true")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/elastify"))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/elastify"), help="the JSON results")
+    parser.add_argument("--artifact-dir", type=Path, default=None, help="supernet artifacts (default: --out)")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="decoded-dataset cache (default ~/.cache/hmt)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     host = {"cpu": _cpu_name(), "cores": os.cpu_count(), "ort_threads": args.ort_threads,
