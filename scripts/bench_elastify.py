@@ -139,7 +139,7 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     original.load_state_dict(_original_state(loaded))
     input_shape = tuple(loaded.space.input_shape)
     sessions = {"original": _session(_export(original, input_shape, f"{name} original"), args.ort_threads)}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for r in result.variants.itertuples():
         variant = loaded.materialize(str(r.arch_id))
         sessions[str(r.arch_id)] = _session(_export(variant, input_shape, str(r.arch_id)), args.ort_threads)
@@ -204,12 +204,12 @@ def _original_state(loaded: Any) -> dict[str, Any]:
     return {k: own.get(k, v) for k, v in state.items()}
 
 
-def _progress(stage: str, done: int, total: int, note: str = "") -> None:
+def _progress(task: str, done: int, total: int | None, info: str | None = "") -> None:
     if done == total or done % 50 == 0:
-        print(f"  {stage} {done}/{total} {note}", file=sys.stderr, flush=True)
+        print(f"  {task} {done}/{total} {info}", file=sys.stderr, flush=True)
 
 
-def _quiet(stage: str, done: int, total: int, note: str = "") -> None:
+def _quiet(task: str, done: int, total: int | None, info: str | None = "") -> None:
     return None
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import operator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import fx, nn
@@ -300,8 +301,13 @@ def shrink(block: fx.GraphModule, ratio: float) -> tuple[fx.GraphModule | None, 
     return alt, f"{len(groups)} channel group(s) at {ratio:.0%}"
 
 
-def _dense_convs(gm: fx.GraphModule) -> list[tuple[str, nn.Module]]:
-    return [(str(n.target), m) for n in gm.graph.nodes if _is_dense_conv(m := _module(gm, n))]
+def _dense_convs(gm: fx.GraphModule) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for n in gm.graph.nodes:
+        m = _module(gm, n)
+        if m is not None and _is_dense_conv(m):
+            out.append((str(n.target), m))
+    return out
 
 
 def _gram_factors(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

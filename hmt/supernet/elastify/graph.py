@@ -316,13 +316,14 @@ def plan_model(gm: fx.GraphModule, leaves: set[str]) -> ModelPlan:
         stem = blocks.pop(0)
     if not blocks:
         raise ModelError("cannot elastify: found no blocks between the stem and the head")
-    stages, stage, previous = [], 0, None
+    stages: list[int] = []
+    stage, previous_size = 0, None
     for plan in blocks:
         size = plan.out_shape[2:]
-        if previous is not None and size != previous:
+        if previous_size is not None and size != previous_size:
             stage += 1
         stages.append(stage)
-        previous = size
+        previous_size = size
     head = BlockPlan(head_segs[0].input, [n for s in head_segs for n in s.nodes], kind="head")
     return ModelPlan(stem=stem, blocks=blocks, head=head, stages=stages, dims=spatial)
 

@@ -220,7 +220,8 @@ class ElastifiedSupernet(nn.Module):
 
     def original_modules(self) -> list[nn.Module]:
         """Stem, every block's base and the final head: the user's model."""
-        return [self.stem, *(b.base for b in self.blocks), self.exits[-1]]
+        bases: list[nn.Module] = [block.base for block in self.blocks]  # type: ignore[misc]
+        return [self.stem, *bases, self.exits[-1]]
 
     def set_original_frozen(self, frozen: bool) -> None:
         self.original_frozen = frozen

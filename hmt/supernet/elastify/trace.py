@@ -11,6 +11,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import fx, nn
@@ -35,7 +36,7 @@ class _Tracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return module_qualified_name in self.leaves or super().is_leaf_module(m, module_qualified_name)
 
-    def call_module(self, m, forward, args, kwargs):  # type: ignore[no-untyped-def]
+    def call_module(self, m: nn.Module, forward: Any, args: Any, kwargs: Any) -> Any:
         self.path_stack.append(self.path_of_module(m))
         try:
             return super().call_module(m, forward, args, kwargs)
@@ -139,7 +140,7 @@ def _remove_inplace(gm: fx.GraphModule) -> None:
     exit without being changed under them."""
     for module in gm.modules():
         if getattr(module, "inplace", False) is True:
-            module.inplace = False
+            setattr(module, "inplace", False)  # noqa: B010 - any module type with the flag
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.kwargs.get("inplace") is True:
             node.kwargs = {**node.kwargs, "inplace": False}

@@ -170,7 +170,7 @@ def _distill_step(net: ElastifiedSupernet) -> Callable[..., torch.Tensor]:
     from hmt.supernet.train.phases import step_distill
 
     def step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-        loss = step_distill(net, xb, rng)  # type: ignore[arg-type]  # the Supernet vocabulary
+        loss = step_distill(net, xb, rng)  # the Supernet vocabulary (duck-typed)
         loss.backward()
         return loss
 
@@ -282,9 +282,9 @@ def elastify_supernet(
     model.to(device)
     original_test_acc = accuracy(model, test_loader)
     calibration_x = calibration_subset(train.x, config)
-    variants = pick_variants(net, config.eval_variants,  # type: ignore[arg-type]
+    variants = pick_variants(net, config.eval_variants,
                              np.random.default_rng(derive_seed(config.seed, 6)))
-    table = variant_table(net, variants, val_loader=val_loader, test_loader=test_loader,  # type: ignore[arg-type]
+    table = variant_table(net, variants, val_loader=val_loader, test_loader=test_loader,
                           calibration=batches_of(evaluation(calibration_x, None)), autocast=autocast,
                           progress=progress)
     largest = table[table.role == "largest"].iloc[0]
