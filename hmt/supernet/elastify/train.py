@@ -178,13 +178,29 @@ def _distill_step(net: ElastifiedSupernet) -> Callable[..., torch.Tensor]:
 
 
 @torch.no_grad()
-def accuracy(fn: Callable[[torch.Tensor], torch.Tensor], loader: BatchLoader) -> float:
+def accuracy(fn: Callable[[torch.Tensor], torch.Tensor], loader: BatchLoader, *, autocast: bool = False) -> float:
+    """Top-1 accuracy, under the same autocast the variant table uses (hmt.supernet.train.evaluate)."""
     correct, seen = 0, 0
     loader.set_epoch(0)
     for xb, yb in loader:
-        correct += int((fn(xb).argmax(1) == yb).sum())
+        with torch.autocast(device_type=xb.device.type, dtype=torch.bfloat16, enabled=autocast):
+            logits = fn(xb)
+        correct += int((logits.argmax(1) == yb).sum())
         seen += len(yb)
     return correct / max(1, seen)
+
+
+@torch.no_grad()
+def _check_output(model: nn.Module, spec: ModelSpec, num_classes: int) -> None:
+    try:
+        out = model.eval()(torch.zeros(*spec.input_shape))
+    except Exception as exc:  # whatever the user's forward raises, say what and where
+        raise UsageError(f"the model fails on an input of --input-shape {spec.input_shape} "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})") from exc
+    if not isinstance(out, torch.Tensor) or out.shape != (spec.input_shape[0], num_classes):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise UsageError(f"the model returns {shape} for --input-shape {spec.input_shape}; expected "
+                         f"({spec.input_shape[0]}, {num_classes}) logits for the dataset's {num_classes} classes")
 
 
 def _check_data(spec: ModelSpec, info: Any) -> None:
@@ -236,8 +252,9 @@ def elastify_supernet(
     with torch.random.fork_rng():
         torch.manual_seed(derive_seed(config.seed, 0))  # the user's model's own initialisation
         model = build_model(spec if spec.torchvision is None else _with_classes(spec, data.info.num_classes))
-    # Refuse an untraceable model before spending time training it.
+    # Refuse an untraceable model, or one that does not fit the data, before training it.
     trace_model(copy.deepcopy(model), spec.leaves)
+    _check_output(model, spec, data.info.num_classes)
     channels_last = device.type == "cuda" and data.info.modality == "image"
     autocast = device.type == "cuda" and config.amp
     loader = _loader(train.x, train.y, data.info, config, device, derive_seed(config.seed, 3), channels_last)
@@ -279,8 +296,12 @@ def elastify_supernet(
         raise VerificationError(f"after training the largest variant differs from the original by "
                                 f"{error_after:.3g}; the original path was not frozen")
     val_loader, test_loader = evaluation(val.x, val.y), evaluation(data.test_x, data.test_y)
+    # The original runs as the table's largest variant runs (device, memory format, autocast),
+    # so that equal weights give equal predictions, not merely close ones.
     model.to(device)
-    original_test_acc = accuracy(model, test_loader)
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+    original_test_acc = accuracy(model, test_loader, autocast=autocast)
     calibration_x = calibration_subset(train.x, config)
     variants = pick_variants(net, config.eval_variants,
                              np.random.default_rng(derive_seed(config.seed, 6)))
