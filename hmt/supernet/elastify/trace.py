@@ -9,7 +9,8 @@ make the split graph differ from the original and are refused the same way.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +62,31 @@ def _why(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if "control flow" in text or "iterate" in text or "len(" in text:
         return "uses a traced tensor in Python control flow (data-dependent if/for/len)"
-    if "autograd" in text.lower() or "Function" in text:
-        return f"calls a custom autograd function ({text[:160]})"
+    if isinstance(exc, CustomAutogradFunction):
+        return f"calls a {text}"
     return f"{type(exc).__name__}: {text[:200]}"
+
+
+class CustomAutogradFunction(RuntimeError):
+    pass
+
+
+@contextmanager
+def _refusing_autograd_functions() -> Iterator[None]:
+    """torch.fx traces through ``Function.apply`` into its forward and silently drops the
+    custom backward; refuse instead, so the module can be kept whole with --leaf."""
+    original = torch.autograd.Function.__dict__["apply"]
+
+    def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+        if any(isinstance(a, fx.Proxy) for a in (*args, *kwargs.values())):
+            raise CustomAutogradFunction(f"custom autograd Function {cls.__name__} (its backward would be lost)")
+        return original.__func__(cls, *args, **kwargs)
+
+    torch.autograd.Function.apply = classmethod(apply)  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        torch.autograd.Function.apply = original  # type: ignore[method-assign]
 
 
 def trace_model(model: nn.Module, leaves: Sequence[str] = ()) -> fx.GraphModule:
@@ -75,7 +98,8 @@ def trace_model(model: nn.Module, leaves: Sequence[str] = ()) -> fx.GraphModule:
     model.eval()
     tracer = _Tracer(leaves)
     try:
-        graph = tracer.trace(model)
+        with _refusing_autograd_functions():
+            graph = tracer.trace(model)
     except Exception as exc:
         path = tracer.failed_path or ""
         where = _user_frame(exc)

@@ -154,3 +154,40 @@ def test_unknown_leaf_is_a_usage_error() -> None:
 
     with pytest.raises(ModelError, match="no submodule"):
         ElastifiedSupernet(user_models().user_net(), name="u", input_shape=(3, 32, 32), leaves=("nope",))  # type: ignore[attr-defined]
+
+
+class _StraightThrough(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return torch.round(x)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return grad
+
+
+class _Quantise(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _StraightThrough.apply(x)
+
+
+class _WithCustomFunction(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.quant = _Quantise()
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv2(self.quant(self.conv(x))).mean(dim=(2, 3)))
+
+
+def test_custom_autograd_function_is_refused_and_kept_whole_with_leaf() -> None:
+    from hmt.errors import ModelError
+
+    with pytest.raises(ModelError, match=r"module 'quant' \(_Quantise\) .*custom autograd Function .*--leaf quant"):
+        ElastifiedSupernet(_WithCustomFunction(), name="q", input_shape=(3, 8, 8))
+    model = _WithCustomFunction().eval()
+    net = ElastifiedSupernet(copy.deepcopy(model), name="q", input_shape=(3, 8, 8), leaves=("quant",))
+    assert largest_error(net, model, seed=0) <= 1e-5
