@@ -289,7 +289,8 @@ def elastify_supernet(
     _train_elastic(net, loader, config, history, progress, autocast, device, finetune_original)
     train_s = time.perf_counter() - train_start
     net.eval()
-    cpu_net = copy.deepcopy(net).cpu().float()
+    # On the CPU in the original's memory format, where it was checked before training.
+    cpu_net = copy.deepcopy(net).cpu().float().to(memory_format=torch.contiguous_format)
     error_after = largest_error(cpu_net, model, seed=config.seed + 1)
     del cpu_net
     if error_after > EXACT_ATOL and not finetune_original:
