@@ -147,7 +147,8 @@ def train_supernet_command(
         if model is not None or torchvision_name is not None:
             overrides["extra"] = _elastify_extra(model, torchvision_name, weights, input_shape, leaf or [],
                                                  finetune_original)
-            _elastify(output, resolve_config(preset=preset, config_file=config, overrides=overrides), out, cache_dir)
+            resolved = resolve_config(preset=preset, config_file=config, overrides=overrides)
+            _elastify(output, resolved, out, cache_dir, checkpoint_dir, restart, keep_checkpoint)
             return
         if weights is not None or leaf or finetune_original or input_shape is not None:
             from hmt.errors import UsageError
@@ -218,14 +219,18 @@ def _elastify_extra(
     return {"elastify": spec.to_json_dict(), "finetune_original": finetune_original}
 
 
-def _elastify(output: Output, resolved: Any, out: Path, cache_dir: Path | None) -> None:
+def _elastify(
+    output: Output, resolved: Any, out: Path, cache_dir: Path | None, checkpoint_dir: Path | None, restart: bool,
+    keep_checkpoint: bool,
+) -> None:
     from hmt.supernet.elastify.train import elastify_supernet
 
     spec = resolved.extra["elastify"]
     what = spec["torchvision"] or f"{spec['file']}:{spec['factory']}"
     output.note(f"elastifying {what} on {resolved.dataset} ({resolved.data_path or 'embedded subset'}) -> {out}")
     with output.progress() as progress:
-        result = elastify_supernet(resolved, out, cache_dir=cache_dir, progress=progress)
+        result = elastify_supernet(resolved, out, cache_dir=cache_dir, progress=progress,
+                                   checkpoint_dir=checkpoint_dir, restart=restart, keep_checkpoint=keep_checkpoint)
     m, report = result.metrics, result.report
     rows = [[b["name"], b["owner"] or "-", b["kind"], " ".join(b["choices"])] for b in report["blocks"]]
     output.table("blocks (choices offered; notes in elastify.json)", ["block", "module", "kind", "choices"], rows)

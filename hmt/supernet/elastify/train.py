@@ -234,9 +234,15 @@ def elastify_supernet(
     *,
     cache_dir: Path | None = None,
     progress: ProgressCallback = no_progress,
+    checkpoint_dir: Path | None = None,
+    restart: bool = False,
+    keep_checkpoint: bool = False,
 ) -> ElastifyResult:
     """Elastify ``config.extra['elastify']``'s model on ``config.dataset`` and write the
-    supernet artifact to ``out_dir`` (atomically)."""
+    supernet artifact to ``out_dir`` (atomically). A checkpoint after every phase (in
+    ``checkpoint_dir``, default OUT.ckpt) lets a killed run resume at the next phase."""
+    from hmt.supernet.train import default_checkpoint_dir
+    from hmt.supernet.train.checkpoint import load_checkpoint, save_checkpoint
     from hmt.supernet.train.distributed import DistContext
     from hmt.supernet.train.evaluate import batches_of, eval_loader
     from hmt.supernet.train.report import pick_variants, variant_table
@@ -263,12 +269,32 @@ def elastify_supernet(
         return eval_loader(x, y, info=data.info, batch_size=config.eval_batch_size, device=device,
                            channels_last=channels_last)
 
-    history: list[dict[str, Any]] = []
+    checkpoint_dir = Path(checkpoint_dir or default_checkpoint_dir(Path(out_dir)))
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    if restart:
+        (checkpoint_dir / "checkpoint.pt").unlink(missing_ok=True)
+    saved = load_checkpoint(checkpoint_dir, config_fingerprint=config.fingerprint()) or {}
+    history: list[dict[str, Any]] = list(saved.get("history", []))
+    done: list[str] = list(saved.get("phases", []))
     trained_original = spec.weights is None and config.backbone_epochs > 0
-    if trained_original:
+    if "original" in done:
+        model.load_state_dict(saved["original"])
+    elif trained_original:
         model.to(device)
         _train_original(model, loader, config, history, progress, autocast, device)
     model.cpu().float().eval()
+    original_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    done = sorted(set(done) | {"original"})
+
+    def checkpoint(net_state: dict[str, torch.Tensor] | None) -> None:
+        state: dict[str, Any] = {"config_fingerprint": config.fingerprint(), "phases": done, "history": history,
+                                 "original": original_state}
+        if net_state is not None:
+            state["supernet"] = {k: v.detach().cpu() for k, v in net_state.items()}
+        save_checkpoint(checkpoint_dir, state)
+
+    if "supernet" not in saved:
+        checkpoint(None)
     analysis_start = time.perf_counter()
     net = ElastifiedSupernet(copy.deepcopy(model), name=spec.torchvision or str(spec.factory),
                              input_shape=tuple(spec.input_shape[1:]), leaves=spec.leaves,
@@ -282,11 +308,17 @@ def elastify_supernet(
         raise VerificationError(f"the largest variant differs from the original model by {error_before:.3g} "
                                 f"(max abs, eval mode, > {EXACT_ATOL}); please report this model")
     net.set_original_frozen(not finetune_original)
+    if "supernet" in saved:
+        net.load_state_dict(saved["supernet"])
     net.to(device)
     if channels_last:
         net.to(memory_format=torch.channels_last)
     train_start = time.perf_counter()
-    _train_elastic(net, loader, config, history, progress, autocast, device, finetune_original)
+    def phase_done(name: str) -> None:
+        done.append(name)
+        checkpoint(net.state_dict())
+
+    _train_elastic(net, loader, config, history, progress, autocast, device, finetune_original, set(done), phase_done)
     train_s = time.perf_counter() - train_start
     net.eval()
     # On the CPU in the original's memory format, where it was checked before training.
@@ -337,6 +369,10 @@ def elastify_supernet(
     report = {**net.report(), "provenance": provenance, "exactness": {
         "atol": EXACT_ATOL, "before_training": error_before, "after_training": error_after}}
     _write(out_dir, config, net, spec, data, table, calibration_x, history, metrics, report)
+    if not keep_checkpoint:
+        import shutil
+
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
     return ElastifyResult(out_dir=out_dir, metrics=metrics, variants=table, report=report)
 
 
@@ -347,21 +383,28 @@ def _with_classes(spec: ModelSpec, num_classes: int) -> ModelSpec:
 
 
 def _train_elastic(net: ElastifiedSupernet, loader: BatchLoader, config: TrainConfig, history: list[dict[str, Any]],
-                   progress: ProgressCallback, autocast: bool, device: torch.device, finetune_original: bool) -> None:
+                   progress: ProgressCallback, autocast: bool, device: torch.device, finetune_original: bool,
+                   done: set[str], phase_done: Callable[[str], None]) -> None:
+    """The three phases in order, skipping those a checkpoint says are done."""
     exit_params = [p for head in list(net.exits)[:-1] for p in head.parameters()]
     block_alt_params = [p for b in net.blocks for p in b.alts.parameters()]
-    common = {"autocast": autocast, "device": device}
-    net.train()
-    _run_epochs("exits", config.partition_epochs, config.partition_lr, exit_params, _exit_step(net, config), loader,
-                config, history, progress, weight_decay=config.weight_decay, seed_word=2, **common)
-    _run_epochs("distill", config.distill_epochs, config.distill_lr, block_alt_params, _distill_step(net), loader,
-                config, history, progress, weight_decay=0.0, seed_word=3, **common)
     params = block_alt_params + exit_params
     if finetune_original:
         params += list(net.base_parameters())
-    _run_epochs("finetune", config.finetune_epochs, config.finetune_lr, params,
-                _finetune_step(net, config, finetune_original), loader, config, history, progress,
-                weight_decay=config.weight_decay, seed_word=4, **common)
+    phases = [
+        ("exits", config.partition_epochs, config.partition_lr, exit_params, _exit_step(net, config),
+         config.weight_decay),
+        ("distill", config.distill_epochs, config.distill_lr, block_alt_params, _distill_step(net), 0.0),
+        ("finetune", config.finetune_epochs, config.finetune_lr, params,
+         _finetune_step(net, config, finetune_original), config.weight_decay),
+    ]
+    net.train()
+    for word, (name, epochs, lr, group, step, decay) in enumerate(phases, start=2):
+        if name in done:
+            continue
+        _run_epochs(name, epochs, lr, group, step, loader, config, history, progress, weight_decay=decay,
+                    autocast=autocast, device=device, seed_word=word)
+        phase_done(name)
 
 
 def _write(out_dir: Path, config: TrainConfig, net: ElastifiedSupernet, spec: ModelSpec, data: Any, table: Any,
