@@ -191,3 +191,15 @@ def test_custom_autograd_function_is_refused_and_kept_whole_with_leaf() -> None:
     model = _WithCustomFunction().eval()
     net = ElastifiedSupernet(copy.deepcopy(model), name="q", input_shape=(3, 8, 8), leaves=("quant",))
     assert largest_error(net, model, seed=0) <= 1e-5
+
+
+def test_block_choices_enumerate_for_the_latency_table() -> None:
+    """profile-device and pareto price every (position, choice) as a plain module."""
+    torch.manual_seed(0)
+    net = ElastifiedSupernet(user_models().net_1d(), name="n", input_shape=(6, 64))  # type: ignore[attr-defined]
+    refs = list(net.iter_block_choices())
+    expected = 1 + sum(len(p.choices) for p in net.space.positions) + net.space.num_stages
+    assert len(refs) == expected
+    for ref in refs:
+        with torch.no_grad():
+            ref.module(torch.zeros(1, *ref.input_shape))
