@@ -4,8 +4,9 @@ For each model: train the original on the data when no weights are given (timed 
 elastify it (graph analysis + exits + branch-wise distillation + fine-tuning: the
 "elastification time"), write and reload the supernet artifact (checksums verified), then
 
-- the original's test accuracy and the largest variant's (they must be equal: the script
-  fails otherwise), with the max abs error between them before and after training;
+- the original's test accuracy and the largest variant's (they must be equal; a difference
+  is flagged in the JSON and on stderr), with the max abs error between them before and
+  after training;
 - every variant of the artifact's table (largest, smallest, ``--variants`` random ones)
   exported to ONNX and timed with ONNX Runtime on the CPU, batch 1, ``--ort-threads``
   threads, round-robin over ``--rounds`` rounds in a seeded shuffled order (median of each
