@@ -244,8 +244,7 @@ def elastify_supernet(
     from hmt.supernet.train import default_checkpoint_dir
     from hmt.supernet.train.checkpoint import load_checkpoint, save_checkpoint
     from hmt.supernet.train.distributed import DistContext
-    from hmt.supernet.train.evaluate import batches_of, eval_loader
-    from hmt.supernet.train.report import pick_variants, variant_table
+    from hmt.supernet.train.evaluate import eval_loader
     from hmt.supernet.train.trainer import _prepare_data, calibration_subset, derive_seed, resolve_device
 
     started = time.perf_counter()
@@ -255,12 +254,7 @@ def elastify_supernet(
     data, train, val = _prepare_data(config, cache_dir, progress)
     _check_data(spec, data.info)
     provenance = _provenance(spec)
-    with torch.random.fork_rng():
-        torch.manual_seed(derive_seed(config.seed, 0))  # the user's model's own initialisation
-        model = build_model(spec if spec.torchvision is None else _with_classes(spec, data.info.num_classes))
-    # Refuse an untraceable model, or one that does not fit the data, before training it.
-    trace_model(copy.deepcopy(model), spec.leaves)
-    _check_output(model, spec, data.info.num_classes)
+    model = _user_model(spec, config, data.info.num_classes)
     channels_last = device.type == "cuda" and data.info.modality == "image"
     autocast = device.type == "cuda" and config.amp
     loader = _loader(train.x, train.y, data.info, config, device, derive_seed(config.seed, 3), channels_last)
@@ -275,16 +269,15 @@ def elastify_supernet(
         (checkpoint_dir / "checkpoint.pt").unlink(missing_ok=True)
     saved = load_checkpoint(checkpoint_dir, config_fingerprint=config.fingerprint()) or {}
     history: list[dict[str, Any]] = list(saved.get("history", []))
-    done: list[str] = list(saved.get("phases", []))
     trained_original = spec.weights is None and config.backbone_epochs > 0
-    if "original" in done:
+    if "original" in saved:
         model.load_state_dict(saved["original"])
     elif trained_original:
         model.to(device)
         _train_original(model, loader, config, history, progress, autocast, device)
     model.cpu().float().eval()
     original_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    done = sorted(set(done) | {"original"})
+    done: list[str] = sorted(set(saved.get("phases", [])) | {"original"})
 
     def checkpoint(net_state: dict[str, torch.Tensor] | None) -> None:
         state: dict[str, Any] = {"config_fingerprint": config.fingerprint(), "phases": done, "history": history,
@@ -303,10 +296,7 @@ def elastify_supernet(
     if len(net.space.positions) and net.space.num_classes != data.info.num_classes:
         raise UsageError(f"the model predicts {net.space.num_classes} classes, dataset {data.info.name!r} has "
                          f"{data.info.num_classes}")
-    error_before = largest_error(net, model, seed=config.seed)
-    if error_before > EXACT_ATOL:
-        raise VerificationError(f"the largest variant differs from the original model by {error_before:.3g} "
-                                f"(max abs, eval mode, > {EXACT_ATOL}); please report this model")
+    error_before = _check_largest(net, model, seed=config.seed, when="before training")
     net.set_original_frozen(not finetune_original)
     if "supernet" in saved:
         net.load_state_dict(saved["supernet"])
@@ -314,6 +304,7 @@ def elastify_supernet(
     if channels_last:
         net.to(memory_format=torch.channels_last)
     train_start = time.perf_counter()
+
     def phase_done(name: str) -> None:
         done.append(name)
         checkpoint(net.state_dict())
@@ -321,36 +312,14 @@ def elastify_supernet(
     _train_elastic(net, loader, config, history, progress, autocast, device, finetune_original, set(done), phase_done)
     train_s = time.perf_counter() - train_start
     net.eval()
-    # On the CPU in the original's memory format, where it was checked before training.
-    cpu_net = copy.deepcopy(net).cpu().float().to(memory_format=torch.contiguous_format)
-    error_after = largest_error(cpu_net, model, seed=config.seed + 1)
-    del cpu_net
-    if error_after > EXACT_ATOL and not finetune_original:
-        raise VerificationError(f"after training the largest variant differs from the original by "
-                                f"{error_after:.3g}; the original path was not frozen")
-    val_loader, test_loader = evaluation(val.x, val.y), evaluation(data.test_x, data.test_y)
-    # The original runs as the table's largest variant runs (device, memory format, autocast),
-    # so that equal weights give equal predictions, not merely close ones.
-    model.to(device)
-    if channels_last:
-        model.to(memory_format=torch.channels_last)
-    original_test_acc = accuracy(model, test_loader, autocast=autocast)
+    error_after = _check_largest(net, model, seed=config.seed + 1, when="after training")
     calibration_x = calibration_subset(train.x, config)
-    variants = pick_variants(net, config.eval_variants,
-                             np.random.default_rng(derive_seed(config.seed, 6)))
-    table = variant_table(net, variants, val_loader=val_loader, test_loader=test_loader,
-                          calibration=batches_of(evaluation(calibration_x, None)), autocast=autocast,
-                          progress=progress)
-    largest = table[table.role == "largest"].iloc[0]
-    smallest = table[table.role == "smallest"].iloc[0]
-    metrics: dict[str, Any] = {
+    original_test_acc, table = _evaluate(net, model, evaluation, (val.x, val.y), (data.test_x, data.test_y),
+                                         calibration_x, config, channels_last=channels_last, autocast=autocast,
+                                         progress=progress)
+    metrics = {
+        **_table_metrics(table),
         "original_test_acc": original_test_acc,
-        "largest_val_acc": float(largest.val_acc),
-        "largest_test_acc": float(largest.test_acc),
-        "smallest_val_acc": float(smallest.val_acc),
-        "smallest_test_acc": float(smallest.test_acc),
-        "largest_params": int(largest.params),
-        "smallest_params": int(smallest.params),
         "largest_vs_original_max_abs_before": error_before,
         "largest_vs_original_max_abs_after": error_after,
         "original_trained_here": trained_original,
@@ -376,10 +345,76 @@ def elastify_supernet(
     return ElastifyResult(out_dir=out_dir, metrics=metrics, variants=table, report=report)
 
 
-def _with_classes(spec: ModelSpec, num_classes: int) -> ModelSpec:
+def _evaluate(
+    net: ElastifiedSupernet,
+    model: nn.Module,
+    evaluation: Callable[[np.ndarray, np.ndarray | None], BatchLoader],
+    val: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    calibration_x: np.ndarray,
+    config: TrainConfig,
+    *,
+    channels_last: bool,
+    autocast: bool,
+    progress: ProgressCallback,
+) -> tuple[float, Any]:
+    """The original's test accuracy and the variant table (largest, smallest, random)."""
+    from hmt.supernet.train.evaluate import batches_of
+    from hmt.supernet.train.report import pick_variants, variant_table
+    from hmt.supernet.train.trainer import derive_seed
+
+    test_loader = evaluation(*test)
+    # The original runs as the table's largest variant runs (device, memory format, autocast),
+    # so that equal weights give equal predictions, not merely close ones.
+    model.to(next(net.parameters()).device)
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+    original_test_acc = accuracy(model, test_loader, autocast=autocast)
+    variants = pick_variants(net, config.eval_variants,
+                             np.random.default_rng(derive_seed(config.seed, 6)))
+    table = variant_table(net, variants, val_loader=evaluation(*val), test_loader=test_loader,
+                          calibration=batches_of(evaluation(calibration_x, None)), autocast=autocast,
+                          progress=progress)
+    return original_test_acc, table
+
+
+def _table_metrics(table: Any) -> dict[str, Any]:
+    largest = table[table.role == "largest"].iloc[0]
+    smallest = table[table.role == "smallest"].iloc[0]
+    return {
+        "largest_val_acc": float(largest.val_acc),
+        "largest_test_acc": float(largest.test_acc),
+        "smallest_val_acc": float(smallest.val_acc),
+        "smallest_test_acc": float(smallest.test_acc),
+        "largest_params": int(largest.params),
+        "smallest_params": int(smallest.params),
+    }
+
+
+def _check_largest(net: ElastifiedSupernet, model: nn.Module, *, seed: int, when: str) -> float:
+    """Max abs error of the largest variant against the original, on the CPU in the original's
+    memory format (where a GPU run's channels_last copy would take another conv path)."""
+    cpu_net = copy.deepcopy(net).cpu().float().to(memory_format=torch.contiguous_format)
+    error = largest_error(cpu_net, model.cpu().float(), seed=seed)
+    if error > EXACT_ATOL and (when == "before training" or cpu_net.original_frozen):
+        raise VerificationError(f"{when}, the largest variant differs from the original model by {error:.3g} "
+                                f"(max abs, eval mode, > {EXACT_ATOL}); please report this model")
+    return error
+
+
+def _user_model(spec: ModelSpec, config: TrainConfig, num_classes: int) -> nn.Module:
+    """The user's model, refused now (before any training) if it cannot be traced or does
+    not give one logit per class of the dataset."""
     from dataclasses import replace
 
-    return replace(spec, num_classes=spec.num_classes or num_classes)
+    from hmt.supernet.train.trainer import derive_seed
+
+    with torch.random.fork_rng():
+        torch.manual_seed(derive_seed(config.seed, 0))  # the user's model's own initialisation
+        model = build_model(spec if spec.torchvision is None else replace(spec, num_classes=num_classes))
+    trace_model(copy.deepcopy(model), spec.leaves)
+    _check_output(model, spec, num_classes)
+    return model
 
 
 def _train_elastic(net: ElastifiedSupernet, loader: BatchLoader, config: TrainConfig, history: list[dict[str, Any]],
