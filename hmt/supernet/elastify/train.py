@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -248,6 +249,8 @@ def elastify_supernet(
     from hmt.supernet.train.trainer import _prepare_data, calibration_subset, derive_seed, resolve_device
 
     started = time.perf_counter()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UsageError("elastification runs on one device for now; start it without torchrun")
     spec = spec_from_config(config)
     finetune_original = bool(config.extra.get("finetune_original", False))
     device = resolve_device(config.device, DistContext(rank=0, world_size=1, local_rank=0))
