@@ -232,7 +232,7 @@ def _elastify(
         result = elastify_supernet(resolved, out, cache_dir=cache_dir, progress=progress,
                                    checkpoint_dir=checkpoint_dir, restart=restart, keep_checkpoint=keep_checkpoint)
     m, report = result.metrics, result.report
-    rows = [[b["name"], b["owner"] or "-", b["kind"], " ".join(b["choices"])] for b in report["blocks"]]
+    rows = [[b["name"], _modules_label(b), b["kind"], " ".join(b["choices"])] for b in report["blocks"]]
     output.table("blocks (choices offered; notes in elastify.json)", ["block", "module", "kind", "choices"], rows)
     output.result(
         {"out": str(out), "metrics": m, "report": report},
@@ -240,3 +240,13 @@ def _elastify(
         f"(max abs {m['largest_vs_original_max_abs_after']:.1e}), smallest {100 * m['smallest_test_acc']:.2f}%; "
         f"{m['blocks']} blocks ({m['blocks_kept_unchanged']} kept unchanged), elastified in {m['elastify_s']:.0f} s",
     )
+
+
+def _modules_label(block: dict[str, Any]) -> str:
+    """The user's module a block is, else the range of layers it spans."""
+    if block["owner"]:
+        return str(block["owner"])
+    modules = block["modules"]
+    if not modules:
+        return "-"
+    return modules[0] if len(modules) == 1 else f"{modules[0]} .. {modules[-1]}"
