@@ -20,6 +20,14 @@ Examples:
   # full CIFAR-10 on a GPU, starting from nothing, ResNet-18 backbone
   hmt train-supernet --preset cifar10 --data ../shared/datasets/cifar10-jpeg --out runs/r18
 
+  # your own model elastified (AdaptiveNet): blocks found by torch.fx, the original path kept exact
+  hmt train-supernet --model net.py:build --weights net.safetensors --input-shape 1,3,32,32 \\
+      --data ../shared/datasets/cifar10-jpeg --out runs/mine
+
+  # a torchvision architecture (no download: --weights, or it is trained first)
+  hmt train-supernet --torchvision mobilenet_v2 --input-shape 1,3,32,32 --data ../shared/datasets/cifar10-jpeg \\
+      --out runs/mbv2
+
   # ResNet-56 elastified from its pretrained weights
   hmt train-supernet --backbone cifar_resnet56 --pretrained ../shared/models/resnet-cifar10/resnet56-4bfd9763.th \\
       --data ../shared/datasets/cifar10-jpeg --backbone-epochs 10 --out runs/r56
@@ -86,6 +94,26 @@ def train_supernet_command(
     list_backbones: Annotated[
         bool, typer.Option("--list-backbones", help="List the built-in backbones and exit.")
     ] = False,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="Elastify your own model: path/to/file.py:factory returning an nn.Module."),
+    ] = None,
+    torchvision_name: Annotated[
+        str | None, typer.Option("--torchvision", help="Elastify a torchvision architecture, e.g. resnet18.")
+    ] = None,
+    weights: Annotated[
+        Path | None,
+        typer.Option(help="Weights of --model/--torchvision (.safetensors or torch.save state dict, weights-only); "
+                     "without them the original is trained first (--backbone-epochs)."),
+    ] = None,
+    input_shape: Annotated[
+        str | None, typer.Option(help="Input shape with batch for --model/--torchvision: 1,3,32,32 or 1,C,L (1-D).")
+    ] = None,
+    leaf: Annotated[
+        list[str] | None,
+        typer.Option("--leaf", help="Keep this submodule (e.g. layer2.0.gate) as one opaque, unchanged block; "
+                     "the way out for code torch.fx cannot trace. Repeatable."),
+    ] = None,
     json_mode: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -121,6 +149,16 @@ def train_supernet_command(
             "eval_variants": eval_variants,
             "max_train_samples": max_train_samples,
         }
+        if model is not None or torchvision_name is not None:
+            overrides["extra"] = _elastify_extra(model, torchvision_name, weights, input_shape, leaf or [],
+                                                 bool(finetune_original))
+            resolved = resolve_config(preset=preset, config_file=config, overrides=overrides)
+            _elastify(output, resolved, out, cache_dir, checkpoint_dir, restart, keep_checkpoint)
+            return
+        if weights is not None or leaf or input_shape is not None:
+            from hmt.errors import UsageError
+
+            raise UsageError("--weights, --input-shape and --leaf go with --model or --torchvision")
         resolved = resolve_config(preset=preset, config_file=config, overrides=overrides)
         output.note(
             f"training {resolved.backbone} supernet on {resolved.dataset} "
@@ -165,3 +203,53 @@ def train_supernet_command(
         )
 
     run_command(body, json_mode=json_mode, quiet=quiet, debug=debug)
+
+
+def _elastify_extra(
+    model: str | None, torchvision_name: str | None, weights: Path | None, input_shape: str | None,
+    leaves: list[str], finetune_original: bool,
+) -> dict[str, Any]:
+    from hmt.convert.sources import parse_shape
+    from hmt.errors import UsageError
+    from hmt.supernet.elastify import ModelSpec
+    from hmt.supernet.elastify.source import parse_model_option
+
+    if input_shape is None:
+        raise UsageError("--input-shape is required with --model/--torchvision, e.g. 1,3,32,32 (or 1,C,L for 1-D)")
+    file, factory = parse_model_option(model) if model is not None else (None, None)
+    spec = ModelSpec(input_shape=parse_shape(input_shape), file=file, factory=factory, torchvision=torchvision_name,
+                     weights=str(weights) if weights else None, leaves=tuple(leaves)).validate()
+    return {"elastify": spec.to_json_dict(), "finetune_original": finetune_original}
+
+
+def _elastify(
+    output: Output, resolved: Any, out: Path, cache_dir: Path | None, checkpoint_dir: Path | None, restart: bool,
+    keep_checkpoint: bool,
+) -> None:
+    from hmt.supernet.elastify.train import elastify_supernet
+
+    spec = resolved.extra["elastify"]
+    what = spec["torchvision"] or f"{spec['file']}:{spec['factory']}"
+    output.note(f"elastifying {what} on {resolved.dataset} ({resolved.data_path or 'embedded subset'}) -> {out}")
+    with output.progress() as progress:
+        result = elastify_supernet(resolved, out, cache_dir=cache_dir, progress=progress,
+                                   checkpoint_dir=checkpoint_dir, restart=restart, keep_checkpoint=keep_checkpoint)
+    m, report = result.metrics, result.report
+    rows = [[b["name"], _modules_label(b), b["kind"], " ".join(b["choices"])] for b in report["blocks"]]
+    output.table("blocks (choices offered; notes in elastify.json)", ["block", "module", "kind", "choices"], rows)
+    output.result(
+        {"out": str(out), "metrics": m, "report": report},
+        f"wrote {out}: original {100 * m['original_test_acc']:.2f}% test = largest {100 * m['largest_test_acc']:.2f}% "
+        f"(max abs {m['largest_vs_original_max_abs_after']:.1e}), smallest {100 * m['smallest_test_acc']:.2f}%; "
+        f"{m['blocks']} blocks ({m['blocks_kept_unchanged']} kept unchanged), elastified in {m['elastify_s']:.0f} s",
+    )
+
+
+def _modules_label(block: dict[str, Any]) -> str:
+    """The user's module a block is, else the range of layers it spans."""
+    if block["owner"]:
+        return str(block["owner"])
+    modules = block["modules"]
+    if not modules:
+        return "-"
+    return modules[0] if len(modules) == 1 else f"{modules[0]} .. {modules[-1]}"

@@ -71,8 +71,9 @@ def load_supernet(path: Path | str, *, device: str = "cpu") -> LoadedSupernet:
     artifact = load_artifact(path, kind=KIND)
     model_info = artifact.read_json(MODEL)
     space = SearchSpace.from_json_dict(artifact.read_json(SPACE))
+    elastified = _elastified_net(artifact, model_info)
     try:
-        net = build_supernet(
+        net = elastified if elastified is not None else build_supernet(
             model_info["backbone"],
             num_classes=int(model_info["num_classes"]),
             input_shape=tuple(model_info["input_shape"]),
@@ -93,6 +94,16 @@ def load_supernet(path: Path | str, *, device: str = "cpu") -> LoadedSupernet:
         )
     net.to(device).eval()
     return LoadedSupernet(net=net, space=space, artifact=artifact, model_info=model_info)
+
+
+def _elastified_net(artifact: Artifact, model_info: dict[str, Any]) -> Any:
+    """A user model elastified by hmt.supernet.elastify (rebuilt from its stored source), else None."""
+    if "elastify" not in model_info:
+        return None
+    from hmt.supernet.elastify.train import rebuild
+
+    source = model_info["elastify"].get("source")
+    return rebuild(model_info, artifact.file(source) if source else None)
 
 
 def write_model_info(

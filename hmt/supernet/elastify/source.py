@@ -1,0 +1,146 @@
+"""Where the model to elastify comes from: a user file and factory, or a torchvision name.
+
+Weights load through safetensors or ``torch.load(weights_only=True)`` (hmt.convert.sources);
+the manifest records the source file's sha256, the factory and the weights' sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hmt.errors import InputError, ModelError, UsageError
+
+# The architectures the coverage tests and the benchmark use; any torchvision classifier
+# name that takes ``num_classes`` works.
+TORCHVISION_MODELS = (
+    "resnet18",
+    "resnet50",
+    "mobilenet_v2",
+    "mobilenet_v3_small",
+    "efficientnet_b0",
+    "shufflenet_v2_x1_0",
+    "regnet_y_400mf",
+    "vgg11_bn",
+)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model to elastify: exactly one of ``file``+``factory`` or ``torchvision``."""
+
+    input_shape: tuple[int, ...]  # with the batch dimension, as --input-shape
+    file: str | None = None
+    factory: str | None = None
+    torchvision: str | None = None
+    num_classes: int | None = None  # torchvision only: the classifier width
+    weights: str | None = None
+    leaves: tuple[str, ...] = ()
+
+    def validate(self) -> ModelSpec:
+        if (self.file is None) == (self.torchvision is None):
+            raise UsageError("give exactly one of --model FILE.py:FACTORY or --torchvision NAME")
+        if len(self.input_shape) not in (3, 4) or any(d < 1 for d in self.input_shape):
+            raise UsageError(
+                f"--input-shape {','.join(map(str, self.input_shape))}: expected B,C,L (1-D) or B,C,H,W (images)"
+            )
+        return self
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "input_shape": list(self.input_shape),
+            "file": self.file,
+            "factory": self.factory,
+            "torchvision": self.torchvision,
+            "num_classes": self.num_classes,
+            "weights": self.weights,
+            "leaves": list(self.leaves),
+        }
+
+    @classmethod
+    def from_json_dict(cls, data: dict[str, Any]) -> ModelSpec:
+        try:
+            return cls(
+                input_shape=tuple(int(v) for v in data["input_shape"]),
+                file=data.get("file"),
+                factory=data.get("factory"),
+                torchvision=data.get("torchvision"),
+                num_classes=data.get("num_classes"),
+                weights=data.get("weights"),
+                leaves=tuple(str(v) for v in data.get("leaves", [])),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"elastify model spec is malformed ({exc!r})") from exc
+
+
+def parse_model_option(text: str) -> tuple[str, str]:
+    """``path/to/file.py:factory`` -> (file, factory)."""
+    file_text, sep, factory = text.rpartition(":")
+    if not sep or not file_text.endswith(".py") or not factory.isidentifier():
+        raise UsageError(f"--model {text!r}: expected path/to/file.py:factory_function")
+    return file_text, factory
+
+
+def sha256_file(path: Path | str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def import_torchvision() -> Any:
+    """``import torchvision``, also where its compiled ops do not match this torch.
+
+    PyPI's torchvision wheels link CUDA torch; with CPU torch their ``_C`` library fails to
+    load and ``torchvision._meta_registrations`` then dies registering ``torchvision::nms`` and
+    ``qnms``. The models need none of those ops, so declare the two schemas and import again.
+    """
+    try:
+        import torchvision
+
+        return torchvision
+    except ModuleNotFoundError as exc:
+        raise UsageError("--torchvision needs the torchvision package: pip install 'hmt[offline]'") from exc
+    except RuntimeError as exc:
+        if "torchvision::nms" not in str(exc):
+            raise ModelError(f"importing torchvision failed: {exc}") from exc
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        del sys.modules[name]
+    library = torch.library.Library("torchvision", "FRAGMENT")
+    for op in ("nms", "qnms"):
+        library.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _KEEP.append(library)
+    import torchvision
+
+    return torchvision
+
+
+_KEEP: list[Any] = []  # the Library object must outlive the import
+
+
+def build_model(spec: ModelSpec, *, file_override: Path | None = None) -> nn.Module:
+    """The user's network in eval mode, with ``spec.weights`` loaded (strict)."""
+    from hmt.convert.sources import apply_weights, load_factory_module
+
+    if spec.torchvision is not None:
+        tv = import_torchvision()
+        builder = getattr(tv.models, spec.torchvision, None)
+        if builder is None or not callable(builder):
+            raise UsageError(f"--torchvision {spec.torchvision!r}: torchvision.models has no such architecture")
+        try:
+            net = builder(weights=None, num_classes=spec.num_classes or 1000)
+        except TypeError as exc:
+            raise UsageError(f"--torchvision {spec.torchvision!r}: not a classifier builder ({exc})") from exc
+    else:
+        file = file_override or Path(str(spec.file))
+        net = load_factory_module(f"{file}:{spec.factory}")
+    if spec.weights is not None:
+        apply_weights(net, Path(spec.weights))
+    return net.eval()

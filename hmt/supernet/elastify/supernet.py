@@ -1,0 +1,385 @@
+"""The elastified supernet: the user's model cut into blocks, each with its alternatives.
+
+It speaks the vocabulary of ``hmt.supernet.supernet.Supernet`` (``space``, ``stem``,
+``entries``, ``blocks[p].materialize(choice)``, ``exits``, ``forward(x, arch)``,
+``forward_exits``, ``materialize``, ``iter_block_choices``, ``variant_blocks``), so
+profile-device, pareto, convert, fuse, deploy and serve use it unchanged. The original
+blocks, stem and head stay frozen (their batch norms are ``FrozenBatchNorm``), so the
+largest variant computes what the user's model computes; only alternatives and the early
+exits train, unless ``--finetune-original`` unfreezes the original too.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from hmt.errors import ModelError
+from hmt.supernet.elastify import alternatives as alt_ops
+from hmt.supernet.elastify.frozen import freeze
+from hmt.supernet.elastify.graph import ModelPlan, plan_model, submodule_of
+from hmt.supernet.elastify.trace import propagate_shapes, trace_model
+from hmt.supernet.exits import ExitHead
+from hmt.supernet.space import NOT_EXECUTED, ArchConfig, BlockPosition, SearchSpace
+from hmt.supernet.supernet import BlockChoiceRef, VariantModule
+
+# The order choices appear in a position (and so in the space JSON).
+CHOICE_ORDER = ("base", "w75", "w50", "w25", "lr50", "lr25", "dws", "k1", "skip", "merge")
+
+
+@dataclass
+class BlockReport:
+    """What elastification did to one block (the report lists every block, kept or not)."""
+
+    name: str
+    owner: str | None
+    kind: str
+    modules: list[str]
+    in_shape: list[int]
+    out_shape: list[int]
+    choices: list[str]
+    notes: dict[str, str] = field(default_factory=dict)
+
+
+class ElasticBlock(nn.Module):
+    """One block of the original model (``base``, frozen) and its alternatives."""
+
+    def __init__(self, base: nn.Module, alts: dict[str, nn.Module], choices: tuple[str, ...]) -> None:
+        super().__init__()
+        self.base = base
+        self.alts = nn.ModuleDict(alts)
+        self.choices = choices
+
+    def forward(self, x: torch.Tensor, choice: str = "base") -> torch.Tensor:
+        if choice == "base":
+            return self.base(x)
+        if choice == "skip":
+            return x
+        return self.alts[choice](x)
+
+    def materialize(self, choice: str) -> nn.Module:
+        if choice == "skip":
+            return nn.Identity()
+        module = self.base if choice == "base" else self.alts[choice]
+        return copy.deepcopy(module).eval()
+
+
+def _tag(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_")[:40] or "model"
+
+
+def _stride(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> int:
+    if len(in_shape) < 3 or len(out_shape) < 3 or out_shape[2] == 0:
+        return 1
+    return max(1, in_shape[2] // out_shape[2])
+
+
+class ElastifiedSupernet(nn.Module):
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        name: str,
+        input_shape: tuple[int, ...],
+        leaves: tuple[str, ...] = (),
+        operators: tuple[str, ...] | None = None,
+        seed: int = 0,
+        init: bool = True,
+    ) -> None:
+        """``model`` is consumed (traced and shared, so pass a copy); ``input_shape``
+        excludes the batch. ``init=False`` skips the SVD and importance work (the weights
+        are loaded next, as when an artifact is rebuilt)."""
+        super().__init__()
+        gm = trace_model(model, leaves)
+        propagate_shapes(gm, torch.zeros(2, *input_shape))
+        plan = plan_model(gm, set(leaves))
+        freeze(gm)
+        self.plan_dims = plan.dims
+        self.original_frozen = True
+        out_shape = plan.head.out_shape
+        if len(out_shape) != 2:
+            raise ModelError(f"cannot elastify: the model returns shape {out_shape}, expected (batch, classes)")
+        num_classes = int(out_shape[1])
+        self.stem: nn.Module = submodule_of(gm, plan.stem, "Stem") if plan.stem is not None else nn.Identity()
+        self.reports: list[BlockReport] = []
+        positions: list[BlockPosition] = []
+        blocks: list[ElasticBlock] = []
+        with torch.random.fork_rng():
+            # Fresh weights (depthwise-separable units, exit heads) draw from torch's global
+            # generator; seed it in a scope so the same seed gives the same supernet.
+            torch.manual_seed(seed)
+            for p, block_plan in enumerate(plan.blocks):
+                base = submodule_of(gm, block_plan, "Block")
+                choices, alts, report = self._alternatives(p, plan, base, operators, init)
+                blocks.append(ElasticBlock(base, alts, choices))
+                stage = plan.stages[p]
+                index = sum(1 for q in range(p) if plan.stages[q] == stage)
+                report.name = f"s{stage}.b{index}"
+                self.reports.append(report)
+                positions.append(
+                    BlockPosition(
+                        name=report.name,
+                        stage=stage,
+                        index=index,
+                        kind=block_plan.kind,
+                        in_channels=int(block_plan.in_shape[1]),
+                        out_channels=int(block_plan.out_shape[1]),
+                        stride=_stride(block_plan.in_shape, block_plan.out_shape),
+                        choices=choices,
+                    )
+                )
+            self.blocks = nn.ModuleList(blocks)
+            num_stages = plan.num_stages
+            self.entries = nn.ModuleList([nn.Identity() for _ in range(num_stages)])
+            exits: list[nn.Module] = []
+            for s in range(num_stages - 1):
+                last = max(p for p in range(len(plan.blocks)) if plan.stages[p] == s)
+                exits.append(ExitHead(plan.dims, int(plan.blocks[last].out_shape[1]), num_classes))
+            exits.append(submodule_of(gm, plan.head, "Head"))
+            self.exits = nn.ModuleList(exits)
+        self.stage_of = list(plan.stages)
+        self.space = SearchSpace(
+            backbone=_tag(name),
+            num_classes=num_classes,
+            input_shape=tuple(input_shape),
+            num_stages=num_stages,
+            positions=tuple(positions),
+        )
+        self.head_modules = plan.head.module_paths()
+        self.stem_modules = plan.stem.module_paths() if plan.stem is not None else []
+        self._input_shapes: dict[str, tuple[int, ...]] | None = None
+        self.set_original_frozen(True)
+
+    # -- building ----------------------------------------------------------------------
+
+    def _alternatives(
+        self, p: int, plan: ModelPlan, base: fx.GraphModule, operators: tuple[str, ...] | None, init: bool
+    ) -> tuple[tuple[str, ...], dict[str, nn.Module], BlockReport]:
+        block = plan.blocks[p]
+        wanted = set(operators) if operators is not None else set(CHOICE_ORDER)
+        report = BlockReport("", block.owner, block.kind, block.module_paths()[:50], list(block.in_shape),
+                             list(block.out_shape), [])
+        candidates: dict[str, tuple[nn.Module | None, str]] = {}
+        if block.kind == "opaque":
+            report.notes["all"] = f"kept unchanged: opaque leaf module(s) {', '.join(block.leaves)}"
+        else:
+            for choice, ratio in alt_ops.WIDTHS.items():
+                if choice in wanted:
+                    candidates[choice] = alt_ops.shrink(base, ratio)
+            ranks = {c: r for c, r in alt_ops.RANKS.items() if c in wanted}
+            candidates.update(alt_ops.low_rank(base, ranks, init=init))
+            if "dws" in wanted:
+                candidates["dws"] = alt_ops.depthwise_separable(base)
+            if "k1" in wanted:
+                candidates["k1"] = alt_ops.kernel_one(base)
+        if block.kind == "opaque":
+            candidates.clear()  # kept exactly as it is: no skip, no merge
+            wanted = set()
+        if "skip" in wanted:
+            same = block.in_shape == block.out_shape
+            candidates["skip"] = (None, "identity") if same else (None, "input and output shapes differ")
+        nxt = plan.blocks[p + 1] if p + 1 < len(plan.blocks) else None
+        if "merge" in wanted:
+            fits = nxt is not None and nxt.kind != "opaque" and nxt.in_shape == nxt.out_shape
+            if nxt is not None and fits and plan.stages[p + 1] == plan.stages[p]:
+                candidates["merge"] = (alt_ops.merged(base), f"stands in for this block and {nxt.owner or 'the next'}")
+            else:
+                candidates["merge"] = (None, "the next block changes the shape, starts another stage or is opaque")
+        example = torch.randn(1, *block.in_shape[1:])
+        alts: dict[str, nn.Module] = {}
+        choices = ["base"]
+        for choice in CHOICE_ORDER[1:]:
+            if choice not in candidates:
+                continue
+            module, note = candidates[choice]
+            if choice == "skip":
+                if note == "identity":
+                    choices.append(choice)
+                report.notes[choice] = note
+                continue
+            if module is None:
+                report.notes[choice] = "not offered: " + note
+                continue
+            problem = _shape_problem(module, example, tuple(block.out_shape[1:]))
+            if problem:
+                report.notes[choice] = "not offered: " + problem
+                continue
+            alts[choice] = module
+            choices.append(choice)
+            report.notes[choice] = note
+        report.choices = choices
+        return tuple(choices), alts, report
+
+    # -- the original path -------------------------------------------------------------
+
+    def original_modules(self) -> list[nn.Module]:
+        """Stem, every block's base and the final head: the user's model."""
+        bases: list[nn.Module] = [block.base for block in self.blocks]  # type: ignore[misc]
+        return [self.stem, *bases, self.exits[-1]]
+
+    def set_original_frozen(self, frozen: bool) -> None:
+        self.original_frozen = frozen
+        for module in self.original_modules():
+            for param in module.parameters():
+                param.requires_grad_(not frozen)
+        self.train(self.training)
+
+    def train(self, mode: bool = True) -> ElastifiedSupernet:
+        super().train(mode)
+        if self.original_frozen:
+            for module in self.original_modules():
+                module.eval()  # dropout off: the original's outputs stay its eval outputs
+        return self
+
+    def base_parameters(self) -> Iterator[nn.Parameter]:
+        seen: set[int] = set()
+        for module in self.original_modules():
+            for param in module.parameters():
+                if id(param) not in seen:
+                    seen.add(id(param))
+                    yield param
+
+    def alternative_parameters(self) -> Iterator[nn.Parameter]:
+        """Alternatives and the early exits: what elastification trains."""
+        for block in self.blocks:
+            yield from block.alts.parameters()
+        for head in list(self.exits)[:-1]:
+            yield from head.parameters()
+
+    def prepare_alternatives(self) -> None:
+        """Nothing to do: alternatives are initialised from the original when built."""
+
+    # -- running -----------------------------------------------------------------------
+
+    def _check(self, arch: ArchConfig) -> None:
+        if arch.space_tag != self.space.tag:
+            raise ModelError(f"arch {arch.arch_id} is for space {arch.space_tag}, this supernet is {self.space.tag}")
+
+    def _stage_positions(self, stage: int) -> range:
+        positions = [p for p, s in enumerate(self.stage_of) if s == stage]
+        return range(positions[0], positions[-1] + 1)
+
+    def forward_stage_features(self, x: torch.Tensor, arch: ArchConfig) -> list[torch.Tensor]:
+        self._check(arch)
+        h = self.stem(x)
+        features = []
+        for s in range(arch.exit_stage + 1):
+            h = self.entries[s](h)
+            for p in self._stage_positions(s):
+                if arch.choices[p] != NOT_EXECUTED:
+                    h = self.blocks[p](h, arch.choices[p])
+            features.append(h)
+        return features
+
+    def forward_exits(self, x: torch.Tensor, arch: ArchConfig) -> list[torch.Tensor]:
+        feats = self.forward_stage_features(x, arch)
+        return [self.exits[s](f) for s, f in enumerate(feats)]
+
+    def forward(self, x: torch.Tensor, arch: ArchConfig | None = None) -> torch.Tensor:
+        arch = arch or self.space.largest()
+        feats = self.forward_stage_features(x, arch)
+        return self.exits[arch.exit_stage](feats[-1])
+
+    # -- materialising and enumerating --------------------------------------------------
+
+    def materialize(self, arch: ArchConfig) -> VariantModule:
+        self._check(arch)
+        segments: list[nn.Module] = []
+        heads: list[nn.Module] = []
+        for s in range(arch.exit_stage + 1):
+            layers: list[nn.Module] = [copy.deepcopy(self.stem)] if s == 0 else []
+            for p in self._stage_positions(s):
+                if arch.choices[p] != NOT_EXECUTED:
+                    layers.append(self.blocks[p].materialize(arch.choices[p]))
+            segments.append(nn.Sequential(*layers))
+            heads.append(copy.deepcopy(self.exits[s]))
+        variant = VariantModule(segments, heads, tuple(self.space.input_shape), arch.arch_id)
+        return variant.to(next(self.parameters()).device).eval()
+
+    def block_input_shapes(self) -> dict[str, tuple[int, ...]]:
+        if self._input_shapes is None:
+            shapes: dict[str, tuple[int, ...]] = {}
+            was_training = self.training
+            self.eval()
+            with torch.no_grad():
+                h = torch.zeros(1, *self.space.input_shape, device=next(self.parameters()).device)
+                shapes["stem"] = tuple(h.shape[1:])
+                h = self.stem(h)
+                for s in range(self.space.num_stages):
+                    shapes[f"s{s}.entry"] = tuple(h.shape[1:])
+                    for p in self._stage_positions(s):
+                        shapes[self.space.positions[p].name] = tuple(h.shape[1:])
+                        h = self.blocks[p](h, "base")
+                    shapes[f"exit{s}"] = tuple(h.shape[1:])
+            self.train(was_training)
+            self._input_shapes = shapes
+        return self._input_shapes
+
+    def iter_block_choices(self) -> Iterator[BlockChoiceRef]:
+        shapes = self.block_input_shapes()
+        yield BlockChoiceRef("stem", "base", copy.deepcopy(self.stem).eval(), shapes["stem"])
+        for s in range(self.space.num_stages):
+            for p in self._stage_positions(s):
+                pos = self.space.positions[p]
+                for choice in pos.choices:
+                    yield BlockChoiceRef(pos.name, choice, self.blocks[p].materialize(choice), shapes[pos.name])
+            yield BlockChoiceRef(f"exit{s}", "base", copy.deepcopy(self.exits[s]).eval(), shapes[f"exit{s}"])
+
+    def variant_blocks(self, arch: ArchConfig) -> list[tuple[str, str]]:
+        self._check(arch)
+        out = [("stem", "base")]
+        for s in range(arch.exit_stage + 1):
+            for p in self._stage_positions(s):
+                if arch.choices[p] != NOT_EXECUTED:
+                    out.append((self.space.positions[p].name, arch.choices[p]))
+        out.append((f"exit{arch.exit_stage}", "base"))
+        return out
+
+    def report(self) -> dict[str, Any]:
+        """The elastification report: stem, head, every block with its choices and notes."""
+        offered = sum(len(r.choices) > 1 for r in self.reports)
+        return {
+            "stem_modules": self.stem_modules,
+            "head_modules": self.head_modules,
+            "num_stages": self.space.num_stages,
+            "blocks": [r.__dict__ for r in self.reports],
+            "blocks_elastified": offered,
+            "blocks_kept": len(self.reports) - offered,
+            "space_size": self.space.size(),
+        }
+
+
+@torch.no_grad()
+def _shape_problem(module: nn.Module, example: torch.Tensor, expected: tuple[int, ...]) -> str | None:
+    module.eval()
+    try:
+        out = module(example)
+    except Exception as exc:  # noqa: BLE001 - any failure just means "not offered", with the reason
+        return f"fails on the block's input ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
+    if tuple(out.shape[1:]) != expected:
+        return f"gives shape {tuple(out.shape[1:])}, the block gives {expected}"
+    return None
+
+
+@torch.no_grad()
+def largest_error(net: ElastifiedSupernet, model: nn.Module, *, seed: int, batch: int = 4) -> float:
+    """Max abs difference between the largest variant and ``model`` on seeded random
+    inputs, both in eval mode."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, *net.space.input_shape, generator=generator)
+    device = next(net.parameters()).device
+    was_training = net.training
+    net.eval()
+    model.eval()
+    try:
+        ours = net(x.to(device), net.space.largest()).float().cpu()
+        theirs = model.to(device)(x.to(device)).float().cpu()
+    finally:
+        net.train(was_training)
+    return float((ours - theirs).abs().max())

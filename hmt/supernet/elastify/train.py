@@ -1,0 +1,494 @@
+"""Elastification end to end: load the user's model, (train it if it has no weights),
+build the supernet, train what was added, check the original stayed exact, write the
+ordinary supernet artifact (plus the model source and an elastification report).
+
+Recipe (AdaptiveNet 4.2, with early exits): the original is frozen; (1) the early exits
+learn on the original's stage features; (2) branch-wise distillation: every alternative
+matches the output of the block(s) it replaces, one random alternative per block and step
+(eq. 1); (3) fine-tuning: the smallest and random subnets learn from labels and from the
+original's logits. ``finetune_original`` also trains the original path in (3).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hmt.data import BatchLoader
+from hmt.errors import UsageError, VerificationError
+from hmt.progress import ProgressCallback, no_progress
+from hmt.supernet.elastify.source import ModelSpec, build_model, sha256_file
+from hmt.supernet.elastify.supernet import ElastifiedSupernet, largest_error
+from hmt.supernet.elastify.trace import trace_model
+from hmt.supernet.train.config import TrainConfig
+
+# The largest variant must reproduce the user's model to this max abs error (eval mode).
+EXACT_ATOL = 1e-5
+ELASTIFY_REPORT = "elastify.json"
+SOURCE_COPY = "source.py"
+
+
+@dataclass
+class ElastifyResult:
+    out_dir: Path
+    metrics: dict[str, Any]
+    variants: Any  # pandas DataFrame
+    report: dict[str, Any]
+
+
+def spec_from_config(config: TrainConfig) -> ModelSpec:
+    data = config.extra.get("elastify")
+    if not isinstance(data, dict):
+        raise UsageError("training config has no 'elastify' model (give --model or --torchvision)")
+    return ModelSpec.from_json_dict(data).validate()
+
+
+def _loader(x: np.ndarray, y: np.ndarray, info: Any, config: TrainConfig, device: torch.device, seed: int,
+            channels_last: bool) -> BatchLoader:
+    return BatchLoader(x, y, info=info, batch_size=config.batch_size, device=device, augment=True, shuffle=True,
+                       generator=torch.Generator().manual_seed(seed), drop_last=len(x) >= 2 * config.batch_size,
+                       channels_last=channels_last)
+
+
+def _run_epochs(
+    name: str,
+    epochs: int,
+    lr: float,
+    params: list[nn.Parameter],
+    step: Callable[[torch.Tensor, torch.Tensor, np.random.Generator], torch.Tensor],
+    loader: BatchLoader,
+    config: TrainConfig,
+    history: list[dict[str, Any]],
+    progress: ProgressCallback,
+    *,
+    weight_decay: float,
+    autocast: bool,
+    device: torch.device,
+    seed_word: int,
+) -> None:
+    """SGD (Nesterov) with the trainer's one-cycle schedule; one history record per epoch."""
+    from hmt.supernet.train.trainer import derive_seed, lr_at
+
+    if epochs == 0 or not params:
+        return
+    optimizer = torch.optim.SGD(params, lr=lr, momentum=config.momentum, nesterov=True, weight_decay=weight_decay)
+    total = len(loader) * epochs
+    for epoch in range(epochs):
+        loader.set_epoch(derive_seed(seed_word, epoch))
+        rng = np.random.default_rng(derive_seed(config.seed, 40 + seed_word, epoch))
+        started = time.perf_counter()
+        loss_sum = torch.zeros((), device=device)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(derive_seed(config.seed, 50 + seed_word, epoch))  # dropout, scoped
+            for i, (xb, yb) in enumerate(loader):
+                for group in optimizer.param_groups:
+                    group["lr"] = lr_at(lr, epoch * len(loader) + i, total)
+                optimizer.zero_grad(set_to_none=True)
+                with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
+                    loss = step(xb, yb, rng)
+                optimizer.step()
+                loss_sum += loss.detach()
+                if i % 10 == 0 or i == len(loader) - 1:
+                    progress(name, epoch * len(loader) + i + 1, total, f"epoch {epoch + 1}/{epochs}")
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        history.append({"phase": name, "epoch": epoch, "train_loss": float(loss_sum) / max(1, len(loader)),
+                        "epoch_s": time.perf_counter() - started})
+
+
+def _train_original(model: nn.Module, loader: BatchLoader, config: TrainConfig, history: list[dict[str, Any]],
+                    progress: ProgressCallback, autocast: bool, device: torch.device) -> None:
+    model.train()
+
+    def step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+        loss = F.cross_entropy(model(xb), yb, label_smoothing=config.label_smoothing)
+        loss.backward()
+        return loss
+
+    _run_epochs("original", config.backbone_epochs, config.backbone_lr, list(model.parameters()), step, loader,
+                config, history, progress, weight_decay=config.weight_decay, autocast=autocast, device=device,
+                seed_word=1)
+    model.eval()
+
+
+def _exit_step(net: ElastifiedSupernet, config: TrainConfig) -> Callable[..., torch.Tensor]:
+    largest = net.space.largest()
+
+    def step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+        with torch.no_grad():
+            feats = net.forward_stage_features(xb, largest)
+        losses = [F.cross_entropy(net.exits[s](f), yb, label_smoothing=config.label_smoothing)
+                  for s, f in enumerate(feats[:-1])]
+        loss = torch.stack(losses).sum() if losses else torch.zeros((), device=xb.device, requires_grad=True)
+        loss.backward()
+        return loss
+
+    return step
+
+
+def _finetune_step(
+    net: ElastifiedSupernet, config: TrainConfig, finetune_original: bool
+) -> Callable[..., torch.Tensor]:
+    from hmt.supernet.train.phases import kd_loss
+
+    def step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+        largest = net.space.largest()
+        if finetune_original:
+            teacher_logits = net(xb, largest)
+            loss = F.cross_entropy(teacher_logits, yb, label_smoothing=config.label_smoothing)
+            loss.backward()
+            teacher, total = teacher_logits.detach(), loss.detach()
+        else:
+            with torch.no_grad():
+                teacher = net(xb, largest)
+            total = torch.zeros((), device=xb.device)
+        archs = [net.space.smallest()] + [net.space.sample(rng) for _ in range(config.finetune_random_subnets)]
+        for arch in archs:
+            logits = net.forward_exits(xb, arch)
+            loss = F.cross_entropy(logits[-1], yb, label_smoothing=config.label_smoothing)
+            loss = loss + kd_loss(logits[-1], teacher, config.kd_temperature)
+            for early in logits[:-1]:
+                loss = loss + config.exit_loss_weight * F.cross_entropy(early, yb)
+            loss.backward()
+            total = total + loss.detach()
+        return total
+
+    return step
+
+
+def _distill_step(net: ElastifiedSupernet) -> Callable[..., torch.Tensor]:
+    from hmt.supernet.train.phases import step_distill
+
+    def step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+        loss = step_distill(net, xb, rng)  # the Supernet vocabulary (duck-typed)
+        loss.backward()
+        return loss
+
+    return step
+
+
+@torch.no_grad()
+def accuracy(fn: Callable[[torch.Tensor], torch.Tensor], loader: BatchLoader, *, autocast: bool = False) -> float:
+    """Top-1 accuracy, under the same autocast the variant table uses (hmt.supernet.train.evaluate)."""
+    correct, seen = 0, 0
+    loader.set_epoch(0)
+    for xb, yb in loader:
+        with torch.autocast(device_type=xb.device.type, dtype=torch.bfloat16, enabled=autocast):
+            logits = fn(xb)
+        correct += int((logits.argmax(1) == yb).sum())
+        seen += len(yb)
+    return correct / max(1, seen)
+
+
+@torch.no_grad()
+def _check_output(model: nn.Module, spec: ModelSpec, num_classes: int) -> None:
+    try:
+        out = model.eval()(torch.zeros(*spec.input_shape))
+    except Exception as exc:  # whatever the user's forward raises, say what and where
+        raise UsageError(f"the model fails on an input of --input-shape {spec.input_shape} "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})") from exc
+    if not isinstance(out, torch.Tensor) or out.shape != (spec.input_shape[0], num_classes):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise UsageError(f"the model returns {shape} for --input-shape {spec.input_shape}; expected "
+                         f"({spec.input_shape[0]}, {num_classes}) logits for the dataset's {num_classes} classes")
+
+
+def _check_data(spec: ModelSpec, info: Any) -> None:
+    wants = "image" if len(spec.input_shape) == 4 else "sequence"
+    if info.modality != wants:
+        raise UsageError(f"--input-shape {spec.input_shape} is for {wants} data, dataset {info.name!r} is "
+                         f"{info.modality}")
+    if tuple(spec.input_shape[1:]) != tuple(info.input_shape):
+        raise UsageError(f"--input-shape {','.join(map(str, spec.input_shape))} does not match dataset "
+                         f"{info.name!r} samples of shape {tuple(info.input_shape)} (plus the batch)")
+
+
+def _provenance(spec: ModelSpec) -> dict[str, Any]:
+    """What the manifest records about the model: source sha256, factory, weights sha256."""
+    out: dict[str, Any] = {"factory": spec.factory, "torchvision": spec.torchvision}
+    if spec.file is not None:
+        out["source_file"] = str(spec.file)
+        out["source_sha256"] = sha256_file(spec.file)
+    if spec.torchvision is not None:
+        from hmt.supernet.elastify.source import import_torchvision
+
+        out["torchvision_version"] = str(import_torchvision().__version__)
+    out["weights_file"] = spec.weights
+    out["weights_sha256"] = sha256_file(spec.weights) if spec.weights else None
+    return out
+
+
+def elastify_supernet(
+    config: TrainConfig,
+    out_dir: Path,
+    *,
+    cache_dir: Path | None = None,
+    progress: ProgressCallback = no_progress,
+    checkpoint_dir: Path | None = None,
+    restart: bool = False,
+    keep_checkpoint: bool = False,
+) -> ElastifyResult:
+    """Elastify ``config.extra['elastify']``'s model on ``config.dataset`` and write the
+    supernet artifact to ``out_dir`` (atomically). A checkpoint after every phase (in
+    ``checkpoint_dir``, default OUT.ckpt) lets a killed run resume at the next phase."""
+    from hmt.supernet.train import default_checkpoint_dir
+    from hmt.supernet.train.checkpoint import load_checkpoint, save_checkpoint
+    from hmt.supernet.train.distributed import DistContext
+    from hmt.supernet.train.evaluate import eval_loader
+    from hmt.supernet.train.trainer import _prepare_data, calibration_subset, derive_seed, resolve_device
+
+    started = time.perf_counter()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UsageError("elastification runs on one device for now; start it without torchrun")
+    spec = spec_from_config(config)
+    finetune_original = bool(config.extra.get("finetune_original", False))
+    device = resolve_device(config.device, DistContext(rank=0, world_size=1, local_rank=0))
+    data, train, val = _prepare_data(config, cache_dir, progress)
+    _check_data(spec, data.info)
+    provenance = _provenance(spec)
+    model = _user_model(spec, config, data.info.num_classes)
+    channels_last = device.type == "cuda" and data.info.modality == "image"
+    autocast = device.type == "cuda" and config.amp
+    loader = _loader(train.x, train.y, data.info, config, device, derive_seed(config.seed, 3), channels_last)
+
+    def evaluation(x: np.ndarray, y: np.ndarray | None) -> BatchLoader:
+        return eval_loader(x, y, info=data.info, batch_size=config.eval_batch_size, device=device,
+                           channels_last=channels_last)
+
+    checkpoint_dir = Path(checkpoint_dir or default_checkpoint_dir(Path(out_dir)))
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    if restart:
+        (checkpoint_dir / "checkpoint.pt").unlink(missing_ok=True)
+    saved = load_checkpoint(checkpoint_dir, config_fingerprint=config.fingerprint()) or {}
+    history: list[dict[str, Any]] = list(saved.get("history", []))
+    trained_original = spec.weights is None and config.backbone_epochs > 0
+    if "original" in saved:
+        model.load_state_dict(saved["original"])
+    elif trained_original:
+        model.to(device)
+        _train_original(model, loader, config, history, progress, autocast, device)
+    model.cpu().float().eval()
+    original_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    done: list[str] = sorted(set(saved.get("phases", [])) | {"original"})
+
+    def checkpoint(net_state: dict[str, torch.Tensor] | None) -> None:
+        state: dict[str, Any] = {"config_fingerprint": config.fingerprint(), "phases": done, "history": history,
+                                 "original": original_state}
+        if net_state is not None:
+            state["supernet"] = {k: v.detach().cpu() for k, v in net_state.items()}
+        save_checkpoint(checkpoint_dir, state)
+
+    if "supernet" not in saved:
+        checkpoint(None)
+    analysis_start = time.perf_counter()
+    net = ElastifiedSupernet(copy.deepcopy(model), name=spec.torchvision or str(spec.factory),
+                             input_shape=tuple(spec.input_shape[1:]), leaves=spec.leaves,
+                             operators=config.operators, seed=derive_seed(config.seed, 8))
+    analysis_s = time.perf_counter() - analysis_start
+    if len(net.space.positions) and net.space.num_classes != data.info.num_classes:
+        raise UsageError(f"the model predicts {net.space.num_classes} classes, dataset {data.info.name!r} has "
+                         f"{data.info.num_classes}")
+    error_before = _check_largest(net, model, seed=config.seed, when="before training")
+    net.set_original_frozen(not finetune_original)
+    if "supernet" in saved:
+        net.load_state_dict(saved["supernet"])
+    net.to(device)
+    if channels_last:
+        net.to(memory_format=torch.channels_last)
+    train_start = time.perf_counter()
+
+    def phase_done(name: str) -> None:
+        done.append(name)
+        checkpoint(net.state_dict())
+
+    _train_elastic(net, loader, config, history, progress, autocast, device, finetune_original, set(done), phase_done)
+    train_s = time.perf_counter() - train_start
+    net.eval()
+    error_after = _check_largest(net, model, seed=config.seed + 1, when="after training")
+    calibration_x = calibration_subset(train.x, config)
+    original_test_acc, table = _evaluate(net, model, evaluation, (val.x, val.y), (data.test_x, data.test_y),
+                                         calibration_x, config, channels_last=channels_last, autocast=autocast,
+                                         progress=progress)
+    metrics = {
+        **_table_metrics(table),
+        "original_test_acc": original_test_acc,
+        "largest_vs_original_max_abs_before": error_before,
+        "largest_vs_original_max_abs_after": error_after,
+        "original_trained_here": trained_original,
+        "finetune_original": finetune_original,
+        "variants_evaluated": len(table),
+        "space_size": net.space.size(),
+        "blocks": len(net.space.positions),
+        "blocks_kept_unchanged": net.report()["blocks_kept"],
+        "analysis_s": analysis_s,
+        "elastic_train_s": train_s,
+        "elastify_s": analysis_s + train_s,
+        "wall_s": time.perf_counter() - started,
+        "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
+        **{k: v for k, v in provenance.items() if k.endswith("sha256") or k == "factory"},
+    }
+    report = {**net.report(), "provenance": provenance, "exactness": {
+        "atol": EXACT_ATOL, "before_training": error_before, "after_training": error_after}}
+    _write(out_dir, config, net, spec, data, table, calibration_x, history, metrics, report)
+    if not keep_checkpoint:
+        import shutil
+
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    return ElastifyResult(out_dir=out_dir, metrics=metrics, variants=table, report=report)
+
+
+def _evaluate(
+    net: ElastifiedSupernet,
+    model: nn.Module,
+    evaluation: Callable[[np.ndarray, np.ndarray | None], BatchLoader],
+    val: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    calibration_x: np.ndarray,
+    config: TrainConfig,
+    *,
+    channels_last: bool,
+    autocast: bool,
+    progress: ProgressCallback,
+) -> tuple[float, Any]:
+    """The original's test accuracy and the variant table (largest, smallest, random)."""
+    from hmt.supernet.train.evaluate import batches_of
+    from hmt.supernet.train.report import pick_variants, variant_table
+    from hmt.supernet.train.trainer import derive_seed
+
+    test_loader = evaluation(*test)
+    # The original runs as the table's largest variant runs (device, memory format, autocast),
+    # so that equal weights give equal predictions, not merely close ones.
+    model.to(next(net.parameters()).device)
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+    original_test_acc = accuracy(model, test_loader, autocast=autocast)
+    variants = pick_variants(net, config.eval_variants,
+                             np.random.default_rng(derive_seed(config.seed, 6)))
+    table = variant_table(net, variants, val_loader=evaluation(*val), test_loader=test_loader,
+                          calibration=batches_of(evaluation(calibration_x, None)), autocast=autocast,
+                          progress=progress)
+    return original_test_acc, table
+
+
+def _table_metrics(table: Any) -> dict[str, Any]:
+    largest = table[table.role == "largest"].iloc[0]
+    smallest = table[table.role == "smallest"].iloc[0]
+    return {
+        "largest_val_acc": float(largest.val_acc),
+        "largest_test_acc": float(largest.test_acc),
+        "smallest_val_acc": float(smallest.val_acc),
+        "smallest_test_acc": float(smallest.test_acc),
+        "largest_params": int(largest.params),
+        "smallest_params": int(smallest.params),
+    }
+
+
+def _check_largest(net: ElastifiedSupernet, model: nn.Module, *, seed: int, when: str) -> float:
+    """Max abs error of the largest variant against the original, on the CPU in the original's
+    memory format (where a GPU run's channels_last copy would take another conv path)."""
+    cpu_net = copy.deepcopy(net).cpu().float().to(memory_format=torch.contiguous_format)
+    error = largest_error(cpu_net, model.cpu().float(), seed=seed)
+    if error > EXACT_ATOL and (when == "before training" or cpu_net.original_frozen):
+        raise VerificationError(f"{when}, the largest variant differs from the original model by {error:.3g} "
+                                f"(max abs, eval mode, > {EXACT_ATOL}); please report this model")
+    return error
+
+
+def _user_model(spec: ModelSpec, config: TrainConfig, num_classes: int) -> nn.Module:
+    """The user's model, refused now (before any training) if it cannot be traced or does
+    not give one logit per class of the dataset."""
+    from dataclasses import replace
+
+    from hmt.supernet.train.trainer import derive_seed
+
+    with torch.random.fork_rng():
+        torch.manual_seed(derive_seed(config.seed, 0))  # the user's model's own initialisation
+        model = build_model(spec if spec.torchvision is None else replace(spec, num_classes=num_classes))
+    trace_model(copy.deepcopy(model), spec.leaves)
+    _check_output(model, spec, num_classes)
+    return model
+
+
+def _train_elastic(net: ElastifiedSupernet, loader: BatchLoader, config: TrainConfig, history: list[dict[str, Any]],
+                   progress: ProgressCallback, autocast: bool, device: torch.device, finetune_original: bool,
+                   done: set[str], phase_done: Callable[[str], None]) -> None:
+    """The three phases in order, skipping those a checkpoint says are done."""
+    exit_params = [p for head in list(net.exits)[:-1] for p in head.parameters()]
+    block_alt_params = [p for b in net.blocks for p in b.alts.parameters()]
+    params = block_alt_params + exit_params
+    if finetune_original:
+        params += list(net.base_parameters())
+    phases = [
+        ("exits", config.partition_epochs, config.partition_lr, exit_params, _exit_step(net, config),
+         config.weight_decay),
+        ("distill", config.distill_epochs, config.distill_lr, block_alt_params, _distill_step(net), 0.0),
+        ("finetune", config.finetune_epochs, config.finetune_lr, params,
+         _finetune_step(net, config, finetune_original), config.weight_decay),
+    ]
+    net.train()
+    for word, (name, epochs, lr, group, step, decay) in enumerate(phases, start=2):
+        if name in done:
+            continue
+        _run_epochs(name, epochs, lr, group, step, loader, config, history, progress, weight_decay=decay,
+                    autocast=autocast, device=device, seed_word=word)
+        phase_done(name)
+
+
+def _write(out_dir: Path, config: TrainConfig, net: ElastifiedSupernet, spec: ModelSpec, data: Any, table: Any,
+           calibration_x: np.ndarray, history: list[dict[str, Any]], metrics: dict[str, Any],
+           report: dict[str, Any]) -> None:
+    from safetensors.torch import save_file
+
+    from hmt.artifacts import ArtifactWriter
+    from hmt.supernet.artifact import CALIBRATION, CURVES, HISTORY, KIND, MODEL, SPACE, VARIANTS, WEIGHTS
+    from hmt.supernet.train.report import plot_curves
+
+    model_info = {
+        "backbone": net.space.backbone,
+        "num_classes": net.space.num_classes,
+        "input_shape": list(net.space.input_shape),
+        "operators": list(config.operators) if config.operators is not None else None,
+        "dataset": data.info.to_json_dict(),
+        "elastify": {
+            "model": {**spec.to_json_dict(), "num_classes": net.space.num_classes, "weights": None},
+            "source": SOURCE_COPY if spec.file is not None else None,
+        },
+    }
+    config_json = config.to_json_dict()
+    config_json["extra"] = {**config_json.get("extra", {}), "provenance": report["provenance"]}
+    with ArtifactWriter(Path(out_dir), kind=KIND, config=config_json) as writer:
+        state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
+        save_file(state, str(writer.path(WEIGHTS)))
+        writer.write_json(SPACE, net.space.to_json_dict())
+        writer.write_bytes(MODEL, json.dumps(model_info, indent=2, sort_keys=True).encode())
+        if spec.file is not None:
+            writer.write_bytes(SOURCE_COPY, Path(spec.file).read_bytes())
+        writer.write_json(ELASTIFY_REPORT, report)
+        table.to_csv(writer.path(VARIANTS), index=False)
+        np.savez(writer.path(CALIBRATION), x=calibration_x)
+        writer.write_json(HISTORY, history)
+        plot_curves(history, writer.path(CURVES))
+        writer.metrics.update(metrics)
+
+
+def rebuild(model_info: dict[str, Any], source_file: Path | None) -> ElastifiedSupernet:
+    """The supernet of an artifact, without weights (``load_supernet`` loads them next)."""
+    info = model_info["elastify"]
+    spec = ModelSpec.from_json_dict(info["model"])
+    model = build_model(spec, file_override=source_file)
+    operators = model_info.get("operators")
+    # The seed and init only shape fresh weights, which the artifact's weights replace.
+    return ElastifiedSupernet(model, name=spec.torchvision or str(spec.factory),
+                              input_shape=tuple(spec.input_shape[1:]), leaves=spec.leaves,
+                              operators=tuple(operators) if operators is not None else None, seed=0, init=False)

@@ -1,0 +1,149 @@
+"""Small user-written models for the elastify tests: SE, hardswish/SiLU, depthwise convs,
+max-pooling inside blocks, concatenation branches, a 1-D backbone, and an untraceable one."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class SE(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc1 = nn.Conv2d(channels, max(4, channels // 4), 1)
+        self.fc2 = nn.Conv2d(max(4, channels // 4), channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(self.fc2(torch.relu(self.fc1(self.pool(x)))))
+
+
+class InvertedSE(nn.Module):
+    """Expand 1x1 -> depthwise 3x3 (hardswish) -> SE -> project 1x1, residual when it can."""
+
+    def __init__(self, cin: int, cout: int, stride: int, act: type[nn.Module] = nn.Hardswish) -> None:
+        super().__init__()
+        hidden = cin * 3
+        self.expand = nn.Sequential(nn.Conv2d(cin, hidden, 1, bias=False), nn.BatchNorm2d(hidden), act())
+        self.dw = nn.Sequential(
+            nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False), nn.BatchNorm2d(hidden), act()
+        )
+        self.se = SE(hidden)
+        self.project = nn.Sequential(nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.project(self.se(self.dw(self.expand(x))))
+        return x + out if self.residual else out
+
+
+class PoolBlock(nn.Module):
+    """conv-BN-SiLU, max-pooling inside the block, conv-BN-SiLU."""
+
+    def __init__(self, cin: int, cout: int) -> None:
+        super().__init__()
+        self.a = nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.SiLU())
+        self.pool = nn.MaxPool2d(2)
+        self.b = nn.Sequential(nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.SiLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.pool(self.a(x)))
+
+
+class Branches(nn.Module):
+    """Inception-like: two branches concatenated."""
+
+    def __init__(self, cin: int, cout: int) -> None:
+        super().__init__()
+        half = cout // 2
+        self.left = nn.Sequential(nn.Conv2d(cin, half, 1, bias=False), nn.BatchNorm2d(half), nn.ReLU())
+        self.right = nn.Sequential(
+            nn.Conv2d(cin, half, 1, bias=False),
+            nn.BatchNorm2d(half),
+            nn.ReLU(),
+            nn.Conv2d(half, half, 3, padding=1, bias=False),
+            nn.BatchNorm2d(half),
+            nn.ReLU(),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.left(x), self.right(x)], dim=1)
+
+
+class UserNet(nn.Module):
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.b1 = InvertedSE(16, 16, 1)
+        self.b2 = InvertedSE(16, 24, 2, act=nn.SiLU)
+        self.b3 = InvertedSE(24, 24, 1)
+        self.b4 = PoolBlock(24, 32)
+        self.b5 = Branches(32, 32)
+        self.b6 = Branches(32, 32)
+        self.head = nn.Linear(32, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.b6(self.b5(self.b4(self.b3(self.b2(self.b1(self.stem(x)))))))
+        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def user_net() -> nn.Module:
+    return UserNet()
+
+
+class Block1d(nn.Module):
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.a = nn.Sequential(nn.Conv1d(c, c, 5, padding=2, bias=False), nn.BatchNorm1d(c), nn.ReLU())
+        self.b = nn.Sequential(nn.Conv1d(c, c, 5, padding=2, bias=False), nn.BatchNorm1d(c))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + self.b(self.a(x)))
+
+
+class Net1d(nn.Module):
+    def __init__(self, channels: int = 6, num_classes: int = 4) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv1d(channels, 16, 7, padding=3, bias=False), nn.BatchNorm1d(16), nn.ReLU())
+        self.b1 = Block1d(16)
+        self.down = nn.Sequential(nn.Conv1d(16, 32, 3, stride=2, padding=1, bias=False), nn.BatchNorm1d(32), nn.ReLU())
+        self.b2 = Block1d(32)
+        self.fc = nn.Linear(32, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.b2(self.down(self.b1(self.stem(x)))).mean(dim=2))
+
+
+def net_1d() -> nn.Module:
+    return Net1d()
+
+
+class Gate(nn.Module):
+    """Data-dependent control flow: cannot be traced symbolically."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.mean() > 0:
+            return torch.relu(self.conv(x))
+        return x
+
+
+class Untraceable(nn.Module):
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.b1 = InvertedSE(16, 16, 1)
+        self.gate = Gate(16)
+        self.b2 = InvertedSE(16, 16, 1)
+        self.head = nn.Linear(16, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.b2(self.gate(self.b1(self.stem(x))))
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def untraceable() -> nn.Module:
+    return Untraceable()
