@@ -341,6 +341,35 @@ class ElastifiedSupernet(nn.Module):
         out.append((f"exit{arch.exit_stage}", "base"))
         return out
 
+    def variant_units(
+        self, arch: ArchConfig
+    ) -> tuple[list[tuple[str, int, str]], dict[int, int], dict[int, tuple[str, int, str]]]:
+        """What pareto's prefix evaluation runs (``Supernet.variant_units``): the units in
+        order, {stage: units done when it ends}, every stage's exit unit."""
+        self._check(arch)
+        units: list[tuple[str, int, str]] = [("stem", 0, "base")]
+        stage_end: dict[int, int] = {}
+        exits: dict[int, tuple[str, int, str]] = {}
+        for s in range(arch.exit_stage + 1):
+            if not isinstance(self.entries[s], nn.Identity):
+                units.append(("entry", s, "base"))
+            for p in self._stage_positions(s):
+                if arch.choices[p] != NOT_EXECUTED:
+                    units.append(("block", p, arch.choices[p]))
+            stage_end[s] = len(units)
+            exits[s] = ("exit", s, "base")
+        return units, stage_end, exits
+
+    def unit_module(self, unit: tuple[str, int, str]) -> nn.Module:
+        kind, index, key = unit
+        if kind == "stem":
+            return copy.deepcopy(self.stem).eval()
+        if kind == "entry":
+            return copy.deepcopy(self.entries[index]).eval()
+        if kind == "exit":
+            return copy.deepcopy(self.exits[index]).eval()
+        return self.blocks[index].materialize(key).eval()
+
     def report(self) -> dict[str, Any]:
         """The elastification report: stem, head, every block with its choices and notes."""
         offered = sum(len(r.choices) > 1 for r in self.reports)
