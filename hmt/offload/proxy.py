@@ -12,7 +12,8 @@ Each direction is one emulated link shared by every connection, like a real upli
 Order within a connection is kept: a chunk is never delivered before the one before it.
 Conditions change with :meth:`ThrottlingProxy.set_link` or follow a :class:`LinkScenario`
 (``time_s`` plus the new scenario columns ``link_bandwidth_mbit_s``, ``link_rtt_ms``,
-``link_loss``; the file may hold serve's columns too, which the proxy ignores).
+``link_loss``; an empty cell keeps the row before's value; the file may hold serve's columns too,
+which the proxy ignores).
 """
 
 from __future__ import annotations
