@@ -58,6 +58,8 @@ class PlannerConfig:
     codec_min_gain_ms: float = 0.05  # a lossier codec must save at least this much
     radio_mj_per_kb: float = 0.0
     score_epsilon: float = 1e-6
+    # False: never run all-local while the peer is usable (the always-offload baseline, tests).
+    local_with_peer: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.hysteresis < 1 or self.min_dwell_s < 0:
@@ -143,7 +145,8 @@ class OffloadPlanner:
             acc = now.mu * self._acc(v.accuracy)
             local_ms = v.local_ms * now.device_ratio
             local_score = acc - (1 - now.mu) * self._energy(v.energy)
-            out.append(Option(v.arch_id, None, "-", local_ms, v.energy, local_score, local_ms <= now.budget_ms))
+            if now.link is None or self.config.local_with_peer or not v.cuts:
+                out.append(Option(v.arch_id, None, "-", local_ms, v.energy, local_score, local_ms <= now.budget_ms))
             if now.link is None:
                 continue
             for cut in v.cuts:

@@ -19,10 +19,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "serve"))
 
-from serve_bundles import CLASSES  # noqa: E402
+from serve_bundles import CLASSES
 
-from hmt.artifacts import ArtifactWriter  # noqa: E402
-from hmt.pareto.index import FrontIndex, IndexEntry  # noqa: E402
+from hmt.artifacts import ArtifactWriter
+from hmt.pareto.index import FrontIndex, IndexEntry
 
 INPUT_SHAPE = [1, 3, 8, 8]
 SHAPES = {0: [1, 4, 4, 4], 1: [1, 8, 1, 1]}
