@@ -23,7 +23,7 @@ HALF_OPEN = "half_open"
 
 class CircuitBreaker:
     def __init__(self, clock: Callable[[], float], rng: np.random.Generator, *, failures_to_open: int = 1,
-                 base_backoff_s: float = 0.25, max_backoff_s: float = 8.0, jitter: float = 0.2) -> None:
+                 base_backoff_s: float = 0.25, max_backoff_s: float = 2.0, jitter: float = 0.2) -> None:
         if failures_to_open < 1 or not 0 < base_backoff_s <= max_backoff_s or not 0 <= jitter < 1:
             raise UsageError("breaker needs failures_to_open >= 1, 0 < base_backoff_s <= max_backoff_s, "
                              "0 <= jitter < 1")

@@ -57,7 +57,7 @@ class DeviceOptions:
     probe_interval_s: float = 0.2
     idle_probe_s: float = 0.5
     probe_bytes: int = 16384
-    status_every_s: float = 1.0
+    status_every_s: float = 0.5
     local_refresh_s: float = 1.0
     ratio_smoothing: float = 0.3
     mu: float = 1.0

@@ -8,7 +8,10 @@ Two sources, both real transfers:
   /v1/status`` (round-trip time, and the peer's load) and a ``POST /v1/probe`` of a few
   KiB (bytes over time).
 
-The model is ``transfer_ms(b) = rtt_ms + b * ms_per_byte``. The cost per byte is tracked
+The model is ``transfer_ms(b) = rtt_ms + b * ms_per_byte``. The RTT is the smallest of the
+last ``rtt_window`` round trips (as BBR keeps its min_rtt): on a shared machine a round trip
+is only ever inflated by scheduling noise, never shortened, and a link that really got
+slower shows up at once in the per-byte cost of the next transfer. The cost per byte is tracked
 rather than the bandwidth because a fast link sends a small tensor in "no time": a
 bandwidth estimate from that divides by ~0 and swings wildly, a per-byte cost of ~0 does
 not. Both are exponential moving averages; a sample far above the estimate (the link
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -45,13 +49,14 @@ class LinkEstimator:
     """Thread-safe smoothed RTT and per-byte cost (see the module docstring)."""
 
     def __init__(self, clock: Callable[[], float], *, smoothing: float = 0.3, jump_factor: float = 2.0,
-                 initial_rtt_ms: float = 1.0, initial_ms_per_byte: float = 8e-5) -> None:
+                 initial_rtt_ms: float = 1.0, initial_ms_per_byte: float = 8e-5, rtt_window: int = 5) -> None:
         if not 0 < smoothing <= 1 or jump_factor < 1:
             raise UsageError(f"link smoothing must be in (0, 1] and jump_factor >= 1, got {smoothing}, {jump_factor}")
         self.clock = clock
         self.smoothing = smoothing
         self.jump_factor = jump_factor
         self._rtt_ms = initial_rtt_ms
+        self._rtts: deque[float] = deque(maxlen=max(1, rtt_window))
         self._ms_per_byte = initial_ms_per_byte  # 100 Mbit/s until measured
         self._samples = 0
         self._last_s = clock()
@@ -67,7 +72,8 @@ class LinkEstimator:
         if not (math.isfinite(rtt_ms) and rtt_ms >= 0):
             return
         with self._lock:
-            self._rtt_ms = self._blend(self._rtt_ms, rtt_ms)
+            self._rtts.append(rtt_ms)
+            self._rtt_ms = min(self._rtts)
             self._samples += 1
             self._last_s = self.clock()
 
@@ -78,7 +84,8 @@ class LinkEstimator:
         with self._lock:
             if network_ms < self._rtt_ms:
                 # Faster than the RTT we believe: the RTT fell (a better link); no per-byte cost seen.
-                self._rtt_ms = self._blend(self._rtt_ms, network_ms)
+                self._rtts.append(network_ms)
+                self._rtt_ms = min(self._rtts)
                 per_byte = 0.0
             else:
                 per_byte = (network_ms - self._rtt_ms) / size_bytes

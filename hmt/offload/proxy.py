@@ -164,7 +164,7 @@ class ThrottlingProxy:
             pass
         finally:
             pending.put_nowait(None)
-            with contextlib.suppress(ConnectionError, OSError):
+            with contextlib.suppress(ConnectionError, OSError, asyncio.CancelledError):
                 await sender
 
     async def _handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
