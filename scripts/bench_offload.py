@@ -150,12 +150,13 @@ def _cgroup(share: float) -> Path | None:
         return None
     try:
         CGROUP.mkdir(exist_ok=True)
-        # A 1 ms period (the kernel's minimum) so that one inference is slowed throughout, as on a
-        # slower CPU, instead of running at full speed and then stalling for most of a long period.
-        period_us = 1000
+        # The shortest period the kernel takes with its least quota (1 ms), so one inference is
+        # slowed throughout, as on a slower CPU, rather than running at full speed, then stalling.
+        quota_us = 1000
+        period_us = int(round(quota_us / share))
         (CGROUP / "cpu.cfs_quota_us").write_text("-1")  # a period below the old quota is refused
         (CGROUP / "cpu.cfs_period_us").write_text(str(period_us))
-        (CGROUP / "cpu.cfs_quota_us").write_text(str(int(share * period_us)))
+        (CGROUP / "cpu.cfs_quota_us").write_text(str(quota_us))
         return CGROUP
     except OSError as exc:
         print(f"warning: no CPU quota for the device ({exc}); it gets its whole core", file=sys.stderr)
