@@ -55,9 +55,11 @@ class DeviceOptions:
     confidence: float | None = None  # early exit threshold; None: off
     margin_ms: float = 1.0  # kept back for the local fallback's own jitter
     probe_interval_s: float = 0.2
-    idle_probe_s: float = 0.5
-    probe_bytes: int = 16384
-    status_every_s: float = 0.5
+    # Probes cost the device CPU on the request path's core; on a quota-limited device a probe
+    # can push the next request into a throttled period. These rates measured best on the bench.
+    idle_probe_s: float = 2.0
+    probe_bytes: int = 8192
+    status_every_s: float = 1.0
     local_refresh_s: float = 1.0
     ratio_smoothing: float = 0.3
     mu: float = 1.0
