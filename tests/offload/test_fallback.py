@@ -8,6 +8,7 @@ every request really crosses the socket while the peer lives.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,10 +35,11 @@ REPO = Path(__file__).parents[2]
 BUDGET_MS = 400.0  # generous: CI machines are shared; the assertions are about failures, not speed
 
 
-def _start_peer(bundle: Path, port: int = 0) -> tuple[subprocess.Popen[str], str]:
+def _start_peer(bundle: Path, port: int = 0, extra: tuple[str, ...] = (),
+                cafile: Path | None = None) -> tuple[subprocess.Popen[str], str]:
     env = os.environ | {"PYTHONPATH": str(REPO), "HMT_SERVE_TOKEN": TOKEN}
     proc = subprocess.Popen([sys.executable, "-m", "commands", "serve", str(bundle), "--role", "peer",
-                             "--port", str(port), "--json"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                             "--port", str(port), "--json", *extra], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     deadline = time.monotonic() + 60
@@ -49,7 +51,7 @@ def _start_peer(bundle: Path, port: int = 0) -> tuple[subprocess.Popen[str], str
             break
     else:
         raise AssertionError(f"peer did not start (exit {proc.poll()})")
-    client = PeerClient(url, token=TOKEN)
+    client = PeerClient(url, token=TOKEN, cafile=cafile)
     while True:
         try:
             client.call("GET", "/v1/health/ready", limit_ms=1000)
@@ -124,3 +126,28 @@ def test_a_wrong_token_is_refused_and_the_device_answers_itself(offload_bundles:
     assert result.class_index == device.chains["deep"].run_local(x, None).class_index
     assert device.errors["http_401"] == 1
     device.stop()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+def test_tls_peer_with_a_verified_certificate(offload_bundles: OffloadBundles, tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    proc, url = _start_peer(offload_bundles.peer, extra=("--ssl-certfile", str(cert), "--ssl-keyfile", str(key)),
+                            cafile=cert)
+    try:
+        assert url.startswith("https://")
+        device = _device(offload_bundles, url, TOKEN)
+        device.client = PeerClient(url, token=TOKEN, cafile=cert)
+        x = np.random.default_rng(3).standard_normal(INPUT_SHAPE).astype(np.float32)
+        result = device.predict(x)
+        assert result.where == WHERE_PEER
+        assert result.class_index == device.chains["deep"].run_local(x, None).class_index
+        with pytest.raises(PeerFailure):  # an unverified certificate is refused by the device
+            PeerClient(url, token=TOKEN).status(2000)
+        device.stop()
+    finally:
+        proc.kill()
+        proc.wait(10)
