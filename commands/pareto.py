@@ -89,6 +89,10 @@ def pareto_command(
         help="Torch CPU threads while evaluating (1 is fastest on a busy shared machine).")] = None,
     no_block_table: Annotated[bool, typer.Option(
         "--no-block-table", help="Predict latency with eq. 2 even if the profile has a block table.")] = False,
+    offload_link: Annotated[str | None, typer.Option(
+        help="Price every variant at its best offload cut for this link: BANDWIDTH_MBIT_S,RTT_MS[,PEER_SPEEDUP"
+             "[,CODEC]] (e.g. 20,5,4,int8: 20 Mbit/s, 5 ms, a peer 4x faster). Latency = device part + RTT + "
+             "bytes/bandwidth + peer part; the front's points carry offload_cut.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the search and of the data subset.")] = 0,
     json_mode: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -110,7 +114,7 @@ def pareto_command(
                                  window=window, noise_prob=noise_prob, coverage_share=coverage_share),
             data_path=data, data_split=data_split.value, max_eval_samples=max_eval_samples, batch_size=batch_size,
             cache_mb=cache_mb, device=device, use_block_table=not no_block_table, threads=threads,
-            calibration_samples=calibration_samples,
+            calibration_samples=calibration_samples, offload_link=offload_link,
         ).validate()
         output.note(f"searching {supernet} for {profile} ({method.value}, {evaluations} evaluations, "
                     f"{describe(options.budgets.limits(), 'mJ')}) -> {out}")

@@ -64,17 +64,14 @@ class CutCost:
     sent_values: int
 
 
-class OffloadCostModel:
+class OffloadCostModel(VariantCostModel):
     """A :class:`VariantCostModel` that prices each variant at its best cut for ``link``."""
 
     def __init__(self, base: VariantCostModel, link: OffloadLink) -> None:
+        super().__init__(base.net, base.blocks, base.predictor)
         self.base = base
         self.link = link
-        self._memo: dict[str, tuple[Costs, CutCost]] = {}
-
-    @property
-    def energy_unit(self) -> str:
-        return self.base.energy_unit
+        self._best: dict[str, tuple[Costs, CutCost]] = {}
 
     def pairs(self, arch: ArchConfig) -> list[tuple[str, str]]:
         return self.base.pairs(arch)
@@ -104,7 +101,7 @@ class OffloadCostModel:
         return out
 
     def best(self, arch: ArchConfig) -> tuple[Costs, CutCost]:
-        hit = self._memo.get(arch.arch_id)
+        hit = self._best.get(arch.arch_id)
         if hit is not None:
             return hit
         local = self.base.costs(arch)
@@ -112,7 +109,7 @@ class OffloadCostModel:
         energy = local.energy * choice.device_share + self.link.radio_energy_per_byte * choice.sent_values * \
             _BYTES_PER_VALUE[self.link.codec]
         costs = replace(local, latency_ms=choice.latency_ms, energy=energy)
-        self._memo[arch.arch_id] = (costs, choice)
+        self._best[arch.arch_id] = (costs, choice)
         return costs, choice
 
     def costs(self, arch: ArchConfig) -> Costs:
@@ -121,6 +118,19 @@ class OffloadCostModel:
     def candidate(self, candidate: Candidate) -> Candidate:
         """``candidate`` with its best cut as ``offload_cut`` (None: all local)."""
         return replace(candidate, offload_cut=self.best(candidate.arch)[1].cut)
+
+    @classmethod
+    def parse_link(cls, text: str) -> OffloadLink:
+        """``BANDWIDTH_MBIT_S,RTT_MS[,PEER_SPEEDUP[,CODEC]]`` (the CLI's ``--offload-link``)."""
+        parts = [p.strip() for p in text.split(",")]
+        try:
+            if not 2 <= len(parts) <= 4:
+                raise ValueError("expected 2 to 4 comma-separated fields")
+            return OffloadLink(float(parts[0]), float(parts[1]), float(parts[2]) if len(parts) > 2 else 1.0,
+                               parts[3] if len(parts) > 3 else "float32")
+        except ValueError as exc:
+            raise UsageError(f"--offload-link {text!r}: expected BANDWIDTH_MBIT_S,RTT_MS[,PEER_SPEEDUP[,CODEC]] "
+                             f"({exc})") from exc
 
     def describe(self) -> dict[str, Any]:
         return {"link": {"bandwidth_mbit_s": self.link.bandwidth_mbit_s, "rtt_ms": self.link.rtt_ms,

@@ -7,6 +7,7 @@ from typing import ClassVar
 
 import pytest
 
+from hmt.errors import UsageError
 from hmt.pareto.encoding import Candidate
 from hmt.pareto.objectives import BlockCost, Costs
 from hmt.pareto.offload import OffloadCostModel, OffloadLink
@@ -33,6 +34,7 @@ class Base:
     """Stem reads 3x32x32; stage 0 reads 16x32x32 (big); stage 1 reads 32x4x4 (small)."""
 
     energy_unit = "mJ"
+    net = None
 
     def __init__(self) -> None:
         self.predictor = Predictor()
@@ -75,3 +77,11 @@ def test_best_cut_follows_the_link() -> None:
     chosen = slow.candidate(Candidate(arch))  # type: ignore[arg-type]
     assert chosen.offload_cut is None
     assert slow.costs(arch).latency_ms == 10.5  # type: ignore[arg-type]
+
+
+def test_link_option_parses_and_refuses() -> None:
+    link = OffloadCostModel.parse_link("20, 5, 4, int8")
+    assert (link.bandwidth_mbit_s, link.rtt_ms, link.peer_speedup, link.codec) == (20.0, 5.0, 4.0, "int8")
+    for bad in ("20", "a,1", "20,1,0", "20,1,2,bf16"):
+        with pytest.raises(UsageError, match="--offload-link|offload"):
+            OffloadCostModel.parse_link(bad)
