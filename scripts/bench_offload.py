@@ -110,10 +110,10 @@ def run_device(args: argparse.Namespace) -> None:
             rows.append([round(start - t0, 4), phase_of(start - t0, args.phase_s), r.where,
                          "local" if r.cut is None else r.cut, r.codec, round(r.latency_ms, 3),
                          int(r.deadline_miss), int(r.class_index == int(y_all[i % len(y_all)])), 0,
-                         r.peer_error or ""])
+                         r.peer_error or "", r.class_index, i % len(y_all)])
         except Exception as exc:  # noqa: BLE001 - a failed request is what this benchmark counts
             rows.append([round(start - t0, 4), phase_of(start - t0, args.phase_s), "failed", "", "",
-                         round((time.time() - start) * 1e3, 3), 1, 0, 1, type(exc).__name__])
+                         round((time.time() - start) * 1e3, 3), 1, 0, 1, type(exc).__name__, -1, i % len(y_all)])
         if start >= next_status:
             s = device.status()
             choice = s["choice"] or {}
@@ -127,7 +127,7 @@ def run_device(args: argparse.Namespace) -> None:
     with open(out / "requests.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["t_s", "phase", "where", "cut", "codec", "latency_ms", "deadline_miss", "correct",
-                         "failed", "peer_error"])
+                         "failed", "peer_error", "class", "sample"])
         writer.writerows(rows)
     with open(out / "timeline.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
@@ -222,10 +222,11 @@ def run_mode(args: argparse.Namespace, mode: str, device_bundle: Path, peer_bund
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return summarize(folder, events, args)
+    return summarize(folder, events, args, args.reference)
 
 
-def summarize(folder: Path, events: dict[str, float], args: argparse.Namespace) -> dict[str, Any]:
+def summarize(folder: Path, events: dict[str, float], args: argparse.Namespace,
+              reference: np.ndarray | None = None) -> dict[str, Any]:
     with open(folder / "requests.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     phases: dict[str, Any] = {}
@@ -243,6 +244,9 @@ def summarize(folder: Path, events: dict[str, float], args: argparse.Namespace) 
             "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
             "deadline_miss_share": sum(int(r["deadline_miss"]) for r in sel) / max(1, len(sel)),
             "accuracy": sum(int(r["correct"]) for r in sel) / max(1, len(sel)),
+            # the same answer as the whole variant run locally in fp32 (codec and fallback effects)
+            "agreement": None if reference is None else
+            sum(int(r["class"]) == int(reference[int(r["sample"])]) for r in sel) / max(1, len(sel)),
             "where": where, "option": max(options, key=lambda k: options[k]) if options else None,
             "options": options,
         }
@@ -271,12 +275,27 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
                       "p95_ms_range": [min(r["p95_ms"] for r in rows), max(r["p95_ms"] for r in rows)],
                       "deadline_miss_share": float(np.mean([r["deadline_miss_share"] for r in rows])),
                       "accuracy": float(np.mean([r["accuracy"] for r in rows])),
+                      "agreement": None if rows[0].get("agreement") is None else
+                      float(np.mean([r["agreement"] for r in rows])),
                       "failed": sum(r["failed"] for r in rows), "requests": sum(r["requests"] for r in rows),
                       "option": max(options, key=lambda k: options[k]) if options else None, "options": options}
     firsts = [r["first_after_kill"] for r in runs if r["first_after_kill"]]
     return {"phases": out, "first_after_kill_ms": [f["latency_ms"] for f in firsts],
             "first_after_kill_where": [f["where"] for f in firsts],
             "first_after_kill_within_deadline": bool(firsts) and all(f["within_deadline"] for f in firsts)}
+
+
+def reference_classes(bundle_path: Path, arch_id: str, data: Path, seed: int) -> np.ndarray:
+    """The class of every sample, in the device's order, from the whole variant run here in fp32."""
+    from hmt.bundle import load_bundle
+    from hmt.offload.parts import SplitChain
+    from hmt.offload.plan import load_plan
+
+    bundle = load_bundle(bundle_path)
+    chain = SplitChain(bundle, bundle.spec.variant(arch_id), load_plan(bundle).for_variant(arch_id))
+    loaded = np.load(data)
+    x = loaded["x"][np.random.default_rng(seed).permutation(len(loaded["y"]))]
+    return np.array([chain.run_local(x[i][None], None).class_index for i in range(len(x))])
 
 
 def targets(results: dict[str, Any], budget_ms: float) -> dict[str, Any]:
@@ -355,6 +374,7 @@ def main() -> None:
     spec = load_bundle(device_bundle).spec
     args.variant = args.variant or max(spec.variants, key=lambda v: v.accuracy).arch_id
     data = export_cifar(work / "cifar_test.npz", args.samples)
+    args.reference = reference_classes(device_bundle, args.variant, data, args.seed)
     scenario = args.out / "scenario.csv"
     scenario.write_text(scenario_csv(args.phase_s))
     group = _cgroup(args.device_cpu_share)
@@ -390,6 +410,7 @@ def show(phases: dict[str, Any]) -> None:
     for phase, s in phases.items():
         print(f"  {phase:12s} {s['option']!s:18s} p50 {s['p50_ms']:7.2f} p95 {s['p95_ms']:7.2f} ms  "
               f"miss {100 * s['deadline_miss_share']:5.1f}%  acc {100 * s['accuracy']:5.1f}%  "
+              f"agree {100 * (s.get('agreement') or 0):5.1f}%  "
               f"failed {s['failed']}  n {s['requests']}  {s.get('where', '')}", flush=True)
 
 
