@@ -14,9 +14,11 @@ is only ever inflated by scheduling noise, never shortened, and a link that real
 slower shows up at once in the per-byte cost of the next transfer. The cost per byte is tracked
 rather than the bandwidth because a fast link sends a small tensor in "no time": a
 bandwidth estimate from that divides by ~0 and swings wildly, a per-byte cost of ~0 does
-not. Both are exponential moving averages; a sample far above the estimate (the link
-just got worse) is taken at once (``jump_factor``) so the device leaves a slow link within
-one request instead of a dozen.
+not. Both are exponential moving averages; two samples in a row far above the estimate
+(``jump_factor``: the link got worse) replace it at once, so the device leaves a slow link
+within two requests instead of a dozen, while one outlier alone (a stall of the device's own
+core, measured on the bench: it is charged to the link) is clipped to ``jump_factor`` times
+the estimate before it is smoothed in.
 """
 
 from __future__ import annotations
@@ -59,12 +61,20 @@ class LinkEstimator:
         self._rtts: deque[float] = deque(maxlen=max(1, rtt_window))
         self._ms_per_byte = initial_ms_per_byte  # 100 Mbit/s until measured
         self._samples = 0
+        self._high = 0  # consecutive per-byte samples far above the estimate
         self._last_s = clock()
         self._lock = threading.Lock()
 
     def _blend(self, old: float, new: float) -> float:
-        if self._samples == 0 or new > self.jump_factor * old:
+        if self._samples == 0:
             return new
+        if new > self.jump_factor * old:
+            self._high += 1
+            if self._high >= 2:
+                return new
+            new = self.jump_factor * old  # unconfirmed: clipped, so one stall moves it by 30% at most
+        else:
+            self._high = 0
         return old + self.smoothing * (new - old)
 
     def observe_rtt(self, rtt_ms: float) -> None:

@@ -49,7 +49,9 @@ def test_link_estimate_follows_transfers_and_jumps_on_a_slow_link() -> None:
     link.observe_rtt(1.0)
     link.observe_transfer(12500, 1.0 + 1.0)  # 12.5 kB in 1 ms: 100 Mbit/s
     assert link.estimate().bandwidth_mbit_s == pytest.approx(100, rel=0.01)
-    link.observe_transfer(12500, 40.0 + 50.0)  # the link got far worse: the next transfer is priced at once
+    link.observe_transfer(12500, 40.0 + 50.0)  # far worse once: an outlier, smoothed
+    assert link.estimate().transfer_ms(12500) < 40.0
+    link.observe_transfer(12500, 40.0 + 50.0)  # twice in a row: the link got worse, priced at once
     assert link.estimate().transfer_ms(12500) == pytest.approx(90.0)
     for _ in range(5):  # the RTT is the least of the last 5: noise never lowers it, a real rise shows
         link.observe_rtt(40.0)
