@@ -128,6 +128,7 @@ class OffloadDevice:
         self.peer_tail_ms: dict[str, list[float]] = {}
         self.planner_config = planner_config if planner_config is not None else PlannerConfig()
         self.planner = self._new_planner()
+        self.mu = options.mu  # eq. 3's accuracy weight; the serve loop updates it from the battery
         self.device_ratio = 1.0
         self.peer_ratio = 1.0
         self.peer_queue_ms = 0.0
@@ -171,12 +172,13 @@ class OffloadDevice:
         usable = self.breaker.state == CLOSED
         return Conditions(link=self.link.estimate() if usable else None, budget_ms=self.options.budget_ms,
                           device_ratio=self.device_ratio, peer_ratio=self.peer_ratio,
-                          peer_queue_ms=self.peer_queue_ms, mu=self.options.mu)
+                          peer_queue_ms=self.peer_queue_ms, mu=self.mu)
 
     def choose(self) -> Choice:
         with self._lock:
             if self.options.fixed_cut is not None and self.options.fixed_cut < 0:
-                conditions = Conditions(link=None, budget_ms=self.options.budget_ms, device_ratio=self.device_ratio)
+                conditions = Conditions(link=None, budget_ms=self.options.budget_ms, device_ratio=self.device_ratio,
+                                        mu=self.mu)
             else:
                 conditions = self.conditions()
             choice = self.planner.decide(conditions)

@@ -47,6 +47,9 @@ class OffloadingController:
         return getattr(self._controller, name)
 
     def predict(self, x: np.ndarray, queued_ms: float = 0.0) -> Prediction:
+        ticks = self._controller.ticks
+        if ticks:  # the loop's mu (from the battery) weighs accuracy against the device's energy
+            self.device.mu = ticks[-1].mu
         result = self.device.predict(x)
         latency_ms = queued_ms + result.latency_ms
         return Prediction(result.class_index, result.confidence, result.exit,
