@@ -128,6 +128,7 @@ class OffloadDevice:
         self.peer_tail_ms: dict[str, list[float]] = {}
         self.planner_config = planner_config if planner_config is not None else PlannerConfig()
         self.planner = self._new_planner()
+        self._last_factor = 1.0
         self.mu = options.mu  # eq. 3's accuracy weight; the serve loop updates it from the battery
         self.device_ratio = 1.0
         self.peer_ratio = 1.0
@@ -141,6 +142,7 @@ class OffloadDevice:
         self.counts: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
         self.history: deque[dict[str, Any]] = deque(maxlen=256)
+        self._remote_ratios: deque[float] = deque(maxlen=30)  # observed / predicted remote time
         self.last_choice: Choice | None = None
 
     # -- planning ------------------------------------------------------------------------------
@@ -172,7 +174,12 @@ class OffloadDevice:
         usable = self.breaker.state == CLOSED
         return Conditions(link=self.link.estimate() if usable else None, budget_ms=self.options.budget_ms,
                           device_ratio=self.device_ratio, peer_ratio=self.peer_ratio,
-                          peer_queue_ms=self.peer_queue_ms, mu=self.mu)
+                          peer_queue_ms=self.peer_queue_ms, mu=self.mu, remote_factor=self.remote_factor())
+
+    def remote_factor(self) -> float:
+        """The 90th percentile of observed / predicted remote time (1 until 5 requests went out)."""
+        ratios = list(self._remote_ratios)
+        return 1.0 if len(ratios) < 5 else max(1.0, float(np.percentile(ratios, 90)))
 
     def choose(self) -> Choice:
         with self._lock:
@@ -182,6 +189,7 @@ class OffloadDevice:
             else:
                 conditions = self.conditions()
             choice = self.planner.decide(conditions)
+            self._last_factor = max(1.0, conditions.remote_factor)  # the prediction below includes it
             self.last_choice = choice
             return choice
 
@@ -230,6 +238,10 @@ class OffloadDevice:
                 peer_ms = float(body.get("compute_ms", 0.0)) + float(body.get("queue_ms", 0.0))
                 self._observe_reply(chain, cut.index, len(encoded.body), reply.elapsed_ms, body, peer_ms)
                 self.breaker.success()
+                if predicted_remote > 0:
+                    remote_ms = (time.perf_counter() - start) * 1e3 - head_ms
+                    with self._lock:
+                        self._remote_ratios.append(min(20.0, remote_ms / (predicted_remote / self._last_factor)))
                 answer = Answer(int(body["class"]), float(body["confidence"]), int(body["exit"]), 0.0)
                 return self._result(answer, option, WHERE_PEER, start)
             except (PeerFailure, KeyError, TypeError, ValueError) as exc:
@@ -340,6 +352,7 @@ class OffloadDevice:
             "link": {"rtt_ms": link.rtt_ms, "bandwidth_mbit_s": link.bandwidth_mbit_s, "samples": link.samples,
                      "age_s": link.age_s},
             "device_ratio": self.device_ratio, "peer_ratio": self.peer_ratio, "peer_queue_ms": self.peer_queue_ms,
+            "remote_factor": self.remote_factor(),
             "choice": None if choice is None else {"option": choice.option.label, "best": choice.best.label,
                                                    "reason": choice.reason,
                                                    "predicted_ms": choice.option.predicted_ms},

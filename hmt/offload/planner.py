@@ -4,12 +4,14 @@ Options: every variant all local, and every variant cut at each of its cuts with
 tensor sent in the codec that costs least now. Predicted end-to-end time of an option::
 
     local:    T = T_local(v) * r_device
-    cut c:    T = T_head(v, c) * r_device + codec_ms + rtt + bytes(c, codec) * ms_per_byte
-                  + T_tail(v, c) * r_peer + queue_peer
+    cut c:    T = T_head(v, c) * r_device + f_remote * (codec_ms + rtt + bytes(c, codec) * ms_per_byte
+                  + T_tail(v, c) * r_peer + queue_peer)
 
-with ``r_device``/``r_peer`` = measured / warm compute time on each side and the link
-from :mod:`hmt.offload.link`. Feasible: ``T <= T_budget`` (and the peer reachable).
-Among feasible options eq. 3 picks: ``mu*Norm(A) - (1-mu)*Norm(E)``, where the device's
+with ``r_device``/``r_peer`` = measured / warm compute time on each side, the link
+from :mod:`hmt.offload.link`, and ``f_remote`` >= 1 the 90th percentile of observed /
+predicted remote time over recent offloaded requests (the budget is a tail target).
+Feasible: ``T <= T_budget`` (and the peer reachable). Among feasible options eq. 3 picks:
+``mu*Norm(A) - (1-mu)*Norm(E)``, where the device's
 energy of a cut is the profiled energy times the share of the compute that stays on the
 device plus ``radio_mj_per_kb`` per KiB sent. Options of equal score (the same variant
 on mains power, ``mu = 1``) are ranked by predicted time, so the cut is the fastest one.
@@ -99,6 +101,10 @@ class Conditions:
     peer_ratio: float = 1.0
     peer_queue_ms: float = 0.0
     mu: float = 1.0
+    # Observed / predicted time of the remote part (transfer + peer), at a high percentile of
+    # recent offloaded requests: a link and peer that are right on average but often late are
+    # planned at their tail, as the latency budget is a tail target.
+    remote_factor: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -151,7 +157,8 @@ class OffloadPlanner:
                 continue
             for cut in v.cuts:
                 codec, comm_ms = self._codec(cut, now.link)
-                t = cut.device_ms * now.device_ratio + comm_ms + cut.peer_ms * now.peer_ratio + now.peer_queue_ms
+                remote = comm_ms + cut.peer_ms * now.peer_ratio + now.peer_queue_ms
+                t = cut.device_ms * now.device_ratio + remote * max(1.0, now.remote_factor)
                 share = min(1.0, cut.device_ms / v.local_ms) if v.local_ms > 0 else 0.0
                 energy = v.energy * share + self.config.radio_mj_per_kb * cut.bytes_by_codec[codec] / 1024
                 score = acc - (1 - now.mu) * self._energy(energy)

@@ -141,3 +141,13 @@ def test_codec_is_chosen_when_it_pays() -> None:
     assert planner.decide(Conditions(link=_link(2, 1.0), budget_ms=60)).option.codec == "int8"
     with pytest.raises(UsageError):
         PlannerConfig(codecs=("int8",))
+
+
+def test_a_late_remote_part_is_planned_at_its_tail() -> None:
+    clock = FakeClock()
+    planner = _planner(clock, min_dwell_s=0.0)
+    fast = _link(100, 1.0)
+    assert planner.decide(Conditions(link=fast, budget_ms=30.0)).option.cut == 0  # ~3 ms predicted vs 10 local
+    # The remote part has been 4x its prediction at the 90th percentile: ~12 ms, local wins.
+    choice = planner.decide(Conditions(link=fast, budget_ms=30.0, remote_factor=4.0))
+    assert choice.option.cut is None and choice.best.cut is None
