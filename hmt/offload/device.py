@@ -61,6 +61,7 @@ class DeviceOptions:
     probe_bytes: int = 8192
     status_every_s: float = 1.0
     local_refresh_s: float = 1.0
+    remote_window_s: float = 10.0
     ratio_smoothing: float = 0.3
     mu: float = 1.0
     fixed_cut: int | None = None  # baselines: always this cut of the first/fixed variant (-1: all local)
@@ -142,7 +143,8 @@ class OffloadDevice:
         self.counts: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
         self.history: deque[dict[str, Any]] = deque(maxlen=256)
-        self._remote_ratios: deque[float] = deque(maxlen=30)  # observed / predicted remote time
+        # (time, observed / predicted remote time) of recent offloaded requests
+        self._remote_ratios: deque[tuple[float, float]] = deque(maxlen=30)
         self.last_choice: Choice | None = None
 
     # -- planning ------------------------------------------------------------------------------
@@ -177,8 +179,10 @@ class OffloadDevice:
                           peer_queue_ms=self.peer_queue_ms, mu=self.mu, remote_factor=self.remote_factor())
 
     def remote_factor(self) -> float:
-        """The 90th percentile of observed / predicted remote time (1 until 5 requests went out)."""
-        ratios = list(self._remote_ratios)
+        """The 90th percentile of observed / predicted remote time over the requests offloaded in the
+        last ``remote_window_s`` (1 below 5 of them: after a while local, the peer is tried again)."""
+        since = self.clock() - self.options.remote_window_s
+        ratios = [r for t, r in list(self._remote_ratios) if t >= since]
         return 1.0 if len(ratios) < 5 else max(1.0, float(np.percentile(ratios, 90)))
 
     def choose(self) -> Choice:
@@ -241,7 +245,8 @@ class OffloadDevice:
                 if predicted_remote > 0:
                     remote_ms = (time.perf_counter() - start) * 1e3 - head_ms
                     with self._lock:
-                        self._remote_ratios.append(min(20.0, remote_ms / (predicted_remote / self._last_factor)))
+                        ratio = min(20.0, remote_ms / (predicted_remote / self._last_factor))
+                        self._remote_ratios.append((self.clock(), ratio))
                 answer = Answer(int(body["class"]), float(body["confidence"]), int(body["exit"]), 0.0)
                 return self._result(answer, option, WHERE_PEER, start)
             except (PeerFailure, KeyError, TypeError, ValueError) as exc:

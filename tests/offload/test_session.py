@@ -32,3 +32,23 @@ def test_device_api_with_an_unreachable_peer_answers_every_request(offload_bundl
     offload = status["offload"]
     assert offload["breaker"]["state"] in ("open", "half_open") and offload["answered"] == {"local": 5}
     assert offload["peer_errors"].get("probe_refused", 0) + offload["peer_errors"].get("probe_broken", 0) >= 1
+
+
+def test_remote_factor_is_a_recent_tail(offload_bundles: OffloadBundles) -> None:
+    from hmt.bundle import load_bundle
+    from hmt.offload.client import PeerClient
+    from hmt.offload.device import DeviceOptions, OffloadDevice
+    from hmt.offload.plan import load_plan
+
+    now = [100.0]
+    bundle = load_bundle(offload_bundles.device)
+    device = OffloadDevice(bundle, load_plan(bundle), PeerClient("http://127.0.0.1:9"),
+                           DeviceOptions(budget_ms=50.0, remote_window_s=10.0), rng=np.random.default_rng(0),
+                           clock=lambda: now[0], warmup_runs=1)
+    assert device.remote_factor() == 1.0
+    for ratio in (1.0, 1.2, 1.1, 3.0, 1.0, 1.3, 1.1, 1.0, 1.2, 4.0):
+        device._remote_ratios.append((now[0], ratio))
+    assert 3.0 <= device.remote_factor() <= 4.0  # the 90th percentile, not the mean
+    now[0] += 11.0  # all older than the window: the peer gets a fresh chance
+    assert device.remote_factor() == 1.0
+    device.stop()
