@@ -123,6 +123,12 @@ def deploy_command(
         "--trusted-key", help="ed25519 public key (PEM): with --verify, refuse a bundle it did not sign.")] = None,
     gen_key: Annotated[Path | None, typer.Option(
         "--gen-key", help="Write a new ed25519 key pair to PATH (private, mode 0600) and PATH.pub, and exit.")] = None,
+
+    offload_out: Annotated[Path | None, typer.Option(
+        "--offload-out", help="Also split the bundle (built, or the --verify one) for offloading: OUT/device "
+                              "(every segment + the heads and tails of the cuts) for `hmt serve --peer`, OUT/peer "
+                              "(the tails) for `hmt serve --role peer`; each cut verified against the whole "
+                              "(<= 1e-5).")] = None,
     seed: SeedOpt = 0,
     json_mode: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -144,6 +150,20 @@ def deploy_command(
         output.note(f"pushed with {pushed.tool} to {pushed.remote_dir} in {pushed.elapsed_s:.1f} s")
         return {"destination": pushed.destination, "remote_dir": pushed.remote_dir, "tool": pushed.tool,
                 "elapsed_s": round(pushed.elapsed_s, 3)}
+
+    def do_offload(output: Output, bundle_dir: Path) -> dict[str, Any] | None:
+        if offload_out is None:
+            return None
+        from hmt.deploy.offload import write_offload_bundles
+
+        with output.progress() as progress:
+            split = write_offload_bundles(bundle_dir, offload_out / "device", offload_out / "peer", seed=seed,
+                                          progress=progress)
+        output.note(f"offload: {split.cuts} cuts ({split.inner_cuts} inside segments, worst head+tail error "
+                    f"{split.max_rel_error:.2g}) -> {split.device} and {split.peer}")
+        return {"device": str(split.device), "peer": str(split.peer), "cuts": split.cuts,
+                "inner_cuts": split.inner_cuts, "max_rel_error": split.max_rel_error,
+                "plan": split.plan.to_json_dict()}
 
     def body(output: Output) -> None:
         from hmt.errors import UsageError
@@ -172,7 +192,9 @@ def deploy_command(
             report = verify_bundle(verify, expected_target=target, seed=seed, trusted_key=trusted)
             _show_verify(output, report)
             pushed = do_push(output, verify)
-            output.result({**report.to_json_dict(), "push": pushed}, f"{verify}: bundle OK for {report.target}")
+            split = do_offload(output, verify) if verify.is_dir() else None
+            output.result({**report.to_json_dict(), "push": pushed, "offload": split},
+                          f"{verify}: bundle OK for {report.target}")
             return
         missing = [name for name, value in (("--fused", fused), ("--pareto", pareto), ("--target", target))
                    if value is None]
@@ -213,10 +235,11 @@ def deploy_command(
             output.note(f"verified: {len(report.checks) - len(skipped)} checks ok"
                         + (f", {len(skipped)} skipped (libraries for another CPU)" if skipped else ""))
         pushed = do_push(output, out_dir)
+        split = do_offload(output, out_dir)
         size_mb = result.size_bytes / 1e6
         archive_mb = (result.archive_size_bytes or 0) / 1e6
         output.result(
-            {**result.to_json_dict(), "verify": verified, "push": pushed},
+            {**result.to_json_dict(), "verify": verified, "push": pushed, "offload": split},
             f"wrote {out_dir} ({size_mb:.2f} MB) and {result.archive} ({archive_mb:.2f} MB): "
             f"{len(result.variants)} variant(s) for {result.target.name} in {result.build_s:.1f} s",
         )

@@ -104,6 +104,11 @@ def pareto_command(
              "on the held-out data.")] = 1.0,
     precision_candidates: Annotated[int, typer.Option(
         help="fp32 front variants (fastest first) quantised at each extra precision.")] = 8,
+
+    offload_link: Annotated[str | None, typer.Option(
+        help="Price every variant at its best offload cut for this link: BANDWIDTH_MBIT_S,RTT_MS[,PEER_SPEEDUP"
+             "[,CODEC]] (e.g. 20,5,4,int8: 20 Mbit/s, 5 ms, a peer 4x faster). Latency = device part + RTT + "
+             "bytes/bandwidth + peer part; the front's points carry offload_cut.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the search and of the data subset.")] = 0,
     json_mode: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -126,7 +131,7 @@ def pareto_command(
                                  window=window, noise_prob=noise_prob, coverage_share=coverage_share),
             data_path=data, data_split=data_split.value, max_eval_samples=max_eval_samples, batch_size=batch_size,
             cache_mb=cache_mb, device=device, use_block_table=not no_block_table, threads=threads,
-            calibration_samples=calibration_samples,
+            calibration_samples=calibration_samples, offload_link=offload_link,
             precision=PrecisionOptions(precisions=("fp32", *(precision or [])),
                                        max_accuracy_drop=max_accuracy_drop / 100.0,
                                        max_candidates=precision_candidates),

@@ -47,6 +47,13 @@ Replay a scenario for 60 s with real background load, labelled data through the 
 - battery_pct: battery level 0..100 (sets mu of eq. 3)
 - latency_budget_ms: latency budget per request in ms (server queue wait + compute)
 
+**Offloading** (a weak device next to a stronger machine): on the peer, serve the peer half of
+`hmt deploy --offload-out`; on the device, serve the device half with `--peer`:
+
+    HMT_SERVE_TOKEN=... hmt serve runs/bundle-peer --role peer --host 0.0.0.0 --port 9000 \\
+        --ssl-certfile cert.pem --ssl-keyfile key.pem
+    HMT_PEER_TOKEN=... hmt serve runs/bundle-device --peer https://edge-box:9000 --peer-cafile ca.pem
+
 An empty cell means not set (no load, the base budget from serve.json or --latency-ms/--memory-mb,
 no battery). The scenario ends at its last row's time_s unless --duration-s is given. Writes
 timeline.csv (one row per decision), requests.csv, timeline.png and summary.json to --timeline-out.
@@ -57,6 +64,11 @@ class EngineChoice(str, Enum):
     auto = "auto"
     onnxruntime = "onnxruntime"
     tvm = "tvm"
+
+
+class RoleChoice(str, Enum):
+    device = "device"
+    peer = "peer"
 
 
 class LoadChoice(str, Enum):
@@ -127,6 +139,18 @@ def serve_command(
     trusted_key: Annotated[Path | None, typer.Option(
         "--trusted-key", help="ed25519 public key (PEM): refuse a bundle not signed by it (hmt deploy --sign-key; "
                               "see hmt deploy --help).")] = None,
+
+    role: Annotated[RoleChoice, typer.Option(
+        help="device: serve predictions (offloading to --peer when given); peer: run the tails of an offload "
+             "bundle for devices (POST /v1/segment; `hmt deploy --offload-out` writes one).")] = RoleChoice.device,
+    peer: Annotated[str | None, typer.Option(
+        help="Offload to this peer (http(s)://HOST:PORT): variant and cut are chosen together from the measured "
+             "link; a failing peer is retried with backoff while requests finish locally.")] = None,
+    peer_token: Annotated[str | None, typer.Option(
+        help="Bearer token the peer requires (default: $HMT_PEER_TOKEN).")] = None,
+    peer_cafile: Annotated[Path | None, typer.Option(help="CA bundle (PEM) to verify an https peer.")] = None,
+    ssl_certfile: Annotated[Path | None, typer.Option(help="--role peer: TLS certificate chain (PEM).")] = None,
+    ssl_keyfile: Annotated[Path | None, typer.Option(help="--role peer: TLS private key (PEM).")] = None,
     seed: SeedOpt = 0,
     json_mode: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -146,6 +170,16 @@ def serve_command(
         from hmt.serve.server import ServerOptions, resolve_token
         from hmt.serve.session import SessionOptions, run_scenario, serve_forever
 
+        if role is RoleChoice.peer or peer is not None:
+            from commands.serve_offload import run_device, run_peer
+
+            if scenario is not None:
+                raise UsageError("--scenario is not combined with --role peer / --peer; see scripts/bench_offload.py")
+            if role is RoleChoice.peer:
+                run_peer(output, bundle, host=host, port=port, token=token, workers=workers, max_queue=max_queue,
+                         deadline_ms=deadline_ms, threads=threads, ssl_certfile=ssl_certfile,
+                         ssl_keyfile=ssl_keyfile, debug=debug)
+                return
         if scenario is None:
             for name, value in (("--duration-s", duration_s), ("--data", data), ("--timeline-out", timeline_out)):
                 if value is not None:
@@ -159,6 +193,10 @@ def serve_command(
                          health_without_token=health_without_token)
         server = ServerOptions(host=host, port=port, log_level="info" if debug else "warning",
                                max_connections=max_connections, receipt_timeout_s=receipt_timeout_s)
+        if peer is not None:
+            run_device(output, bundle, peer=peer, peer_token=peer_token, peer_cafile=peer_cafile,
+                       session=session, api=api, server=server, seed=seed)
+            return
         if scenario is None:
             status = serve_forever(bundle, session, api, server,
                                    on_listening=lambda url: output.note(f"serving {bundle} on {url} "

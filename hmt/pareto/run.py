@@ -41,6 +41,8 @@ class ParetoOptions:
     # The precision gene (hmt.pareto.precision): quantised copies of the fp32 front compete.
     precision: PrecisionOptions = field(default_factory=PrecisionOptions)
 
+    offload_link: str | None = None  # "BW_MBIT_S,RTT_MS[,PEER_SPEEDUP[,CODEC]]": price each variant at its best cut
+
     def validate(self) -> ParetoOptions:
         self.search.validate()
         self.precision.validate()
@@ -50,6 +52,10 @@ class ParetoOptions:
             raise UsageError(f"feature cache must be >= 0 MB, got {self.cache_mb}")
         if self.threads is not None and self.threads < 1:
             raise UsageError(f"threads must be >= 1, got {self.threads}")
+        if self.offload_link is not None:
+            from hmt.pareto.offload import OffloadCostModel
+
+            OffloadCostModel.parse_link(self.offload_link)  # refuse a bad link before loading anything
         return self
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -163,6 +169,10 @@ def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions
         raise UsageError(f"profile {device_profile.name!r} has an uncalibrated energy model (unit "
                          f"{predictor.energy_unit}); --energy-mj needs a profile calibrated with a power source")
     costs = VariantCostModel(loaded.net, blocks, predictor)
+    if options.offload_link is not None:
+        from hmt.pareto.offload import OffloadCostModel
+
+        costs = OffloadCostModel(costs, OffloadCostModel.parse_link(options.offload_link))
     encoding = Encoding(loaded.space, choice_order=costs.choice_order(loaded.space),
                         engines=(str(device_profile.doc["device"].get("engine") or "default"),))
     precheck_budgets(encoding, costs, options.budgets)
@@ -194,6 +204,9 @@ def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions
     device_id = device_profile.device_id
     front_records = [result.records[i] for i in result.front]
     points = [_point(r, device_id) for r in front_records]
+    if hasattr(costs, "candidate"):  # an OffloadCostModel: each point's best cut for the link
+        points = [p | {"offload_cut": costs.candidate(r.candidate).offload_cut} for p, r in zip(points, front_records,
+                                                                                                 strict=True)]
     index = FrontIndex(
         [IndexEntry(p["arch_id"], p["accuracy"], p["latency_ms"], p["energy"], p["memory_mb"], p["exit_stage"],
                     tuple(p["accuracy_per_exit"]), p["engine"]) for p in points],

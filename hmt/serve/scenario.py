@@ -43,7 +43,9 @@ import numpy as np
 from hmt.errors import DeviceError, InputError, UsageError
 from hmt.serve.monitor import PsutilSampler, ResourceSample, Sampler
 
-COLUMNS = ("time_s", "cpu_load", "memory_budget_mb", "battery_pct", "latency_budget_ms")
+COLUMNS = ("time_s", "cpu_load", "memory_budget_mb", "battery_pct", "latency_budget_ms",
+           # the link between device and peer, read by the offload proxy (hmt.offload.proxy); serve ignores them
+           "link_bandwidth_mbit_s", "link_rtt_ms", "link_loss")
 LOAD_MODES = ("synthetic", "burn")
 _BURN_SLOT_S = 0.02
 

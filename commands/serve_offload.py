@@ -1,0 +1,44 @@
+"""The offloading branches of ``hmt serve``: ``--role peer`` and ``--peer URL`` (wired in commands/serve.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from commands._output import Output
+
+
+def run_peer(output: Output, bundle: Path, *, host: str, port: int, token: str | None, workers: int,
+             max_queue: int, deadline_ms: float, threads: int, ssl_certfile: Path | None, ssl_keyfile: Path | None,
+             debug: bool) -> None:
+    from hmt.errors import UsageError
+    from hmt.offload.peer import PeerOptions
+    from hmt.offload.server import TlsOptions, open_peer, serve_peer
+    from hmt.serve.server import resolve_token
+
+    if (ssl_certfile is None) != (ssl_keyfile is None):
+        raise UsageError("--ssl-certfile and --ssl-keyfile go together")
+    tls = None if ssl_certfile is None or ssl_keyfile is None else TlsOptions(ssl_certfile, ssl_keyfile)
+    options = PeerOptions(token=resolve_token(host, token), max_queue=max_queue, workers=workers,
+                          deadline_ms=deadline_ms)
+    output.note(f"loading and warming the tails of {bundle} ...")
+    service = open_peer(bundle, options, threads=max(1, threads))
+    serve_peer(service, host, port, tls=tls, log_level="info" if debug else "warning",
+               on_listening=lambda url: output.note(f"peer serving {bundle} on {url} (POST /v1/segment; "
+                                                    "SIGTERM drains and stops)"))
+    output.result({"stopped": True, "role": "peer", "served": service.served},
+                  f"peer stopped after {service.served} segments")
+
+
+def run_device(output: Output, bundle: Path, *, peer: str, peer_token: str | None, peer_cafile: Path | None,
+               session: Any, api: Any, server: Any, seed: int) -> None:
+    from hmt.offload.session import PEER_TOKEN_ENV, PeerLink, serve_device_forever
+
+    link = PeerLink(peer, token=peer_token or os.environ.get(PEER_TOKEN_ENV) or None, cafile=peer_cafile)
+    status = serve_device_forever(
+        bundle, session, api, server, link, seed=seed,
+        on_listening=lambda url: output.note(f"serving {bundle} on {url}, offloading to {peer} when it pays"))
+    offload = status.get("offload", {})
+    output.result({"stopped": True, "status": status},
+                  f"stopped; answered {offload.get('answered', {})}, peer errors {offload.get('peer_errors', {})}")

@@ -1,0 +1,368 @@
+"""The device side of offloading: plan, run the head, send, and finish locally when the peer fails.
+
+:class:`OffloadDevice` holds every bundled variant as a :class:`SplitChain` (so it can run
+all of a variant, or any head, or any tail as a fallback), a :class:`PeerClient`, a
+:class:`LinkEstimator`, a :class:`CircuitBreaker` and the :class:`OffloadPlanner`.
+
+``predict(x)``:
+1. ask the planner (variant, cut) under the current link, peer load and device slowdown;
+2. run the head; an early exit on the device answers without sending anything;
+3. send the tensor with a time limit: the deadline minus what the device needs to finish
+   the tail itself (measured warm time x slowdown, + a margin). When that leaves less
+   than the predicted round trip, the peer gets the whole remaining time instead (the
+   local fallback could not make the deadline either);
+4. on any failure (refused, reset, timeout, 4xx/5xx) the breaker opens and the tail runs
+   here: the request is answered, late at worst, never failed.
+
+A prober thread keeps the estimates alive: while the breaker is open it retries the peer
+at the breaker's backoff; when the link has been idle it sends a status request (RTT,
+peer load, the peer's tail times) and a small upload (bytes over time). While requests
+go to the peer, the device's own slowdown is re-measured with one local run every
+``local_refresh_s`` so that a device that got faster again is noticed.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hmt.bundle import Bundle
+from hmt.errors import UsageError
+from hmt.offload.breaker import CLOSED, CircuitBreaker
+from hmt.offload.client import PeerClient, PeerFailure
+from hmt.offload.codec import CODECS, decode, encode
+from hmt.offload.link import LinkEstimator
+from hmt.offload.parts import Answer, SplitChain
+from hmt.offload.plan import OffloadPlan
+from hmt.offload.planner import Choice, Conditions, CutCost, OffloadPlanner, Option, PlannerConfig, VariantCost
+
+WHERE_LOCAL = "local"
+WHERE_DEVICE_EXIT = "device_exit"
+WHERE_PEER = "peer"
+WHERE_FALLBACK = "fallback"
+
+
+@dataclass(frozen=True)
+class DeviceOptions:
+    budget_ms: float  # the latency target the planner plans for and the per-request deadline
+    confidence: float | None = None  # early exit threshold; None: off
+    margin_ms: float = 1.0  # kept back for the local fallback's own jitter
+    probe_interval_s: float = 0.2
+    # Probes cost the device CPU on the request path's core; on a quota-limited device a probe
+    # can push the next request into a throttled period. These rates measured best on the bench.
+    idle_probe_s: float = 2.0
+    probe_bytes: int = 8192
+    status_every_s: float = 1.0
+    local_refresh_s: float = 1.0
+    remote_window_s: float = 10.0
+    ratio_smoothing: float = 0.3
+    mu: float = 1.0
+    fixed_cut: int | None = None  # baselines: always this cut of the first/fixed variant (-1: all local)
+    fixed_variant: str | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.budget_ms) and self.budget_ms > 0):
+            raise UsageError(f"offload budget must be a finite number > 0 ms, got {self.budget_ms}")
+        if self.confidence is not None and not 0 < self.confidence <= 1:
+            raise UsageError(f"exit confidence must be in (0, 1], got {self.confidence}")
+
+
+@dataclass(frozen=True)
+class OffloadResult:
+    class_index: int
+    confidence: float
+    exit: int
+    variant: str
+    cut: int | None
+    codec: str
+    where: str
+    latency_ms: float
+    deadline_miss: bool
+    peer_error: str | None = None
+
+
+def _codec_ms(shape: tuple[int, ...], rng: np.random.Generator) -> dict[str, float]:
+    x = rng.standard_normal(shape).astype(np.float32)
+    out = {}
+    for codec in CODECS:
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            enc = encode(x, codec)
+            decode(enc.body, enc.headers, shape)
+            times.append((time.perf_counter() - t0) * 1e3)
+        out[codec] = float(np.median(times))
+    return out
+
+
+class OffloadDevice:
+    def __init__(self, bundle: Bundle, plan: OffloadPlan, client: PeerClient, options: DeviceOptions, *,
+                 planner_config: PlannerConfig | None = None, rng: np.random.Generator,
+                 clock: Callable[[], float] = time.monotonic, threads: int = 1, warmup_runs: int = 5) -> None:
+        self.bundle = bundle
+        self.client = client
+        self.options = options
+        self.clock = clock
+        self.rng = rng
+        self.link = LinkEstimator(clock)
+        self.breaker = CircuitBreaker(clock, rng)
+        x = rng.standard_normal(bundle.spec.input.shape).astype(np.float32)
+        self._sample = x
+        self.chains: dict[str, SplitChain] = {}
+        for variant in bundle.spec.variants:
+            if options.fixed_variant is not None and variant.arch_id != options.fixed_variant:
+                continue
+            chain = SplitChain(bundle, variant, plan.for_variant(variant.arch_id), threads)
+            chain.warm_up(x, warmup_runs)
+            self.chains[variant.arch_id] = chain
+        if not self.chains:
+            raise UsageError(f"--variant {options.fixed_variant!r} is not in the bundle")
+        self._codec_ms = {(a, c.index): _codec_ms(c.tensor.shape, rng) for a, ch in self.chains.items()
+                          for c in ch.cuts}
+        self.peer_tail_ms: dict[str, list[float]] = {}
+        self.planner_config = planner_config if planner_config is not None else PlannerConfig()
+        self.planner = self._new_planner()
+        self._last_factor = 1.0
+        self.mu = options.mu  # eq. 3's accuracy weight; the serve loop updates it from the battery
+        self.device_ratio = 1.0
+        self.peer_ratio = 1.0
+        self.peer_queue_ms = 0.0
+        self._last_local_s = -math.inf
+        self._last_transfer_s = -math.inf
+        self._last_status_s = -math.inf
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._prober: threading.Thread | None = None
+        self.counts: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()
+        self.history: deque[dict[str, Any]] = deque(maxlen=256)
+        # (time, observed / predicted remote time) of recent offloaded requests
+        self._remote_ratios: deque[tuple[float, float]] = deque(maxlen=30)
+        self.last_choice: Choice | None = None
+
+    # -- planning ------------------------------------------------------------------------------
+
+    def _new_planner(self) -> OffloadPlanner:
+        variants = []
+        for arch_id, chain in self.chains.items():
+            v = chain.variant
+            peer = self.peer_tail_ms.get(arch_id)
+            cuts = []
+            for c in chain.cuts:
+                if self.options.fixed_cut is not None and c.index != self.options.fixed_cut:
+                    continue
+                # Until the peer reports its own tail times, assume it is as fast as this device.
+                peer_ms = peer[c.index] if peer is not None and c.index < len(peer) else chain.tail_time_ms(c)
+                cuts.append(CutCost(c.index, chain.device_ms(c), peer_ms,
+                                    {codec: c.size_bytes(codec) for codec in CODECS},
+                                    self._codec_ms[(arch_id, c.index)]))
+            if self.options.fixed_cut is not None and self.options.fixed_cut >= 0 and not cuts:
+                raise UsageError(f"variant {arch_id!r} has no cut {self.options.fixed_cut}")
+            variants.append(VariantCost(arch_id, v.accuracy, v.energy, chain.device_ms(None), tuple(cuts)))
+        planner = OffloadPlanner(variants, self.planner_config, self.clock)
+        old = getattr(self, "planner", None)
+        if old is not None:
+            planner.current, planner.since_s, planner.switches = old.current, old.since_s, old.switches
+        return planner
+
+    def conditions(self) -> Conditions:
+        usable = self.breaker.state == CLOSED
+        return Conditions(link=self.link.estimate() if usable else None, budget_ms=self.options.budget_ms,
+                          device_ratio=self.device_ratio, peer_ratio=self.peer_ratio,
+                          peer_queue_ms=self.peer_queue_ms, mu=self.mu, remote_factor=self.remote_factor())
+
+    def remote_factor(self) -> float:
+        """The 90th percentile of observed / predicted remote time over the requests offloaded in the
+        last ``remote_window_s`` (1 below 5 of them: after a while local, the peer is tried again)."""
+        since = self.clock() - self.options.remote_window_s
+        ratios = [r for t, r in list(self._remote_ratios) if t >= since]
+        return 1.0 if len(ratios) < 5 else max(1.0, float(np.percentile(ratios, 90)))
+
+    def choose(self) -> Choice:
+        with self._lock:
+            if self.options.fixed_cut is not None and self.options.fixed_cut < 0:
+                conditions = Conditions(link=None, budget_ms=self.options.budget_ms, device_ratio=self.device_ratio,
+                                        mu=self.mu)
+            else:
+                conditions = self.conditions()
+            choice = self.planner.decide(conditions)
+            self._last_factor = max(1.0, conditions.remote_factor)  # the prediction below includes it
+            self.last_choice = choice
+            return choice
+
+    def _update_device_ratio(self, measured_ms: float, warm_ms: float) -> None:
+        if warm_ms <= 0:
+            return
+        sample = min(20.0, max(0.2, measured_ms / warm_ms))
+        with self._lock:
+            self.device_ratio += self.options.ratio_smoothing * (sample - self.device_ratio)
+            self._last_local_s = self.clock()
+
+    # -- a request ----------------------------------------------------------------------------
+
+    def predict(self, x: np.ndarray) -> OffloadResult:
+        start = time.perf_counter()
+        choice = self.choose()
+        option = choice.option
+        chain = self.chains[option.arch_id]
+        confidence = self.options.confidence
+        budget = self.options.budget_ms
+        if option.cut is None:
+            answer = chain.run_local(x, confidence)
+            if answer.exit == chain.last:
+                self._update_device_ratio(answer.compute_ms, chain.device_ms(None))
+            return self._result(answer, option, WHERE_LOCAL, start)
+        cut = chain.cut(option.cut)
+        head = chain.run_head(x, cut, confidence)
+        head_ms = (time.perf_counter() - start) * 1e3
+        if isinstance(head, Answer):
+            return self._result(head, option, WHERE_DEVICE_EXIT, start)
+        if cut.device_segments:
+            self._update_device_ratio(head_ms, chain.device_ms(cut))
+        local_rest_ms = chain.tail_time_ms(cut) * self.device_ratio + self.options.margin_ms
+        left_ms = budget - head_ms
+        predicted_remote = option.predicted_ms - chain.device_ms(cut) * self.device_ratio
+        limit_ms = left_ms - local_rest_ms
+        if limit_ms < predicted_remote:
+            limit_ms = max(left_ms, predicted_remote)  # the fallback cannot make it either: give the peer the time
+        error = None
+        if self.breaker.allow():
+            encoded = encode(head, option.codec)
+            try:
+                reply = self.client.segment(chain.arch_id, cut.index, encoded.body, encoded.headers,
+                                            confidence=confidence, limit_ms=limit_ms)
+                body = reply.body
+                peer_ms = float(body.get("compute_ms", 0.0)) + float(body.get("queue_ms", 0.0))
+                self._observe_reply(chain, cut.index, len(encoded.body), reply.elapsed_ms, body, peer_ms)
+                self.breaker.success()
+                if predicted_remote > 0:
+                    remote_ms = (time.perf_counter() - start) * 1e3 - head_ms
+                    with self._lock:
+                        ratio = min(20.0, remote_ms / (predicted_remote / self._last_factor))
+                        self._remote_ratios.append((self.clock(), ratio))
+                answer = Answer(int(body["class"]), float(body["confidence"]), int(body["exit"]), 0.0)
+                return self._result(answer, option, WHERE_PEER, start)
+            except (PeerFailure, KeyError, TypeError, ValueError) as exc:
+                error = exc.reason if isinstance(exc, PeerFailure) else "bad_reply"
+                self.errors[error] += 1
+                self.breaker.failure(error)
+        answer = chain.run_tail(head, cut, confidence)
+        return self._result(answer, option, WHERE_FALLBACK, start, peer_error=error or "breaker_open")
+
+    def _observe_reply(self, chain: SplitChain, index: int, size: int, elapsed_ms: float, body: dict[str, Any],
+                       peer_ms: float) -> None:
+        self.link.observe_transfer(size, max(0.0, elapsed_ms - peer_ms))
+        with self._lock:
+            self._last_transfer_s = self.clock()
+            queue_ms = float(body.get("queue_ms", 0.0))
+            self.peer_queue_ms += 0.3 * (queue_ms - self.peer_queue_ms)
+            warm = self.peer_tail_ms.get(chain.arch_id)
+            if warm is not None and int(body.get("exit", -1)) == chain.last and warm[index] > 0:
+                sample = min(20.0, max(0.2, float(body.get("compute_ms", 0.0)) / warm[index]))
+                self.peer_ratio += self.options.ratio_smoothing * (sample - self.peer_ratio)
+
+    def _result(self, answer: Answer, option: Option, where: str, start: float, *,
+                peer_error: str | None = None) -> OffloadResult:
+        latency_ms = (time.perf_counter() - start) * 1e3
+        self.counts[where] += 1
+        return OffloadResult(answer.class_index, answer.confidence, answer.exit, option.arch_id, option.cut,
+                             option.codec, where, latency_ms, latency_ms > self.options.budget_ms, peer_error)
+
+    # -- probing ------------------------------------------------------------------------------
+
+    def refresh_peer_status(self, limit_ms: float = 500.0) -> bool:
+        """GET the peer's status: RTT, load, tail times. False (and the breaker told) when it fails."""
+        try:
+            reply = self.client.status(limit_ms)
+        except PeerFailure as exc:
+            self.errors[f"probe_{exc.reason}"] += 1
+            self.breaker.failure(f"probe: {exc.reason}")
+            return False
+        body = reply.body
+        self.link.observe_rtt(reply.elapsed_ms)
+        variants = body.get("variants", {})
+        tails = {a: [float(t) for t in v.get("tail_ms", [])] for a, v in variants.items() if a in self.chains}
+        with self._lock:
+            self._last_status_s = self.clock()
+            load = body.get("load", {})
+            ratio = float(load.get("compute_ratio", self.peer_ratio))
+            self.peer_ratio = ratio if math.isfinite(ratio) and ratio > 0 else self.peer_ratio
+            if tails != self.peer_tail_ms:
+                self.peer_tail_ms = tails
+                self.planner = self._new_planner()
+        self.breaker.success()
+        return True
+
+    def probe_bandwidth(self, limit_ms: float = 1000.0) -> bool:
+        try:
+            reply = self.client.probe(self.options.probe_bytes, limit_ms)
+        except PeerFailure as exc:
+            self.errors[f"probe_{exc.reason}"] += 1
+            self.breaker.failure(f"probe: {exc.reason}")
+            return False
+        self.link.observe_transfer(self.options.probe_bytes, reply.elapsed_ms)
+        with self._lock:
+            self._last_transfer_s = self.clock()
+        return True
+
+    def probe_once(self) -> None:
+        now = self.clock()
+        if self.breaker.state != CLOSED:
+            if self.breaker.allow():
+                self.refresh_peer_status()
+            return
+        if now - self._last_status_s >= self.options.status_every_s and not self.refresh_peer_status():
+            return
+        if now - self._last_transfer_s >= self.options.idle_probe_s:
+            self.probe_bandwidth()
+        if now - self._last_local_s >= self.options.local_refresh_s:
+            self.refresh_device_ratio()
+
+    def refresh_device_ratio(self) -> None:
+        """One local run of the current variant off the request path: is this device slower or faster now?"""
+        choice = self.last_choice
+        chain = self.chains[choice.option.arch_id] if choice is not None else next(iter(self.chains.values()))
+        # Twice, the faster counts: the first call after a quiet spell runs on cold caches (a CLI
+        # device measured r = 9.7 at start-up from one cold run), which requests do not see.
+        best_ms = min(chain.run_local(self._sample, None).compute_ms for _ in range(2))
+        self._update_device_ratio(best_ms, chain.device_ms(None))
+
+    def start(self) -> None:
+        self.refresh_peer_status()
+
+        def loop() -> None:
+            while not self._stop.wait(self.options.probe_interval_s):
+                self.probe_once()
+
+        self._prober = threading.Thread(target=loop, name="hmt-offload-probe", daemon=True)
+        self._prober.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._prober is not None:
+            self._prober.join(5.0)
+        self.client.close()
+
+    def status(self) -> dict[str, Any]:
+        link = self.link.estimate()
+        choice = self.last_choice
+        return {
+            "peer": self.client.url,
+            "breaker": self.breaker.snapshot(),
+            "link": {"rtt_ms": link.rtt_ms, "bandwidth_mbit_s": link.bandwidth_mbit_s, "samples": link.samples,
+                     "age_s": link.age_s},
+            "device_ratio": self.device_ratio, "peer_ratio": self.peer_ratio, "peer_queue_ms": self.peer_queue_ms,
+            "remote_factor": self.remote_factor(),
+            "choice": None if choice is None else {"option": choice.option.label, "best": choice.best.label,
+                                                   "reason": choice.reason,
+                                                   "predicted_ms": choice.option.predicted_ms},
+            "switches": self.planner.switches,
+            "answered": dict(self.counts), "peer_errors": dict(self.errors),
+        }

@@ -1,0 +1,110 @@
+"""``hmt serve BUNDLE --peer URL``: the device API with offloading, over the ordinary controller.
+
+The serve controller keeps doing what it does (monitor, load index, ``/v1/status``,
+``/metrics``); :class:`OffloadingController` puts :class:`OffloadDevice` on the request
+path, which chooses variant and cut together and finishes locally when the peer fails.
+It wraps the controller instead of changing it, so the API needs no change: everything
+but ``predict``, ``status`` and ``stop`` is the controller's own.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hmt.offload.client import PeerClient
+from hmt.offload.device import DeviceOptions, OffloadDevice
+from hmt.offload.plan import load_plan
+from hmt.offload.planner import PlannerConfig
+from hmt.serve.api import ApiOptions, create_app
+from hmt.serve.controller import Controller, Prediction
+from hmt.serve.server import ApiServer, ServerOptions
+from hmt.serve.session import SessionOptions, open_controller
+
+PEER_TOKEN_ENV = "HMT_PEER_TOKEN"
+
+
+@dataclass(frozen=True)
+class PeerLink:
+    url: str
+    token: str | None = None
+    cafile: Path | None = None
+
+
+class OffloadingController:
+    """A :class:`Controller` whose requests go through an :class:`OffloadDevice`."""
+
+    def __init__(self, controller: Controller, device: OffloadDevice) -> None:
+        self._controller = controller
+        self.device = device
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._controller, name)
+
+    def predict(self, x: np.ndarray, queued_ms: float = 0.0) -> Prediction:
+        ticks = self._controller.ticks
+        if ticks:  # the loop's mu (from the battery) weighs accuracy against the device's energy
+            self.device.mu = ticks[-1].mu
+        result = self.device.predict(x)
+        latency_ms = queued_ms + result.latency_ms
+        return Prediction(result.class_index, result.confidence, result.exit,
+                          f"{result.variant}@{result.where}" + ("" if result.cut is None else f":cut{result.cut}"),
+                          result.latency_ms, latency_ms, latency_ms > self.device.options.budget_ms)
+
+    def status(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        doc: dict[str, Any] = self._controller.status(*args, **kwargs)
+        doc["offload"] = self.device.status()
+        return doc
+
+    def start(self) -> None:
+        self._controller.start()
+        self.device.start()
+
+    def stop(self) -> None:
+        self.device.stop()
+        self._controller.stop()
+
+
+def open_device(bundle_path: Path | str, options: SessionOptions, link: PeerLink, *, deadline_ms: float,
+                planner: PlannerConfig | None = None, seed: int = 0) -> OffloadingController:
+    controller = open_controller(bundle_path, options)
+    budget = controller.budgets.latency_ms if controller.budgets.latency_ms is not None else deadline_ms
+    early = controller.settings.early_exit
+    device = OffloadDevice(controller.bundle, load_plan(controller.bundle),
+                           PeerClient(link.url, token=link.token, cafile=link.cafile),
+                           DeviceOptions(budget_ms=budget, confidence=early.confidence if early.enabled else None,
+                                         fixed_variant=options.fixed_variant),
+                           planner_config=planner, rng=np.random.default_rng(seed), threads=max(1, options.threads))
+    return OffloadingController(controller, device)
+
+
+def serve_device_forever(bundle_path: Path | str, options: SessionOptions, api: ApiOptions, server: ServerOptions,
+                         link: PeerLink, *, on_listening: Callable[[str], None] | None = None,
+                         seed: int = 0) -> dict[str, Any]:
+    """Serve with a peer until SIGTERM/SIGINT; returns the final status after the drain."""
+    wrapped = open_device(bundle_path, options, link, deadline_ms=api.deadline_ms, seed=seed)
+    app = create_app(wrapped, api, on_shutdown=wrapped.stop)  # type: ignore[arg-type]
+    api_server = ApiServer(app, server)
+    failure: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            wrapped.start()
+        except BaseException as exc:  # noqa: BLE001 - reported after the server stops
+            failure.append(exc)
+            api_server.server.should_exit = True
+
+    starter = threading.Thread(target=start, name="hmt-serve-start", daemon=True)
+    starter.start()
+    if on_listening is not None:
+        on_listening(api_server.url)
+    api_server.run()
+    starter.join(30.0)
+    if failure:
+        raise failure[0]
+    return wrapped.status(last=0)

@@ -1,0 +1,54 @@
+"""``hmt serve BUNDLE --peer URL`` in process: the device API answers through the offload path."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+from starlette.testclient import TestClient
+
+from hmt.deploy.offload import OffloadBundles
+from hmt.offload.session import PeerLink, open_device
+from hmt.serve.api import ApiOptions, create_app
+from hmt.serve.session import SessionOptions
+
+
+def test_device_api_with_an_unreachable_peer_answers_every_request(offload_bundles: OffloadBundles,
+                                                                   tmp_path: Path) -> None:
+    wrapped = open_device(offload_bundles.device, SessionOptions(latency_ms=500.0),
+                          PeerLink("http://127.0.0.1:9"), deadline_ms=2000.0)  # nothing listens on port 9
+    wrapped.start()
+    app = create_app(wrapped, ApiOptions(), on_shutdown=wrapped.stop)  # type: ignore[arg-type]
+    rng = np.random.default_rng(0)
+    with TestClient(app) as client:
+        for _ in range(5):
+            buf = io.BytesIO()
+            np.save(buf, rng.standard_normal((1, 3, 8, 8)).astype(np.float32))
+            r = client.post("/v1/predict", content=buf.getvalue(), headers={"content-type": "application/x-npy"})
+            assert r.status_code == 200, r.text
+            assert "@local" in r.json()["variant"]  # the breaker is open: the planner keeps it here
+        status = client.get("/v1/status").json()
+    offload = status["offload"]
+    assert offload["breaker"]["state"] in ("open", "half_open") and offload["answered"] == {"local": 5}
+    assert offload["peer_errors"].get("probe_refused", 0) + offload["peer_errors"].get("probe_broken", 0) >= 1
+
+
+def test_remote_factor_is_a_recent_tail(offload_bundles: OffloadBundles) -> None:
+    from hmt.bundle import load_bundle
+    from hmt.offload.client import PeerClient
+    from hmt.offload.device import DeviceOptions, OffloadDevice
+    from hmt.offload.plan import load_plan
+
+    now = [100.0]
+    bundle = load_bundle(offload_bundles.device)
+    device = OffloadDevice(bundle, load_plan(bundle), PeerClient("http://127.0.0.1:9"),
+                           DeviceOptions(budget_ms=50.0, remote_window_s=10.0), rng=np.random.default_rng(0),
+                           clock=lambda: now[0], warmup_runs=1)
+    assert device.remote_factor() == 1.0
+    for ratio in (1.0, 1.2, 1.1, 3.0, 1.0, 1.3, 1.1, 1.0, 1.2, 4.0):
+        device._remote_ratios.append((now[0], ratio))
+    assert 3.0 <= device.remote_factor() <= 4.0  # the 90th percentile, not the mean
+    now[0] += 11.0  # all older than the window: the peer gets a fresh chance
+    assert device.remote_factor() == 1.0
+    device.stop()
