@@ -10,7 +10,7 @@ from commands._output import Output
 
 
 def run_peer(output: Output, bundle: Path, *, host: str, port: int, token: str | None, workers: int,
-             max_queue: int, deadline_ms: float, threads: int, ssl_certfile: Path | None, ssl_keyfile: Path | None,
+             max_queue: int, deadline_ms: float, threads: int | None, ssl_certfile: Path | None, ssl_keyfile: Path | None,
              debug: bool) -> None:
     from hmt.errors import UsageError
     from hmt.offload.peer import PeerOptions
@@ -23,7 +23,8 @@ def run_peer(output: Output, bundle: Path, *, host: str, port: int, token: str |
     options = PeerOptions(token=resolve_token(host, token), max_queue=max_queue, workers=workers,
                           deadline_ms=deadline_ms)
     output.note(f"loading and warming the tails of {bundle} ...")
-    service = open_peer(bundle, options, threads=max(1, threads))
+    # The peer's tails have no fuse choice of their own: one thread each unless told otherwise.
+    service = open_peer(bundle, options, threads=max(1, threads or 1))
     serve_peer(service, host, port, tls=tls, log_level="info" if debug else "warning",
                on_listening=lambda url: output.note(f"peer serving {bundle} on {url} (POST /v1/segment; "
                                                     "SIGTERM drains and stops)"))
