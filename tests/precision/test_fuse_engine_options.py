@@ -37,9 +37,10 @@ def test_ort_config_new_fields_keep_old_names_and_round_trip() -> None:
 
 
 def test_unknown_execution_mode_is_refused() -> None:
-    from hmt.errors import ModelError
+    from hmt.errors import UsageError
 
-    with pytest.raises(ModelError, match="execution mode"):
+    # Refused when the configuration is built (hmt.runtime.ort.OrtOptions), before any session.
+    with pytest.raises(UsageError, match="execution_mode"):
         session_options(OrtConfig(execution_mode="sideways"))
 
 

@@ -74,10 +74,13 @@ def test_calibrated_materialisation_reestimates_bn(trained: Path) -> None:
     norm = calibrated_norms(calibrated)[0]
     plain_norm = calibrated_norms(plain)[0]
     assert not torch.equal(norm.running_mean, plain_norm.running_mean)
-    # The original network's BN layers (the stem here) keep their trained statistics.
-    stem_bn = next(m for m in calibrated.segments[0][0].modules() if isinstance(m, torch.nn.BatchNorm2d))
-    plain_stem_bn = next(m for m in plain.segments[0][0].modules() if isinstance(m, torch.nn.BatchNorm2d))
-    assert torch.equal(stem_bn.running_mean, plain_stem_bn.running_mean)
+    # The original network (the largest) keeps its trained statistics: every BN of it.
+    largest = loaded.materialize(loaded.space.largest())
+    plain_largest = loaded.materialize(loaded.space.largest(), calibrate=False)
+    for a, b in zip(largest.modules(), plain_largest.modules(), strict=True):
+        if isinstance(a, torch.nn.BatchNorm2d) and getattr(a, "hmt_keep_statistics", False):
+            assert torch.equal(a.running_mean, b.running_mean)
+    assert calibrated_norms(largest) != list(m for m in largest.modules() if isinstance(m, torch.nn.BatchNorm2d))
     x = torch.randn(3, *loaded.space.input_shape)
     with torch.no_grad():
         torch.testing.assert_close(calibrated(x), again(x))  # deterministic
