@@ -71,14 +71,16 @@ def decide(
         if canary_logits_before is None or canary_logits_after is None:
             raise UsageError("a canary set needs the logits of both models on it")
         canary = (accuracy(canary_logits_before, canary_labels), accuracy(canary_logits_after, canary_labels))
-    fields = {"entropy_before": h_before, "entropy_after": h_after,
-              "canary_accuracy_before": canary[0] if canary else None,
-              "canary_accuracy_after": canary[1] if canary else None}
+
+    def verdict(accepted: bool, reason: str) -> GuardDecision:
+        return GuardDecision(accepted, reason, h_before, h_after,
+                             canary[0] if canary else None, canary[1] if canary else None)
+
     if not h_before - h_after > policy.min_entropy_gain:
-        return GuardDecision(False, f"mean entropy {h_before:.4f} -> {h_after:.4f} nats did not improve by more "
-                             f"than {policy.min_entropy_gain}", **fields)
+        return verdict(False, f"mean entropy {h_before:.4f} -> {h_after:.4f} nats did not improve by more "
+                       f"than {policy.min_entropy_gain}")
     if canary is not None and canary[1] < canary[0] - policy.canary_tolerance:
-        return GuardDecision(False, f"canary accuracy fell {canary[0]:.4f} -> {canary[1]:.4f} "
-                             f"(tolerance {policy.canary_tolerance})", **fields)
+        return verdict(False, f"canary accuracy fell {canary[0]:.4f} -> {canary[1]:.4f} "
+                       f"(tolerance {policy.canary_tolerance})")
     what = f"; canary accuracy {canary[0]:.4f} -> {canary[1]:.4f}" if canary else ""
-    return GuardDecision(True, f"mean entropy {h_before:.4f} -> {h_after:.4f} nats{what}", **fields)
+    return verdict(True, f"mean entropy {h_before:.4f} -> {h_after:.4f} nats{what}")

@@ -61,7 +61,7 @@ def peak_bytes(fn: Callable[[], Any], *, device: torch.device | str = "cpu") -> 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     events: list[tuple[int, int]] = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())  # type: ignore[union-attr]
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         event = stack.pop()
         stack.extend(event.children)
@@ -229,7 +229,7 @@ class _Recompute(torch.autograd.Function):
 
 def _run_checkpointed(blocks: Sequence[nn.Module], h: torch.Tensor, compress: bool) -> torch.Tensor:
     params = [p for b in blocks for p in b.parameters()]
-    return _Recompute.apply(blocks, compress, h, *params)  # type: ignore[no-any-return]
+    return _Recompute.apply(blocks, compress, h, *params)
 
 
 Runs = tuple[tuple[int, int], ...]
