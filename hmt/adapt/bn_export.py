@@ -169,10 +169,13 @@ def graphs_of(model: nn.Module) -> list[tuple[str, nn.Module, int | None]]:
 
 @torch.no_grad()
 def export_bn_adaptable(model: nn.Module, example: torch.Tensor, out: Path | str, *,
-                        parents: tuple[Any, ...] = (), config: dict[str, Any] | None = None) -> dict[str, Any]:
+                        parents: tuple[Any, ...] = (), config: dict[str, Any] | None = None,
+                        source_inputs: torch.Tensor | None = None) -> dict[str, Any]:
     """Write the stats and inference graphs of ``model`` (eval mode, unchanged) to ``out``.
 
     ``example`` is one input batch (its batch size does not matter: the axis is dynamic).
+    ``source_inputs`` (model inputs of the training distribution, e.g. the supernet's
+    calibration set) give the drift reference serve compares live inputs with.
     Returns the spec written to ``bn.json``.
     """
     import copy
@@ -181,6 +184,10 @@ def export_bn_adaptable(model: nn.Module, example: torch.Tensor, out: Path | str
 
     model = model.eval()
     spec: dict[str, Any] = {"input_shape": list(example.shape[1:]), "graphs": []}
+    if source_inputs is not None:
+        from hmt.adapt.drift import DriftReference
+
+        spec["drift_reference"] = DriftReference.from_inputs(source_inputs.numpy()).to_json_dict()
     with ArtifactWriter(out, kind=BN_ADAPTABLE_KIND, config=config or {}, parents=parents) as writer:
         h = example
         segment_out: dict[int, torch.Tensor] = {}

@@ -190,5 +190,7 @@ def export_bn(model_path: Path, out: Path, *, arch: str | None) -> dict[str, Any
                    loaded.space.smallest() if arch == "smallest" else loaded.space.parse(arch))
     model = loaded.materialize(arch_config)
     example = torch.zeros(2, *tuple(loaded.model_info["input_shape"]))
+    calibration = torch.cat(loaded.calibration_batches())
     return export_bn_adaptable(model, example, out, parents=(loaded.artifact,),
-                               config={"supernet": str(model_path), "arch": arch_config.arch_id})
+                               config={"supernet": str(model_path), "arch": arch_config.arch_id},
+                               source_inputs=calibration)
