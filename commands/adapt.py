@@ -74,6 +74,9 @@ def adapt_command(
         "--canary-size", help="Labelled images per set held out as the canary (0: none).")] = 0,
     canary_tolerance: Annotated[float, typer.Option(
         "--canary-tolerance", help="Canary accuracy (0..1) the adapted variant may lose.")] = 0.0,
+    canary_only: Annotated[bool, typer.Option(
+        "--canary-only",
+        help="Keep a variant on the canary alone, even if its entropy rose (needs --canary-size).")] = False,
     memory_budget_mb: Annotated[float | None, typer.Option(
         "--memory-budget-mb", help="TENT: activation budget; recomputation is chosen to fit it.")] = None,
     plain: Annotated[bool, typer.Option(
@@ -116,7 +119,10 @@ def adapt_command(
             raise UsageError("--memory-budget-mb needs the memory-saving engine; drop --plain-autograd")
         options = AdaptOptions(method=method.value, batch_size=batch_size,
                                tent=TentOptions(lr=lr, engine=engine),
-                               guard=GuardPolicy(canary_tolerance=canary_tolerance), canary_size=canary_size)
+                               guard=GuardPolicy(canary_tolerance=canary_tolerance,
+                                                 require_entropy_drop=not canary_only), canary_size=canary_size)
+        if canary_only and canary_size == 0:
+            raise UsageError("--canary-only needs a canary: give --canary-size N")
         with output.progress() as progress:
             report = run_adapt(model, data, out, arch=arch, method=method.value, names=sets, limit=limit,
                                options=options, progress=progress)

@@ -75,6 +75,12 @@ def test_guard_refuses_a_model_worse_on_the_canary_set() -> None:
                       policy=GuardPolicy(min_entropy_gain=10.0)).accepted
     with pytest.raises(UsageError):
         decide(recent_logits_before=recent_before, recent_logits_after=recent_after, canary_labels=labels)
+    # Canary alone: a model whose entropy rose but whose canary accuracy held is kept.
+    canary_only = GuardPolicy(require_entropy_drop=False)
+    assert decide(recent_logits_before=recent_after, recent_logits_after=recent_before, canary_logits_before=good,
+                  canary_logits_after=good, canary_labels=labels, policy=canary_only).accepted
+    with pytest.raises(UsageError, match="canary"):
+        decide(recent_logits_before=recent_before, recent_logits_after=recent_after, policy=canary_only)
 
 
 def test_entropy_np_matches_torch() -> None:
