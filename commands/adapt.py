@@ -120,7 +120,8 @@ def adapt_command(
         options = AdaptOptions(method=method.value, batch_size=batch_size,
                                tent=TentOptions(lr=lr, engine=engine),
                                guard=GuardPolicy(canary_tolerance=canary_tolerance,
-                                                 require_entropy_drop=not canary_only), canary_size=canary_size)
+                                                 require_entropy_drop=not canary_only), canary_size=canary_size,
+                               seed=seed)
         if canary_only and canary_size == 0:
             raise UsageError("--canary-only needs a canary: give --canary-size N")
         with output.progress() as progress:

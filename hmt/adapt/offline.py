@@ -74,7 +74,7 @@ def _normalize_np(x: np.ndarray, mean: Sequence[float], std: Sequence[float]) ->
                       / np.asarray(std, np.float32).reshape(shape), dtype=np.float32)
 
 
-def adapt_runtime(bn_path: Path, data: DataSets, *, batch_size: int, guard: GuardPolicy,
+def adapt_runtime(bn_path: Path, data: DataSets, *, batch_size: int, guard: GuardPolicy, seed: int = 0,
                   progress: ProgressCallback = no_progress) -> list[dict[str, Any]]:
     """BN re-estimation in the torch-free runtime, per set (no variant files: the
     statistics are re-estimated on the device)."""
@@ -87,6 +87,8 @@ def adapt_runtime(bn_path: Path, data: DataSets, *, batch_size: int, guard: Guar
     for k, (name, images) in enumerate(data.sets.items()):
         x = _normalize_np(images, data.mean, data.std)
         runtime.reset()
+        order = np.random.default_rng(seed).permutation(len(x))  # sets are sorted by class (AdaptOptions.seed)
+        x, labels = x[order], data.labels[order]
         before = np.concatenate([runtime.shipped().run(x[i:i + 500])[-1] for i in range(0, len(x), 500)])
         start = time.perf_counter()
         stream = [x[i:i + batch_size] for i in range(0, len(x), batch_size) if len(x[i:i + batch_size]) >= 2]
@@ -96,8 +98,8 @@ def adapt_runtime(bn_path: Path, data: DataSets, *, batch_size: int, guard: Guar
         ms = (time.perf_counter() - start) * 1e3 / len(stream)
         after = np.concatenate([adapted.run(x[i:i + 500])[-1] for i in range(0, len(x), 500)])
         decision = decide(recent_logits_before=before, recent_logits_after=after, policy=guard)
-        rows.append({"name": name, "images": len(x), "accuracy_before": accuracy(before, data.labels),
-                     "accuracy_after": accuracy(after, data.labels), "accuracy_online": None,
+        rows.append({"name": name, "images": len(x), "accuracy_before": accuracy(before, labels),
+                     "accuracy_after": accuracy(after, labels), "accuracy_online": None,
                      "entropy_before": float(entropy_np(before).mean()),
                      "entropy_after": float(entropy_np(after).mean()), "adapt_ms_per_batch": ms,
                      "accepted": decision.accepted, "reason": decision.reason,
@@ -125,7 +127,7 @@ def run_adapt(model_path: Path, data_path: Path, out: Path, *, arch: str | None,
             raise UsageError(f"{model_path}: a bn-adaptable graph adapts by BN re-estimation only (--method bn)")
         parent = load_artifact(model_path, kind="bn-adaptable")
         rows = adapt_runtime(model_path, data, batch_size=options.batch_size, guard=options.guard,
-                             progress=progress)
+                             seed=options.seed, progress=progress)
         report = {"config": config, "sets": rows}
         with ArtifactWriter(out, kind=ADAPTED_KIND, config=config, parents=[parent]) as writer:
             writer.write_json(REPORT_NAME, report)

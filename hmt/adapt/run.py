@@ -36,6 +36,10 @@ class AdaptOptions:
     tent: TentOptions = field(default_factory=TentOptions)
     guard: GuardPolicy = field(default_factory=GuardPolicy)
     canary_size: int = 0  # labelled images per set held out of the stream as the canary
+    # The stream's order is shuffled with this seed: sets are stored sorted by class, and
+    # single-class batches give BN batch statistics that fit no other class (measured:
+    # TENT's online accuracy on clean CIFAR-10 fell from 79% to 24%).
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -115,6 +119,7 @@ def adapt_set(model: nn.Module, name: str, x: torch.Tensor, y: np.ndarray,
               options: AdaptOptions) -> tuple[SetResult, nn.Module]:
     """Adapt a copy of ``model`` to one set: its result and the adapted variant."""
     held, rest = balanced_split(y, options.canary_size)
+    rest = np.random.default_rng(options.seed).permutation(rest)
     stream_x, stream_y = x[rest], y[rest]
     stream = batches_of(stream_x, options.batch_size)
     if len(stream[-1]) < 2:
