@@ -41,7 +41,8 @@ def machine() -> str:
     except (OSError, AttributeError):
         cpu = platform.processor()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return f"{cpu}, {os.cpu_count()} cores, load average {load:.1f} at start, torch {torch.__version__}"
+    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return f"{cpu}, {os.cpu_count()} cores{gpu}, load average {load:.1f} at start, torch {torch.__version__}"
 
 
 def memory_rows(model: torch.nn.Module, batch: torch.Tensor, fraction: float, repeats: int) -> dict[str, object]:
@@ -81,11 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-fraction", type=float, default=0.5)
     parser.add_argument("--memory-repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (peak memory: max_memory_allocated)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load_supernet(args.supernet)
+    loaded = load_supernet(args.supernet, device=args.device)
     info = loaded.dataset_info
     shift = load_shift_set(args.data)
     names = ["clean", *[set_name(c, s) for s in (args.severity or [5]) for c in
@@ -102,14 +104,14 @@ def main(argv: list[str] | None = None) -> int:
         for method in args.method or ["bn", "tent"]:
             options = AdaptOptions(method=method, batch_size=args.batch_size, tent=TentOptions(lr=args.lr))
             for name in names:
-                x = normalize(shift.sets[name][keep], info["mean"], info["std"])
+                x = normalize(shift.sets[name][keep], info["mean"], info["std"]).to(args.device)
                 result, _ = adapt_set(model, name, x, labels, options)
                 rows[f"{method}/{name}"] = result.to_json_dict()
                 print(f"{arch.arch_id} {method:4s} {name:22s} {result.accuracy_before:.4f} -> "
                       f"{result.accuracy_after:.4f} (online {result.accuracy_online}) "
                       f"{result.adapt_ms_per_batch:.0f} ms/batch", file=sys.stderr, flush=True)
         batch = normalize(shift.sets[set_name("gaussian_noise", (args.severity or [5])[0])][keep[:args.batch_size]],
-                          info["mean"], info["std"])
+                          info["mean"], info["std"]).to(args.device)
         memory = memory_rows(model, batch, args.budget_fraction, args.memory_repeats)
         print(f"{arch.arch_id} memory {json.dumps(memory)}", file=sys.stderr, flush=True)
         report["variants"][arch.arch_id] = {"results": rows, "memory": memory}  # type: ignore[index]

@@ -84,7 +84,7 @@ def batches_of(x: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
 @torch.no_grad()
 def predict(model: nn.Module, x: torch.Tensor, batch_size: int = 500) -> np.ndarray:
     model.eval()
-    return torch.cat([model(b) for b in batches_of(x, batch_size)]).numpy()
+    return torch.cat([model(b) for b in batches_of(x, batch_size)]).cpu().numpy()
 
 
 def balanced_split(labels: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -108,7 +108,7 @@ def adapt_once(model: nn.Module, stream: list[torch.Tensor], options: AdaptOptio
         variant.eval()
         return variant, (time.perf_counter() - start) * 1e3 / len(stream), None
     adapter = TentAdapter(model, options.tent)
-    online = [adapter.step(b).logits.numpy() for b in stream]
+    online = [adapter.step(b).logits.cpu().numpy() for b in stream]
     elapsed = time.perf_counter() - start
     variant = adapter.adapted_variant(stream)
     adapter.close()
@@ -120,7 +120,10 @@ def adapt_set(model: nn.Module, name: str, x: torch.Tensor, y: np.ndarray,
     """Adapt a copy of ``model`` to one set: its result and the adapted variant."""
     held, rest = balanced_split(y, options.canary_size)
     rest = np.random.default_rng(options.seed).permutation(rest)
-    stream_x, stream_y = x[rest], y[rest]
+    # Index tensors on the data's device (a CUDA tensor cannot be indexed by a numpy array).
+    rest_t = torch.as_tensor(rest, device=x.device)
+    held_t = torch.as_tensor(held, device=x.device)
+    stream_x, stream_y = x[rest_t], y[rest]
     stream = batches_of(stream_x, options.batch_size)
     if len(stream[-1]) < 2:
         stream = stream[:-1]  # a batch of one has no batch statistics
@@ -129,7 +132,7 @@ def adapt_set(model: nn.Module, name: str, x: torch.Tensor, y: np.ndarray,
     after = predict(variant, stream_x)
     canary: dict[str, Any] = {}
     if len(held):
-        canary = {"canary_logits_before": predict(model, x[held]), "canary_logits_after": predict(variant, x[held]),
+        canary = {"canary_logits_before": predict(model, x[held_t]), "canary_logits_after": predict(variant, x[held_t]),
                   "canary_labels": y[held]}
     decision = decide(recent_logits_before=before, recent_logits_after=after, policy=options.guard, **canary)
     seen = sum(len(b) for b in stream)
