@@ -5,8 +5,9 @@ recent input batches through the stats graphs (segment to segment, each exit hea
 its segment's output, as torch's train-mode ``forward_all`` does) and accumulates every
 layer's statistics as torch does with momentum None: the running mean is the mean of the
 batch means, the running variance the mean of the unbiased batch variances. The adapted
-model is the inference graphs fed the new ``scale``/``shift`` inputs: a new variant that
-shares the sessions of the original, so serve can switch back when the drift passes.
+model is the inference graphs with the new ``scale``/``shift`` written into their bytes at
+the recorded offsets, opened as new ORT sessions (ORT folds them into the convs): a new
+variant, the original left as it was, so serve can switch back when the drift passes.
 
 The hook for ``hmt serve --adapt``: ``BnReestimator.observe(batch)`` for each batch of
 recent inputs (cheap: one run of the stats graphs), then ``adapted()`` for the graphs
@@ -31,8 +32,9 @@ BN_SPEC_NAME = "bn.json"
 
 @dataclass(frozen=True)
 class BnLayer:
-    scale_name: str
-    shift_name: str
+    scale_offset: int  # byte offset of the float32 scale in the inference graph's file
+    shift_offset: int
+    channels: int
     eps: float
     per_sample: int
     weight: np.ndarray | None
@@ -70,7 +72,8 @@ def load_bn_graphs(path: Path | str) -> tuple[Artifact, list[BnGraph]]:
             for k, layer in enumerate(g["layers"]):
                 at = f"{where}: graphs[{g['name']}].layers[{k}]"
                 layers.append(BnLayer(
-                    scale_name=str(layer["scale"]), shift_name=str(layer["shift"]), eps=float(layer["eps"]),
+                    scale_offset=int(layer["scale_offset"]), shift_offset=int(layer["shift_offset"]),
+                    channels=int(layer["channels"]), eps=float(layer["eps"]),
                     per_sample=int(layer["per_sample"]), weight=_array(layer["weight"], at),
                     bias=_array(layer["bias"], at),
                     running_mean=_array(layer["running_mean"], at),  # type: ignore[arg-type]
@@ -84,13 +87,26 @@ def load_bn_graphs(path: Path | str) -> tuple[Artifact, list[BnGraph]]:
     return artifact, graphs
 
 
-def _session(path: Path, threads: int = 1) -> Any:
+def _session(source: Path | bytes, threads: int = 1) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    model = str(source) if isinstance(source, Path) else source
+    return ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def patched_graph(graph: BnGraph, affine: list[tuple[np.ndarray, np.ndarray]]) -> bytes:
+    """The inference graph's bytes with each BN's scale/shift written at its offset."""
+    blob = bytearray(graph.infer_path.read_bytes())
+    for layer, (scale, shift) in zip(graph.layers, affine, strict=True):
+        for offset, value in ((layer.scale_offset, scale), (layer.shift_offset, shift)):
+            data = np.ascontiguousarray(value, dtype="<f4").tobytes()
+            if len(data) != 4 * layer.channels or offset < 0 or offset + len(data) > len(blob):
+                raise ArtifactError(f"{graph.infer_path}: BN offset {offset} or size {len(data)} does not fit")
+            blob[offset:offset + len(data)] = data
+    return bytes(blob)
 
 
 def _affine(layer: BnLayer, mean: np.ndarray, var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -109,8 +125,7 @@ class BnReestimator:
         self.threads = threads
         self._stats = {g.name: _session(g.stats_path, threads=threads) for g in self.graphs}
         self._input_name = {g.name: self._stats[g.name].get_inputs()[0].name for g in self.graphs}
-        self._ranks = {g.name: len(self._stats[g.name].get_inputs()[0].shape) for g in self.graphs}
-        self._infer: dict[str, Any] | None = None
+        self._shipped: AdaptedChain | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -151,52 +166,42 @@ class BnReestimator:
                                for k in range(len(g.layers))]
         return out
 
-    def affine_inputs(self, *, shipped: bool = False) -> dict[str, dict[str, np.ndarray]]:
-        """Per graph, the ``scale``/``shift`` inputs of the adapted (or the shipped) model."""
-        stats = self.statistics() if not shipped else {
-            g.name: [(lay.running_mean, lay.running_var) for lay in g.layers] for g in self.graphs}
-        result: dict[str, dict[str, np.ndarray]] = {}
-        for g in self.graphs:
-            shape = (1, -1) + (1,) * (self._ranks[g.name] - 2)
-            values = {}
-            for layer, (mean, var) in zip(g.layers, stats[g.name], strict=True):
-                scale, shift = _affine(layer, mean, var)
-                values[layer.scale_name] = np.ascontiguousarray(scale.reshape(shape), dtype=np.float32)
-                values[layer.shift_name] = np.ascontiguousarray(shift.reshape(shape), dtype=np.float32)
-            result[g.name] = values
-        return result
-
-    def _infer_sessions(self) -> dict[str, Any]:
-        if self._infer is None:
-            self._infer = {g.name: _session(g.infer_path, self.threads) for g in self.graphs}
-        return self._infer
+    def affine(self) -> dict[str, list[tuple[np.ndarray, np.ndarray]]]:
+        """Per graph, per layer, (scale, shift) of the adapted eval-mode BN."""
+        stats = self.statistics()
+        return {g.name: [_affine(layer, mean, var) for layer, (mean, var) in zip(g.layers, stats[g.name], strict=True)]
+                for g in self.graphs}
 
     def adapted(self) -> AdaptedChain:
-        """The inference graphs with the re-estimated statistics (sessions shared, inputs fixed now)."""
+        """ORT sessions of the inference graphs with the re-estimated statistics written in."""
         if self.batches == 0:
             raise UsageError("no batch observed yet: nothing to adapt to")
-        return AdaptedChain(self._infer_sessions(), self.graphs, self.affine_inputs())
+        affine = self.affine()
+        return AdaptedChain({g.name: _session(patched_graph(g, affine[g.name]), self.threads) for g in self.graphs},
+                            self.graphs)
 
     def shipped(self) -> AdaptedChain:
-        """The same graphs with the statistics they shipped with (the unadapted variant)."""
-        return AdaptedChain(self._infer_sessions(), self.graphs, self.affine_inputs(shipped=True))
+        """The inference graphs as shipped (the unadapted variant); sessions built once."""
+        if self._shipped is None:
+            self._shipped = AdaptedChain({g.name: _session(g.infer_path, self.threads) for g in self.graphs},
+                                         self.graphs)
+        return self._shipped
 
 
 class AdaptedChain:
     """Runs the inference graphs: ``run(x)`` returns the logits of every exit (or the model's output)."""
 
-    def __init__(self, sessions: dict[str, Any], graphs: list[BnGraph],
-                 affine: dict[str, dict[str, np.ndarray]]) -> None:
+    def __init__(self, sessions: dict[str, Any], graphs: list[BnGraph]) -> None:
         self._graphs = graphs
         self._run: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-            g.name: self._runner(sessions[g.name], affine[g.name]) for g in graphs}
+            g.name: self._runner(sessions[g.name]) for g in graphs}
 
     @staticmethod
-    def _runner(session: Any, affine: dict[str, np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    def _runner(session: Any) -> Callable[[np.ndarray], np.ndarray]:
         name = session.get_inputs()[0].name
 
         def run(x: np.ndarray) -> np.ndarray:
-            return np.asarray(session.run(None, {name: x, **affine})[0])
+            return np.asarray(session.run(None, {name: x})[0])
 
         return run
 
