@@ -1,5 +1,6 @@
-"""Cost of the torch-free BN path: the adaptable inference graphs (BN as Mul/Add fed as inputs)
-against the same variant with BN folded into the convs, and one re-estimation batch.
+"""Cost of the torch-free BN path: the adaptable inference graphs (segments + the last exit,
+BN as Mul/Add initializers that ORT folds) against the same variant exported as one graph
+with BN folded by the exporter, and one re-estimation batch.
 
     PYTHONPATH=$PWD python3 scripts/bench_adapt_runtime.py --supernet runs/r20-pre --bn runs/r20pre-bn \
         --arch largest --out benchmarks/adapt/runtime_r20pre_largest.json
@@ -55,14 +56,14 @@ def main(argv: list[str] | None = None) -> int:
             path.write_bytes(proto.SerializeToString())
             fused = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         adaptable = runtime.shipped()
-        np.testing.assert_allclose(adaptable.run(x)[-1], fused.run(None, {"input": x})[0], rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(adaptable.run_last(x), fused.run(None, {"input": x})[0], rtol=1e-3, atol=1e-3)
         times: dict[str, list[float]] = {"fused": [], "adaptable": []}
         for _ in range(args.repeats):
             t = time.perf_counter()
             fused.run(None, {"input": x})
             times["fused"].append(time.perf_counter() - t)
             t = time.perf_counter()
-            adaptable.run(x)
+            adaptable.run_last(x)
             times["adaptable"].append(time.perf_counter() - t)
         med = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
         report[f"batch{batch}_ms"] = med | {"ratio": med["adaptable"] / med["fused"]}

@@ -205,6 +205,15 @@ class AdaptedChain:
 
         return run
 
+    def run_last(self, x: np.ndarray) -> np.ndarray:
+        """The final exit's logits only: every segment, then the last exit head."""
+        h = np.ascontiguousarray(x, dtype=np.float32)
+        segments = [g for g in self._graphs if g.reads_segment is None]
+        for g in segments:
+            h = self._run[g.name](h)
+        heads = [g for g in self._graphs if g.reads_segment is not None]
+        return self._run[heads[-1].name](h) if heads else h
+
     def run(self, x: np.ndarray) -> list[np.ndarray]:
         x = np.ascontiguousarray(x, dtype=np.float32)
         segment_out: list[np.ndarray] = []

@@ -52,6 +52,7 @@ def test_runtime_reestimation_equals_torch(tiny_trained: tuple[TinyVariant, torc
     with torch.no_grad():
         expected = reference.eval().forward_all(test)
         source = model.eval().forward_all(test)
+    np.testing.assert_array_equal(runtime.adapted().run_last(test.numpy()), adapted[-1])
     for got, want, old in zip(adapted, expected, source, strict=True):
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
         assert not np.allclose(got, old.numpy(), atol=1e-3)  # re-estimation changed the outputs
