@@ -30,6 +30,7 @@ from hmt.adapt.corruptions import NOISE_AND_BLUR, load_shift_set, set_name
 from hmt.adapt.memory import EngineOptions, as_chain, plan_checkpoints
 from hmt.adapt.run import AdaptOptions, adapt_set, balanced_split, normalize, training_peak_bytes
 from hmt.adapt.tent import TentOptions, configure_for_tent
+from hmt.errors import BudgetError
 from hmt.supernet import load_supernet
 
 
@@ -59,14 +60,22 @@ def memory_rows(model: torch.nn.Module, batch: torch.Tensor, fraction: float, re
     }
     peaks: dict[str, list[int]] = {k: [] for k in engines}
     times: dict[str, list[float]] = {k: [] for k in engines}
+    refused: dict[str, str] = {}
     for _ in range(repeats):  # interleaved, so a load change on the shared machine hits all alike
         for name, engine in engines.items():
+            if name in refused:
+                continue
             start = time.perf_counter()
-            peaks[name].append(training_peak_bytes(model, batch, engine))
+            try:
+                peaks[name].append(training_peak_bytes(model, batch, engine))
+            except BudgetError as exc:  # recomputation cannot reach this budget: say so
+                refused[name] = str(exc)
             times[name].append(time.perf_counter() - start)
     plain = float(np.median(peaks["plain autograd"]))
-    return {name: {"peak_bytes_median": float(np.median(v)), "ratio_vs_plain": float(np.median(v)) / plain,
-                   "peaks": v} for name, v in peaks.items()} | {"budget_bytes": budget}
+    rows: dict[str, object] = {name: {"peak_bytes_median": float(np.median(v)),
+                                      "ratio_vs_plain": float(np.median(v)) / plain, "peaks": v}
+                               for name, v in peaks.items() if v}
+    return rows | {name: {"refused": msg} for name, msg in refused.items()} | {"budget_bytes": budget}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,7 +151,9 @@ def markdown(report: dict[str, object]) -> str:
                          f"{100 * (clean['accuracy_after'] - clean['accuracy_before']):+.2f} points; "
                          f"median {ms:.0f} ms per batch" if gains and clean else f"- {m}")
         for name, row in body["memory"].items():
-            if isinstance(row, dict):
+            if isinstance(row, dict) and "refused" in row:
+                lines.append(f"- peak memory {name}: refused ({row['refused']})")
+            elif isinstance(row, dict):
                 lines.append(f"- peak memory {name}: {row['peak_bytes_median'] / 2**20:.1f} MiB "
                              f"({row['ratio_vs_plain']:.2f}x plain)")
         lines.append("")
