@@ -19,6 +19,14 @@ heads (a materialised supernet variant, or any ``nn.Sequential``):
 
 ``peak_bytes`` measures the peak of what the torch allocator holds during a call: on
 CUDA ``max_memory_allocated``, on a CPU the allocation events of torch's profiler.
+
+The budget bounds the *saved activations* the plan estimates, not the allocator's peak.
+Measured on this CPU (ResNet-20, batch 128, one TENT step; benchmarks/README.md): plain
+autograd peaks at 200 MiB, 8-bit compression at 74 MiB (0.37x); recomputation under a
+budget of half the compressed estimate lowers that estimate from 64 to 38 MiB but not
+the measured peak (76 MiB), which is then set by transient buffers of the convolution
+backward (a contiguous copy inside ``convolution_backward``), not by what is saved.
+Recomputation pays where saved activations dominate: deeper chains, larger batches.
 """
 
 from __future__ import annotations
