@@ -81,6 +81,8 @@ def adapt_command(
         "--memory-budget-mb", help="TENT: activation budget; recomputation is chosen to fit it.")] = None,
     plain: Annotated[bool, typer.Option(
         "--plain-autograd", help="TENT without the memory-saving engine (the baseline).")] = False,
+    threads: Annotated[int | None, typer.Option(
+        "--threads", help="Torch intra-op threads (1 on a shared machine avoids oversubscription).")] = None,
     export_bn: Annotated[Path | None, typer.Option(
         "--export-bn", help="Instead of adapting: write the variant's BN-adaptable graphs here.")] = None,
     seed: SeedOpt = 0,
@@ -104,6 +106,8 @@ def adapt_command(
         from hmt.errors import UsageError
 
         torch.manual_seed(seed)
+        if threads is not None:
+            torch.set_num_threads(threads)
         if export_bn is not None:
             spec = do_export(model, export_bn, arch=arch)
             layers = sum(len(g["layers"]) for g in spec["graphs"])
