@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from hmt.adapt.bn_export import export_bn_adaptable
@@ -42,6 +43,15 @@ def test_adapt_bn_adaptable_graphs_on_a_shift_set(tiny_trained: tuple[TinyVarian
         assert row["adapt_ms_per_batch"] > 0 and isinstance(row["accepted"], bool)
     assert (tmp_path / "out" / "report.json").is_file() and (tmp_path / "out" / "manifest.json").is_file()
 
+
+@pytest.mark.slow
+def test_adapt_bad_input_exit_codes(tiny_trained: tuple[TinyVariant, torch.Tensor, torch.Tensor],
+                                    tmp_path: Path) -> None:
+    model, _, _ = tiny_trained
+    export_bn_adaptable(model, torch.zeros(2, 3, 12, 12), tmp_path / "bn")
+    x = np.zeros((8, 3, 12, 12), dtype=np.uint8)
+    write_shift_set(tmp_path / "shift", x, np.arange(8, dtype=np.int64), corruptions=[], severities=[], seed=0,
+                    source={})
     refused = hmt("adapt", str(tmp_path / "bn"), "--method", "tent", "--data", str(tmp_path / "shift"),
                   "--out", str(tmp_path / "out2"))
     assert refused.returncode == 2 and "--method bn" in refused.stderr and "Traceback" not in refused.stderr
