@@ -34,7 +34,7 @@ class AdaptEvent:
 
 class OnlineBnAdapter:
     def __init__(self, bn_path: Path | str, *, reference: DriftReference | None = None, window: int = 256,
-                 enter: float = 0.5, leave: float = 0.25, adapt_after: int = 256, refresh_every: int = 1024,
+                 enter: float = 0.5, leave: float = 0.35, adapt_after: int = 256, refresh_every: int = 1024,
                  min_batch: int = 32, guard: GuardPolicy = GuardPolicy(),
                  canary: tuple[np.ndarray, np.ndarray] | None = None, threads: int = 1) -> None:
         self.reestimator = BnReestimator(bn_path, threads=threads)
