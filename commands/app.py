@@ -81,7 +81,7 @@ def run_command(body: Callable[[Output], T], *, json_mode: bool, quiet: bool = F
         raise typer.Exit(INTERNAL_ERROR_EXIT) from None
 
 
-COMMAND_MODULES = ("train_supernet", "profile_device", "convert", "fuse", "pareto", "deploy", "serve")
+COMMAND_MODULES = ("train_supernet", "profile_device", "convert", "fuse", "pareto", "deploy", "serve", "adapt")
 
 
 def _register() -> None:

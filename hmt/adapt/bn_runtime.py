@@ -1,0 +1,230 @@
+"""BN statistics re-estimation on the device: numpy and ONNX Runtime, no torch, no onnx.
+
+Reads a ``bn-adaptable`` artifact (``hmt.adapt.bn_export``, checksums verified), runs
+recent input batches through the stats graphs (segment to segment, each exit head on
+its segment's output, as torch's train-mode ``forward_all`` does) and accumulates every
+layer's statistics as torch does with momentum None: the running mean is the mean of the
+batch means, the running variance the mean of the unbiased batch variances. The adapted
+model is the inference graphs with the new ``scale``/``shift`` written into their bytes at
+the recorded offsets, opened as new ORT sessions (ORT folds them into the convs): a new
+variant, the original left as it was, so serve can switch back when the drift passes.
+
+The hook for ``hmt serve --adapt``: ``BnReestimator.observe(batch)`` for each batch of
+recent inputs (cheap: one run of the stats graphs), then ``adapted()`` for the graphs
+to serve, and ``reset()`` when the drift has passed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hmt.artifacts import Artifact, load_artifact
+from hmt.errors import ArtifactError, InputError, UsageError
+
+BN_ADAPTABLE_KIND = "bn-adaptable"  # the same string as hmt.adapt.bn_export (which needs torch)
+BN_SPEC_NAME = "bn.json"
+
+
+@dataclass(frozen=True)
+class BnLayer:
+    scale_offset: int  # byte offset of the float32 scale in the inference graph's file
+    shift_offset: int
+    channels: int
+    eps: float
+    per_sample: int
+    weight: np.ndarray | None
+    bias: np.ndarray | None
+    running_mean: np.ndarray
+    running_var: np.ndarray
+
+
+@dataclass(frozen=True)
+class BnGraph:
+    name: str
+    reads_segment: int | None
+    stats_path: Path
+    infer_path: Path
+    layers: tuple[BnLayer, ...]
+
+
+def _array(value: Any, where: str) -> np.ndarray | None:
+    if value is None:
+        return None
+    try:
+        return np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ArtifactError(f"{where}: expected a list of numbers ({exc})") from exc
+
+
+def load_bn_graphs(path: Path | str) -> tuple[Artifact, list[BnGraph]]:
+    artifact = load_artifact(path, kind=BN_ADAPTABLE_KIND)
+    spec = artifact.read_json(BN_SPEC_NAME)
+    where = str(artifact.file(BN_SPEC_NAME))
+    graphs = []
+    try:
+        for g in spec["graphs"]:
+            layers = []
+            for k, layer in enumerate(g["layers"]):
+                at = f"{where}: graphs[{g['name']}].layers[{k}]"
+                layers.append(BnLayer(
+                    scale_offset=int(layer["scale_offset"]), shift_offset=int(layer["shift_offset"]),
+                    channels=int(layer["channels"]), eps=float(layer["eps"]),
+                    per_sample=int(layer["per_sample"]), weight=_array(layer["weight"], at),
+                    bias=_array(layer["bias"], at),
+                    running_mean=_array(layer["running_mean"], at),  # type: ignore[arg-type]
+                    running_var=_array(layer["running_var"], at),  # type: ignore[arg-type]
+                ))
+            reads = g.get("reads_segment")
+            graphs.append(BnGraph(str(g["name"]), None if reads is None else int(reads),
+                                  artifact.file(str(g["stats"])), artifact.file(str(g["infer"])), tuple(layers)))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"{where}: malformed ({exc!r})") from exc
+    return artifact, graphs
+
+
+def _session(source: Path | bytes, threads: int = 1) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    model = str(source) if isinstance(source, Path) else source
+    return ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def patched_graph(graph: BnGraph, affine: list[tuple[np.ndarray, np.ndarray]]) -> bytes:
+    """The inference graph's bytes with each BN's scale/shift written at its offset."""
+    blob = bytearray(graph.infer_path.read_bytes())
+    for layer, (scale, shift) in zip(graph.layers, affine, strict=True):
+        for offset, value in ((layer.scale_offset, scale), (layer.shift_offset, shift)):
+            data = np.ascontiguousarray(value, dtype="<f4").tobytes()
+            if len(data) != 4 * layer.channels or offset < 0 or offset + len(data) > len(blob):
+                raise ArtifactError(f"{graph.infer_path}: BN offset {offset} or size {len(data)} does not fit")
+            blob[offset:offset + len(data)] = data
+    return bytes(blob)
+
+
+def _affine(layer: BnLayer, mean: np.ndarray, var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Eval-mode BN as y = x * scale + shift (as hmt.adapt.bn_export.affine_of)."""
+    inv = 1.0 / np.sqrt(var + layer.eps)
+    scale = inv * layer.weight if layer.weight is not None else inv
+    shift = -mean * scale + (layer.bias if layer.bias is not None else 0.0)
+    return scale, shift
+
+
+class BnReestimator:
+    """Accumulates BN statistics of recent inputs and builds the adapted inference graphs."""
+
+    def __init__(self, path: Path | str, *, threads: int = 1) -> None:
+        self.artifact, self.graphs = load_bn_graphs(path)
+        self.threads = threads
+        self._stats = {g.name: _session(g.stats_path, threads=threads) for g in self.graphs}
+        self._input_name = {g.name: self._stats[g.name].get_inputs()[0].name for g in self.graphs}
+        self._shipped: AdaptedChain | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every batch observed (the drift has passed: back to the shipped statistics)."""
+        self.batches = 0
+        self._sum_mean = {g.name: [np.zeros_like(lay.running_mean) for lay in g.layers] for g in self.graphs}
+        self._sum_var = {g.name: [np.zeros_like(lay.running_var) for lay in g.layers] for g in self.graphs}
+
+    def observe(self, x: np.ndarray) -> None:
+        """One batch (N >= 2) of model inputs, normalised as the model expects."""
+        if x.ndim < 2 or x.shape[0] < 2:
+            raise InputError(f"BN re-estimation needs batches of at least 2 inputs, got shape {x.shape}")
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        segment_out: list[np.ndarray] = []
+        h = x
+        for g in self.graphs:
+            source = segment_out[g.reads_segment] if g.reads_segment is not None else h
+            outputs = self._stats[g.name].run(None, {self._input_name[g.name]: source})
+            for k, layer in enumerate(g.layers):
+                mean = outputs[1 + 2 * k].astype(np.float64)
+                var = outputs[2 + 2 * k].astype(np.float64)
+                n = x.shape[0] * layer.per_sample
+                self._sum_mean[g.name][k] += mean
+                self._sum_var[g.name][k] += var * n / max(n - 1, 1)  # unbiased, as torch's running_var
+            if g.reads_segment is None:
+                segment_out.append(outputs[0])
+                h = outputs[0]
+        self.batches += 1
+
+    def statistics(self) -> dict[str, list[tuple[np.ndarray, np.ndarray]]]:
+        """Per graph, per layer (running_mean, running_var): re-estimated, or shipped if no batch yet."""
+        out = {}
+        for g in self.graphs:
+            if self.batches == 0:
+                out[g.name] = [(lay.running_mean, lay.running_var) for lay in g.layers]
+            else:
+                out[g.name] = [(self._sum_mean[g.name][k] / self.batches, self._sum_var[g.name][k] / self.batches)
+                               for k in range(len(g.layers))]
+        return out
+
+    def affine(self) -> dict[str, list[tuple[np.ndarray, np.ndarray]]]:
+        """Per graph, per layer, (scale, shift) of the adapted eval-mode BN."""
+        stats = self.statistics()
+        return {g.name: [_affine(layer, mean, var) for layer, (mean, var) in zip(g.layers, stats[g.name], strict=True)]
+                for g in self.graphs}
+
+    def adapted(self) -> AdaptedChain:
+        """ORT sessions of the inference graphs with the re-estimated statistics written in."""
+        if self.batches == 0:
+            raise UsageError("no batch observed yet: nothing to adapt to")
+        affine = self.affine()
+        return AdaptedChain({g.name: _session(patched_graph(g, affine[g.name]), self.threads) for g in self.graphs},
+                            self.graphs)
+
+    def shipped(self) -> AdaptedChain:
+        """The inference graphs as shipped (the unadapted variant); sessions built once."""
+        if self._shipped is None:
+            self._shipped = AdaptedChain({g.name: _session(g.infer_path, self.threads) for g in self.graphs},
+                                         self.graphs)
+        return self._shipped
+
+
+class AdaptedChain:
+    """Runs the inference graphs: ``run(x)`` returns the logits of every exit (or the model's output)."""
+
+    def __init__(self, sessions: dict[str, Any], graphs: list[BnGraph]) -> None:
+        self._graphs = graphs
+        self._run: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+            g.name: self._runner(sessions[g.name]) for g in graphs}
+
+    @staticmethod
+    def _runner(session: Any) -> Callable[[np.ndarray], np.ndarray]:
+        name = session.get_inputs()[0].name
+
+        def run(x: np.ndarray) -> np.ndarray:
+            return np.asarray(session.run(None, {name: x})[0])
+
+        return run
+
+    def run_last(self, x: np.ndarray) -> np.ndarray:
+        """The final exit's logits only: every segment, then the last exit head."""
+        h = np.ascontiguousarray(x, dtype=np.float32)
+        segments = [g for g in self._graphs if g.reads_segment is None]
+        for g in segments:
+            h = self._run[g.name](h)
+        heads = [g for g in self._graphs if g.reads_segment is not None]
+        return self._run[heads[-1].name](h) if heads else h
+
+    def run(self, x: np.ndarray) -> list[np.ndarray]:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        segment_out: list[np.ndarray] = []
+        logits = []
+        h = x
+        for g in self._graphs:
+            if g.reads_segment is None:
+                h = self._run[g.name](h)
+                segment_out.append(h)
+                if g.name == "model":
+                    logits.append(h)
+            else:
+                logits.append(self._run[g.name](segment_out[g.reads_segment]))
+        return logits
