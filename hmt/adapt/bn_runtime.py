@@ -88,13 +88,11 @@ def load_bn_graphs(path: Path | str) -> tuple[Artifact, list[BnGraph]]:
 
 
 def _session(source: Path | bytes, threads: int = 1) -> Any:
-    import onnxruntime as ort
+    """An ONNX Runtime session built by the runtime layer (the one place sessions are made)."""
+    from hmt.runtime.ort import OrtOptions, ort_session
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    model = str(source) if isinstance(source, Path) else source
-    return ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
+    options = OrtOptions(intra_op_threads=threads, inter_op_threads=1)
+    return ort_session(source, options, what=str(source) if isinstance(source, Path) else "an adapted graph").session
 
 
 def patched_graph(graph: BnGraph, affine: list[tuple[np.ndarray, np.ndarray]]) -> bytes:
