@@ -10,7 +10,8 @@ from commands._output import Output
 
 
 def run_peer(output: Output, bundle: Path, *, host: str, port: int, token: str | None, workers: int,
-             max_queue: int, deadline_ms: float, threads: int | None, ssl_certfile: Path | None, ssl_keyfile: Path | None,
+             max_queue: int, deadline_ms: float,
+             threads: int | None, ssl_certfile: Path | None, ssl_keyfile: Path | None,
              debug: bool) -> None:
     from hmt.errors import UsageError
     from hmt.offload.peer import PeerOptions

@@ -79,7 +79,8 @@ def open_device(bundle_path: Path | str, options: SessionOptions, link: PeerLink
                            PeerClient(link.url, token=link.token, cafile=link.cafile),
                            DeviceOptions(budget_ms=budget, confidence=early.confidence if early.enabled else None,
                                          fixed_variant=options.fixed_variant),
-                           planner_config=planner, rng=np.random.default_rng(seed), threads=max(1, options.threads or 1))
+                           planner_config=planner, rng=np.random.default_rng(seed),
+                           threads=max(1, options.threads or 1))
     return OffloadingController(controller, device)
 
 

@@ -11,6 +11,7 @@ statistics at materialisation (``hmt.supernet.calibrate``), as Once-for-All does
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -98,7 +99,7 @@ def head_forward(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """An exit head (ExitHead or ClassifierHead) reading the first ``x.shape[1]`` channels."""
     c = x.shape[1]
     if hasattr(head, "features"):  # ExitHead: conv -> BN -> ReLU -> pool -> dropout -> linear
-        conv, norm, act = head.features
+        conv, norm, act = list(head.features)
         fn = F.conv2d if isinstance(conv, nn.Conv2d) else F.conv1d
         h = act(norm(fn(x, conv.weight[:, :c], None, conv.stride, conv.padding)))
         return head.linear(head.dropout(torch.flatten(head.pool(h), 1)))
@@ -111,7 +112,8 @@ def slice_head(head: nn.Module, in_channels: int) -> nn.Module:
     out = copy.deepcopy(head)
     with torch.no_grad():
         if hasattr(out, "features"):
-            out.features[0] = slice_conv(head.features[0], in_channels=in_channels)
+            features: Any = out.features
+            features[0] = slice_conv(head.features[0], in_channels=in_channels)
         else:
             linear = nn.Linear(in_channels, head.linear.out_features).to(head.linear.weight.device)
             linear.weight.copy_(head.linear.weight[:, :in_channels])

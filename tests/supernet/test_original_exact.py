@@ -111,7 +111,7 @@ def test_freeze_mode_keeps_earlier_partitions_bn_statistics() -> None:
     phases.step_supervised(net, arch, torch.randn(8, 3, 32, 32) * 3 + 1, torch.zeros(8, dtype=torch.long), 0.0)
     assert torch.equal(stem_bn.running_mean, before)
     # and the partition being trained does learn statistics
-    block = net.blocks[list(net._stage_positions(1))[0]]
+    block = net.blocks[next(iter(net._stage_positions(1)))]
     assert block.training
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from hmt.errors import UsageError
-from hmt.supernet.supernet import build_supernet
 from hmt.supernet.space import SearchSpace
+from hmt.supernet.supernet import build_supernet
 
 OPS = ("w75", "w50", "w25", "lr50", "skip", "sw75", "sw50", "sw25")
 
