@@ -39,7 +39,7 @@ from hmt.profile.parsers import parse_cpuinfo
 def _machine() -> str:
     try:
         info = parse_cpuinfo(Path("/proc/cpuinfo").read_text())
-        return f"{info.get('model')} ({info.get('logical_cpus')} logical CPUs), {platform.system()}"
+        return f"{info.get('model')} ({info.get('processors')} logical CPUs), {platform.system()}"
     except OSError:
         return platform.processor() or platform.machine()
 
