@@ -9,7 +9,6 @@ but ``predict``, ``status`` and ``stop`` is the controller's own.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +20,10 @@ from hmt.offload.client import PeerClient
 from hmt.offload.device import DeviceOptions, OffloadDevice
 from hmt.offload.plan import load_plan
 from hmt.offload.planner import PlannerConfig
-from hmt.serve.api import ApiOptions, create_app
+from hmt.serve.api import ApiOptions
 from hmt.serve.controller import Controller, Prediction
-from hmt.serve.server import ApiServer, ServerOptions
-from hmt.serve.session import SessionOptions, open_controller
+from hmt.serve.server import ServerOptions
+from hmt.serve.session import SessionOptions, open_controller, run_until_stopped
 
 PEER_TOKEN_ENV = "HMT_PEER_TOKEN"
 
@@ -89,23 +88,4 @@ def serve_device_forever(bundle_path: Path | str, options: SessionOptions, api: 
                          seed: int = 0) -> dict[str, Any]:
     """Serve with a peer until SIGTERM/SIGINT; returns the final status after the drain."""
     wrapped = open_device(bundle_path, options, link, deadline_ms=api.deadline_ms, seed=seed)
-    app = create_app(wrapped, api, on_shutdown=wrapped.stop)  # type: ignore[arg-type]
-    api_server = ApiServer(app, server)
-    failure: list[BaseException] = []
-
-    def start() -> None:
-        try:
-            wrapped.start()
-        except BaseException as exc:  # noqa: BLE001 - reported after the server stops
-            failure.append(exc)
-            api_server.server.should_exit = True
-
-    starter = threading.Thread(target=start, name="hmt-serve-start", daemon=True)
-    starter.start()
-    if on_listening is not None:
-        on_listening(api_server.url)
-    api_server.run()
-    starter.join(30.0)
-    if failure:
-        raise failure[0]
-    return wrapped.status(last=0)
+    return run_until_stopped(wrapped, api, server, on_listening=on_listening)

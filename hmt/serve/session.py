@@ -99,14 +99,21 @@ def open_controller(bundle_path: Path | str, options: SessionOptions, **kwargs: 
 def serve_forever(bundle_path: Path | str, options: SessionOptions, api: ApiOptions, server: ServerOptions,
                   on_listening: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Serve until SIGTERM/SIGINT; returns the final status after the drain."""
-    controller = open_controller(bundle_path, options)
-    app = create_app(controller, api, on_shutdown=controller.stop)
+    return run_until_stopped(open_controller(bundle_path, options), api, server, on_listening=on_listening)
+
+
+def run_until_stopped(service: Any, api: ApiOptions, server: ServerOptions, *,
+                      on_listening: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Serve ``service`` (a controller, or anything with its ``start``/``stop``/``status``)
+    over HTTP until SIGTERM/SIGINT. It starts in the background so the API answers (not
+    ready) at once; a failed start stops the server and is raised after it."""
+    app = create_app(service, api, on_shutdown=service.stop)
     api_server = ApiServer(app, server)
     failure: list[BaseException] = []
 
     def start() -> None:
         try:
-            controller.start()
+            service.start()
         except BaseException as exc:  # noqa: BLE001 - reported after the server stops
             failure.append(exc)
             api_server.server.should_exit = True
@@ -119,7 +126,7 @@ def serve_forever(bundle_path: Path | str, options: SessionOptions, api: ApiOpti
     starter.join(30.0)
     if failure:
         raise failure[0]
-    return controller.status(last=0)
+    return dict(service.status(last=0))
 
 
 # -- scenario replay --------------------------------------------------------------------------

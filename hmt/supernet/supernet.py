@@ -376,17 +376,7 @@ class Supernet(nn.Module):
 
     def materialize(self, arch: ArchConfig) -> VariantModule:
         """A plain module for ``arch`` with copies of only the chosen weights, in eval mode."""
-        units, stage_end, exits = self.variant_units(arch)
-        segments: list[nn.Module] = []
-        heads: list[nn.Module] = []
-        begin = 0
-        for s in range(arch.exit_stage + 1):
-            segments.append(nn.Sequential(*[self.unit_module(u) for u in units[begin : stage_end[s]]]))
-            heads.append(self.unit_module(exits[s]))
-            begin = stage_end[s]
-        variant = VariantModule(segments, heads, tuple(self.space.input_shape), arch.arch_id)
-        # sliced copies (_copy_conv) are built on the CPU: keep the variant on the supernet's device
-        return variant.to(next(self.parameters()).device).eval()
+        return materialize_units(self, arch)
 
     def block_input_shapes(self) -> dict[str, tuple[int, ...]]:
         """Input shape (no batch) of every position, traced once with the largest arch."""
@@ -456,6 +446,22 @@ class Supernet(nn.Module):
 
 
 Unit = tuple[str, int, str]
+
+
+def materialize_units(net: nn.Module, arch: ArchConfig) -> VariantModule:
+    """Assemble ``arch``'s variant from ``net.variant_units`` / ``net.unit_module`` (any
+    supernet with that pair: the built-in one, an elastified one)."""
+    units, stage_end, exits = net.variant_units(arch)
+    segments: list[nn.Module] = []
+    heads: list[nn.Module] = []
+    begin = 0
+    for s in range(arch.exit_stage + 1):
+        segments.append(nn.Sequential(*[net.unit_module(u) for u in units[begin : stage_end[s]]]))
+        heads.append(net.unit_module(exits[s]))
+        begin = stage_end[s]
+    variant = VariantModule(segments, heads, tuple(net.space.input_shape), arch.arch_id)
+    # sliced copies (_copy_conv) are built on the CPU: keep the variant on the supernet's device
+    return variant.to(next(net.parameters()).device).eval()
 
 
 def unit_key(choice: str, in_width: str, out_width: str) -> str:

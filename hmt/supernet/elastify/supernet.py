@@ -27,7 +27,7 @@ from hmt.supernet.elastify.graph import ModelPlan, plan_model, submodule_of
 from hmt.supernet.elastify.trace import propagate_shapes, trace_model
 from hmt.supernet.exits import ExitHead
 from hmt.supernet.space import NOT_EXECUTED, ArchConfig, BlockPosition, SearchSpace
-from hmt.supernet.supernet import BlockChoiceRef, VariantModule
+from hmt.supernet.supernet import BlockChoiceRef, VariantModule, materialize_units
 
 # The order choices appear in a position (and so in the space JSON).
 CHOICE_ORDER = ("base", "w75", "w50", "w25", "lr50", "lr25", "dws", "k1", "skip", "merge")
@@ -289,18 +289,7 @@ class ElastifiedSupernet(nn.Module):
     # -- materialising and enumerating --------------------------------------------------
 
     def materialize(self, arch: ArchConfig) -> VariantModule:
-        self._check(arch)
-        segments: list[nn.Module] = []
-        heads: list[nn.Module] = []
-        for s in range(arch.exit_stage + 1):
-            layers: list[nn.Module] = [copy.deepcopy(self.stem)] if s == 0 else []
-            for p in self._stage_positions(s):
-                if arch.choices[p] != NOT_EXECUTED:
-                    layers.append(self.blocks[p].materialize(arch.choices[p]))
-            segments.append(nn.Sequential(*layers))
-            heads.append(copy.deepcopy(self.exits[s]))
-        variant = VariantModule(segments, heads, tuple(self.space.input_shape), arch.arch_id)
-        return variant.to(next(self.parameters()).device).eval()
+        return materialize_units(self, arch)
 
     def block_input_shapes(self) -> dict[str, tuple[int, ...]]:
         if self._input_shapes is None:
