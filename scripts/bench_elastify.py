@@ -13,7 +13,12 @@ elastify it (graph analysis + exits + branch-wise distillation + fine-tuning: th
   round's median), the original timed the same way in the same rounds;
 - the front of accuracy against that latency, and the fastest variant whose validation
   accuracy is within ``--within`` points of the original's, with its test accuracy and
-  its speedup over the original.
+  its speedup over the original;
+- the greedy shrinking path (``hmt.pareto.greedy``): from the largest variant, one block at a
+  time, the change that loses the least validation accuracy per MAC saved (chosen on
+  ``--greedy-samples`` validation images, at most ``--greedy-evaluations`` variants, until
+  ``--greedy-drop`` points are lost); its variants are timed and reported like the others
+  (role "greedy"), since random variants rarely land near the original's accuracy.
 
 One JSON per model in ``--out``; a markdown summary on stdout. CPU smoke test (embedded
 CIFAR-10 subset, tiny sizes)::
@@ -124,10 +129,22 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     }
     config = resolve_config(overrides=overrides)
     started = time.perf_counter()
-    result = elastify_supernet(config, out_dir / "supernet", cache_dir=args.cache_dir,
-                               progress=_progress if args.progress else _quiet)
+    if args.reuse and (out_dir / "supernet" / "manifest.json").is_file():
+        # A supernet this script trained before (e.g. in an earlier call on the same machine):
+        # its metrics and variant table come from the verified artifact.
+        import pandas as pd
+
+        from hmt.supernet.artifact import VARIANTS
+
+        earlier = load_supernet(out_dir / "supernet")
+        m = dict(earlier.artifact.manifest.metrics)
+        table = pd.read_csv(earlier.artifact.file(VARIANTS))
+        print(f"{name}: reusing {out_dir / 'supernet'} (trained earlier)", file=sys.stderr)
+    else:
+        result = elastify_supernet(config, out_dir / "supernet", cache_dir=args.cache_dir,
+                                   progress=_progress if args.progress else _quiet)
+        m, table = result.metrics, result.variants
     wall_s = time.perf_counter() - started
-    m = result.metrics
     if m["largest_test_acc"] != m["original_test_acc"]:
         print(f"WARNING {name}: largest variant test acc {m['largest_test_acc']} != original "
               f"{m['original_test_acc']}", file=sys.stderr)
@@ -142,12 +159,22 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     input_shape = tuple(loaded.space.input_shape)
     sessions = {"original": _session(_export(original, input_shape, f"{name} original"), args.ort_threads)}
     rows: list[dict[str, Any]] = []
-    for r in result.variants.itertuples():
+    for r in table.itertuples():
         variant = loaded.materialize(str(r.arch_id))
         sessions[str(r.arch_id)] = _session(_export(variant, input_shape, str(r.arch_id)), args.ort_threads)
         rows.append({"arch_id": str(r.arch_id), "role": str(r.role), "exit_stage": int(r.exit_stage),
                      "val_acc": float(r.val_acc), "test_acc": float(r.test_acc), "params": int(r.params),
                      "macs": int(r.macs)})
+    greedy_s = 0.0
+    if args.greedy_evaluations > 0:
+        greedy_started = time.perf_counter()
+        known = {row["arch_id"] for row in rows}
+        for row in greedy_rows(loaded, args):
+            if row["arch_id"] not in known:
+                variant = loaded.materialize(row["arch_id"])
+                sessions[row["arch_id"]] = _session(_export(variant, input_shape, row["arch_id"]), args.ort_threads)
+                rows.append(row)
+        greedy_s = time.perf_counter() - greedy_started
     timing = time_sessions(sessions, input_shape, rounds=args.rounds, reps=args.reps, seed=args.seed)
     for row in rows:
         row.update(timing[row["arch_id"]])
@@ -176,6 +203,7 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "elastic_train_s": m["elastic_train_s"],
         "elastify_s": m["elastify_s"],
         "wall_s": wall_s,
+        "greedy_search_s": greedy_s,
         "blocks": m["blocks"],
         "blocks_kept_unchanged": m["blocks_kept_unchanged"],
         "space_size": m["space_size"],
@@ -183,6 +211,52 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "artifact": str(out_dir / "supernet"),
         "config": config.to_json_dict(),
     }
+
+
+def greedy_rows(loaded: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The greedy shrinking path from the largest variant (hmt.pareto.greedy): accuracy on a
+    stratified subset of the supernet's validation split, cost = MACs; then the test accuracy
+    of every variant on the path, BN-calibrated on the stored set as the variant table is."""
+    import copy
+
+    import torch
+
+    from hmt.pareto.data import calibration_batches, device_batches, held_out_data
+    from hmt.pareto.evaluate import PrefixEvaluator
+    from hmt.pareto.greedy import greedy_path
+    from hmt.supernet.metrics import measure_cost
+
+    device = "cuda" if args.device in ("cuda", "auto") and torch.cuda.is_available() else "cpu"
+    net = loaded.net.to(device).eval()
+    calibration = calibration_batches(loaded, device=device)
+
+    def evaluator(data: Any) -> PrefixEvaluator:
+        return PrefixEvaluator(net, device_batches(data, batch_size=500, device=device), calibration=calibration)
+
+    search_eval = evaluator(held_out_data(loaded, max_samples=args.greedy_samples, seed=args.seed,
+                                          cache_dir=args.cache_dir))
+    val_eval = evaluator(held_out_data(loaded, cache_dir=args.cache_dir))
+    test_eval = evaluator(held_out_data(loaded, data_path=args.data, split="test", cache_dir=args.cache_dir))
+    cpu_net = copy.deepcopy(net).cpu().float()
+    input_shape = tuple(loaded.space.input_shape)
+    costs: dict[str, Any] = {}
+
+    def cost(arch: Any) -> float:
+        if arch.arch_id not in costs:
+            costs[arch.arch_id] = measure_cost(cpu_net.materialize(arch).eval(), input_shape)
+        return float(costs[arch.arch_id].macs)
+
+    path = greedy_path(loaded.space, lambda archs: [a.accuracy for a in search_eval.evaluate(archs)], cost,
+                       max_drop=args.greedy_drop / 100, max_evaluations=args.greedy_evaluations)
+    archs = [step.arch for step in path]
+    vals, tests = val_eval.evaluate(archs), test_eval.evaluate(archs)
+    loaded.net.cpu()  # the variants are exported from the CPU copy next
+    print(f"greedy path: {len(path)} variants, {path[-1].evaluations} evaluated", file=sys.stderr)
+    return [{"arch_id": step.arch.arch_id, "role": "greedy", "exit_stage": step.arch.exit_stage,
+             "val_acc": v.accuracy, "test_acc": t.accuracy, "search_acc": step.accuracy,
+             "params": int(costs[step.arch.arch_id].params), "macs": int(costs[step.arch.arch_id].macs),
+             "greedy_step": i}
+            for i, (step, v, t) in enumerate(zip(path, vals, tests, strict=True))]
 
 
 def _original_state(loaded: Any) -> dict[str, Any]:
@@ -268,6 +342,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--within", type=float, default=2.0, help="accuracy points below the original")
+    parser.add_argument("--greedy-evaluations", type=int, default=400,
+                        help="variants the greedy shrinking path may evaluate (0: no path)")
+    parser.add_argument("--greedy-drop", type=float, default=4.0, help="accuracy points the path may lose")
+    parser.add_argument("--greedy-samples", type=int, default=2500, help="validation images the path is chosen on")
+    parser.add_argument("--reuse", action="store_true", help="reuse a supernet this script wrote to --artifact-dir")
     parser.add_argument("--progress", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/elastify"), help="the JSON results")
     parser.add_argument("--artifact-dir", type=Path, default=None, help="supernet artifacts (default: --out)")
