@@ -223,6 +223,8 @@ def runtime_entry(variant: FusedVariant, *, exit_stage: int, folder: str,
                              "choice": "per_graph"}
     if engine == "onnxruntime" and isinstance(per_graph.get("ort"), Mapping):
         entry["per_graph"]["ort"] = dict(per_graph["ort"])
+        if per_graph.get("ort_device") in ("cpu", "cuda"):
+            entry["per_graph"]["ort_device"] = per_graph["ort_device"]
     choice = variant.choice
     merged_source: str | None = None
     if (choice.get("graphs") == "chain" and choice.get("onnx") and isinstance(choice.get("ort"), Mapping)
@@ -230,5 +232,7 @@ def runtime_entry(variant: FusedVariant, *, exit_stage: int, folder: str,
         merged_source = str(choice["onnx"])
         entry["merged_chain"] = {"onnx": f"{folder}/{MERGED_CHAIN_FILE}", "ort": dict(choice["ort"]),
                                  "candidate": choice.get("candidate")}
+        if choice.get("ort_device") in ("cpu", "cuda"):
+            entry["merged_chain"]["ort_device"] = choice["ort_device"]
         entry["choice"] = "merged_chain"
     return entry, merged_source

@@ -200,9 +200,27 @@ def _variant_engines(
                 failures[label] = str(exc)
         if len(path) > 1:
             _add_merged_chain(writer, name, path, configs, options, runners, runtime, failures, ort_device)
+        if ort_device == "cuda":
+            _add_host_cpu(path, configs, runners, runtime, failures)
     if "tvm" in options.engines:
         _add_tvm(writer, name, graphs, path, options, runners, runtime, failures, progress)
     return runners, runtime, failures
+
+
+def _add_host_cpu(
+    path: list[_Graph], configs: list[ort_engine.OrtConfig], runners: dict[str, Callable[[], list[Any]]],
+    runtime: dict[str, Any], failures: dict[str, str],
+) -> None:
+    """On a GPU device, ORT on the host's CPU as candidates too: small graphs at batch 1 run
+    faster there than through CUDA kernel launches and copies, so the GPU does not win by default."""
+    for cfg in configs:
+        label = f"{cfg.name}(fused)@cpu"
+        try:
+            runners[label] = _chain_runner([ort_step(g.report["_portable"].SerializeToString(), cfg, "cpu")
+                                            for g in path], path)
+            runtime[label] = {"engine": "ort", "graphs": "fused", "ort": cfg.to_json(), "ort_device": "cpu"}
+        except HmtError as exc:
+            failures[label] = str(exc)
 
 
 def _parallel_configs(graphs: list[_Graph], path: list[_Graph]) -> list[ort_engine.OrtConfig]:
@@ -233,15 +251,18 @@ def _add_merged_chain(
             failures[f"{cfg.name}(chain)"] = str(exc)
         return
     data = merged.SerializeToString()
-    for cfg in configs:
-        label = f"{cfg.name}(chain)"
-        try:
-            step = ort_step(data, cfg, options.device)
-            runners[label] = _chain_runner([step], path[:1])
-            runtime[label] = {"engine": "ort", "graphs": "chain", "onnx": rel, "chain": [g.file for g in path],
-                              "ort": cfg.to_json(), "ort_device": ort_device}
-        except HmtError as exc:
-            failures[label] = str(exc)
+    # On a GPU device the host's CPU competes too (see _add_host_cpu).
+    places = [(options.device, ort_device, "")] + ([("cpu", "cpu", "@cpu")] if ort_device == "cuda" else [])
+    for device, where, suffix in places:
+        for cfg in configs:
+            label = f"{cfg.name}(chain){suffix}"
+            try:
+                step = ort_step(data, cfg, device)
+                runners[label] = _chain_runner([step], path[:1])
+                runtime[label] = {"engine": "ort", "graphs": "chain", "onnx": rel, "chain": [g.file for g in path],
+                                  "ort": cfg.to_json(), "ort_device": where}
+            except HmtError as exc:
+                failures[label] = str(exc)
 
 
 def _add_tvm(

@@ -62,6 +62,8 @@ def load_fused_runner(
     path = entry["timed_path"]
     inputs = [graphs[f]["input_name"] for f in path]
     ort_options = OrtOptions.from_mapping(spec["ort"], f"{fused_dir}: {label}.ort") if "ort" in spec else None
+    if spec["engine"] == "ort" and spec.get("ort_device") == "cpu":
+        device = "cpu"  # fuse measured this candidate on the host's CPU (even on a GPU device)
     if spec["engine"] == "ort" and spec["graphs"] == "chain":
         # The whole path merged into one graph (hmt.fuse.engines.ort.merge_chain): one call.
         return chain([ort_step(str(artifact.file(spec["onnx"])), ort_options, device)], feeds, [])

@@ -74,6 +74,10 @@ class VariantRuntime:
     merged_ort: OrtOptions | None = None
     merged_candidate: str | None = None
     choice: str = LAYOUT_CHAIN  # fuse's overall winner: per_graph or merged_chain
+    # Where fuse measured ORT fastest ("cpu" or "cuda"); "cpu" keeps a variant on the host's
+    # CPU even where serve offers a GPU provider (small graphs at batch 1 often run faster there).
+    ort_device: str | None = None
+    merged_ort_device: str | None = None
 
     @classmethod
     def of(cls, variant: BundleVariant) -> VariantRuntime:
@@ -100,9 +104,22 @@ class VariantRuntime:
                 merged_ort=OrtOptions.from_mapping(merged["ort"], f"{where}.merged_chain.ort") if merged else None,
                 merged_candidate=merged.get("candidate") if merged else None,
                 choice=choice if merged or choice == LAYOUT_CHAIN else LAYOUT_CHAIN,
+                ort_device=_ort_device(per_graph.get("ort_device")),
+                merged_ort_device=_ort_device(merged.get("ort_device")) if merged else None,
             )
         except (HmtError, KeyError, TypeError, AttributeError) as exc:
             raise ArtifactError(f"{where}: malformed ({exc})") from exc
+
+
+def _ort_device(value: Any) -> str | None:
+    if value is not None and value not in ("cpu", "cuda"):
+        raise UsageError(f"ort_device {value!r} is not cpu or cuda")
+    return None if value is None else str(value)
+
+
+def providers_as_measured(providers: Sequence[str], ort_device: str | None) -> tuple[str, ...]:
+    """``providers`` narrowed to the CPU where fuse measured the CPU fastest."""
+    return ("cpu",) if ort_device == "cpu" else tuple(providers)
 
 
 def runtime_available(engine: str) -> bool:
@@ -183,12 +200,15 @@ def load_variant(
         options = runtime.merged_ort or SERVE_DEFAULT_ORT
         if threads is not None:
             options = replace(options, intra_op_threads=threads)
-        session = ort_session(read_verified(bundle.artifact, runtime.merged_onnx), options, providers=providers,
+        session = ort_session(read_verified(bundle.artifact, runtime.merged_onnx), options,
+                              providers=providers_as_measured(providers, runtime.merged_ort_device),
                               what=str(bundle.root / runtime.merged_onnx))
         notes.extend(session.notes)
         notes.append(f"fuse's merged chain ({runtime.merged_candidate or options.name}): one call per input")
         return MergedChainRunner(variant, session.graph_fn(), "onnxruntime", notes)
     ort = runtime.ort if chosen == runtime.engine or runtime.engine is None else None
+    if ort is not None:
+        providers = providers_as_measured(providers, runtime.ort_device)
     n = variant.exit_stage + 1
     segments = [graph_fn(bundle, g, chosen, threads, ort=ort, providers=providers, notes=notes)
                 for g in variant.segments[:n]]

@@ -93,3 +93,31 @@ def test_serve_runs_the_merged_chain_fuse_chose(chain_bundle: tuple[Path, Path])
     assert isinstance(with_exits._active, ChainRunner)
     assert any("per-graph" in n for n in with_exits._active.notes) or \
         VariantRuntime.of(bundle.spec.variants[0]).ort is None
+
+
+def test_a_variant_fuse_measured_on_the_host_cpu_stays_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fuse on a GPU device may find ORT on the host's CPU fastest; the bundle says so and the
+    runtime opens that variant with the CPU provider only, whatever serve offers."""
+    import hmt.runtime.variant as variant_mod
+    from hmt.bundle import BundleVariant
+    from hmt.deploy.sources import FusedVariant, runtime_entry
+    from hmt.errors import ArtifactError
+
+    fused = FusedVariant.__new__(FusedVariant)
+    object.__setattr__(fused, "choice_per_graph", {"engine": "ort", "candidate": "ort[all,threads=1](fused)@cpu",
+                                                   "ort": {"level": "all", "intra_op_threads": 1,
+                                                           "allow_spinning": False}, "ort_device": "cpu"})
+    object.__setattr__(fused, "choice", {"candidate": "ort[all,threads=1](fused)@cpu", "graphs": "fused"})
+    entry, merged = runtime_entry(fused, exit_stage=0, folder="variants/x", engines=("onnxruntime",))
+    assert merged is None and entry is not None and entry["per_graph"]["ort_device"] == "cpu"
+    variant = BundleVariant.__new__(BundleVariant)
+    object.__setattr__(variant, "extra", {"runtime": entry})
+    object.__setattr__(variant, "arch_id", "x")
+    runtime = VariantRuntime.of(variant)
+    assert runtime.ort_device == "cpu"
+    assert variant_mod.providers_as_measured(("cuda", "cpu"), runtime.ort_device) == ("cpu",)
+    assert variant_mod.providers_as_measured(("cuda", "cpu"), "cuda") == ("cuda", "cpu")
+    bad = dict(entry, per_graph={**entry["per_graph"], "ort_device": "tpu"})
+    object.__setattr__(variant, "extra", {"runtime": bad})
+    with pytest.raises(ArtifactError, match="ort_device"):
+        VariantRuntime.of(variant)

@@ -123,3 +123,26 @@ def test_tvm_tuning_writes_and_reuses_a_database(converted_dir: Path, tmp_path: 
     second = fuse_model(converted_dir, tmp_path / "f2", options=options)
     again = second.report["variants"][0]["candidates"]["tvm-tuned"]["tuning"][0]
     assert again["database_records_before"] == tuned["tuning"][0]["database_records_after"]
+
+
+def test_gpu_device_also_times_the_host_cpu(segmented_dir: Path, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU device the host's CPU competes too (small graphs at batch 1 often run faster
+    there); here CUDA is faked as present, its sessions fall back to the CPU."""
+    from hmt.fuse.engines import ort as ort_engine
+    from hmt.fuse.runtime import load_fused_runner
+
+    monkeypatch.setattr(ort_engine, "effective_device", lambda device: device)
+    out = tmp_path / "fused"
+    result = fuse_model(segmented_dir, out, options=FuseOptions(engines=("ort",), repeats=2, warmup=1,
+                                                                device="cuda"))
+    candidates = result.report["variants"][0]["candidates"]
+    host = {label: c for label, c in candidates.items() if label.endswith("@cpu")}
+    assert "ort[all,threads=1](fused)@cpu" in host and "ort[all,threads=1](chain)@cpu" in host
+    assert all(c["ort_device"] == "cpu" for c in host.values())
+    assert all(c["ort_device"] == "cuda" for label, c in candidates.items() if label not in host)
+    x = np.random.default_rng(3).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    reference = load_fused_runner(out, "model", {"input": x}, candidate="ort[all,threads=1](fused)")()[0]
+    for label in host:
+        np.testing.assert_allclose(load_fused_runner(out, "model", {"input": x}, candidate=label)()[0], reference,
+                                   atol=1e-5, rtol=1e-4)
