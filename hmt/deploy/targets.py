@@ -67,6 +67,10 @@ class Target:
     memory_bytes: int | None = None
     gpu: GpuSpec | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # ONNX Runtime execution providers serve tries on the device, in order (hmt.runtime.ort
+    # names); the CPU provider always ends the list, and a provider the device's ORT lacks
+    # falls back to it with a note in /v1/status.
+    providers: tuple[str, ...] = ("cpu",)
 
     @property
     def elf_machine(self) -> str:
@@ -122,6 +126,9 @@ TARGETS: dict[str, Target] = {
             # x86-64-v3 (AVX2, FMA; 2013+ CPUs) rather than this host's own CPU (znver4) so
             # that the bundle also runs on other x86-64 machines of the last decade.
             notes=("TVM code is built for mcpu x86-64-v3 (AVX2/FMA): it does not run on pre-2013 x86 CPUs",),
+            # An x86 box may have an NVIDIA GPU: ORT's CUDA provider is used where onnxruntime-gpu
+            # is installed, per variant only where fuse measured it faster than the CPU.
+            providers=("cuda", "cpu"),
         ),
         Target(
             name="jetson-nano",
@@ -138,6 +145,7 @@ TARGETS: dict[str, Target] = {
                 code=_GPU_NOTE.format(arch="sm_53"),
                 runtimes=("JetPack 4.6 (L4T R32, CUDA 10.2, TensorRT 8.2)",),
             ),
+            providers=("tensorrt", "cuda", "cpu"),
             notes=("JetPack 4 ships Python 3.6; serve needs Python >= 3.10 (install one, e.g. with conda)",),
         ),
         Target(
@@ -155,6 +163,7 @@ TARGETS: dict[str, Target] = {
                 code=_GPU_NOTE.format(arch="sm_72"),
                 runtimes=("JetPack 5.1 (L4T R35, CUDA 11.4, TensorRT 8.5)",),
             ),
+            providers=("tensorrt", "cuda", "cpu"),
         ),
         Target(
             name="raspberry-pi-4b",

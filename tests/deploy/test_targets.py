@@ -39,6 +39,13 @@ def test_target_entry_is_complete(name: str) -> None:
 
         profile = read_profile_json(default_profile_path(target))
         assert profile.doc["facts"]["arch"] == target.arch
+    from hmt.runtime.ort import PROVIDER_NAMES
+
+    assert target.providers and target.providers[-1] == "cpu"
+    assert set(target.providers) <= set(PROVIDER_NAMES)
+    if target.gpu is not None:
+        assert "cuda" in target.providers  # a board bought for its GPU lists it
+    assert list(target.to_json_dict()["providers"]) == list(target.providers)
     json.dumps(target.to_json_dict())
 
 
