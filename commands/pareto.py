@@ -87,6 +87,12 @@ def pareto_command(
     coverage_share: Annotated[float, typer.Option(
         help="Share of candidates not steered into a budget window: more of the front's fast end "
         "(0.25: +6.6% hypervolume, -1.3 points at the loosest budget in benchmarks/README.md).")] = 0.0,
+    greedy_share: Annotated[float, typer.Option(
+        help="Share of the evaluations spent first on a greedy shrinking path from the largest variant (one "
+             "block at a time, least accuracy lost per ms saved), which then seeds the search: finds the "
+             "variants within a point or two of the original that random starts miss. 0: off.")] = 0.0,
+    greedy_drop: Annotated[float, typer.Option(
+        help="Accuracy points the greedy path may lose against the largest variant.")] = 5.0,
     calibration_samples: Annotated[int | None, typer.Option(
         help="Re-estimate each variant's BN statistics on only the first N stored calibration samples.")] = None,
     batch_size: Annotated[int, typer.Option(help="Evaluation batch size.")] = 256,
@@ -128,7 +134,8 @@ def pareto_command(
             budgets=Budgets.of(latency_ms=latency_ms, energy=energy_mj, memory_mb=memory_mb),
             search=SearchOptions(method=method.value, evaluations=evaluations, population=population, seed=seed,
                                  objectives=tuple(o.strip() for o in objectives.split(",") if o.strip()),
-                                 window=window, noise_prob=noise_prob, coverage_share=coverage_share),
+                                 window=window, noise_prob=noise_prob, coverage_share=coverage_share,
+                                 greedy_share=greedy_share, greedy_drop=greedy_drop / 100.0),
             data_path=data, data_split=data_split.value, max_eval_samples=max_eval_samples, batch_size=batch_size,
             cache_mb=cache_mb, device=device, use_block_table=not no_block_table, threads=threads,
             calibration_samples=calibration_samples, offload_link=offload_link,

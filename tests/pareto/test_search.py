@@ -195,3 +195,23 @@ def test_bad_inputs(tiny_supernet: Path, tmp_path: Path) -> None:
                    ParetoOptions(data_path=tmp_path / "nowhere", search=SearchOptions(evaluations=2, population=2)))
     with pytest.raises(ArtifactError):
         load_front(tiny_supernet)
+
+
+def test_greedy_share_walks_from_the_largest_and_seeds_the_search(parts) -> None:  # type: ignore[no-untyped-def]
+    loaded, model, encoding, batches = parts
+    options = SearchOptions(evaluations=30, population=8, greedy_share=0.5, greedy_drop=1.0).validate()
+    search = _Search(encoding, model, PrefixEvaluator(model.net, batches), Budgets(), options, no_progress)
+    search.greedy_walk()
+    largest = encoding.candidate(loaded.space.largest()).key
+    assert largest in search.archive  # the path starts at the original
+    assert len(search.seeds) >= 2 and search.evaluations <= 15  # its share of the budget, no more
+    latencies = [model.costs(encoding.decode(x).arch).latency_ms for x in search.seeds]
+    assert latencies == sorted(latencies, reverse=True) and len(set(latencies)) == len(latencies)
+    X = search.nearby_init(8, np.random.default_rng(0))
+    seeded = {encoding.decode(x).key for x in X[:min(4, len(search.seeds))]}
+    assert seeded <= {encoding.decode(x).key for x in search.seeds}
+    result = run_search(encoding, model, PrefixEvaluator(model.net, batches), Budgets(), options)
+    assert largest in {r.candidate.key for r in result.records}
+    assert result.evaluations <= 30
+    with pytest.raises(UsageError, match="greedy share"):
+        SearchOptions(greedy_share=1.0).validate()
