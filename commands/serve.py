@@ -90,6 +90,11 @@ def serve_command(
     threads: Annotated[int | None, typer.Option(
         help="Runtime threads per graph (0: the runtime's default). Default: what fuse measured fastest for "
              "each variant (1 for bundles that do not record it).")] = None,
+    providers: Annotated[str | None, typer.Option(
+        help="ONNX Runtime execution providers to try, in order, comma-separated: tensorrt, cuda, cpu. "
+             "Default: the ones the bundle's target lists (Jetsons: tensorrt,cuda,cpu). One this ORT lacks "
+             "falls back to the CPU, and /v1/status says so; a variant fuse measured fastest on the CPU stays "
+             "there.")] = None,
     workers: Annotated[int, typer.Option(help="Inference worker threads.")] = 2,
     max_queue: Annotated[int, typer.Option(help="Requests queued or running before new ones get 429.")] = 64,
     deadline_ms: Annotated[float, typer.Option(
@@ -165,6 +170,7 @@ def serve_command(
         import numpy as np
 
         from hmt.errors import UsageError
+        from hmt.runtime.ort import parse_providers
         from hmt.serve.api import ApiOptions
         from hmt.serve.scenario import DriveOptions, Scenario
         from hmt.serve.server import ServerOptions, resolve_token
@@ -187,7 +193,8 @@ def serve_command(
         resolved_token = resolve_token(host, token)
         session = SessionOptions(engine=None if engine is None else engine.value, threads=threads,
                                  latency_ms=latency_ms, memory_mb=memory_mb, exit_confidence=exit_confidence,
-                                 no_early_exit=no_early_exit, fixed_variant=variant, trusted_key=trusted_key)
+                                 no_early_exit=no_early_exit, fixed_variant=variant, trusted_key=trusted_key,
+                                 providers=parse_providers(providers))
         api = ApiOptions(token=resolved_token, max_body_bytes=None if max_body_kb is None else max_body_kb * 1024,
                          max_queue=max_queue, workers=workers, deadline_ms=deadline_ms, max_batch=max_batch,
                          health_without_token=health_without_token)

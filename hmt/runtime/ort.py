@@ -129,6 +129,17 @@ def session_options(options: OrtOptions) -> Any:
     return so
 
 
+def parse_providers(text: str | None, where: str = "--providers") -> tuple[str, ...] | None:
+    """``"cuda,cpu"`` -> ``("cuda", "cpu")`` (None stays None); an unknown name is a UsageError."""
+    if text is None:
+        return None
+    names = tuple(p.strip() for p in text.split(",") if p.strip())
+    unknown = [p for p in names if p not in PROVIDER_NAMES and p not in PROVIDER_NAMES.values()]
+    if not names or unknown:
+        raise UsageError(f"{where}: expected a comma-separated list of {', '.join(PROVIDER_NAMES)}, got {text!r}")
+    return names
+
+
 def available_providers() -> list[str]:
     import onnxruntime as ort
 

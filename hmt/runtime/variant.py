@@ -117,6 +117,20 @@ def _ort_device(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
+def bundle_providers(bundle: Bundle) -> tuple[str, ...]:
+    """The ORT providers ``bundle``'s target lists (``bundle.json`` target.providers), in
+    order; ``("cpu",)`` for bundles from before targets listed them."""
+    from hmt.runtime.ort import PROVIDER_NAMES
+
+    listed = bundle.spec.target.get("providers")
+    if listed is None:
+        return ("cpu",)
+    if not isinstance(listed, (list, tuple)) or not listed or not all(p in PROVIDER_NAMES for p in listed):
+        raise ArtifactError(f"{bundle.root / 'bundle.json'}: target.providers must be a non-empty list of "
+                            f"{sorted(PROVIDER_NAMES)}, got {listed!r}")
+    return tuple(str(p) for p in listed)
+
+
 def providers_as_measured(providers: Sequence[str], ort_device: str | None) -> tuple[str, ...]:
     """``providers`` narrowed to the CPU where fuse measured the CPU fastest."""
     return ("cpu",) if ort_device == "cpu" else tuple(providers)

@@ -27,7 +27,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -36,6 +36,7 @@ import numpy as np
 from hmt.bundle import Bundle
 from hmt.errors import DeviceError, HmtError, ModelError
 from hmt.runtime.chain import Runner
+from hmt.runtime.variant import bundle_providers
 from hmt.serve.estimates import LatencyEstimator
 from hmt.serve.load_index import LoadForecaster, load_index_of
 from hmt.serve.monitor import ResourceMonitor, ResourceSample, Sampler
@@ -109,8 +110,11 @@ class Controller:
         clock: Callable[[], float] = time.monotonic,
         loader: Loader | None = None,
         warmup_runs: int = 3,
+        providers: Sequence[str] | None = None,
     ) -> None:
         self.bundle = bundle
+        # None: the providers the bundle's target lists (hmt.deploy.targets), CPU for older bundles.
+        self.providers = tuple(providers) if providers is not None else bundle_providers(bundle)
         self.settings = settings if settings is not None else ServeSettings.from_mapping(bundle.serve_config)
         self.engine = engine if engine is not None else self.settings.engine
         self._clock = clock
@@ -134,7 +138,7 @@ class Controller:
         self._recent_load: deque[float] = deque(maxlen=5)
         self.monitor = ResourceMonitor(sampler, frequency_hz=1.0 / self.settings.monitor_period_s)
         self.pool = VariantPool(bundle, engine=self.engine, threads=threads, warmup_runs=warmup_runs, loader=loader,
-                                early_exit=self.settings.early_exit.enabled)
+                                early_exit=self.settings.early_exit.enabled, providers=self.providers)
         self.budgets: BudgetSettings = self.settings.budgets
         self._active: Runner | None = None
         self._load_scale = 1.0  # (1 + alpha * I) of the last decision
@@ -525,6 +529,7 @@ class Controller:
             # What really runs: fuse's merged chain or graph by graph, and any provider fallback.
             "layout": self._active.layout if self._active is not None else None,
             "runtime_notes": list(self._active.notes) if self._active is not None else [],
+            "providers": list(self.providers),
             "fixed_variant": self.fixed_variant,
             "uptime_s": self.now_s(),
             "load_index": None if latest is None else latest.load_index,

@@ -12,7 +12,7 @@ import contextlib
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -28,9 +28,12 @@ class VariantPool:
     """Loaded :class:`Runner` objects by arch id, least recently used first."""
 
     def __init__(self, bundle: Bundle, *, engine: str = "auto", threads: int | None = None, warmup_runs: int = 3,
-                 loader: Loader | None = None, early_exit: bool = True) -> None:
+                 loader: Loader | None = None, early_exit: bool = True, providers: Sequence[str] = ("cpu",)) -> None:
         self.bundle = bundle
         self.engine = engine
+        # ORT execution providers in order (hmt.runtime.ort names); a variant fuse measured
+        # fastest on the CPU keeps the CPU provider (hmt.runtime.variant.providers_as_measured).
+        self.providers = tuple(providers)
         self.threads = threads  # None: fuse's choice per variant (see hmt.runtime.variant)
         self.early_exit = early_exit
         self.warmup_runs = warmup_runs
@@ -45,7 +48,8 @@ class VariantPool:
         self.last_load_ms: float | None = None
 
     def _load_from_bundle(self, arch_id: str) -> Runner:
-        return load_variant(self.bundle, arch_id, self.engine, self.threads, early_exit=self.early_exit)
+        return load_variant(self.bundle, arch_id, self.engine, self.threads, early_exit=self.early_exit,
+                            providers=self.providers)
 
     def __contains__(self, arch_id: object) -> bool:
         return arch_id in self._loaded

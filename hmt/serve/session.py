@@ -58,6 +58,8 @@ class SessionOptions:
     serve_overrides: dict[str, Any] = field(default_factory=dict)
     # PEM ed25519 public key: refuse a bundle without a matching signature (serve --trusted-key).
     trusted_key: Path | None = None
+    # ORT execution providers in order (serve --providers); None: the bundle target's list.
+    providers: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.engine is not None and self.engine not in ENGINE_CHOICES:
@@ -93,7 +95,7 @@ def open_controller(bundle_path: Path | str, options: SessionOptions, **kwargs: 
     bundle = load_checked_bundle(bundle_path, trusted_key=options.trusted_key)
     settings = settings_for(bundle, options)
     return Controller(bundle, settings, engine=settings.engine, threads=options.threads,
-                      fixed_variant=options.fixed_variant, **kwargs)
+                      fixed_variant=options.fixed_variant, providers=options.providers, **kwargs)
 
 
 def serve_forever(bundle_path: Path | str, options: SessionOptions, api: ApiOptions, server: ServerOptions,

@@ -97,7 +97,7 @@ DEFAULT_VARIANTS = (
 
 
 def make_bundle(out: Path, variants: tuple[VariantDef, ...] | list[VariantDef] = DEFAULT_VARIANTS,
-                serve: dict[str, Any] | None = None) -> Path:
+                serve: dict[str, Any] | None = None, target: dict[str, Any] | None = None) -> Path:
     entries = []
     index_entries = []
     with ArtifactWriter(out, kind="bundle", config={"test": True}) as writer:
@@ -118,7 +118,7 @@ def make_bundle(out: Path, variants: tuple[VariantDef, ...] | list[VariantDef] =
             index_entries.append(IndexEntry(v.arch_id, v.accuracy, v.latency_ms, v.energy, v.memory_mb,
                                             v.stages - 1, tuple(per_exit), "onnxruntime"))
         writer.write_json("bundle.json", {
-            "version": 1, "target": {"name": "host"}, "classes": CLASSES,
+            "version": 1, "target": target or {"name": "host"}, "classes": CLASSES,
             "input": {"name": "input", "shape": [1, WIDTH], "dtype": "float32"}, "variants": entries})
         writer.write_json("profile.json", {"device": "test"})
         writer.write_json("index.json", FrontIndex(index_entries).to_json_dict())

@@ -170,3 +170,32 @@ def test_switching_under_concurrent_requests_loses_none(bundle_dir: Path) -> Non
     assert not errors and seen == {"big", "mid", "small"}
     assert c.status()["requests"] == sum(answered) > 0
     assert c.status()["switches"] >= 20
+
+
+def test_providers_come_from_the_target_and_fall_back_to_the_cpu(tmp_path: Path) -> None:
+    """The bundle's target lists the ORT providers serve tries; one this ORT lacks falls back to
+    the CPU with a note in status (this CI machine has no CUDA provider)."""
+    import onnxruntime as ort
+
+    from hmt.errors import ArtifactError
+    from hmt.runtime.ort import parse_providers
+
+    gpu = make_bundle(tmp_path / "gpu", target={"name": "host", "providers": ["cuda", "cpu"]})
+    c = Controller(load_bundle(gpu), ServeSettings.from_mapping(FAST_SWITCH), sampler=sample, warmup_runs=1)
+    c.start(background=False)
+    try:
+        status = c.status()
+        assert status["providers"] == ["cuda", "cpu"]
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            assert any("CUDAExecutionProvider is not available" in n for n in status["runtime_notes"])
+        assert c.predict(X).class_index >= 0
+    finally:
+        c.stop()
+    cpu_only = Controller(load_bundle(gpu), ServeSettings.from_mapping(FAST_SWITCH), sampler=sample, warmup_runs=1,
+                          providers=parse_providers("cpu"))
+    assert cpu_only.providers == ("cpu",)
+    bad = make_bundle(tmp_path / "bad", target={"name": "host", "providers": ["npu"]})
+    with pytest.raises(ArtifactError, match="target.providers"):
+        Controller(load_bundle(bad), ServeSettings.from_mapping(FAST_SWITCH), sampler=sample, warmup_runs=1)
+    with pytest.raises(UsageError, match="--providers"):
+        parse_providers("cuda,npu")
