@@ -213,6 +213,9 @@ class _Search:
 
         budget = round(self.options.evaluations * self.options.greedy_share)
         if budget < 2:
+            # The largest variant is the user's model: always on the archive, so the front's
+            # top end is there even when no search start lands near it.
+            self.evaluate_genes(self.encoding.encode(self.encoding.candidate(self.encoding.space.largest()))[None])
             return
         cost_metric = next(o for o in self.options.objectives if o != "accuracy")
 
@@ -230,7 +233,7 @@ class _Search:
             return [r.accuracy for r in results]
 
         path = greedy_path(self.encoding.space, accuracy, lambda a: self.cost_model.costs(a).metric(cost_metric),
-                           max_drop=self.options.greedy_drop, max_evaluations=budget)
+                           max_drop=self.options.greedy_drop, max_evaluations=budget, moves="next")
         self.seeds = [self.encoding.encode(self.encoding.candidate(step.arch)) for step in path]
 
     def _add(self, record: Record) -> None:

@@ -105,3 +105,17 @@ def test_path_on_a_trained_supernet_with_the_prefix_evaluator(tiny_loaded) -> No
     assert all(b.cost < a.cost for a, b in itertools.pairwise(path))
     assert path[0].accuracy == evaluator.evaluate([net.space.largest()])[0].accuracy
     assert path[-1].evaluations <= 40
+
+
+def test_next_moves_take_one_candidate_per_block() -> None:
+    from hmt.pareto.greedy import next_cheaper
+
+    space = _space()
+    moves = next_cheaper(space, space.largest(), _cost)
+    # s0.b0: the cheapest step down from base (10) is lr50 (6); s0.b1: w50 (5); s1.b0: lr50 (6)
+    assert [a.choices for a, _ in moves] == [("lr50", "base", "base"), ("base", "w50", "base"),
+                                             ("base", "base", "lr50")]
+    path = greedy_path(space, _accuracy(space, []), _cost, max_drop=1.0, moves="next")
+    assert all(b.cost < a.cost for a, b in itertools.pairwise(path))
+    with pytest.raises(UsageError, match="moves"):
+        greedy_path(space, _accuracy(space, []), _cost, moves="some")

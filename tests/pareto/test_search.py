@@ -215,3 +215,7 @@ def test_greedy_share_walks_from_the_largest_and_seeds_the_search(parts) -> None
     assert result.evaluations <= 30
     with pytest.raises(UsageError, match="greedy share"):
         SearchOptions(greedy_share=1.0).validate()
+    # Without the path the largest variant (the user's model) is still evaluated, first.
+    plain = run_search(encoding, model, PrefixEvaluator(model.net, batches), Budgets(),
+                       SearchOptions(evaluations=10, population=4).validate())
+    assert plain.records[0].candidate.key == largest
