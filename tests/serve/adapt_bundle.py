@@ -21,7 +21,7 @@ from hmt.deploy.adaptable import write_adaptable
 from hmt.pareto.index import FrontIndex, IndexEntry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.adapt.conftest import TinyVariant, trained_tiny  # noqa: E402
+from tests.adapt.conftest import TinyVariant, trained_tiny
 
 ARCH = "tiny"
 

@@ -82,7 +82,7 @@ def _batches(x: torch.Tensor, rounds: int, seed: int, shift: bool) -> list[np.nd
 def test_shifted_inputs_adopt_the_adapted_variant_then_reset_when_drift_passes(
         adaptable: tuple[Path, Any, torch.Tensor, torch.Tensor], serve: Callable[..., Any]) -> None:
     _, model, x, _ = adaptable
-    controller, client = serve()
+    _, client = serve()
     assert set(_send(client, _batches(x, 4, 0, shift=False))) == {ARCH}
     adapt = _until(client, lambda a: a["counts"]["observed"] >= 64)
     assert not adapt["drifting"] and adapt["serving_adapted"] is None
@@ -149,3 +149,29 @@ def test_bad_canary_and_a_bundle_without_adaptable_graphs_are_clear_errors(
         load_canary(bad, bundle)
     with pytest.raises(UsageError, match="--adaptable"):
         open_controller(bundle_dir, SessionOptions(adapt=FAST))
+
+
+def test_adaptable_graphs_answer_as_the_served_chain_and_a_changed_one_is_refused(
+        adaptable: tuple[Path, Any, torch.Tensor, torch.Tensor], tmp_path: Path) -> None:
+    import shutil
+
+    from hmt.bundle import load_bundle
+    from hmt.deploy.adaptable import check_adaptable
+    from hmt.deploy.verify import _chain
+    from hmt.errors import ArtifactError
+
+    bundle = load_bundle(adaptable[0])
+    variant = bundle.spec.variant(ARCH)
+    x = adaptable[2][:1].numpy()
+    ok, detail = check_adaptable(bundle, variant, x, _chain(bundle, variant, x, "onnxruntime"))
+    assert ok, detail
+    wrong = [np.zeros((1, 10), np.float32)] * 2
+    assert not check_adaptable(bundle, variant, x, wrong)[0]
+    changed = tmp_path / "bundle"
+    shutil.copytree(adaptable[0], changed)
+    target = changed / variant.extra["adaptable"]["dir"] / "segment_0.infer.onnx"
+    blob = bytearray(target.read_bytes())
+    blob[-1] ^= 1
+    target.write_bytes(bytes(blob))
+    with pytest.raises(ArtifactError, match="segment_0.infer.onnx"):
+        open_controller(changed, SessionOptions(adapt=FAST))
