@@ -183,8 +183,8 @@ def write_shift_set(
                                                   else "spawn")
             with concurrent.futures.ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
                 results = pool.map(_corrupt_job, jobs)
-                for k, ((name, severity), out) in enumerate(zip(pairs, results, strict=True)):
-                    np.save(writer.path(f"{set_name(name, severity)}.npy"), out, allow_pickle=False)
+                for k, ((name, severity), made) in enumerate(zip(pairs, results, strict=True)):
+                    np.save(writer.path(f"{set_name(name, severity)}.npy"), made, allow_pickle=False)
                     names.append(set_name(name, severity))
                     progress("corrupt", k + 1, len(pairs), set_name(name, severity))
         else:
