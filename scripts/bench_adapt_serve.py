@@ -7,7 +7,8 @@
 
 Each run starts ``hmt serve`` in process (a real socket, uvicorn, one keep-alive client
 sending uint8 pixels one image per request, as a camera would) with one variant fixed
-(``--variant``, default the bundle's most accurate) and sends three phases: ``--phase``
+(``--variant``, default the bundle's most accurate; early exit off) and sends, at
+``--rate-hz`` (0: as fast as the server answers), three phases: ``--phase``
 clean images, as many corrupted, as many clean again (disjoint images, shuffled with a
 seed). Runs alternate adapt off / on, ``--reps`` times each. Reported per run and phase:
 accuracy of the answers, request latency p50/p95 as the client saw it, the variant that
@@ -35,7 +36,8 @@ from hmt.serve.session import SessionOptions, open_controller
 
 
 def run_once(bundle: Path, variant: str | None, phases: list[tuple[str, np.ndarray, np.ndarray]],
-             adapt: AdaptSettings | None, threads: int, canary: Path | None = None) -> dict[str, Any]:
+             adapt: AdaptSettings | None, threads: int, canary: Path | None = None,
+             rate_hz: float = 0.0) -> dict[str, Any]:
     options = SessionOptions(fixed_variant=variant, threads=threads, adapt=adapt, no_early_exit=True,
                              canary=canary if adapt is not None else None)
     controller = open_controller(bundle, options)
@@ -48,7 +50,11 @@ def run_once(bundle: Path, variant: str | None, phases: list[tuple[str, np.ndarr
     try:
         for name, images, labels in phases:
             latencies, correct, variants = [], 0, {}
+            next_s = time.perf_counter()
             for image, label in zip(images, labels, strict=True):
+                if rate_hz > 0:  # a camera: one frame every 1/rate s (open loop, no catching up in bursts)
+                    next_s += 1.0 / rate_hz
+                    time.sleep(max(0.0, next_s - time.perf_counter()))
                 t0 = time.perf_counter()
                 doc = client.predict(np.ascontiguousarray(image.transpose(1, 2, 0)))  # HWC uint8 pixels
                 latencies.append((time.perf_counter() - t0) * 1e3)
@@ -76,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase", type=int, default=1000, help="images per phase")
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rate-hz", type=float, default=0.0, help="requests per second (0: as fast as answered)")
     parser.add_argument("--canary", type=int, default=0, help="labelled corrupted images held out as --canary")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -103,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     for rep in range(args.reps):
         for on in (False, True):
-            result = run_once(args.bundle, args.variant, phases, adapt if on else None, args.threads, canary_path)
+            result = run_once(args.bundle, args.variant, phases, adapt if on else None, args.threads, canary_path,
+                              args.rate_hz)
             result["rep"] = rep
             runs.append(result)
             print(json.dumps({"rep": rep, "adapt": on, "phases": result["phases"]}), file=sys.stderr, flush=True)
