@@ -7,7 +7,8 @@ Modes (``hmt.adapt.memory.EngineOptions``): ``plain`` (autograd, one optimizer s
 backward), ``int8`` (8-bit saved activations + each BN parameter updated inside backward),
 ``recompute`` (fp32, recomputation planned under a budget of ``--budget-fraction`` of what
 plain autograd saves on the batch), ``int8+recompute`` (8-bit + recomputation under
-``--int8-budget-fraction`` of it, below what 8-bit alone keeps). Each (arch, mode) runs in
+``--int8-budget-fraction`` of it, below what 8-bit alone keeps), ``int8-heap`` (``int8`` with
+glibc's mmap threshold left alone: faster on a CPU, but freed blocks stay resident). Each (arch, mode) runs in
 its own subprocess, repeats interleaved, and reports three peaks of one TENT step above what was held before it:
 
 - ``saved_peak_bytes``: bytes autograd holds for backward (pack hooks, ``SavedTensorMeter``);
@@ -36,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODES = ("plain", "int8", "recompute", "int8+recompute")
+MODES = ("plain", "int8", "recompute", "int8+recompute", "int8-heap")
 
 
 def _proc_kib(field: str) -> int:
@@ -74,7 +75,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     engine = {"plain": EngineOptions(compress=False, update_in_backward=False),
               "int8": EngineOptions(compress=True, update_in_backward=True),
               "int8+recompute": EngineOptions(compress=True, budget_bytes=budget, update_in_backward=True),
-              "recompute": EngineOptions(compress=False, budget_bytes=budget, update_in_backward=True)}[args.mode]
+              "recompute": EngineOptions(compress=False, budget_bytes=budget, update_in_backward=True),
+              "int8-heap": EngineOptions(compress=True, update_in_backward=True, return_freed_memory=False)}[args.mode]
     adapter = TentAdapter(model, TentOptions(engine=engine))
     cuda = x.device.type == "cuda"
     out: dict[str, Any] = {"arch": arch.arch_id, "mode": args.mode, "batch_size": args.batch_size,
