@@ -335,6 +335,12 @@ class AdaptService:
 
     # -- reporting ---------------------------------------------------------------------------
 
+    def _memory_bytes(self) -> int:
+        base = self._adapter_base
+        graphs = 0 if base is None else int(self.bundle.spec.variant(base).extra["adaptable"].get("size_bytes", 0))
+        item = int(np.prod(self.bundle.spec.input.shape)) * 4
+        return graphs + item * (self.settings.queue_inputs + 9 * self.settings.min_batch)
+
     def status(self) -> dict[str, Any]:
         uptime = max(self._clock() - self.started_s, 1e-9)
         adapter = self._adapter
@@ -348,6 +354,9 @@ class AdaptService:
             "inputs_seen": self.monitor.seen,
             "batches_estimated": 0 if adapter is None else adapter.reestimator.batches,
             "queue": {"depth": len(self._queue), "capacity": self.settings.queue_inputs},
+            # What adaptation holds beyond the served variant: the graphs it opens (stats + inference
+            # graphs of the variant adapting) and its input buffers (queue + the guard's recent batches).
+            "memory_bytes": self._memory_bytes(),
             "counts": dict(self.counts),
             "worker": {"busy_s": self.busy_s, "share": self.busy_s / uptime, "max_share": self.settings.max_share,
                        "last_build_ms": self.build_ms},

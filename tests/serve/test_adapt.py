@@ -88,7 +88,7 @@ def test_shifted_inputs_adopt_the_adapted_variant_then_reset_when_drift_passes(
     assert not adapt["drifting"] and adapt["serving_adapted"] is None
     _send(client, _batches(x, 8, 1, shift=True))
     adapt = _until(client, lambda a: a["serving_adapted"] is not None)
-    assert adapt["serving_adapted"] == ARCH + ADAPTED_SUFFIX and adapt["drifting"]
+    assert adapt["serving_adapted"] == ARCH + ADAPTED_SUFFIX and adapt["drifting"] and adapt["memory_bytes"] > 0
     decision = adapt["last_decision"]
     assert decision["accepted"] and decision["entropy_after"] < decision["entropy_before"]
     assert [e["kind"] for e in adapt["events"]][:2] == ["drift-start", "adopted"]
