@@ -35,8 +35,9 @@ import numpy as np
 import torch
 
 from hmt.adapt.corruptions import NOISE_AND_BLUR, load_shift_set, set_name
+from hmt.adapt.guard import accuracy
 from hmt.adapt.memory import EngineOptions, as_chain, plan_checkpoints
-from hmt.adapt.run import AdaptOptions, adapt_set, balanced_split, normalize, training_peak_bytes
+from hmt.adapt.run import AdaptOptions, adapt_set, balanced_split, normalize, predict, training_peak_bytes
 from hmt.adapt.tent import TentOptions, configure_for_tent
 from hmt.errors import BudgetError
 from hmt.supernet import load_supernet
@@ -160,10 +161,15 @@ def main(argv: list[str] | None = None) -> int:
         rows = {}
         for method in args.method or ["bn", "tent"]:
             options = AdaptOptions(method=method, batch_size=args.batch_size, tent=TentOptions(lr=args.lr))
+            clean_x = normalize(shift.sets["clean"][keep], info["mean"], info["std"]).to(args.device)
             for name in names:
                 x = normalize(shift.sets[name][keep], info["mean"], info["std"]).to(args.device)
-                result, _ = adapt_set(model, name, x, labels, options)
+                result, variant = adapt_set(model, name, x, labels, options)
                 rows[f"{method}/{name}"] = result.to_json_dict()
+                # The variant adapted to this set, on the clean images: what serving it after the
+                # drift has passed would cost (why serve --adapt resets).
+                rows[f"{method}/{name}"]["clean_accuracy_of_adapted"] = accuracy(predict(variant, clean_x), labels)
+                del variant
                 print(f"{arch.arch_id} {method:4s} {name:22s} {result.accuracy_before:.4f} -> "
                       f"{result.accuracy_after:.4f} (online {result.accuracy_online}) "
                       f"{result.adapt_ms_per_batch:.0f} ms/batch ({time.perf_counter() - started:.0f} s)",
@@ -208,6 +214,11 @@ def markdown(report: dict[str, object]) -> str:
                      for n in sets if n.split("-s")[0] in NOISE_AND_BLUR and n.endswith("-s5")]
             clean = results.get(f"{m}/clean")
             ms = np.median([results[f"{m}/{n}"]["adapt_ms_per_batch"] for n in sets])
+            forgot = [results[f"{m}/{n}"].get("clean_accuracy_of_adapted") for n in sets
+                      if n.split("-s")[0] in NOISE_AND_BLUR and n.endswith("-s5")]
+            if clean and forgot and None not in forgot:
+                lines.append(f"- {m}: the variants adapted to noise+blur s5, on clean images: mean "
+                             f"{100 * np.mean(forgot):.2f}% (source {100 * clean['accuracy_before']:.2f}%)")
             lines.append(f"- {m}: mean gain on noise+blur s5 {100 * np.mean(gains):+.2f} points; clean "
                          f"{100 * (clean['accuracy_after'] - clean['accuracy_before']):+.2f} points; "
                          f"median {ms:.0f} ms per batch" if gains and clean else f"- {m}")
