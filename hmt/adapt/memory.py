@@ -135,8 +135,8 @@ def pin_mmap_threshold(threshold_bytes: int = 128 * 1024) -> bool:
     MiB), after which activation-sized blocks come from the heap and stay resident when
     freed, interleaved with the small 8-bit blocks the engine keeps. Measured on this CPU
     (ResNet-56 variant, batch 128, one TENT step in a fresh process): 8-bit compression cut
-    the allocator's peak to 0.29x of plain autograd but the resident peak only to 0.90x;
-    with the threshold pinned the resident peak followed (0.31x). The price is a page fault
+    the allocator's peak to 0.29x of plain autograd but the resident peak only to 0.71x;
+    with the threshold pinned the resident peak followed (0.22x). The price is a page fault
     per fresh page of every activation: the same step took 3.4x as long (0.40 -> 1.35 s;
     benchmarks/README.md, "adapt"); ``EngineOptions(return_freed_memory=False)`` keeps speed.
     """
