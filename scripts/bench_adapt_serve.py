@@ -102,8 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     canary_path = None
     if args.canary:
         held = order[3 * args.phase:need]
-        canary_path = args.out.with_suffix(".canary.npz")
-        canary_path.parent.mkdir(parents=True, exist_ok=True)
+        import tempfile
+
+        # Derived images, not a result: beside the run, never in the output folder.
+        canary_path = Path(tempfile.mkdtemp(prefix="hmt-canary-")) / "canary.npz"
         np.savez(canary_path, x=shift.sets[args.corruption][held].transpose(0, 2, 3, 1), y=shift.labels[held])
     adapt = AdaptSettings(require_entropy_drop=not args.canary)
     runs = []
