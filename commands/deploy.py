@@ -31,6 +31,10 @@ Build and copy to the device (your ssh keys; rsync, else scp):
 
     hmt deploy --fused runs/fused --pareto runs/pareto --target raspberry-pi-4b --push pi@rpi.local:/home/pi/hmt
 
+A bundle whose variants can adapt to a new environment on the device (`hmt serve --adapt`):
+
+    hmt deploy --fused runs/fused --pareto runs/pareto --target raspberry-pi-4b --adaptable --out runs/bundle-rpi
+
 Jetson bundles carry no GPU code (see --list-targets): their ONNX graphs are for TensorRT on the device.
 
 Signed bundles (bundles carry native code): make a key pair once, sign at build time, and
@@ -123,7 +127,13 @@ def deploy_command(
         "--trusted-key", help="ed25519 public key (PEM): with --verify, refuse a bundle it did not sign.")] = None,
     gen_key: Annotated[Path | None, typer.Option(
         "--gen-key", help="Write a new ed25519 key pair to PATH (private, mode 0600) and PATH.pub, and exit.")] = None,
-
+    adaptable: Annotated[bool, typer.Option(
+        "--adaptable", help="Also bundle BN-adaptable graphs of every fp32 variant (BN un-fused, batch statistics "
+                            "as outputs), for `hmt serve --adapt`; needs the supernet (the front's, or --supernet).")
+    ] = False,
+    supernet: Annotated[Path | None, typer.Option(
+        "--supernet", help="With --adaptable: the supernet the variants come from (default: the one the pareto "
+                           "front records).")] = None,
     offload_out: Annotated[Path | None, typer.Option(
         "--offload-out", help="Also split the bundle (built, or the --verify one) for offloading: OUT/device "
                               "(every segment + the heads and tails of the cuts) for `hmt serve --peer`, OUT/peer "
@@ -180,6 +190,8 @@ def deploy_command(
                           f"wrote {private_path} (keep it secret) and {public_path} (give it to verify/serve "
                           f"as --trusted-key); key {key_id[:16]}...")
             return
+        if supernet is not None and not adaptable:
+            raise UsageError("--supernet goes with --adaptable")
         if trusted_key is not None and verify is None:
             raise UsageError("--trusted-key goes with --verify (a build checks its own --sign-key signature)")
         if verify is not None:
@@ -209,6 +221,7 @@ def deploy_command(
             target=target, profile=profile, variants=tuple(variants or ()),
             engines=tuple(e.value for e in engines) if engines else ("onnxruntime", "tvm"),
             strict=strict, latency_ms=latency_ms, memory_mb=memory_mb, energy=energy, sign_key=sign_key,
+            adaptable=adaptable, supernet=supernet,
         )
         with output.progress() as progress:
             result = deploy_bundle(fused, pareto, out_dir, options=options, progress=progress)

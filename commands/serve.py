@@ -33,6 +33,13 @@ Slow or idle clients cannot hold the server: at most --max-connections are open 
 connection that has waited longest without a complete request is closed), and a request must
 arrive, headers and body, within --receipt-timeout-s (else 408).
 
+Adapt to a new environment on the device (a bundle from `hmt deploy --adaptable`): when the inputs
+drift (a darker room, a dirtier lens), BN statistics are re-estimated on recent inputs and the adapted
+variant serves while the guard accepts it (lower prediction entropy; a labelled canary set, if given,
+no worse); /v1/status (key adapt) and /metrics (hmt_adapt_*) report it:
+
+    hmt serve runs/bundle-host --adapt --canary canary.npz
+
 Replay a scenario for 60 s with real background load, labelled data through the API, and a timeline:
 
     hmt serve runs/bundle-host --scenario scenario.csv --load burn --data cifar_test.npz \\
@@ -144,6 +151,23 @@ def serve_command(
     trusted_key: Annotated[Path | None, typer.Option(
         "--trusted-key", help="ed25519 public key (PEM): refuse a bundle not signed by it (hmt deploy --sign-key; "
                               "see hmt deploy --help).")] = None,
+    adapt: Annotated[bool, typer.Option(
+        "--adapt", help="Test-time adaptation: when the input statistics drift, re-estimate the serving variant's "
+                        "BN statistics on recent inputs (off the request path) and serve the adapted variant while "
+                        "its prediction entropy is lower and the --canary set does not get worse; back to the "
+                        "shipped one when the drift passes. Needs a bundle from `hmt deploy --adaptable`.")] = False,
+    canary: Annotated[Path | None, typer.Option(
+        "--canary", help="--adapt: labelled canary set the adapted variant must not do worse on: an .npz with x "
+                         "(inputs or uint8 pixels [N, H, W, C]) and y, or a directory of class folders of "
+                         "JPEG/PNG images.")] = None,
+    adapt_after: Annotated[int, typer.Option(
+        "--adapt-after", help="--adapt: drifted inputs before the first adapted variant is built.")] = 256,
+    adapt_window: Annotated[int, typer.Option(
+        "--adapt-window", help="--adapt: inputs the drift score is computed over.")] = 256,
+    adapt_max_share: Annotated[float, typer.Option(
+        "--adapt-max-share", help="--adapt: most of one core's time the adaptation worker may use.")] = 0.5,
+    canary_tolerance: Annotated[float, typer.Option(
+        "--canary-tolerance", help="--adapt: canary accuracy (0..1) the adapted variant may lose.")] = 0.0,
 
     role: Annotated[RoleChoice, typer.Option(
         help="device: serve predictions (offloading to --peer when given); peer: run the tails of an offload "
@@ -166,6 +190,14 @@ def serve_command(
     by CrowdHMTware eq. 3 within the budgets and switches with hysteresis; requests leave at the first
     confident exit. Loopback by default; a token for anything else."""
 
+    def adapt_settings() -> Any:
+        if not adapt:
+            return None
+        from hmt.serve.adapt import AdaptSettings
+
+        return AdaptSettings(window=adapt_window, adapt_after=adapt_after, max_share=adapt_max_share,
+                             canary_tolerance=canary_tolerance)
+
     def body(output: Output) -> None:
         import numpy as np
 
@@ -186,6 +218,10 @@ def serve_command(
                          deadline_ms=deadline_ms, threads=threads, ssl_certfile=ssl_certfile,
                          ssl_keyfile=ssl_keyfile, debug=debug)
                 return
+        if canary is not None and not adapt:
+            raise UsageError("--canary goes with --adapt")
+        if adapt and peer is not None:
+            raise UsageError("--adapt is not combined with --peer (the adapted graphs run on the device alone)")
         if scenario is None:
             for name, value in (("--duration-s", duration_s), ("--data", data), ("--timeline-out", timeline_out)):
                 if value is not None:
@@ -194,7 +230,7 @@ def serve_command(
         session = SessionOptions(engine=None if engine is None else engine.value, threads=threads,
                                  latency_ms=latency_ms, memory_mb=memory_mb, exit_confidence=exit_confidence,
                                  no_early_exit=no_early_exit, fixed_variant=variant, trusted_key=trusted_key,
-                                 providers=parse_providers(providers))
+                                 providers=parse_providers(providers), adapt=adapt_settings(), canary=canary)
         api = ApiOptions(token=resolved_token, max_body_bytes=None if max_body_kb is None else max_body_kb * 1024,
                          max_queue=max_queue, workers=workers, deadline_ms=deadline_ms, max_batch=max_batch,
                          health_without_token=health_without_token)

@@ -312,6 +312,15 @@ def load_bundle(path: Path | str, *, verify_checksums: bool = True) -> Bundle:
                 if relative is not None:
                     safe_join(artifact.root, relative, what=f"{BUNDLE_SPEC_NAME} entry")
                     artifact.file(relative)
+        adaptable = variant.extra.get("adaptable")
+        if adaptable is not None:
+            # deploy --adaptable's BN graphs (hmt.deploy.adaptable): bn.json must be a listed file;
+            # the graphs it names are checked against the manifest when serve --adapt opens them.
+            folder = adaptable.get("dir") if isinstance(adaptable, dict) else None
+            if not isinstance(folder, str):
+                raise ArtifactError(f"{artifact.root / BUNDLE_SPEC_NAME}: variant {variant.arch_id}: "
+                                    "extra.adaptable needs a 'dir'")
+            artifact.file(f"{folder}/bn.json")
     serve_config = artifact.read_json(SERVE_CONFIG_NAME)
     if not isinstance(serve_config, dict):
         raise ArtifactError(f"{artifact.root / SERVE_CONFIG_NAME}: expected a JSON object")

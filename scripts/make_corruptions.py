@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="corruption (repeatable; default all six)")
     parser.add_argument("--limit", type=int, default=None, help="class-balanced subset of the test split")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=1,
+                        help="processes making sets in parallel (the sets do not depend on it)")
     args = parser.parse_args(argv)
     try:
         dataset = load_dataset("cifar10", args.data)
@@ -59,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             source={"dataset": dataset.info.source, "sha256": dataset.info.source_sha256, "split": "test",
                     "limit": str(args.limit)},
             progress=progress,
+            workers=args.workers,
         )
     except HmtError as exc:
         print(f"error: {exc}", file=sys.stderr)

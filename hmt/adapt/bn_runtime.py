@@ -61,10 +61,7 @@ def _array(value: Any, where: str) -> np.ndarray | None:
         raise ArtifactError(f"{where}: expected a list of numbers ({exc})") from exc
 
 
-def load_bn_graphs(path: Path | str) -> tuple[Artifact, list[BnGraph]]:
-    artifact = load_artifact(path, kind=BN_ADAPTABLE_KIND)
-    spec = artifact.read_json(BN_SPEC_NAME)
-    where = str(artifact.file(BN_SPEC_NAME))
+def _graphs_of_spec(spec: Any, where: str, resolve: Callable[[str], Path]) -> list[BnGraph]:
     graphs = []
     try:
         for g in spec["graphs"]:
@@ -81,10 +78,38 @@ def load_bn_graphs(path: Path | str) -> tuple[Artifact, list[BnGraph]]:
                 ))
             reads = g.get("reads_segment")
             graphs.append(BnGraph(str(g["name"]), None if reads is None else int(reads),
-                                  artifact.file(str(g["stats"])), artifact.file(str(g["infer"])), tuple(layers)))
+                                  resolve(str(g["stats"])), resolve(str(g["infer"])), tuple(layers)))
     except (KeyError, TypeError, ValueError) as exc:
         raise ArtifactError(f"{where}: malformed ({exc!r})") from exc
-    return artifact, graphs
+    return graphs
+
+
+@dataclass(frozen=True)
+class BnSource:
+    """What re-estimation reads: ``bn.json`` and its graph files, every one checked against a
+    manifest (a ``bn-adaptable`` artifact's, or a bundle's for ``deploy --adaptable``)."""
+
+    spec: dict[str, Any]
+    graphs: tuple[BnGraph, ...]
+    where: str
+
+
+def load_bn_graphs(path: Path | str) -> tuple[Artifact, list[BnGraph]]:
+    artifact = load_artifact(path, kind=BN_ADAPTABLE_KIND)
+    source = bn_source_in(artifact, "")
+    return artifact, list(source.graphs)
+
+
+def bn_source_in(artifact: Artifact, folder: str) -> BnSource:
+    """The BN-adaptable graphs in ``folder`` of ``artifact`` ("" for a bn-adaptable artifact's
+    root; ``variants/<arch>/adapt`` in a bundle); every file must be one its manifest lists."""
+    prefix = f"{folder.rstrip('/')}/" if folder else ""
+    spec = artifact.read_json(f"{prefix}{BN_SPEC_NAME}")
+    where = str(artifact.file(f"{prefix}{BN_SPEC_NAME}"))
+    if not isinstance(spec, dict):
+        raise ArtifactError(f"{where}: expected a JSON object")
+    graphs = _graphs_of_spec(spec, where, lambda name: artifact.file(f"{prefix}{name}"))
+    return BnSource(spec, tuple(graphs), where)
 
 
 def _session(source: Path | bytes, threads: int = 1) -> Any:
@@ -118,8 +143,11 @@ def _affine(layer: BnLayer, mean: np.ndarray, var: np.ndarray) -> tuple[np.ndarr
 class BnReestimator:
     """Accumulates BN statistics of recent inputs and builds the adapted inference graphs."""
 
-    def __init__(self, path: Path | str, *, threads: int = 1) -> None:
-        self.artifact, self.graphs = load_bn_graphs(path)
+    def __init__(self, source: Path | str | BnSource, *, threads: int = 1) -> None:
+        if not isinstance(source, BnSource):
+            source = bn_source_in(load_artifact(source, kind=BN_ADAPTABLE_KIND), "")
+        self.spec = source.spec
+        self.graphs = list(source.graphs)
         self.threads = threads
         self._stats = {g.name: _session(g.stats_path, threads=threads) for g in self.graphs}
         self._input_name = {g.name: self._stats[g.name].get_inputs()[0].name for g in self.graphs}
@@ -193,6 +221,12 @@ class AdaptedChain:
         self._graphs = graphs
         self._run: dict[str, Callable[[np.ndarray], np.ndarray]] = {
             g.name: self._runner(sessions[g.name]) for g in graphs}
+
+    def graph_fn(self, name: str) -> Callable[[np.ndarray], np.ndarray]:
+        """One graph of the chain (``segment_k``, ``exit_k``) as a function of its input."""
+        if name not in self._run:
+            raise UsageError(f"no graph {name!r} in the adapted chain ({', '.join(self._run)})")
+        return self._run[name]
 
     @staticmethod
     def _runner(session: Any) -> Callable[[np.ndarray], np.ndarray]:

@@ -136,6 +136,11 @@ def corrupt(images: np.ndarray, name: str, severity: int, rng: np.random.Generat
     return np.ascontiguousarray(np.round(np.clip(out, 0.0, 1.0) * 255.0).astype(np.uint8).transpose(0, 3, 1, 2))
 
 
+def _corrupt_job(job: tuple[np.ndarray, str, int, np.random.SeedSequence]) -> np.ndarray:
+    images, name, severity, seed = job
+    return corrupt(images, name, severity, np.random.default_rng(seed))
+
+
 def set_name(corruption: str, severity: int) -> str:
     return f"{corruption}-s{severity}"
 
@@ -150,11 +155,13 @@ def write_shift_set(
     seed: int,
     source: dict[str, str],
     progress: ProgressCallback = no_progress,
+    workers: int = 1,
 ) -> list[str]:
     """Write the clean images and every (corruption, severity) as a shift-set artifact.
 
     Each set draws from its own generator, spawned from ``seed`` in a fixed order, so
-    one set can be rebuilt without the others and adding a corruption changes no other.
+    one set can be rebuilt without the others and adding a corruption changes no other;
+    ``workers`` processes make sets in parallel with the same result as one.
     """
     corruptions = list(corruptions)
     severities = list(severities)
@@ -166,13 +173,26 @@ def write_shift_set(
     with ArtifactWriter(out, kind=SHIFT_SET_KIND, config=config) as writer:
         np.save(writer.path(LABELS_NAME), labels.astype(np.int64), allow_pickle=False)
         np.save(writer.path(f"{CLEAN_NAME}.npy"), images, allow_pickle=False)
-        for k, (name, severity) in enumerate(pairs):
-            slot = list(CORRUPTIONS).index(name) * len(SEVERITIES) + severity - 1
-            rng = np.random.default_rng(children[slot])
-            np.save(writer.path(f"{set_name(name, severity)}.npy"), corrupt(images, name, severity, rng),
-                    allow_pickle=False)
-            names.append(set_name(name, severity))
-            progress("corrupt", k + 1, len(pairs), set_name(name, severity))
+        jobs = [(images, name, severity, children[list(CORRUPTIONS).index(name) * len(SEVERITIES) + severity - 1])
+                for name, severity in pairs]
+        if workers > 1 and len(jobs) > 1:
+            import concurrent.futures
+            import multiprocessing
+
+            context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods()
+                                                  else "spawn")
+            with concurrent.futures.ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
+                results = pool.map(_corrupt_job, jobs)
+                for k, ((name, severity), made) in enumerate(zip(pairs, results, strict=True)):
+                    np.save(writer.path(f"{set_name(name, severity)}.npy"), made, allow_pickle=False)
+                    names.append(set_name(name, severity))
+                    progress("corrupt", k + 1, len(pairs), set_name(name, severity))
+        else:
+            for k, job in enumerate(jobs):
+                name, severity = job[1], job[2]
+                np.save(writer.path(f"{set_name(name, severity)}.npy"), _corrupt_job(job), allow_pickle=False)
+                names.append(set_name(name, severity))
+                progress("corrupt", k + 1, len(pairs), set_name(name, severity))
         writer.metrics["sets"] = [CLEAN_NAME, *names]
     return names
 

@@ -83,6 +83,78 @@ def peak_bytes(fn: Callable[[], Any], *, device: torch.device | str = "cpu") -> 
     return peak
 
 
+class SavedTensorMeter:
+    """Bytes autograd holds for backward, live and at their peak, as the engine keeps them.
+
+    Every saved activation goes through a pack hook (:class:`Int8SavedTensors`, which the
+    engine always enters when a meter is set, compressing or not); the hook wraps what it
+    keeps in a holder whose bytes count from packing until autograd drops it (after the
+    node's backward, or with the graph). A tensor saved by several nodes counts once.
+    Parameters and buffers are not counted (the model holds them anyway).
+    """
+
+    def __init__(self) -> None:
+        self.live_bytes = 0
+        self.peak_bytes = 0
+
+    def reset(self) -> None:
+        self.peak_bytes = self.live_bytes
+
+    def hold(self, value: Any, size_bytes: int) -> _Held:
+        self.live_bytes += size_bytes
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        return _Held(value, size_bytes, self)
+
+
+class _Held:
+    """What a metered pack hook returns; its bytes stop counting when autograd lets it go."""
+
+    __slots__ = ("__weakref__", "meter", "size_bytes", "value")
+
+    def __init__(self, value: Any, size_bytes: int, meter: SavedTensorMeter) -> None:
+        self.value = value
+        self.size_bytes = size_bytes
+        self.meter = meter
+
+    def __del__(self) -> None:
+        self.meter.live_bytes -= self.size_bytes
+
+
+def _nbytes(packed: Any) -> int:
+    if isinstance(packed, _Packed):
+        return packed.q.numel() + (packed.low.numel() + packed.scale.numel()) * packed.low.element_size()
+    return int(packed.numel() * packed.element_size())
+
+
+def pin_mmap_threshold(threshold_bytes: int = 128 * 1024) -> bool:
+    """Make glibc serve every allocation of ``threshold_bytes`` or more with its own mmap, so
+    that freeing it returns the pages to the system at once. Process-wide; False where the
+    C library is not glibc.
+
+    Why: glibc raises its mmap threshold to the size of each large block freed (up to 32
+    MiB), after which activation-sized blocks come from the heap and stay resident when
+    freed, interleaved with the small 8-bit blocks the engine keeps. Measured on this CPU
+    (ResNet-56 variant, batch 128, one TENT step in a fresh process): 8-bit compression cut
+    the allocator's peak to 0.29x of plain autograd but the resident peak only to 0.71x;
+    with the threshold pinned the resident peak followed (0.22x). The price is a page fault
+    per fresh page of every activation: the same step took 3.4x as long (0.40 -> 1.35 s;
+    benchmarks/README.md, "adapt"); ``EngineOptions(return_freed_memory=False)`` keeps speed.
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_mmap_threshold = -3  # glibc's M_MMAP_THRESHOLD
+    return bool(mallopt(m_mmap_threshold, int(threshold_bytes)) == 1)
+
+
 # -- 8-bit compression of saved activations ------------------------------------------------
 
 
@@ -116,9 +188,10 @@ class Int8SavedTensors:
     """
 
     def __init__(self, exclude: Sequence[torch.Tensor] = (), *, compress: bool = True,
-                 min_numel: int = MIN_COMPRESS_NUMEL) -> None:
+                 min_numel: int = MIN_COMPRESS_NUMEL, meter: SavedTensorMeter | None = None) -> None:
         self._exclude = {t.data_ptr() for t in exclude}
         self.compress = compress
+        self.meter = meter
         self.min_numel = min_numel
         self.saved_bytes = 0
         self.raw_bytes = 0
@@ -126,21 +199,34 @@ class Int8SavedTensors:
         self._hooks: Any = None
 
     def _pack(self, t: torch.Tensor) -> Any:
-        if t.data_ptr() in self._exclude or not t.is_floating_point() or t.numel() < self.min_numel:
+        if t.data_ptr() in self._exclude:
             return t
+        # Never keep ``t`` itself: when it is the node's own output (a ReLU saves its result),
+        # the node would hold the tensor that holds the node, a cycle Python's collector
+        # cannot see through, and every such activation leaked (measured: 8-20 MiB per block
+        # of a ResNet-56 variant at batch 128). ``detach()`` shares storage and version counter.
+        if not t.is_floating_point() or t.numel() < self.min_numel:
+            return t.detach() if self.meter is None else self.meter.hold(t.detach(), _nbytes(t))
         key = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), t._version)
         hit = self._seen.get(key)
         # The weak reference tells a tensor saved twice from a new one that reuses freed memory.
         if hit is not None and hit[0]() is t:
-            return hit[1]
-        packed: Any = quantize_u8(t) if self.compress else t
+            cached = hit[1]() if isinstance(hit[1], weakref.ref) else hit[1]
+            if cached is not None:
+                return cached
+        packed: Any = quantize_u8(t) if self.compress else t.detach()
         self.raw_bytes += t.numel() * t.element_size()
         self.saved_bytes += packed.q.numel() if isinstance(packed, _Packed) else t.numel() * t.element_size()
-        self._seen[key] = (weakref.ref(t), packed)
+        if self.meter is not None:
+            packed = self.meter.hold(packed, _nbytes(packed))
+        # The cache holds the holder weakly: it must not keep a saved tensor alive by itself.
+        self._seen[key] = (weakref.ref(t), packed if self.meter is None else weakref.ref(packed))
         return packed
 
     @staticmethod
     def _unpack(packed: Any) -> torch.Tensor:
+        if isinstance(packed, _Held):
+            packed = packed.value
         return dequantize_u8(packed) if isinstance(packed, _Packed) else packed
 
     def __enter__(self) -> Int8SavedTensors:
@@ -210,41 +296,47 @@ class _Recompute(torch.autograd.Function):
     accumulated by the inner backward, so per-parameter update hooks fire from there."""
 
     @staticmethod
-    def forward(ctx: Any, blocks: Sequence[nn.Module], compress: bool, x: torch.Tensor,
-                *params: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, blocks: Sequence[nn.Module], compress: bool, meter: SavedTensorMeter | None,
+                x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
         ctx.blocks = blocks
         ctx.compress = compress
+        ctx.meter = meter
         ctx.x_requires_grad = x.requires_grad
-        ctx.packed = quantize_u8(x) if compress and x.numel() >= MIN_COMPRESS_NUMEL else x.detach()
+        packed: Any = quantize_u8(x) if compress and x.numel() >= MIN_COMPRESS_NUMEL else x.detach()
+        ctx.packed = packed if meter is None else meter.hold(packed, _nbytes(packed))
         with torch.no_grad():
             return _run_span(blocks, x)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        packed = ctx.packed
+        packed = ctx.packed.value if isinstance(ctx.packed, _Held) else ctx.packed
         x = (dequantize_u8(packed) if isinstance(packed, _Packed) else packed).detach()
+        del packed
         x.requires_grad_(ctx.x_requires_grad)
         holder = nn.ModuleList(ctx.blocks)
         exclude = [*holder.parameters(), *holder.buffers()]
         with torch.enable_grad(), _frozen_running_stats(holder), \
-                Int8SavedTensors(exclude, compress=ctx.compress):
+                Int8SavedTensors(exclude, compress=ctx.compress, meter=ctx.meter):
             out = _run_span(ctx.blocks, x)
-        del ctx.packed
+        del ctx.packed  # the kept input goes before the run's backward allocates
         torch.autograd.backward(out, grad)
+        del out
         n_params = sum(1 for _ in holder.parameters())
-        return (None, None, x.grad if ctx.x_requires_grad else None, *([None] * n_params))
+        return (None, None, None, x.grad if ctx.x_requires_grad else None, *([None] * n_params))
 
 
-def _run_checkpointed(blocks: Sequence[nn.Module], h: torch.Tensor, compress: bool) -> torch.Tensor:
+def _run_checkpointed(blocks: Sequence[nn.Module], h: torch.Tensor, compress: bool,
+                      meter: SavedTensorMeter | None = None) -> torch.Tensor:
     params = [p for b in blocks for p in b.parameters()]
-    return _Recompute.apply(blocks, compress, h, *params)
+    return _Recompute.apply(blocks, compress, meter, h, *params)
 
 
 Runs = tuple[tuple[int, int], ...]
 """Checkpointed runs of blocks, (first, last + 1) in chain order, never across an exit."""
 
 
-def run_chain(chain: Chain, x: torch.Tensor, runs: Runs = (), *, compress: bool = False) -> list[torch.Tensor]:
+def run_chain(chain: Chain, x: torch.Tensor, runs: Runs = (), *, compress: bool = False,
+              meter: SavedTensorMeter | None = None) -> list[torch.Tensor]:
     """Logits of every exit (segments without a head give their output as the logits).
     Each run of ``runs`` keeps only its input (8-bit with ``compress``) and is recomputed
     in the backward pass."""
@@ -257,7 +349,7 @@ def run_chain(chain: Chain, x: torch.Tensor, runs: Runs = (), *, compress: bool 
         end = k + len(segment)
         while k < end:
             if k in starts:
-                h = _run_checkpointed(blocks[k:starts[k]], h, compress)
+                h = _run_checkpointed(blocks[k:starts[k]], h, compress, meter)
                 k = starts[k]
             else:
                 h = blocks[k](h)
@@ -316,7 +408,11 @@ def measure_block_costs(chain: Chain, x: torch.Tensor, *, compress: bool,
                     out = block(h)
                 kept_input = h.numel() * (1 if compress and h.numel() >= MIN_COMPRESS_NUMEL else h.element_size())
                 costs.append(BlockCost(counter.saved_bytes, counter.raw_bytes, kept_input))
-                h = out
+                # Cut the graph here: keeping it would hold every block's saved activations until
+                # the end of planning (as much as plain autograd's peak). The next block still sees
+                # an input that requires grad, as in the chain.
+                h = out.detach().requires_grad_(out.requires_grad)
+                del out
             if head is not None:
                 with _frozen_running_stats(head), Int8SavedTensors(exclude, compress=compress) as counter:
                     head(h)
@@ -375,6 +471,9 @@ class EngineOptions:
     compress: bool = True
     budget_bytes: int | None = None  # None: no recomputation
     update_in_backward: bool = True
+    # On a CPU with glibc: freed activation blocks go back to the system (pin_mmap_threshold),
+    # so the resident peak follows what the engine keeps. Set when compressing or recomputing.
+    return_freed_memory: bool = True
 
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
@@ -394,9 +493,13 @@ class TrainingEngine:
         self.params = list(params)
         self.options = options
         self.plan: CheckpointPlan | None = None
+        self.meter: SavedTensorMeter | None = None  # set to count what autograd keeps (benchmarks)
         self._plan_shape: tuple[int, ...] | None = None
         self._exclude = [*model.parameters(), *model.buffers()]
         self._hooks: list[Any] = []
+        saving = options.compress or options.budget_bytes is not None
+        on_cpu = all(p.device.type == "cpu" for p in self.params)
+        self.mmap_pinned = bool(saving and on_cpu and options.return_freed_memory and pin_mmap_threshold())
         if options.update_in_backward:
             # One optimizer per parameter, stepped the moment its gradient is complete.
             self._optimizers = [make_optimizer([p]) for p in self.params]
@@ -429,10 +532,11 @@ class TrainingEngine:
 
     def step(self, x: torch.Tensor, loss_fn: Callable[[list[torch.Tensor]], torch.Tensor]) -> list[torch.Tensor]:
         chosen = self._ensure_plan(x)
+        meter = self.meter
         with torch.enable_grad():
-            if self.options.compress:
-                with Int8SavedTensors(self._exclude):
-                    logits = run_chain(self.chain, x, chosen, compress=True)
+            if self.options.compress or meter is not None:
+                with Int8SavedTensors(self._exclude, compress=self.options.compress, meter=meter):
+                    logits = run_chain(self.chain, x, chosen, compress=self.options.compress, meter=meter)
             else:
                 logits = run_chain(self.chain, x, chosen)
             loss = loss_fn(logits)

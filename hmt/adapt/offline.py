@@ -74,7 +74,7 @@ def _normalize_np(x: np.ndarray, mean: Sequence[float], std: Sequence[float]) ->
                       / np.asarray(std, np.float32).reshape(shape), dtype=np.float32)
 
 
-def adapt_runtime(bn_path: Path, data: DataSets, *, batch_size: int, guard: GuardPolicy, seed: int = 0,
+def adapt_runtime(bn_path: Any, data: DataSets, *, batch_size: int, guard: GuardPolicy, seed: int = 0,
                   progress: ProgressCallback = no_progress) -> list[dict[str, Any]]:
     """BN re-estimation in the torch-free runtime, per set (no variant files: the
     statistics are re-estimated on the device)."""
@@ -115,11 +115,10 @@ def run_adapt(model_path: Path, data_path: Path, out: Path, *, arch: str | None,
     from hmt.artifacts import ArtifactWriter, load_artifact
 
     kind = load_artifact(model_path, kind=("supernet", "bn-adaptable", "bundle"), verify_checksums=False).kind
-    if kind == "bundle":
-        raise UsageError(f"{model_path}: this bundle carries no BN-adaptable graphs; export the variant with "
-                         "`hmt adapt SUPERNET --arch ID --export-bn DIR` and adapt DIR (deploy does not yet "
-                         "put them in bundles)")
     data = load_sets(data_path, names=names, limit=limit)
+    if kind == "bundle":
+        return _run_bundle(model_path, data, out, arch=arch, method=method, limit=limit, options=options,
+                           progress=progress)
     config = {"model": str(model_path), "data": data.source, "arch": arch, "method": method, "limit": limit,
               "sets": list(data.sets), "batch_size": options.batch_size}
     if kind == "bn-adaptable":
@@ -134,6 +133,41 @@ def run_adapt(model_path: Path, data_path: Path, out: Path, *, arch: str | None,
             writer.metrics.update(_headline(rows))
         return report
     return _run_torch(model_path, data, out, arch=arch, config=config, options=options, progress=progress)
+
+
+def _run_bundle(path: Path, data: DataSets, out: Path, *, arch: str | None, method: str, limit: int | None,
+                options: Any, progress: ProgressCallback) -> dict[str, Any]:
+    """BN re-estimation on a bundle's adaptable graphs (``hmt deploy --adaptable``), as serve --adapt runs it."""
+    from hmt.adapt.bn_runtime import bn_source_in
+    from hmt.artifacts import ArtifactWriter
+    from hmt.bundle import load_bundle
+
+    bundle = load_bundle(path)
+    adaptable = [v for v in bundle.spec.variants if isinstance(v.extra.get("adaptable"), dict)]
+    if not adaptable:
+        raise UsageError(f"{path}: this bundle carries no BN-adaptable graphs; build it with "
+                         "`hmt deploy ... --adaptable`")
+    if method != "bn":
+        raise UsageError(f"{path}: a bundle adapts by BN re-estimation only (--method bn)")
+    if arch in (None, "largest"):
+        variant = max(adaptable, key=lambda v: v.accuracy)
+    elif arch == "smallest":
+        variant = min(adaptable, key=lambda v: v.latency_ms)
+    else:
+        variant = bundle.spec.variant(arch)
+        if variant not in adaptable:
+            raise UsageError(f"{path}: variant {arch} has no BN-adaptable graphs; adaptable: "
+                             f"{', '.join(v.arch_id for v in adaptable)}")
+    source = bn_source_in(bundle.artifact, str(variant.extra["adaptable"]["dir"]))
+    rows = adapt_runtime(source, data, batch_size=options.batch_size, guard=options.guard, seed=options.seed,
+                         progress=progress)
+    config = {"model": str(path), "data": data.source, "arch": variant.arch_id, "method": method, "limit": limit,
+              "sets": list(data.sets), "batch_size": options.batch_size}
+    report = {"config": config, "sets": rows}
+    with ArtifactWriter(out, kind=ADAPTED_KIND, config=config, parents=[bundle.artifact]) as writer:
+        writer.write_json(REPORT_NAME, report)
+        writer.metrics.update(_headline(rows))
+    return report
 
 
 def _headline(rows: list[dict[str, Any]]) -> dict[str, Any]:

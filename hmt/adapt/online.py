@@ -9,6 +9,10 @@ canary set, if given, must not get worse); if accepted, ``active`` becomes the a
 chain, and serve runs requests through it. When the drift passes, the statistics are
 forgotten and ``active`` goes back to None (serve the bundled variant). While drifting it
 keeps re-estimating, and swaps in a fresher adapted chain every ``refresh_every`` inputs.
+
+Serve (``hmt.serve.adapt``) keeps one drift monitor for the input stream and one adapter
+for the variant serving: it passes the monitor in (``monitor=``), updates it itself, and
+hands each batch with the monitor's event to :meth:`OnlineBnAdapter.apply`.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hmt.adapt.bn_runtime import AdaptedChain, BnReestimator
-from hmt.adapt.drift import DriftMonitor, DriftReference
+from hmt.adapt.bn_runtime import AdaptedChain, BnReestimator, BnSource
+from hmt.adapt.drift import DriftEvent, DriftMonitor, DriftReference
 from hmt.adapt.guard import GuardDecision, GuardPolicy, decide
 from hmt.errors import ArtifactError, UsageError
 
@@ -33,20 +37,19 @@ class AdaptEvent:
 
 
 class OnlineBnAdapter:
-    def __init__(self, bn_path: Path | str, *, reference: DriftReference | None = None, window: int = 256,
-                 enter: float = 0.5, leave: float = 0.35, adapt_after: int = 256, refresh_every: int = 1024,
-                 min_batch: int = 32, guard: GuardPolicy = GuardPolicy(),
-                 canary: tuple[np.ndarray, np.ndarray] | None = None, threads: int = 1) -> None:
+    def __init__(self, bn_path: Path | str | BnSource, *, reference: DriftReference | None = None,
+                 window: int = 256, enter: float = 0.5, leave: float = 0.35, adapt_after: int = 256,
+                 refresh_every: int = 1024, min_batch: int = 32, guard: GuardPolicy = GuardPolicy(),
+                 canary: tuple[np.ndarray, np.ndarray] | None = None, threads: int = 1,
+                 monitor: DriftMonitor | None = None) -> None:
         self.reestimator = BnReestimator(bn_path, threads=threads)
-        spec_reference = self.reestimator.artifact.read_json("bn.json").get("drift_reference")
-        if reference is None:
-            if spec_reference is None:
-                raise ArtifactError(f"{bn_path}: has no drift reference; pass one (DriftReference.from_inputs "
-                                    "on source inputs)")
-            reference = DriftReference.from_json_dict(spec_reference)
         if min_batch < 2 or adapt_after < min_batch:
             raise UsageError(f"need 2 <= min_batch <= adapt_after, got {min_batch}, {adapt_after}")
-        self.monitor = DriftMonitor(reference, window=window, enter=enter, leave=leave)
+        if monitor is None:
+            if reference is None:
+                reference = drift_reference_of(self.reestimator.spec, str(bn_path))
+            monitor = DriftMonitor(reference, window=window, enter=enter, leave=leave)
+        self.monitor = monitor
         self.adapt_after = adapt_after
         self.refresh_every = refresh_every
         self.min_batch = min_batch
@@ -80,16 +83,23 @@ class OnlineBnAdapter:
             return AdaptEvent("adapted", self.monitor.seen, decision.reason, decision)
         return AdaptEvent("refused", self.monitor.seen, decision.reason, decision)
 
+    def reset(self) -> None:
+        """Back to the shipped statistics: forget every drifted input."""
+        self.reestimator.reset()
+        self.active = None
+        self._pending, self._recent = [], []
+        self._drifted_seen = 0
+        self._next_build = self.adapt_after
+
     def observe(self, x: np.ndarray) -> list[AdaptEvent]:
         """One batch of model inputs (as the model takes them); returns what changed."""
+        return self.apply(x, self.monitor.update(x))
+
+    def apply(self, x: np.ndarray, change: DriftEvent | None) -> list[AdaptEvent]:
+        """``x`` after the monitor has seen it (``change``: what its update returned)."""
         events: list[AdaptEvent] = []
-        change = self.monitor.update(x)
         if change is not None and change.kind == "drift-end":
-            self.reestimator.reset()
-            self.active = None
-            self._pending, self._recent = [], []
-            self._drifted_seen = 0
-            self._next_build = self.adapt_after
+            self.reset()
             return [AdaptEvent("reset", change.seen, f"drift passed (score {change.score:.2f})")]
         if change is not None:
             events.append(AdaptEvent("drift-start", change.seen,
@@ -104,3 +114,15 @@ class OnlineBnAdapter:
             events.append(self._build())
             self._next_build = self._drifted_seen + self.refresh_every
         return events
+
+
+def drift_reference_of(spec: dict[str, object], where: str) -> DriftReference:
+    """The drift reference ``bn.json`` carries (input statistics of the source data)."""
+    data = spec.get("drift_reference")
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{where}: has no drift reference; pass one (DriftReference.from_inputs on source "
+                            "inputs)")
+    try:
+        return DriftReference.from_json_dict(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"{where}: malformed drift_reference ({exc})") from exc

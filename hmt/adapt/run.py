@@ -101,14 +101,21 @@ def balanced_split(labels: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarr
 def adapt_once(model: nn.Module, stream: list[torch.Tensor], options: AdaptOptions) \
         -> tuple[nn.Module, float, np.ndarray | None]:
     """(adapted eval-mode variant, ms per batch, TENT's online logits or None)."""
+    def sync() -> None:  # CUDA runs asynchronously: time what the device did, not what was queued
+        if stream[0].device.type == "cuda":
+            torch.cuda.synchronize(stream[0].device)
+
+    sync()
     start = time.perf_counter()
     if options.method == "bn":
         variant = copy.deepcopy(model)
         recalibrate_bn(variant, stream)
         variant.eval()
+        sync()
         return variant, (time.perf_counter() - start) * 1e3 / len(stream), None
     adapter = TentAdapter(model, options.tent)
     online = [adapter.step(b).logits.cpu().numpy() for b in stream]
+    sync()
     elapsed = time.perf_counter() - start
     variant = adapter.adapted_variant(stream)
     adapter.close()

@@ -73,6 +73,10 @@ class DeployOptions:
     energy: float | None = None
     archive: bool = True
     sign_key: Path | None = None  # ed25519 private key (PEM): sign the manifest
+    # BN-adaptable graphs per fp32 variant for serve --adapt (hmt.deploy.adaptable); the
+    # supernet is the front's unless given.
+    adaptable: bool = False
+    supernet: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -321,6 +325,7 @@ def deploy_bundle(
         "engines": list(options.engines),
         "strict": options.strict,
         "budgets": {"latency_ms": options.latency_ms, "memory_mb": options.memory_mb, "energy": options.energy},
+        "adaptable": options.adaptable,
         "toolchain": {"hmt": __version__, "tvm_target": target.tvm_target,
                       "compiler": _compiler_version(target) if "tvm" in options.engines else None},
     }
@@ -354,6 +359,15 @@ def deploy_bundle(
                          "CPU provider runs with integer kernels and TensorRT reads as explicit quantisation; fp16: "
                          "for GPU providers); their accuracy was measured on held-out images by pareto and convert")
         progress("compile", total, total, None)
+        if options.adaptable:
+            from hmt.deploy.adaptable import add_adaptable
+
+            progress("adaptable", 0, len(bundled), None)
+            bundled, adapt_notes = add_adaptable(writer, bundled, front.doc, options.supernet)
+            notes.extend(adapt_notes)
+            notes.append("variants with extra.adaptable carry BN-adaptable graphs (variants/<arch_id>/adapt): "
+                         "hmt serve --adapt re-estimates their BN statistics on recent inputs without torch")
+            progress("adaptable", len(bundled), len(bundled), None)
         preprocess, class_names, meta_note = _input_meta(front.doc)
         if meta_note is not None:
             notes.append(meta_note)

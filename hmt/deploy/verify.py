@@ -17,7 +17,9 @@ Checks, in order; the first four raise at the first problem, naming the file:
 
 5. runs: every ``.onnx`` loads in ONNX Runtime (portable, so on any host), every ``.so``
    loads in the TVM runtime where the target's architecture is this host's, and one
-   seeded input goes through each variant's chain (TVM checked against ONNX Runtime).
+   seeded input goes through each variant's chain (TVM checked against ONNX Runtime);
+   a variant with BN-adaptable graphs (``deploy --adaptable``) must answer the same input
+   through them, with its shipped statistics, as its fused chain does.
    Failures here are collected and raised together as a VerificationError.
 """
 
@@ -158,6 +160,14 @@ def _check_runs(bundle: Bundle, target: str, report: VerifyReport, seed: int) ->
             report.add(f"{name} [onnxruntime]", "failed", f"exit(s) {bad} give non-finite logits or a wrong shape")
             continue
         report.add(f"{name} [onnxruntime]", "ok", f"{len(reference)} exit(s), seeded input (seed {seed})")
+        if variant.extra.get("adaptable") is not None:
+            from hmt.deploy.adaptable import check_adaptable
+
+            try:
+                ok, detail = check_adaptable(bundle, variant, x, reference)
+            except Exception as exc:  # noqa: BLE001 - any load or runtime failure is a verification result
+                ok, detail = False, f"{type(exc).__name__}: {exc}"
+            report.add(f"adaptable {variant.arch_id}", "ok" if ok else "failed", detail)
         if "tvm" not in variant.engines:
             continue
         if not same_arch:

@@ -111,6 +111,7 @@ class Controller:
         loader: Loader | None = None,
         warmup_runs: int = 3,
         providers: Sequence[str] | None = None,
+        adapt: Any = None,
     ) -> None:
         self.bundle = bundle
         # None: the providers the bundle's target lists (hmt.deploy.targets), CPU for older bundles.
@@ -132,6 +133,7 @@ class Controller:
                                           self.settings.estimates, smoothing=c.smoothing, r_min=c.r_min,
                                           r_max=c.r_max)
         self._energy0 = [v.energy_mj for v in table]
+        self._known_ids = frozenset(v.arch_id for v in table)  # the pool may also hold serve --adapt's variant
         self._fixed_index = [v.arch_id for v in table].index(fixed_variant) if fixed_variant is not None else -1
         self._last_inputs: tuple[list[float], list[float], float, float] = ([], [], 1.0, 1.0)
         self.forecaster = LoadForecaster(order=2, window=60)
@@ -164,6 +166,13 @@ class Controller:
         self._last_input: np.ndarray | None = None
         self._shadow_next = 0
         self._load_now = 0.0  # outside load index of the last tick (shadow runs wait for idle)
+        # serve --adapt (hmt.serve.adapt.AdaptSettings, canary): BN re-estimation off the request path.
+        self.adapt: Any = None
+        if adapt is not None:
+            from hmt.serve.adapt import AdaptService
+
+            settings_, canary = adapt
+            self.adapt = AdaptService(bundle, self.pool, lambda: self.active_arch_id, settings_, canary, clock=clock)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -195,10 +204,14 @@ class Controller:
             self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name="hmt-serve-controller", daemon=True)
             self._thread.start()
+            if self.adapt is not None:
+                self.adapt.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
         self._wake.set()
+        if self.adapt is not None:
+            self.adapt.stop(timeout_s)
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(timeout_s)
@@ -250,7 +263,8 @@ class Controller:
             return []
         active = self.active_arch_id
         now = self.now_s()
-        return [a for a in self.pool.loaded_ids() if a != active and self.estimator.stale(a, now)]
+        known = self._known_ids
+        return [a for a in self.pool.loaded_ids() if a != active and a in known and self.estimator.stale(a, now)]
 
     def _shadow_wanted(self) -> bool:
         estimates = self.settings.estimates
@@ -392,7 +406,8 @@ class Controller:
         self.last_decision = decision
         error = self._apply(result)
         active = self._active.arch_id if self._active is not None else result.active_arch_id
-        self.pool.trim(self._capacity_bytes(), keep={active})
+        adopted = self.adapt.adopted_arch_id if self.adapt is not None else None
+        self.pool.trim(self._capacity_bytes(), keep={active} if adopted is None else {active, adopted})
         if error is not None:
             self.last_error = error
         elif result.switched or trigger == TRIGGER_INITIAL:
@@ -465,9 +480,11 @@ class Controller:
 
     def predict(self, x: np.ndarray, queued_ms: float = 0.0) -> Prediction:
         """Answer one input (already validated to the bundle's input spec) with the active variant."""
-        runner = self._active
-        if runner is None or not runner.warm:
+        base = self._active
+        if base is None or not base.warm:
             raise DeviceError("no variant is loaded and warm yet")
+        # serve --adapt: the adapted variant of the active one, when the guard adopted it.
+        runner = base if self.adapt is None else self.adapt.runner_for(base)
         early = self.settings.early_exit
         self._inflight += 1
         try:
@@ -475,13 +492,16 @@ class Controller:
         finally:
             self._inflight -= 1
         self._last_input = x
+        if self.adapt is not None:
+            self.adapt.offer(x)  # a non-blocking put: adaptation runs on its own thread
         latency_ms = queued_ms + result.compute_ms
         budget_ms = self.budgets.latency_ms
         miss = budget_ms is not None and latency_ms > budget_ms
         predicted_ms = runner.variant.latency_ms * self._load_scale * result.predicted_share
         now_s = self.now_s()
         with self._state_lock:
-            self.estimator.observe(runner.arch_id, result.compute_ms, predicted_ms, now_s)
+            # The estimates are per bundled variant: an adapted one's time counts for its base.
+            self.estimator.observe(base.arch_id, result.compute_ms, predicted_ms, now_s)
             self._queue_waits.append(max(0.0, queued_ms))
             stats = self.stats
             stats.requests += 1
@@ -563,5 +583,6 @@ class Controller:
                                                      "p95": float(np.percentile(lat, 95))},
             "decision_us_p50": None if dec is None else float(np.median(dec)),
             "last_error": self.last_error,
+            "adapt": None if self.adapt is None else self.adapt.status(),
             "last_decisions": [t.to_json_dict() for t in ticks[-last:]],
         }

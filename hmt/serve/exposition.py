@@ -80,7 +80,32 @@ def prometheus_text(controller: Controller, http_counts: Mapping[tuple[str, int]
     _metric(lines, "hmt_queue_depth", "gauge", "Requests admitted (queued or running).", [({}, queue_depth)])
     _metric(lines, "hmt_queue_limit", "gauge", "Admission limit; beyond it requests get 429.", [({}, max_queue)])
     _loop_metrics(lines, status)
+    if status.get("adapt"):
+        _adapt_metrics(lines, status["adapt"])
     return "\n".join(lines) + "\n"
+
+
+def _adapt_metrics(lines: list[str], adapt: Mapping[str, Any]) -> None:
+    """serve --adapt (hmt.serve.adapt): drift, the adapted variant, the guard and the worker's cost."""
+    _metric(lines, "hmt_adapt_drifting", "gauge", "1 while the input statistics drift from the source data.",
+            [({}, float(bool(adapt["drifting"])))])
+    _metric(lines, "hmt_adapt_drift_score", "gauge", "Largest standardised distance of recent input statistics "
+            "from the source data's.", [({}, adapt["drift_score"])])
+    serving = adapt.get("serving_adapted")
+    _metric(lines, "hmt_adapt_serving", "gauge", "1 while a BN-adapted variant answers requests.",
+            [({"variant": serving or ""}, float(serving is not None))])
+    _metric(lines, "hmt_adapt_events_total", "counter", "Adaptation events: inputs offered/dropped/observed, "
+            "drift starts, adapted variants adopted/refused by the guard, resets, evictions, errors.",
+            [({"event": k}, v) for k, v in sorted(adapt["counts"].items())])
+    _metric(lines, "hmt_adapt_queue_depth", "gauge", "Inputs waiting for the adaptation worker.",
+            [({}, adapt["queue"]["depth"])])
+    _metric(lines, "hmt_adapt_worker_seconds_total", "counter", "CPU-side time the adaptation worker spent.",
+            [({}, adapt["worker"]["busy_s"])])
+    decision = adapt.get("last_decision") or {}
+    for key in ("entropy_before", "entropy_after", "canary_accuracy_before", "canary_accuracy_after"):
+        if decision.get(key) is not None:
+            _metric(lines, f"hmt_adapt_guard_{key}", "gauge", f"The guard's last decision: {key.replace('_', ' ')}.",
+                    [({"accepted": str(bool(decision.get("accepted"))).lower()}, decision[key])])
 
 
 def _loop_metrics(lines: list[str], status: Mapping[str, Any]) -> None:

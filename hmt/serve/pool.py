@@ -93,6 +93,20 @@ class VariantPool:
             self._loaded[arch_id] = runner
             return runner
 
+    def add(self, arch_id: str, runner: Runner) -> None:
+        """Register a runner built elsewhere (serve --adapt's adapted variant) as loaded; it
+        counts against the memory budget and ``trim`` may unload it like any other."""
+        with self._load_lock:
+            # A replaced runner is not closed: a request may still hold it; it goes with the last reference.
+            self._loaded.pop(arch_id, None)
+            self._loaded[arch_id] = runner
+            self.load_count += 1
+
+    def remove(self, arch_id: str) -> None:
+        """Unload ``arch_id`` now (a request holding it finishes with it)."""
+        with self._load_lock:
+            self._loaded.pop(arch_id, None)
+
     def preload(self, order: Iterable[str], capacity_bytes: int | None) -> list[str]:
         """Load variants in ``order`` while the total stays within ``capacity_bytes``; failures are skipped."""
         done: list[str] = []

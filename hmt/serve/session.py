@@ -60,6 +60,9 @@ class SessionOptions:
     trusted_key: Path | None = None
     # ORT execution providers in order (serve --providers); None: the bundle target's list.
     providers: tuple[str, ...] | None = None
+    # serve --adapt (hmt.serve.adapt.AdaptSettings) and its optional labelled canary set.
+    adapt: Any = None
+    canary: Path | None = None
 
     def __post_init__(self) -> None:
         if self.engine is not None and self.engine not in ENGINE_CHOICES:
@@ -94,6 +97,11 @@ def open_controller(bundle_path: Path | str, options: SessionOptions, **kwargs: 
     # The same structural checks as deploy --verify (no extra files, no symlinks, ELF machine, signature).
     bundle = load_checked_bundle(bundle_path, trusted_key=options.trusted_key)
     settings = settings_for(bundle, options)
+    if options.adapt is not None:
+        from hmt.serve.adapt import load_canary
+
+        canary = load_canary(Path(options.canary), bundle) if options.canary is not None else None
+        kwargs["adapt"] = (options.adapt, canary)
     return Controller(bundle, settings, engine=settings.engine, threads=options.threads,
                       fixed_variant=options.fixed_variant, providers=options.providers, **kwargs)
 

@@ -59,6 +59,11 @@ def test_shift_set_round_trip_and_tamper_detection(tmp_path: Path) -> None:
     write_shift_set(tmp_path / "d", x, y, corruptions=["gaussian_noise"], severities=[5], seed=7, source={})
     np.testing.assert_array_equal(load_shift_set(tmp_path / "d").sets["gaussian_noise-s5"],
                                   loaded.sets["gaussian_noise-s5"])
+    # Made by parallel processes: the same bytes.
+    write_shift_set(tmp_path / "e", x, y, corruptions=["contrast", "gaussian_noise"], severities=[5], seed=7,
+                    source={}, workers=2)
+    for name in names:
+        np.testing.assert_array_equal(load_shift_set(tmp_path / "e").sets[name], loaded.sets[name])
     with pytest.raises(UsageError, match="holds no set"):
         load_shift_set(tmp_path / "c", names=["fog-s5"])
     path = tmp_path / "c" / "contrast-s5.npy"

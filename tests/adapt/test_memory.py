@@ -136,3 +136,24 @@ def test_budget_below_what_recomputation_can_reach_is_refused() -> None:
     configure_for_tent(model)
     with pytest.raises(BudgetError, match="budget"):
         plan_checkpoints(as_chain(model), x, 1024, compress=True, exclude=list(model.parameters()))
+
+
+def test_saved_activations_are_released_with_the_graph_and_metered() -> None:
+    import gc
+    import weakref
+
+    from hmt.adapt.memory import Int8SavedTensors, SavedTensorMeter
+
+    x = torch.randn(8, 16, 16, 16, requires_grad=True)
+    for compress in (False, True):
+        meter = SavedTensorMeter()
+        with Int8SavedTensors([], compress=compress, meter=meter):
+            y = torch.relu(x * 2.0)  # ReLU saves its own output: the case that made a cycle
+        alive = weakref.ref(y)
+        assert meter.live_bytes > 0
+        y.sum().backward()
+        del y
+        gc.collect()
+        assert alive() is None and meter.live_bytes == 0, compress
+        # 8-bit keeps a quarter of the bytes (plus per-channel scale and offset).
+        assert meter.peak_bytes <= (0.3 if compress else 1.0) * 2 * x.numel() * 4

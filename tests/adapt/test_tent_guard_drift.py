@@ -103,3 +103,20 @@ def test_drift_starts_on_shifted_inputs_and_ends_when_they_pass() -> None:
     assert input_features(source).shape == (512, 9)
     with pytest.raises(UsageError):
         DriftMonitor(reference, enter=0.2, leave=0.4)
+
+
+def test_recalibrate_re_estimates_the_original_networks_statistics_too() -> None:
+    # The supernet's calibration keeps layers marked hmt_keep_statistics; test-time adaptation must not.
+    from torch import nn
+
+    from hmt.adapt.tent import recalibrate_bn
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Dropout(0.5))
+    model[1].hmt_keep_statistics = True
+    model.eval()
+    x = torch.randn(32, 3, 8, 8) * 3 + 2
+    recalibrate_bn(model, [x])
+    with torch.no_grad():
+        h = model[0](x)
+    torch.testing.assert_close(model[1].running_mean, h.mean(dim=(0, 2, 3)))
+    assert not model.training

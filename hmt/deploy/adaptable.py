@@ -1,0 +1,133 @@
+"""``deploy --adaptable``: put BN-adaptable graphs beside each variant's fused chain.
+
+The fused graphs a bundle serves have their batch norms folded into the convolutions, so
+the device cannot re-estimate BN statistics from them. With ``--adaptable`` deploy
+materialises each fp32 variant from the supernet the pareto front names and writes, under
+``variants/<arch_id>/adapt/``, what :mod:`hmt.adapt.bn_export` makes: ``bn.json`` (each
+BN layer's byte offsets, affine parameters, shipped statistics, and the drift reference:
+input statistics of the supernet's calibration set) and, per graph of the chain,
+``<graph>.stats.onnx`` (batch statistics as outputs) and ``<graph>.infer.onnx`` (BN as a
+patchable scale/shift). They are files of the bundle like any other: listed with their
+sha256 in its manifest, recorded in ``bundle.json`` (``extra.adaptable`` of the variant),
+and checked by ``deploy --verify`` (the inference graphs with the shipped statistics must
+answer as the fused chain does). ``hmt serve --adapt`` re-estimates from them without torch.
+
+Quantised variants (int8/fp16) are not made adaptable: their graphs are not the float
+network the statistics belong to; the bundle says so in its notes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hmt.artifacts import ArtifactWriter
+from hmt.errors import HmtError, ModelError, UsageError
+
+ADAPT_DIR = "adapt"
+ADAPT_METHOD = "bn-reestimation"
+# The inference graphs keep BN as Mul/Add that ORT folds at load time; the fused chain had it
+# folded by the exporter. The two differ by float rounding only (measured ~1e-5 on logits).
+ATOL = 1e-3
+
+
+def adapt_folder(variant_folder: str) -> str:
+    return f"{variant_folder}/{ADAPT_DIR}"
+
+
+def supernet_of(front_doc: Mapping[str, Any], override: Path | None) -> Any:
+    """The loaded supernet the front's variants come from (``--supernet`` or the front's record)."""
+    from hmt.supernet import load_supernet
+
+    record = front_doc.get("supernet") or {}
+    path = override if override is not None else record.get("path")
+    if not path:
+        raise UsageError("--adaptable needs the supernet the variants come from: the pareto front records none; "
+                         "pass --supernet PATH")
+    loaded = load_supernet(path)
+    if override is None and record.get("manifest_sha256") not in (None, loaded.artifact.manifest_sha256):
+        raise UsageError(f"--adaptable: supernet {path} was rebuilt after the pareto search; pass --supernet PATH "
+                         "to use it anyway")
+    return loaded
+
+
+def write_adaptable(writer: ArtifactWriter, folder: str, model: Any, example: Any, calibration: Any,
+                    *, expected_segments: int) -> dict[str, Any]:
+    """Export ``model`` (an eval-mode torch variant with ``segments`` and ``exit_heads``) into
+    ``folder/adapt`` of the artifact being written; returns the ``extra.adaptable`` record."""
+    from hmt.adapt.bn_export import BN_SPEC_NAME, export_bn_adaptable
+
+    segments = getattr(model, "segments", None)
+    if segments is None or len(segments) != expected_segments:
+        raise ModelError(f"{folder}: the materialised variant has {0 if segments is None else len(segments)} "
+                         f"segments, the fused chain {expected_segments}; cannot make it adaptable")
+    target = adapt_folder(folder)
+    with tempfile.TemporaryDirectory(prefix="hmt-adaptable-") as tmp:
+        spec = export_bn_adaptable(model, example, Path(tmp) / "bn", source_inputs=calibration)
+        files = [BN_SPEC_NAME, *[g[k] for g in spec["graphs"] for k in ("stats", "infer")]]
+        for name in files:
+            shutil.copyfile(Path(tmp) / "bn" / name, writer.path(f"{target}/{name}"))
+    size_bytes = sum(writer.path(f"{target}/{name}").stat().st_size for name in files)
+    return {"dir": target, "method": ADAPT_METHOD, "bn_layers": sum(len(g["layers"]) for g in spec["graphs"]),
+            "graphs": len(spec["graphs"]), "size_bytes": size_bytes,
+            "drift_reference": "drift_reference" in spec}
+
+
+def add_adaptable(writer: ArtifactWriter, bundled: list[Any], front_doc: Mapping[str, Any],
+                  supernet: Path | None) -> tuple[list[Any], list[str]]:
+    """Adaptable graphs for every fp32 variant of ``bundled`` (BundleVariant); the variants with
+    ``extra.adaptable`` set, and notes for those left out."""
+    import dataclasses
+
+    import torch
+
+    from hmt.bundle import variant_dir
+
+    loaded = supernet_of(front_doc, supernet)
+    calibration = torch.cat(loaded.calibration_batches())
+    example = calibration[:2]
+    out, notes = [], []
+    for variant in bundled:
+        precision = str(variant.extra.get("precision", "fp32"))
+        if precision != "fp32":
+            notes.append(f"variant {variant.arch_id}: {precision}, not made adaptable (BN re-estimation needs "
+                         "the float graphs)")
+            out.append(variant)
+            continue
+        try:
+            model = loaded.materialize(loaded.space.parse(variant.arch_id)).eval()
+        except HmtError as exc:
+            raise ModelError(f"--adaptable: variant {variant.arch_id} is not a variant of supernet "
+                             f"{loaded.artifact.root}: {exc}") from exc
+        record = write_adaptable(writer, variant_dir(variant.arch_id), model, example, calibration,
+                                 expected_segments=len(variant.segments))
+        out.append(dataclasses.replace(variant, extra={**variant.extra, "adaptable": record}))
+    return out, notes
+
+
+def check_adaptable(bundle: Any, variant: Any, x: np.ndarray, reference: list[np.ndarray]) -> tuple[bool, str]:
+    """The adaptable graphs with the shipped statistics against the fused chain's exit logits
+    ``reference`` on the same input: (ok, detail). Torch-free (numpy and ONNX Runtime)."""
+    from hmt.adapt.bn_runtime import BnReestimator, bn_source_in
+
+    record = variant.extra.get("adaptable")
+    source = bn_source_in(bundle.artifact, str(record["dir"]))
+    chain = BnReestimator(source).shipped()
+    logits = chain.run(x)
+    if len(logits) != len(reference):
+        return False, f"{len(logits)} exits in the adaptable graphs, {len(reference)} in the fused chain"
+    errors = [float(np.max(np.abs(a - b))) for a, b in zip(logits, reference, strict=True)]
+    ok = all(np.allclose(a, b, atol=ATOL, rtol=ATOL) for a, b in zip(logits, reference, strict=True))
+    return ok, (f"{source.where}: max |adaptable - fused| {max(errors):.2e} over {len(errors)} exit(s) "
+                f"(atol {ATOL}); {sum(len(g.layers) for g in source.graphs)} BN layers")
+
+
+def adaptable_record(variant: Any) -> dict[str, Any] | None:
+    record = variant.extra.get("adaptable")
+    return record if isinstance(record, dict) and isinstance(record.get("dir"), str) else None
+
