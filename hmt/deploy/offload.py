@@ -93,7 +93,10 @@ def write_offload_bundles(bundle_path: Path | str, device_out: Path | str, peer_
     worst = max((c.max_rel_error for c in all_cuts), default=0.0)
     metrics: dict[str, Any] = {"cuts": len(all_cuts), "inner_cuts": sum(c.kind == "inner" for c in all_cuts),
                                "max_rel_error": worst}
-    config = {"offload": True, "seed": seed, "max_inner_per_segment": max_inner_per_segment}
+    # The source's config too: serve checks the manifest's target against bundle.json's (a split
+    # without it was refused: "target 'x86-64', but manifest.json says None").
+    config = dict(bundle.artifact.manifest.config) | {"offload": True, "seed": seed,
+                                                      "max_inner_per_segment": max_inner_per_segment}
     for out, role, parts in ((device_out, "device", heads | tails), (peer_out, "peer", tails)):
         with ArtifactWriter(out, kind=BUNDLE_KIND, config=config | {"role": role},
                             parents=[bundle.artifact]) as writer:
