@@ -116,7 +116,8 @@ def _codec_ms(shape: tuple[int, ...], rng: np.random.Generator) -> dict[str, flo
 class OffloadDevice:
     def __init__(self, bundle: Bundle, plan: OffloadPlan, client: PeerClient, options: DeviceOptions, *,
                  planner_config: PlannerConfig | None = None, rng: np.random.Generator,
-                 clock: Callable[[], float] = time.monotonic, threads: int = 1, warmup_runs: int = 5) -> None:
+                 clock: Callable[[], float] = time.monotonic, threads: int | None = 1, warmup_runs: int = 5,
+                 engine: str = "auto") -> None:
         self.bundle = bundle
         self.client = client
         self.options = options
@@ -130,7 +131,7 @@ class OffloadDevice:
         for variant in bundle.spec.variants:
             if options.fixed_variant is not None and variant.arch_id != options.fixed_variant:
                 continue
-            chain = SplitChain(bundle, variant, plan.for_variant(variant.arch_id), threads)
+            chain = SplitChain(bundle, variant, plan.for_variant(variant.arch_id), threads, engine)
             chain.warm_up(x, warmup_runs)
             self.chains[variant.arch_id] = chain
         if not self.chains:
