@@ -33,12 +33,12 @@ def measure(bundle: Path) -> dict[str, float]:
 
     before = proc.memory_info().rss
     wrapped = open_device(bundle, SessionOptions(), PeerLink("http://127.0.0.1:9"), deadline_ms=100.0)
-    wrapped._controller.start(background=False)  # noqa: SLF001 - the controller's preload, no loop thread
+    wrapped._controller.start(background=False)  # the preload, without the loop thread
     gc.collect()
     after = proc.memory_info().rss
     sessions = sum(isinstance(o, onnxruntime.InferenceSession) for o in gc.get_objects())
     return {"rss_mb_before": before / 2**20, "rss_mb_after": after / 2**20, "rss_mb_added": (after - before) / 2**20,
-            "ort_sessions": sessions, "pool_loaded": len(wrapped._controller.pool.loaded_ids()),  # noqa: SLF001
+            "ort_sessions": sessions, "pool_loaded": len(wrapped._controller.pool.loaded_ids()),
             "device_chains": len(wrapped.device.chains)}
 
 
