@@ -10,8 +10,10 @@ Both outputs are ordinary bundles (``hmt serve`` verifies them the same way) wit
 same ``bundle.json`` plus ``offload.json`` (:mod:`hmt.offload.plan`). The device bundle
 keeps every segment and adds the inner heads *and* tails, because the device must be
 able to finish any request alone when the peer is gone; the peer bundle adds only the
-tails. The peer runs its graphs with ONNX Runtime (the TVM libraries in the bundle are
-compiled for the device's target, which need not be the peer's).
+tails. Both carry the source's TVM libraries, compiled for the device's target: a peer of
+the same machine runs them where fuse chose TVM, any other peer runs ONNX Runtime
+(:func:`hmt.offload.parts.chain_engine`); compiling the tails for a different peer target
+is not done here.
 """
 
 from __future__ import annotations
