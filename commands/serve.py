@@ -215,7 +215,8 @@ def serve_command(
                 raise UsageError("--scenario is not combined with --role peer / --peer; see scripts/bench_offload.py")
             if role is RoleChoice.peer:
                 run_peer(output, bundle, host=host, port=port, token=token, workers=workers, max_queue=max_queue,
-                         deadline_ms=deadline_ms, threads=threads, ssl_certfile=ssl_certfile,
+                         deadline_ms=deadline_ms, threads=threads, engine=None if engine is None else engine.value,
+                         ssl_certfile=ssl_certfile,
                          ssl_keyfile=ssl_keyfile, debug=debug)
                 return
         if canary is not None and not adapt:

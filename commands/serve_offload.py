@@ -11,7 +11,7 @@ from commands._output import Output
 
 def run_peer(output: Output, bundle: Path, *, host: str, port: int, token: str | None, workers: int,
              max_queue: int, deadline_ms: float,
-             threads: int | None, ssl_certfile: Path | None, ssl_keyfile: Path | None,
+             threads: int | None, engine: str | None, ssl_certfile: Path | None, ssl_keyfile: Path | None,
              debug: bool) -> None:
     from hmt.errors import UsageError
     from hmt.offload.peer import PeerOptions
@@ -25,7 +25,11 @@ def run_peer(output: Output, bundle: Path, *, host: str, port: int, token: str |
                           deadline_ms=deadline_ms)
     output.note(f"loading and warming the tails of {bundle} ...")
     # The peer's tails have no fuse choice of their own: one thread each unless told otherwise.
-    service = open_peer(bundle, options, threads=max(1, threads or 1))
+    # Engine: the runtime layer's choice per variant (auto: fuse's, where its libraries run here).
+    service = open_peer(bundle, options, threads=max(1, threads or 1), engine=engine or "auto")
+    engines = sorted({f"{ch.engine}" for ch in service.chains.values()})
+    output.note(f"peer engines: {', '.join(engines)}" + "".join(f"; {a}: {n}" for a, ch in service.chains.items()
+                                                                 for n in ch.notes if "not fuse's" in n))
     serve_peer(service, host, port, tls=tls, log_level="info" if debug else "warning",
                on_listening=lambda url: output.note(f"peer serving {bundle} on {url} (POST /v1/segment; "
                                                     "SIGTERM drains and stops)"))

@@ -120,7 +120,8 @@ def run_device(args: argparse.Namespace) -> None:
             timeline.append([round(start - t0, 3), phase_of(start - t0, args.phase_s),
                              choice.get("option"), round(choice.get("predicted_ms") or 0.0, 3),
                              round(s["link"]["rtt_ms"], 3), round(min(1e4, s["link"]["bandwidth_mbit_s"]), 3),
-                             s["breaker"]["state"], round(s["device_ratio"], 3), round(s["peer_ratio"], 3)])
+                             s["breaker"]["state"], round(s["device_ratio"], 3), round(s["peer_ratio"], 3),
+                             round(s["exchange_ms"], 3), round(s["remote_factor"], 3)])
             next_status = start + 0.25
         i += 1
     device.stop()
@@ -132,7 +133,7 @@ def run_device(args: argparse.Namespace) -> None:
     with open(out / "timeline.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["t_s", "phase", "option", "predicted_ms", "rtt_ms", "bandwidth_mbit_s", "breaker",
-                         "device_ratio", "peer_ratio"])
+                         "device_ratio", "peer_ratio", "exchange_ms", "remote_factor"])
         writer.writerows(timeline)
 
 

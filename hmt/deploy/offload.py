@@ -10,8 +10,10 @@ Both outputs are ordinary bundles (``hmt serve`` verifies them the same way) wit
 same ``bundle.json`` plus ``offload.json`` (:mod:`hmt.offload.plan`). The device bundle
 keeps every segment and adds the inner heads *and* tails, because the device must be
 able to finish any request alone when the peer is gone; the peer bundle adds only the
-tails. The peer runs its graphs with ONNX Runtime (the TVM libraries in the bundle are
-compiled for the device's target, which need not be the peer's).
+tails. Both carry the source's TVM libraries, compiled for the device's target: a peer of
+the same machine runs them where fuse chose TVM, any other peer runs ONNX Runtime
+(:func:`hmt.offload.parts.chain_engine`); compiling the tails for a different peer target
+is not done here.
 """
 
 from __future__ import annotations
@@ -93,7 +95,10 @@ def write_offload_bundles(bundle_path: Path | str, device_out: Path | str, peer_
     worst = max((c.max_rel_error for c in all_cuts), default=0.0)
     metrics: dict[str, Any] = {"cuts": len(all_cuts), "inner_cuts": sum(c.kind == "inner" for c in all_cuts),
                                "max_rel_error": worst}
-    config = {"offload": True, "seed": seed, "max_inner_per_segment": max_inner_per_segment}
+    # The source's config too: serve checks the manifest's target against bundle.json's (a split
+    # without it was refused: "target 'x86-64', but manifest.json says None").
+    config = dict(bundle.artifact.manifest.config) | {"offload": True, "seed": seed,
+                                                      "max_inner_per_segment": max_inner_per_segment}
     for out, role, parts in ((device_out, "device", heads | tails), (peer_out, "peer", tails)):
         with ArtifactWriter(out, kind=BUNDLE_KIND, config=config | {"role": role},
                             parents=[bundle.artifact]) as writer:

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from hmt.errors import UsageError
 from hmt.offload.peer import CONFIDENCE_HEADER, DEADLINE_HEADER
+from hmt.offload.timing import NO_SHARE, DeviceShare, thread_times_ms
 
 _MAX_REPLY_BYTES = 1 << 16
 _POOL = 8
@@ -39,6 +40,9 @@ class PeerFailure(Exception):
 class Reply:
     body: dict[str, Any]
     elapsed_ms: float
+    # The calling thread's own part of ``elapsed_ms`` (its CPU, and its wait for the core where
+    # the system counts it): device time, not link time (:mod:`hmt.offload.timing`).
+    device: DeviceShare = NO_SHARE
 
 
 class PeerClient:
@@ -87,6 +91,7 @@ class PeerClient:
              limit_ms: float) -> Reply:
         """One request; :class:`PeerFailure` unless a 2xx JSON answer arrives within ``limit_ms``."""
         start = time.perf_counter()
+        before = thread_times_ms()
         deadline = start + max(0.0, limit_ms) / 1e3
         if limit_ms <= 0:
             raise PeerFailure("no_time", "no share of the deadline left for the peer")
@@ -118,6 +123,7 @@ class PeerClient:
             conn.close()
             raise PeerFailure("broken", f"{type(exc).__name__}: {exc}") from exc
         elapsed_ms = (time.perf_counter() - start) * 1e3
+        device = DeviceShare.between(before, thread_times_ms())
         if response.will_close:
             conn.close()
         else:
@@ -132,7 +138,7 @@ class PeerClient:
             raise PeerFailure("bad_reply", "answer is not JSON") from exc
         if not isinstance(doc, dict):
             raise PeerFailure("bad_reply", "answer is not a JSON object")
-        return Reply(doc, elapsed_ms)
+        return Reply(doc, elapsed_ms, device)
 
     def segment(self, arch_id: str, cut: int, body: bytes, codec_headers: dict[str, str], *,
                 confidence: float | None, limit_ms: float) -> Reply:

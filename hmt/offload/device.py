@@ -17,8 +17,14 @@ all of a variant, or any head, or any tail as a fallback), a :class:`PeerClient`
 A prober thread keeps the estimates alive: while the breaker is open it retries the peer
 at the breaker's backoff; when the link has been idle it sends a status request (RTT,
 peer load, the peer's tail times) and a small upload (bytes over time). While requests
-go to the peer, the device's own slowdown is re-measured with one local run every
+go to the peer, the device's own slowdown is re-measured with local runs every
 ``local_refresh_s`` so that a device that got faster again is noticed.
+
+Accounting (:mod:`hmt.offload.timing`): every exchange with the peer is split into the
+device's own time (its thread's CPU and wait for its core), the peer's (``server_ms`` in its
+answer) and the rest, which alone feeds the link estimate. The device's slowdown scales
+its compute (local variants, heads, encoding); its exchange time is planned at its own
+recent tail; the peer's part scales with the peer's reported slowdown and queue.
 """
 
 from __future__ import annotations
@@ -36,12 +42,13 @@ import numpy as np
 from hmt.bundle import Bundle
 from hmt.errors import UsageError
 from hmt.offload.breaker import CLOSED, CircuitBreaker
-from hmt.offload.client import PeerClient, PeerFailure
+from hmt.offload.client import PeerClient, PeerFailure, Reply
 from hmt.offload.codec import CODECS, decode, encode
 from hmt.offload.link import LinkEstimator
 from hmt.offload.parts import Answer, SplitChain
 from hmt.offload.plan import OffloadPlan
 from hmt.offload.planner import Choice, Conditions, CutCost, OffloadPlanner, Option, PlannerConfig, VariantCost
+from hmt.offload.timing import RecentTail
 
 WHERE_LOCAL = "local"
 WHERE_DEVICE_EXIT = "device_exit"
@@ -63,6 +70,10 @@ class DeviceOptions:
     local_refresh_s: float = 1.0
     remote_window_s: float = 10.0
     ratio_smoothing: float = 0.3
+    # The device's slowdown is planned at this quantile of its runs of the last device_window_s:
+    # a busy or throttled core slows some runs 50x and others not at all, and the budget is a tail.
+    device_window_s: float = 3.0
+    device_quantile: float = 0.9
     mu: float = 1.0
     fixed_cut: int | None = None  # baselines: always this cut of the first/fixed variant (-1: all local)
     fixed_variant: str | None = None
@@ -105,7 +116,8 @@ def _codec_ms(shape: tuple[int, ...], rng: np.random.Generator) -> dict[str, flo
 class OffloadDevice:
     def __init__(self, bundle: Bundle, plan: OffloadPlan, client: PeerClient, options: DeviceOptions, *,
                  planner_config: PlannerConfig | None = None, rng: np.random.Generator,
-                 clock: Callable[[], float] = time.monotonic, threads: int = 1, warmup_runs: int = 5) -> None:
+                 clock: Callable[[], float] = time.monotonic, threads: int | None = 1, warmup_runs: int = 5,
+                 engine: str = "auto") -> None:
         self.bundle = bundle
         self.client = client
         self.options = options
@@ -119,7 +131,7 @@ class OffloadDevice:
         for variant in bundle.spec.variants:
             if options.fixed_variant is not None and variant.arch_id != options.fixed_variant:
                 continue
-            chain = SplitChain(bundle, variant, plan.for_variant(variant.arch_id), threads)
+            chain = SplitChain(bundle, variant, plan.for_variant(variant.arch_id), threads, engine)
             chain.warm_up(x, warmup_runs)
             self.chains[variant.arch_id] = chain
         if not self.chains:
@@ -129,9 +141,11 @@ class OffloadDevice:
         self.peer_tail_ms: dict[str, list[float]] = {}
         self.planner_config = planner_config if planner_config is not None else PlannerConfig()
         self.planner = self._new_planner()
-        self._last_factor = 1.0
         self.mu = options.mu  # eq. 3's accuracy weight; the serve loop updates it from the battery
-        self.device_ratio = 1.0
+        self.device_ratio_mean = 1.0  # smoothed, reported; planning takes the recent tail
+        self._device_runs = RecentTail(clock, window_s=options.device_window_s, quantile=options.device_quantile)
+        self._exchanges = RecentTail(clock, window_s=options.remote_window_s, quantile=options.device_quantile)
+        self._exchange_ms = 0.5  # the device's own time in one exchange, until measured
         self.peer_ratio = 1.0
         self.peer_queue_ms = 0.0
         self._last_local_s = -math.inf
@@ -176,7 +190,24 @@ class OffloadDevice:
         usable = self.breaker.state == CLOSED
         return Conditions(link=self.link.estimate() if usable else None, budget_ms=self.options.budget_ms,
                           device_ratio=self.device_ratio, peer_ratio=self.peer_ratio,
-                          peer_queue_ms=self.peer_queue_ms, mu=self.mu, remote_factor=self.remote_factor())
+                          peer_queue_ms=self.peer_queue_ms, mu=self.mu, exchange_ms=self.exchange_ms,
+                          remote_factor=self.remote_factor())
+
+    @property
+    def device_ratio(self) -> float:
+        """Measured / warm compute time on this device at a recent tail (the mean until enough runs)."""
+        return self._device_runs.value(self.device_ratio_mean)
+
+    @property
+    def exchange_ms(self) -> float:
+        """The device's own time in one exchange with the peer, at a recent tail."""
+        return self._exchanges.value(self._exchange_ms)
+
+    def observe_exchange(self, device_ms: float) -> None:
+        """The device's own time (CPU + wait for its core) in one exchange with the peer."""
+        if math.isfinite(device_ms) and device_ms >= 0:
+            self._exchanges.add(device_ms)
+            self._exchange_ms = device_ms
 
     def remote_factor(self) -> float:
         """The 90th percentile of observed / predicted remote time over the requests offloaded in the
@@ -193,16 +224,19 @@ class OffloadDevice:
             else:
                 conditions = self.conditions()
             choice = self.planner.decide(conditions)
-            self._last_factor = max(1.0, conditions.remote_factor)  # the prediction below includes it
             self.last_choice = choice
             return choice
 
-    def _update_device_ratio(self, measured_ms: float, warm_ms: float) -> None:
-        if warm_ms <= 0:
+    def observe_device_run(self, measured_ms: float, warm_ms: float) -> None:
+        """A compute run on this device that took ``measured_ms`` against ``warm_ms`` warm."""
+        if warm_ms <= 0 or not math.isfinite(measured_ms):
             return
-        sample = min(20.0, max(0.2, measured_ms / warm_ms))
+        # Up to 200x: a 1 ms graph on a core throttled by a CPU quota and a busy neighbour
+        # measured 70-110 ms at its 95th percentile (benchmarks/offload-shipped).
+        sample = min(200.0, max(0.2, measured_ms / warm_ms))
+        self._device_runs.add(sample)
         with self._lock:
-            self.device_ratio += self.options.ratio_smoothing * (sample - self.device_ratio)
+            self.device_ratio_mean += self.options.ratio_smoothing * (sample - self.device_ratio_mean)
             self._last_local_s = self.clock()
 
     # -- a request ----------------------------------------------------------------------------
@@ -217,7 +251,7 @@ class OffloadDevice:
         if option.cut is None:
             answer = chain.run_local(x, confidence)
             if answer.exit == chain.last:
-                self._update_device_ratio(answer.compute_ms, chain.device_ms(None))
+                self.observe_device_run(answer.compute_ms, chain.device_ms(None))
             return self._result(answer, option, WHERE_LOCAL, start)
         cut = chain.cut(option.cut)
         head = chain.run_head(x, cut, confidence)
@@ -225,13 +259,16 @@ class OffloadDevice:
         if isinstance(head, Answer):
             return self._result(head, option, WHERE_DEVICE_EXIT, start)
         if cut.device_segments:
-            self._update_device_ratio(head_ms, chain.device_ms(cut))
+            self.observe_device_run(head_ms, chain.device_ms(cut))
         local_rest_ms = chain.tail_time_ms(cut) * self.device_ratio + self.options.margin_ms
         left_ms = budget - head_ms
         predicted_remote = option.predicted_ms - chain.device_ms(cut) * self.device_ratio
         limit_ms = left_ms - local_rest_ms
         if limit_ms < predicted_remote:
-            limit_ms = max(left_ms, predicted_remote)  # the fallback cannot make it either: give the peer the time
+            # The fallback cannot make the deadline either: the peer may take as long as the fallback
+            # would (up to twice its prediction), since a late local answer is no better than a late
+            # peer answer. On a busy device the local tail is the longer one (bench: 84 vs 55 ms).
+            limit_ms = max(left_ms, predicted_remote, min(local_rest_ms, 2 * predicted_remote))
         error = None
         if self.breaker.allow():
             encoded = encode(head, option.codec)
@@ -239,14 +276,11 @@ class OffloadDevice:
                 reply = self.client.segment(chain.arch_id, cut.index, encoded.body, encoded.headers,
                                             confidence=confidence, limit_ms=limit_ms)
                 body = reply.body
-                peer_ms = float(body.get("compute_ms", 0.0)) + float(body.get("queue_ms", 0.0))
-                self._observe_reply(chain, cut.index, len(encoded.body), reply.elapsed_ms, body, peer_ms)
+                remote_ms = self._observe_reply(chain, cut.index, len(encoded.body), reply, body)
                 self.breaker.success()
-                if predicted_remote > 0:
-                    remote_ms = (time.perf_counter() - start) * 1e3 - head_ms
+                if option.remote_ms > 0:
                     with self._lock:
-                        ratio = min(20.0, remote_ms / (predicted_remote / self._last_factor))
-                        self._remote_ratios.append((self.clock(), ratio))
+                        self._remote_ratios.append((self.clock(), min(20.0, remote_ms / option.remote_ms)))
                 answer = Answer(int(body["class"]), float(body["confidence"]), int(body["exit"]), 0.0)
                 return self._result(answer, option, WHERE_PEER, start)
             except (PeerFailure, KeyError, TypeError, ValueError) as exc:
@@ -256,9 +290,14 @@ class OffloadDevice:
         answer = chain.run_tail(head, cut, confidence)
         return self._result(answer, option, WHERE_FALLBACK, start, peer_error=error or "breaker_open")
 
-    def _observe_reply(self, chain: SplitChain, index: int, size: int, elapsed_ms: float, body: dict[str, Any],
-                       peer_ms: float) -> None:
-        self.link.observe_transfer(size, max(0.0, elapsed_ms - peer_ms))
+    def _observe_reply(self, chain: SplitChain, index: int, size: int, reply: Reply, body: dict[str, Any]) -> float:
+        """Split the round trip (device, peer, link; see the module docstring); returns link + peer ms."""
+        peer_ms = float(body["server_ms"]) if "server_ms" in body else \
+            float(body.get("compute_ms", 0.0)) + float(body.get("queue_ms", 0.0))
+        device_ms = reply.device.wall_ms(self.device_ratio)
+        network_ms = max(0.0, reply.elapsed_ms - device_ms - peer_ms)
+        self.link.observe_transfer(size, network_ms)
+        self.observe_exchange(device_ms)
         with self._lock:
             self._last_transfer_s = self.clock()
             queue_ms = float(body.get("queue_ms", 0.0))
@@ -267,6 +306,7 @@ class OffloadDevice:
             if warm is not None and int(body.get("exit", -1)) == chain.last and warm[index] > 0:
                 sample = min(20.0, max(0.2, float(body.get("compute_ms", 0.0)) / warm[index]))
                 self.peer_ratio += self.options.ratio_smoothing * (sample - self.peer_ratio)
+        return network_ms + peer_ms
 
     def _result(self, answer: Answer, option: Option, where: str, start: float, *,
                 peer_error: str | None = None) -> OffloadResult:
@@ -286,7 +326,9 @@ class OffloadDevice:
             self.breaker.failure(f"probe: {exc.reason}")
             return False
         body = reply.body
-        self.link.observe_rtt(reply.elapsed_ms)
+        device_ms = reply.device.wall_ms(self.device_ratio)
+        self.link.observe_rtt(max(0.0, reply.elapsed_ms - device_ms))
+        self.observe_exchange(device_ms)
         variants = body.get("variants", {})
         tails = {a: [float(t) for t in v.get("tail_ms", [])] for a, v in variants.items() if a in self.chains}
         with self._lock:
@@ -307,7 +349,9 @@ class OffloadDevice:
             self.errors[f"probe_{exc.reason}"] += 1
             self.breaker.failure(f"probe: {exc.reason}")
             return False
-        self.link.observe_transfer(self.options.probe_bytes, reply.elapsed_ms)
+        device_ms = reply.device.wall_ms(self.device_ratio)
+        self.link.observe_transfer(self.options.probe_bytes, max(0.0, reply.elapsed_ms - device_ms))
+        self.observe_exchange(device_ms)
         with self._lock:
             self._last_transfer_s = self.clock()
         return True
@@ -329,10 +373,11 @@ class OffloadDevice:
         """One local run of the current variant off the request path: is this device slower or faster now?"""
         choice = self.last_choice
         chain = self.chains[choice.option.arch_id] if choice is not None else next(iter(self.chains.values()))
-        # Twice, the faster counts: the first call after a quiet spell runs on cold caches (a CLI
-        # device measured r = 9.7 at start-up from one cold run), which requests do not see.
-        best_ms = min(chain.run_local(self._sample, None).compute_ms for _ in range(2))
-        self._update_device_ratio(best_ms, chain.device_ms(None))
+        # Two runs, both count: the planner takes a tail of the recent runs, and a device whose
+        # requests all go to the peer gets only these (the first after a quiet spell may run on
+        # cold caches: a CLI device measured r = 9.7 from one cold run at start-up, hence two).
+        for _ in range(2):
+            self.observe_device_run(chain.run_local(self._sample, None).compute_ms, chain.device_ms(None))
 
     def start(self) -> None:
         self.refresh_peer_status()
@@ -358,7 +403,8 @@ class OffloadDevice:
             "breaker": self.breaker.snapshot(),
             "link": {"rtt_ms": link.rtt_ms, "bandwidth_mbit_s": link.bandwidth_mbit_s, "samples": link.samples,
                      "age_s": link.age_s},
-            "device_ratio": self.device_ratio, "peer_ratio": self.peer_ratio, "peer_queue_ms": self.peer_queue_ms,
+            "device_ratio": self.device_ratio, "device_ratio_mean": self.device_ratio_mean,
+            "exchange_ms": self.exchange_ms, "peer_ratio": self.peer_ratio, "peer_queue_ms": self.peer_queue_ms,
             "remote_factor": self.remote_factor(),
             "choice": None if choice is None else {"option": choice.option.label, "best": choice.best.label,
                                                    "reason": choice.reason,

@@ -2,8 +2,9 @@
 
 Two sources, both real transfers:
 
-- passive: every segment request gives ``network_ms = round trip - (peer queue + compute)``
-  for a known number of bytes;
+- passive: every segment request gives ``network_ms = round trip - the device's own time
+  (its CPU and wait for its core) - the peer's server time`` for a known number of bytes
+  (:mod:`hmt.offload.timing`; the device subtracts both before it calls this);
 - active: when the link has been idle for a while, the device sends a small ``GET
   /v1/status`` (round-trip time, and the peer's load) and a ``POST /v1/probe`` of a few
   KiB (bytes over time).
@@ -16,9 +17,9 @@ rather than the bandwidth because a fast link sends a small tensor in "no time":
 bandwidth estimate from that divides by ~0 and swings wildly, a per-byte cost of ~0 does
 not. Both are exponential moving averages; two samples in a row far above the estimate
 (``jump_factor``: the link got worse) replace it at once, so the device leaves a slow link
-within two requests instead of a dozen, while one outlier alone (a stall of the device's own
-core, measured on the bench: it is charged to the link) is clipped to ``jump_factor`` times
-the estimate before it is smoothed in.
+within two requests instead of a dozen, while one outlier alone (scheduling noise the
+device's accounting cannot see, such as a wait for the GIL) is clipped to ``jump_factor``
+times the estimate before it is smoothed in.
 """
 
 from __future__ import annotations

@@ -5,20 +5,33 @@ it: :meth:`SplitChain.run_head` (the device's part: may answer from an early exi
 anything is sent) and :meth:`SplitChain.run_tail` (the peer's part, and the device's own
 fallback when the peer does not answer in time: the same graphs, so the same answer).
 Each graph is timed at warm-up; those times are what the planner predicts with.
+
+Segments and exits load through the runtime layer (:mod:`hmt.runtime.variant`) with the
+engine it resolves for the variant (``auto``: fuse's per-graph choice, TVM where the
+bundle has its libraries and fuse chose it) and fuse's ONNX Runtime options, verified
+against the manifest. A TVM library built for another machine than this one (a peer
+bundle copied from a device of another architecture) is not loaded: ONNX Runtime runs
+that variant, and :attr:`SplitChain.notes` says so. The inner cuts' head and tail graphs
+are ONNX only (partitioning exports ONNX; nothing compiles them for TVM), so they run on
+ONNX Runtime with the same options. :meth:`SplitChain.runner` hands serve's pool the same
+sessions, so a device that serves and offloads holds each graph once.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from hmt.bundle import Bundle, BundleVariant
 from hmt.errors import ModelError
 from hmt.offload.plan import Cut, has_file
-from hmt.serve.runner import ort_graph, softmax_confidence
+from hmt.runtime.chain import ChainRunner, softmax_confidence
+from hmt.runtime.ort import ort_session
+from hmt.runtime.variant import SERVE_DEFAULT_ORT, VariantRuntime, graph_fn, resolve_engine
+from hmt.runtime.verified import read_verified
 
 GraphFn = Callable[[np.ndarray], np.ndarray]
 
@@ -31,27 +44,63 @@ class Answer:
     compute_ms: float
 
 
+def _libraries_run_here(bundle: Bundle, variant: BundleVariant) -> str | None:
+    """None when the variant's TVM libraries are built for this machine, else why not."""
+    from hmt.deploy.elf import read_elf_header
+    from hmt.deploy.targets import host_arch
+
+    here = host_arch()
+    for graph in variant.graphs():
+        if graph.tvm is not None:
+            machine = read_elf_header(bundle.path(graph.tvm)).machine
+            if machine != here:
+                return f"its TVM libraries are built for {machine}, this machine is {here}"
+    return None
+
+
+def chain_engine(bundle: Bundle, variant: BundleVariant, requested: str = "auto") -> tuple[str, list[str]]:
+    """The engine the runtime layer resolves for ``variant`` here, and a note when it fell back."""
+    engine = resolve_engine(requested, variant)
+    if engine == "tvm":
+        why = _libraries_run_here(bundle, variant)
+        if why is not None:
+            if requested == "tvm":
+                raise ModelError(f"variant {variant.arch_id!r}: --engine tvm, but {why}")
+            return "onnxruntime", [f"onnxruntime, not fuse's tvm: {why}"]
+    return engine, []
+
+
 class SplitChain:
-    """One variant, runnable from any cut to any side (see the module docstring).
+    """One variant, runnable from any cut to any side (see the module docstring)."""
 
-    Graphs run on ONNX Runtime: the peer may be another architecture than the target the
-    TVM libraries were compiled for, and both sides must compute the same function.
-    """
-
-    def __init__(self, bundle: Bundle, variant: BundleVariant, cuts: tuple[Cut, ...], threads: int = 1) -> None:
+    def __init__(self, bundle: Bundle, variant: BundleVariant, cuts: tuple[Cut, ...], threads: int | None = 1,
+                 engine: str = "auto") -> None:
         self.variant = variant
         self.arch_id = variant.arch_id
         self.cuts = cuts
         n = variant.exit_stage + 1
-        self._segments = [ort_graph(bundle.path(g.onnx), threads) for g in variant.segments[:n]]
-        self._exits = [ort_graph(bundle.path(g.onnx), threads) for g in variant.exits[:n]]
+        self.engine, self.notes = chain_engine(bundle, variant, engine)
+        runtime = VariantRuntime.of(variant)
+        ort = runtime.ort if self.engine == runtime.engine or runtime.engine is None else None
+        self._segments = [graph_fn(bundle, g, self.engine, threads, ort=ort, notes=self.notes)
+                          for g in variant.segments[:n]]
+        self._exits = [graph_fn(bundle, g, self.engine, threads, ort=ort, notes=self.notes)
+                       for g in variant.exits[:n]]
+        options = runtime.ort or SERVE_DEFAULT_ORT
+        if threads is not None:
+            options = replace(options, intra_op_threads=threads)
+
+        def onnx_only(path: str) -> GraphFn:
+            session = ort_session(read_verified(bundle.artifact, path), options, what=str(bundle.root / path))
+            return session.graph_fn()
+
         self._heads: dict[int, GraphFn] = {}
         self._tails: dict[int, GraphFn] = {}
         for cut in cuts:
             if cut.head is not None and has_file(bundle, cut.head):  # a peer bundle has no heads
-                self._heads[cut.index] = ort_graph(bundle.path(cut.head), threads)
+                self._heads[cut.index] = onnx_only(cut.head)
             if cut.tail is not None:
-                self._tails[cut.index] = ort_graph(bundle.path(cut.tail), threads)
+                self._tails[cut.index] = onnx_only(cut.tail)
         self.segment_ms = [1.0] * n
         self.exit_ms = [1.0] * n
         self.head_ms: dict[int, float] = {}
@@ -60,6 +109,11 @@ class SplitChain:
     @property
     def last(self) -> int:
         return self.variant.exit_stage
+
+    def runner(self) -> ChainRunner:
+        """serve's runner of the whole variant over these very sessions (not a second copy)."""
+        return ChainRunner(self.variant, self._segments, self._exits, self.engine,
+                           [*self.notes, "sessions shared with the offload device"])
 
     def cut(self, index: int) -> Cut:
         if not 0 <= index < len(self.cuts):

@@ -80,15 +80,15 @@ def _error(status: int, code: str, message: str, headers: dict[str, str] | None 
 class PeerService:
     """The tails of every variant of a bundle behind a bounded queue and a thread pool."""
 
-    def __init__(self, bundle: Bundle, plan: OffloadPlan, options: PeerOptions, threads: int = 1,
-                 warmup_runs: int = 5) -> None:
+    def __init__(self, bundle: Bundle, plan: OffloadPlan, options: PeerOptions, threads: int | None = 1,
+                 warmup_runs: int = 5, engine: str = "auto") -> None:
         self.bundle = bundle
         self.options = options
         self.chains: dict[str, SplitChain] = {}
         rng = np.random.default_rng(0)
         x = rng.standard_normal(bundle.spec.input.shape).astype(np.float32)
         for variant in bundle.spec.variants:
-            chain = SplitChain(bundle, variant, plan.for_variant(variant.arch_id), threads)
+            chain = SplitChain(bundle, variant, plan.for_variant(variant.arch_id), threads, engine)
             chain.warm_up(x, warmup_runs)
             self.chains[variant.arch_id] = chain
         self.body_limit = 4096 + max((4 * c.numel for ch in self.chains.values() for c in ch.cuts), default=0)
@@ -165,7 +165,8 @@ class PeerService:
             "queue": {"admitted": self.admitted, "max_queue": self.options.max_queue,
                       "workers": self.options.workers, "served": self.served, "rejected": dict(self.rejected)},
             "load": {"cpu_util": psutil.cpu_percent(interval=None) / 100.0, "compute_ratio": self.ratio},
-            "variants": {a: {"tail_ms": [ch.tail_time_ms(c) for c in ch.cuts],
+            "variants": {a: {"tail_ms": [ch.tail_time_ms(c) for c in ch.cuts], "engine": ch.engine,
+                             "notes": ch.notes,
                              "cut_bytes_float32": [c.size_bytes("float32") for c in ch.cuts]}
                          for a, ch in self.chains.items()},
             "codecs": list(CODECS),

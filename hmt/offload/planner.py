@@ -1,15 +1,20 @@
 """Choose variant and cut together: CrowdHMTware eq. 3 with a communication term (no torch).
 
 Options: every variant all local, and every variant cut at each of its cuts with the
-tensor sent in the codec that costs least now. Predicted end-to-end time of an option::
+tensor sent in the codec that costs least now. Predicted end-to-end time of an option,
+each part charged to the side that spends it::
 
     local:    T = T_local(v) * r_device
-    cut c:    T = T_head(v, c) * r_device + f_remote * (codec_ms + rtt + bytes(c, codec) * ms_per_byte
-                  + T_tail(v, c) * r_peer + queue_peer)
+    cut c:    T = (T_head(v, c) + codec_ms) * r_device + T_exchange
+                  + f_remote * (rtt + bytes(c, codec) * ms_per_byte + T_tail(v, c) * r_peer + queue_peer)
 
-with ``r_device``/``r_peer`` = measured / warm compute time on each side, the link
-from :mod:`hmt.offload.link`, and ``f_remote`` >= 1 the 90th percentile of observed /
-predicted remote time over recent offloaded requests (the budget is a tail target).
+with ``r_device`` = measured / warm compute time on the device at a recent high percentile
+(the budget is a tail target), ``T_exchange`` the device's own time in one HTTP exchange
+with the peer (its CPU and its wait for its core, measured on every exchange, probes
+included: :mod:`hmt.offload.timing`), the link (RTT and cost per byte) from
+:mod:`hmt.offload.link` fed with round trips *minus* the device's and the peer's own time,
+``r_peer`` and ``queue_peer`` from the peer's reports, and ``f_remote`` >= 1 the 90th
+percentile of observed / predicted link + peer time over recent offloaded requests.
 Feasible: ``T <= T_budget`` (and the peer reachable). Among feasible options eq. 3 picks:
 ``mu*Norm(A) - (1-mu)*Norm(E)``, where the device's
 energy of a cut is the profiled energy times the share of the compute that stays on the
@@ -81,6 +86,7 @@ class Option:
     energy: float
     score: float
     feasible: bool
+    remote_ms: float = 0.0  # of predicted_ms: link + peer before f_remote (0 for local)
 
     @property
     def key(self) -> tuple[str, int | None]:
@@ -101,6 +107,8 @@ class Conditions:
     peer_ratio: float = 1.0
     peer_queue_ms: float = 0.0
     mu: float = 1.0
+    # The device's own time in one exchange with the peer (CPU + wait for its core), at its tail.
+    exchange_ms: float = 0.0
     # Observed / predicted time of the remote part (transfer + peer), at a high percentile of
     # recent offloaded requests: a link and peer that are right on average but often late are
     # planned at their tail, as the latency budget is a tail target.
@@ -137,12 +145,15 @@ class OffloadPlanner:
         self.since_s = 0.0
         self.switches = 0
 
-    def _codec(self, cut: CutCost, link: LinkEstimate) -> tuple[str, float]:
-        best, best_ms = "float32", link.transfer_ms(cut.bytes_by_codec["float32"]) + cut.codec_ms.get("float32", 0.0)
+    def _codec(self, cut: CutCost, link: LinkEstimate, device_ratio: float) -> tuple[str, float]:
+        """The codec whose transfer plus encode/decode (on the device's current speed) costs least."""
+        def cost(codec: str) -> float:
+            return link.transfer_ms(cut.bytes_by_codec[codec]) + cut.codec_ms.get(codec, 0.0) * device_ratio
+
+        best, best_ms = "float32", cost("float32")
         for codec in self.config.codecs:
-            cost = link.transfer_ms(cut.bytes_by_codec[codec]) + cut.codec_ms.get(codec, 0.0)
-            if cost < best_ms - self.config.codec_min_gain_ms:
-                best, best_ms = codec, cost
+            if cost(codec) < best_ms - self.config.codec_min_gain_ms:
+                best, best_ms = codec, cost(codec)
         return best, best_ms
 
     def options(self, now: Conditions) -> list[Option]:
@@ -156,13 +167,16 @@ class OffloadPlanner:
             if now.link is None:
                 continue
             for cut in v.cuts:
-                codec, comm_ms = self._codec(cut, now.link)
-                remote = comm_ms + cut.peer_ms * now.peer_ratio + now.peer_queue_ms
-                t = cut.device_ms * now.device_ratio + remote * max(1.0, now.remote_factor)
+                codec, _ = self._codec(cut, now.link, now.device_ratio)
+                codec_ms = cut.codec_ms.get(codec, 0.0)
+                remote = now.link.transfer_ms(cut.bytes_by_codec[codec]) + cut.peer_ms * now.peer_ratio \
+                    + now.peer_queue_ms
+                device_ms = (cut.device_ms + codec_ms) * now.device_ratio + now.exchange_ms
+                t = device_ms + remote * max(1.0, now.remote_factor)
                 share = min(1.0, cut.device_ms / v.local_ms) if v.local_ms > 0 else 0.0
                 energy = v.energy * share + self.config.radio_mj_per_kb * cut.bytes_by_codec[codec] / 1024
                 score = acc - (1 - now.mu) * self._energy(energy)
-                out.append(Option(v.arch_id, cut.index, codec, t, energy, score, t <= now.budget_ms))
+                out.append(Option(v.arch_id, cut.index, codec, t, energy, score, t <= now.budget_ms, remote))
         return out
 
     def _best(self, options: list[Option]) -> Option:

@@ -31,10 +31,12 @@ class TlsOptions:
                 raise InputError(f"{name} {path}: no such file (expected a PEM file)")
 
 
-def open_peer(bundle_path: Path | str, options: PeerOptions, threads: int = 1) -> PeerService:
-    """Load and verify the peer bundle (and its offload plan), build and warm every variant's chain."""
+def open_peer(bundle_path: Path | str, options: PeerOptions, threads: int | None = 1,
+              engine: str = "auto") -> PeerService:
+    """Load and verify the peer bundle (and its offload plan), build and warm every variant's chain
+    with the runtime layer's engine for it (``auto``: fuse's choice where it runs here)."""
     bundle = load_bundle(bundle_path)
-    return PeerService(bundle, load_plan(bundle), options, threads=threads)
+    return PeerService(bundle, load_plan(bundle), options, threads=threads, engine=engine)
 
 
 def serve_peer(service: PeerService, host: str, port: int, *, tls: TlsOptions | None = None,

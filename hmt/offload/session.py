@@ -16,10 +16,13 @@ from typing import Any
 
 import numpy as np
 
+from hmt.errors import ModelError
 from hmt.offload.client import PeerClient
 from hmt.offload.device import DeviceOptions, OffloadDevice
+from hmt.offload.parts import SplitChain
 from hmt.offload.plan import load_plan
 from hmt.offload.planner import PlannerConfig
+from hmt.runtime.chain import Runner
 from hmt.serve.api import ApiOptions
 from hmt.serve.controller import Controller, Prediction
 from hmt.serve.server import ServerOptions
@@ -71,7 +74,17 @@ class OffloadingController:
 
 def open_device(bundle_path: Path | str, options: SessionOptions, link: PeerLink, *, deadline_ms: float,
                 planner: PlannerConfig | None = None, seed: int = 0) -> OffloadingController:
-    controller = open_controller(bundle_path, options)
+    # One set of sessions: the controller's pool gets its runners from the offload device's
+    # chains (the same graph objects) instead of loading every variant a second time.
+    chains: dict[str, SplitChain] = {}
+
+    def shared(arch_id: str) -> Runner:
+        chain = chains.get(arch_id)
+        if chain is None:
+            raise ModelError(f"variant {arch_id!r} is not loaded by the offload device")
+        return chain.runner()
+
+    controller = open_controller(bundle_path, options, loader=shared)
     budget = controller.budgets.latency_ms if controller.budgets.latency_ms is not None else deadline_ms
     early = controller.settings.early_exit
     device = OffloadDevice(controller.bundle, load_plan(controller.bundle),
@@ -79,7 +92,8 @@ def open_device(bundle_path: Path | str, options: SessionOptions, link: PeerLink
                            DeviceOptions(budget_ms=budget, confidence=early.confidence if early.enabled else None,
                                          fixed_variant=options.fixed_variant),
                            planner_config=planner, rng=np.random.default_rng(seed),
-                           threads=max(1, options.threads or 1))
+                           threads=max(1, options.threads or 1), engine=controller.engine)
+    chains.update(device.chains)
     return OffloadingController(controller, device)
 
 

@@ -79,6 +79,15 @@ def test_peer_bundle_has_tails_not_heads(offload_bundles: OffloadBundles) -> Non
     assert load_plan(peer).for_variant("deep")[1].kind == "inner"
 
 
+def test_split_bundles_keep_the_source_config(offload_bundles: OffloadBundles, conv_bundle: Path) -> None:
+    # serve checks the manifest's target against bundle.json's: a split that dropped the
+    # source's config was refused by `hmt serve DEVICE --peer` on a real (x86-64) bundle.
+    source = load_bundle(conv_bundle).artifact.manifest.config
+    for path, role in ((offload_bundles.device, "device"), (offload_bundles.peer, "peer")):
+        config = load_bundle(path).artifact.manifest.config
+        assert {k: config[k] for k in source} == dict(source) and config["role"] == role
+
+
 def test_a_plain_bundle_offloads_at_its_boundaries(conv_bundle: Path) -> None:
     bundle = load_bundle(conv_bundle)
     assert load_plan(bundle) == boundary_plan(bundle)

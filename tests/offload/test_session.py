@@ -6,10 +6,12 @@ import io
 from pathlib import Path
 
 import numpy as np
+import pytest
 from starlette.testclient import TestClient
 
 from hmt.deploy.offload import OffloadBundles
 from hmt.offload.session import PeerLink, open_device
+from hmt.runtime.chain import ChainRunner
 from hmt.serve.api import ApiOptions, create_app
 from hmt.serve.session import SessionOptions
 
@@ -52,3 +54,48 @@ def test_remote_factor_is_a_recent_tail(offload_bundles: OffloadBundles) -> None
     now[0] += 11.0  # all older than the window: the peer gets a fresh chance
     assert device.remote_factor() == 1.0
     device.stop()
+
+
+def test_served_and_offloaded_variants_share_their_sessions(offload_bundles: OffloadBundles) -> None:
+    # Before: serve's pool loaded every variant and the offload device loaded it again.
+    wrapped = open_device(offload_bundles.device, SessionOptions(latency_ms=500.0),
+                          PeerLink("http://127.0.0.1:9"), deadline_ms=2000.0)
+    controller = wrapped._controller
+    controller.start(background=False)
+    try:
+        assert sorted(controller.pool.loaded_ids()) == sorted(wrapped.device.chains)
+        for arch_id, chain in wrapped.device.chains.items():
+            runner = controller.pool.get(arch_id)
+            assert isinstance(runner, ChainRunner) and runner.engine == chain.engine
+            assert all(a is b for a, b in zip(runner._segments, chain._segments, strict=True))
+            assert all(a is b for a, b in zip(runner._exits, chain._exits, strict=True))
+    finally:
+        controller.stop()
+
+
+def test_tvm_built_for_another_machine_runs_on_onnxruntime(offload_bundles: OffloadBundles,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    from hmt.bundle import load_bundle
+    from hmt.errors import ModelError
+    from hmt.offload import parts
+
+    bundle = load_bundle(offload_bundles.peer)
+    variant = bundle.spec.variant("deep")
+    # Any file of the bundle stands in for a library: only its ELF header is read, patched here.
+    tvm_variant = replace(variant, engines=("onnxruntime", "tvm"), preferred_engine="tvm",
+                          segments=tuple(replace(g, tvm=g.onnx) for g in variant.segments))
+    monkeypatch.setattr(parts, "resolve_engine", lambda requested, v: "tvm")
+
+    class Header:
+        machine = "aarch64"
+
+    monkeypatch.setattr("hmt.deploy.elf.read_elf_header", lambda path: Header())
+    monkeypatch.setattr("hmt.deploy.targets.host_arch", lambda: "x86_64")
+    engine, notes = parts.chain_engine(bundle, tvm_variant, "auto")
+    assert engine == "onnxruntime" and "built for aarch64" in notes[0]
+    with pytest.raises(ModelError, match="--engine tvm"):
+        parts.chain_engine(bundle, tvm_variant, "tvm")
+    Header.machine = "x86_64"
+    assert parts.chain_engine(bundle, tvm_variant, "auto") == ("tvm", [])
