@@ -4,9 +4,11 @@ Rules, applied to each :class:`~hmt.serve.optimizer.Decision` (one per tick):
 
 - nothing is active yet: adopt the proposal;
 - the active variant violates the budgets (``current_feasible`` is False) for
-  ``violation_patience`` consecutive decisions: switch to the proposal at once, dwell
-  time or not (getting back within budget comes first; the patience filters one-tick
-  spikes);
+  ``violation_patience`` consecutive decisions, or for one decision when the requests
+  themselves confirm it (``confirmed``: the controller saw ``miss_streak`` requests in a
+  row over the budget): switch to the proposal at once, dwell time or not (getting back
+  within budget comes first; the patience filters one-tick spikes that no request felt).
+  This is the fast attack; the slow release is the next rule;
 - otherwise switch only when the same proposal has beaten the active variant's score
   by at least ``score_margin`` for ``improve_patience`` consecutive decisions and the
   active variant has served for at least ``min_dwell_s``.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from hmt.errors import UsageError
 from hmt.runtime.settings import SwitchPolicy
@@ -28,6 +30,7 @@ from hmt.serve.optimizer import Choice, Decision
 
 SWITCH_INITIAL = "initial"
 SWITCH_VIOLATION = "budget_violation"
+SWITCH_MISSES = "budget_violation_confirmed_by_misses"
 SWITCH_BETTER = "better_by_margin"
 STAY_SAME = "same_variant"
 STAY_VIOLATION_PENDING = "violation_pending"
@@ -36,8 +39,7 @@ STAY_BELOW_MARGIN = "below_margin"
 STAY_DWELL = "min_dwell"
 
 
-@dataclass(frozen=True)
-class SwitchResult:
+class SwitchResult(NamedTuple):
     """Outcome of one decision: which variant serves now and why."""
 
     switched: bool
@@ -74,26 +76,33 @@ class Switcher:
         assert self.active_arch_id is not None
         return SwitchResult(False, self.active_arch_id, self.active_arch_id, decision.arch_id, reason)
 
-    def offer(self, decision: Decision | Choice, now_s: float | None = None) -> SwitchResult:
+    def offer(self, decision: Decision | Choice, now_s: float | None = None, *,
+              confirmed: bool = False) -> SwitchResult:
         """Apply the rules to ``decision`` (or the loop's :class:`Choice`), which must score the
-        active variant (``current_arch_id``)."""
+        active variant (``current_arch_id``). ``confirmed``: requests in a row missed the budget,
+        so a violation needs no patience."""
         now = self._clock() if now_s is None else now_s
-        if self.active_arch_id is None:
+        active = self.active_arch_id
+        if active is None:
             return self._switch(decision, now, SWITCH_INITIAL)
-        if decision.current_arch_id != self.active_arch_id or decision.current_score is None:
+        if decision.current_arch_id != active or decision.current_score is None:
             raise UsageError(
-                f"decision scores {decision.current_arch_id!r}, but the active variant is {self.active_arch_id!r}: "
+                f"decision scores {decision.current_arch_id!r}, but the active variant is {active!r}: "
                 "pass current_arch_id=switcher.active_arch_id to Optimizer.decide"
             )
-        if decision.arch_id == self.active_arch_id:
-            self._violations = 0
-            self._candidate, self._candidate_streak = None, 0
-            return self._stay(decision, STAY_SAME)
+        if decision.arch_id == active:
+            # The steady state: nothing to reset, no allocation but the result.
+            if self._violations or self._candidate is not None:
+                self._violations = 0
+                self._candidate, self._candidate_streak = None, 0
+            return SwitchResult(False, active, active, active, STAY_SAME)
         if decision.current_feasible is False:
             self._violations += 1
             self._candidate, self._candidate_streak = None, 0
             if self._violations >= self.policy.violation_patience:
                 return self._switch(decision, now, SWITCH_VIOLATION)
+            if confirmed:
+                return self._switch(decision, now, SWITCH_MISSES)
             return self._stay(decision, STAY_VIOLATION_PENDING)
         self._violations = 0
         if decision.score < decision.current_score + self.policy.score_margin:
