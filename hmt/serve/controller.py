@@ -133,15 +133,18 @@ class Controller:
                                           r_max=c.r_max)
         self._energy0 = [v.energy_mj for v in table]
         self._fixed_index = [v.arch_id for v in table].index(fixed_variant) if fixed_variant is not None else -1
-        self._last_inputs: tuple[list[float], list[float], float, float] = ([], [], 1.0, 1.0)
-        # The decision cache: the last choice and the inputs it was made from (see _decide).
+        # The estimates of the last tick: latencies, their ratios to the prior, load scale, energies.
+        self._last_inputs: tuple[list[float], list[float], float, list[float] | None] = ([], [], 1.0, None)
+        self._mask_key: tuple[Any, ...] | None = None
+        self._mask: tuple[int, int] = (0, 0)
+        # The decision cache (see _decide): choices by (feasible set, mu, active variant).
         self.decision_cache = True
         self.decision_cache_hits = 0
-        self._decision_key: tuple[Any, ...] | None = None
-        self._decision_value: tuple[Choice, float] | None = None
+        self._choices: dict[tuple[Any, ...], Choice] = {}
         self._mu_cache: dict[tuple[float | None, bool | None], float] = {}
         # Requests in a row over the budget on the active variant (the switcher's fast attack).
         self._miss_streak = 0
+        self._measured_count = 0
         self.forecaster = LoadForecaster(order=2, window=60)
         self._recent_load: deque[float] = deque(maxlen=5)
         self.monitor = ResourceMonitor(sampler, frequency_hz=1.0 / self.settings.monitor_period_s)
@@ -345,42 +348,55 @@ class Controller:
                                                        self.optimizer.config)
         return mu
 
-    def _decide(self, load_next: float, sample: ResourceSample, latency_limit_ms: float,
-                budgets: Budgets) -> tuple[Choice, float]:
-        """The timed hot path of a tick (with the switcher): estimates -> feasibility -> eq. 3.
-
-        Cached: the inputs it reads (the estimator's version, the load bucket, the compute
-        budget, the budgets, mu and the active variant) form a key; while the key is the last
-        one's, the last choice stands without any work. The estimates are kept up to date on
-        each measurement (:mod:`hmt.serve.estimates`), so a miss is a few list lookups too.
-        """
-        mu = self._mu(sample)
-        active = self.switcher.active_arch_id
-        key = (self.estimator.version, load_next, latency_limit_ms, budgets, mu, active)
-        if self.decision_cache and key == self._decision_key:
-            self.decision_cache_hits += 1
-            return self._decision_value  # type: ignore[return-value]
+    def _estimate(self, load_next: float, latency_limit_ms: float, budgets: Budgets) -> tuple[int, int]:
+        """The estimate stage of a tick (timed as ``estimate_us``): refresh the estimates (kept up
+        to date on each measurement, so this re-reads only what changed) and reduce them to what
+        a choice depends on, the feasible set (:meth:`Optimizer.feasible_mask`), recomputed only
+        when the estimates, the load bucket or a budget changed."""
+        estimator = self.estimator
+        with self._state_lock:
+            self._measured_count = estimator.refresh(self.now_s())
         optimizer = self.optimizer
         load_scale = 1.0 + optimizer.alpha_latency * load_next
-        latencies, ratios = self.estimator.latencies(load_scale)
-        energies = None
-        energy_limit = budgets.energy
-        if energy_limit is not None:
-            energy_scale = 1.0 + optimizer.alpha_energy * load_next
-            energies = [e * energy_scale * r for e, r in zip(self._energy0, ratios, strict=True)]
-        current = -1 if active is None else optimizer.position(active)
-        choice = optimizer.choose_within(latencies, energies, mu, latency_limit_ms, budgets.memory_bytes,
-                                         energy_limit, current)
+        latencies, ratios = estimator.latencies(load_scale)  # the same list objects until they change
+        key = (latencies, latency_limit_ms, budgets, load_next)
+        if key != self._mask_key:
+            energies = None
+            if budgets.energy is not None:
+                energy_scale = 1.0 + optimizer.alpha_energy * load_next
+                energies = [e * energy_scale * r for e, r in zip(self._energy0, ratios, strict=True)]
+            self._mask = optimizer.feasible_mask(latencies, energies, latency_limit_ms, budgets.memory_bytes,
+                                                 budgets.energy)
+            self._mask_key = key
+            self._last_inputs = (latencies, ratios, load_scale, energies)
+        return self._mask
+
+    def _decide(self, mask: tuple[int, int], mu: float) -> Choice:
+        """The decision (timed as ``decision_us``, with the switcher): eq. 3 over the feasible set.
+
+        Cached: a choice depends only on the feasible set (and the fallback when it is empty), mu
+        and the active variant, so it is computed once per such triple and then looked up; the
+        feasible set itself changes only when an estimate crosses a budget.
+        """
+        active = self.switcher.active_arch_id
+        key = (mask, mu, active)
+        choice = self._choices.get(key) if self.decision_cache else None
+        if choice is not None:
+            self.decision_cache_hits += 1
+            return choice
+        optimizer = self.optimizer
+        choice = optimizer.choose_mask(mask[0], mask[1], mu, -1 if active is None else optimizer.position(active))
         if self.fixed_variant is not None and choice.arch_id != self.fixed_variant:
             pos = self._fixed_index
             choice = choice._replace(arch_id=self.fixed_variant, position=pos, score=optimizer.scores(mu)[pos])
-        self._last_inputs = (latencies, ratios, mu, load_scale)
-        self._decision_key, self._decision_value = key, (choice, load_scale)
-        return choice, load_scale
+        if len(self._choices) >= 4096:
+            self._choices.clear()
+        self._choices[key] = choice
+        return choice
 
-    def _record_decision(self, choice: Choice, load_next: float, latency_limit_ms: float) -> Decision:
+    def _record_decision(self, choice: Choice, load_next: float, latency_limit_ms: float, mu: float) -> Decision:
         """The full :class:`Decision` of the choice just made (after the timed part)."""
-        latencies, ratios, mu, load_scale = self._last_inputs
+        latencies, ratios, load_scale, _ = self._last_inputs
         optimizer = self.optimizer
         energy_scale = 1.0 + optimizer.alpha_energy * load_next
         energies = [e * energy_scale * r for e, r in zip(self._energy0, ratios, strict=True)]
@@ -421,17 +437,23 @@ class Controller:
         self.overhead_ms = overhead_ms
         miss_streak = self.settings.switch.miss_streak
         confirmed = miss_streak > 0 and self._miss_streak >= miss_streak
+        # mu from the battery reading, like the load index from the CPU reading: an input of the
+        # decision, derived from the sample before it.
+        mu = self._mu(sample)
         e0 = time.perf_counter()
-        with self._state_lock:
-            measured = self.estimator.refresh(self.now_s())
+        mask = self._estimate(load_next, latency_limit_ms, budgets)
+        e1 = time.perf_counter()
+        cpu0 = time.thread_time_ns()  # outside the wall-time span: the call itself costs a few us
         t0 = time.perf_counter()
-        estimate_us = (t0 - e0) * 1e6
-        cpu0 = time.thread_time_ns()
-        choice, load_scale = self._decide(load_next, sample, latency_limit_ms, budgets)
-        result = self.switcher.offer(choice, now_s=self._clock(), confirmed=confirmed)
-        decision_us = (time.perf_counter() - t0) * 1e6
+        choice = self._decide(mask, mu)
+        result = self.switcher.offer(choice, confirmed=confirmed)  # the switcher reads our clock if it needs it
+        t1 = time.perf_counter()
         decision_cpu_us = (time.thread_time_ns() - cpu0) / 1e3
-        decision = self._record_decision(choice, load_next, latency_limit_ms)
+        decision_us = (t1 - t0) * 1e6
+        estimate_us = (e1 - e0) * 1e6
+        measured = self._measured_count
+        load_scale = self._last_inputs[2]
+        decision = self._record_decision(choice, load_next, latency_limit_ms, mu)
         with self._state_lock:
             self.stats.decision_us.append(decision_us)
             self.stats.infeasible_ticks += not decision.feasible

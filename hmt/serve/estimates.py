@@ -37,8 +37,9 @@ from hmt.runtime.settings import MODE_MEASURED, EstimatorSettings
 
 SOURCE_MEASURED = "measured"
 SOURCE_PRIOR = "prior"
-# A prior's r is published in steps of this (relative, on a log scale) so that the EMA moving by
-# a fraction of a percent with every request does not invalidate the decision cache each tick.
+# A prior's r is published again only when it moved by more than this (relative) from the value
+# published, so that the EMA moving by a fraction of a percent with every request does not
+# change the estimates (and recompute the feasible set) every tick.
 PRIOR_R_STEP = 0.01
 
 
@@ -167,8 +168,8 @@ class LatencyEstimator:
         return self._r_engine.get(engine)
 
     def prior_ratio(self, arch_id: str) -> float:
-        """The r a prior of ``arch_id`` is scaled by, as of the last :meth:`refresh` (in steps of
-        :data:`PRIOR_R_STEP`)."""
+        """The r a prior of ``arch_id`` is scaled by, as of the last :meth:`refresh` (within
+        :data:`PRIOR_R_STEP` of the current one)."""
         return self._prior_r[self._index[arch_id]]
 
     def refresh(self, now_s: float) -> int:
@@ -209,17 +210,18 @@ class LatencyEstimator:
                 self.tail_factor = max(1.0, sum(spreads) / len(spreads))
         if self._r_changed:
             self._r_changed = False
-            step = PRIOR_R_STEP
+            low, high = 1.0 - PRIOR_R_STEP, 1.0 + PRIOR_R_STEP
+            prior_r = self._prior_r
+            r_engines = self._r_engine
             for i, rel in enumerate(self._rel):
-                r_engine = self._r_engine.get(self.engines[i])
+                r_engine = r_engines.get(self.engines[i])
                 if r_engine is None:
                     r = self._r_variant[i] or 1.0
                 else:
                     r = r_engine * (1.0 if rel is None else rel)
-                if r > 0 and math.isfinite(r):
-                    r = math.exp(round(math.log(r) / step) * step)
-                if r != self._prior_r[i]:
-                    self._prior_r[i] = r
+                # Published when it moved by more than the step from what was published.
+                if not low <= r / prior_r[i] <= high:
+                    prior_r[i] = r
                     changed = True
         if changed:
             self.version += 1

@@ -368,6 +368,53 @@ class Optimizer:
                       and (energy_limit is None or energy_mj[current] <= energy_limit))  # type: ignore[index]
         return Choice(self._ids[best], best, reason, scores[best], self._ids[current], scores[current], current_ok)
 
+    def feasible_mask(self, latency_ms: Sequence[float], energy_mj: Sequence[float] | None, latency_limit_ms: float,
+                      memory_limit_bytes: float | None, energy_limit: float | None) -> tuple[int, int]:
+        """Everything of the estimates a choice depends on, so that :meth:`choose_mask` can be
+        cached on it: (bit i set: variant i within every limit; the fallback when none is: the
+        fastest by ``latency_ms`` within memory as its position, or ``-1 - position`` of the
+        least memory when nothing fits memory)."""
+        fits = self._fits.get(memory_limit_bytes)
+        if fits is None:
+            fits = self.memory_fits(memory_limit_bytes)
+        mask = 0
+        fastest = -1
+        fastest_ms = math.inf
+        for i, lat in enumerate(latency_ms):
+            if not fits[i]:
+                continue
+            if lat < fastest_ms:
+                fastest, fastest_ms = i, lat
+            if lat <= latency_limit_ms and (energy_limit is None or energy_mj[i] <= energy_limit):  # type: ignore[index]
+                mask |= 1 << i
+        return mask, (-1 - self._least_memory if fastest < 0 else fastest)
+
+    def choose_mask(self, mask: int, fallback: int, mu: float, current: int) -> Choice:
+        """:meth:`choose_within` given :meth:`feasible_mask`'s answer: the best score among the
+        set bits (none: the fallback), and the active variant's (position ``current``, -1: none)
+        score and feasibility."""
+        order = self._orders.get(mu)
+        if order is None:
+            order = self._order(mu)
+        scores = self._scores.get(mu)
+        if scores is None:
+            scores = self.scores(mu)
+        best = -1
+        for i in order:
+            if mask >> i & 1:
+                best = i
+                break
+        if best >= 0:
+            reason = REASON_BEST
+        elif fallback >= 0:
+            best, reason = fallback, REASON_MEASURED_FASTEST
+        else:
+            best, reason = -1 - fallback, REASON_SMALLEST
+        if current < 0:
+            return Choice(self._ids[best], best, reason, scores[best], None, None, None)
+        return Choice(self._ids[best], best, reason, scores[best], self._ids[current], scores[current],
+                      bool(mask >> current & 1))
+
     def decision_of(self, choice: Choice, latency_ms: Sequence[float], energy_mj: Sequence[float], *, mu: float,
                     budgets: Budgets, load_index: float, latency_scale: float) -> Decision:
         """The full record of a :class:`Choice` (for ticks, status and the switcher's callers)."""

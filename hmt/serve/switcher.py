@@ -61,6 +61,7 @@ class Switcher:
         self._candidate: str | None = None
         self._candidate_streak = 0
         self.switch_count = 0
+        self._stay_same: SwitchResult | None = None  # the steady state's result, built once per variant
 
     def _switch(self, decision: Decision | Choice, now_s: float, reason: str) -> SwitchResult:
         previous = self.active_arch_id
@@ -81,10 +82,9 @@ class Switcher:
         """Apply the rules to ``decision`` (or the loop's :class:`Choice`), which must score the
         active variant (``current_arch_id``). ``confirmed``: requests in a row missed the budget,
         so a violation needs no patience."""
-        now = self._clock() if now_s is None else now_s
         active = self.active_arch_id
         if active is None:
-            return self._switch(decision, now, SWITCH_INITIAL)
+            return self._switch(decision, self._clock() if now_s is None else now_s, SWITCH_INITIAL)
         if decision.current_arch_id != active or decision.current_score is None:
             raise UsageError(
                 f"decision scores {decision.current_arch_id!r}, but the active variant is {active!r}: "
@@ -95,7 +95,11 @@ class Switcher:
             if self._violations or self._candidate is not None:
                 self._violations = 0
                 self._candidate, self._candidate_streak = None, 0
-            return SwitchResult(False, active, active, active, STAY_SAME)
+            stay = self._stay_same
+            if stay is None or stay.active_arch_id is not active:
+                stay = self._stay_same = SwitchResult(False, active, active, active, STAY_SAME)
+            return stay
+        now = self._clock() if now_s is None else now_s
         if decision.current_feasible is False:
             self._violations += 1
             self._candidate, self._candidate_streak = None, 0
