@@ -118,7 +118,8 @@ def main() -> None:
                 results[name].append(r)
                 print(f"rep {rep} {name:22s} ticks {r['ticks']:4d} switches {r['switches']:3d} "
                       f"decision p50 {r['decision_us_p50']:6.1f} us (cpu {r['decision_cpu_us_p50']:6.1f}) "
-                      f"p95 {r['decision_us_p95']:6.1f} us  estimate p50 {r['estimate_us_p50']:6.1f} us  cache hits {r['cache_hits']}", flush=True)
+                      f"p95 {r['decision_us_p95']:6.1f} us  estimate p50 {r['estimate_us_p50']:6.1f} us  "
+                      f"cache hits {r['cache_hits']}", flush=True)
         load_after = os.getloadavg()
     summary = {name: {"decision_us_p50_median": sorted(r["decision_us_p50"] for r in rs)[len(rs) // 2],
                       "decision_cpu_us_p50_median": sorted(r["decision_cpu_us_p50"] for r in rs)[len(rs) // 2]}
