@@ -46,7 +46,8 @@ SUMMARY_KEYS = ("requests", "ok", "failed", "failed_by_status", "latency_ms", "c
                 "latency_over_budget", "judged", "deadline_misses", "deadline_miss_share", "accuracy", "labelled",
                 "switches", "decisions", "decision_us", "decision_cpu_us", "estimate_us", "per_exit", "per_variant",
                 "steps",
-                "back_within_budget_s_max", "steps_never_back", "engine", "fixed_variant")
+                "back_within_budget_s_max", "steps_never_back", "first_clean_window_s_max", "steps_never_clean",
+                "client_over_budget_share", "engine", "fixed_variant")
 
 
 def machine() -> dict[str, Any]:
@@ -115,6 +116,8 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
                       ("decision_cpu_us_p50", lambda r: (r.get("decision_cpu_us") or {}).get("p50")),
                       ("estimate_us_p50", lambda r: (r.get("estimate_us") or {}).get("p50")),
                       ("back_within_budget_s_max", lambda r: r["back_within_budget_s_max"]),
+                      ("first_clean_window_s_max", lambda r: r["first_clean_window_s_max"]),
+                      ("client_over_budget_share", lambda r: r["client_over_budget_share"]),
                       ("failed", lambda r: r["failed"])):
         v = values(get)
         out[name] = {"mean": float(np.mean(v)), "min": min(v), "max": max(v)} if v else None
@@ -188,8 +191,10 @@ def bench_engine(args: argparse.Namespace, engine: str, bundle: Any, data: Path,
             s = result.summary
             print(f"{engine} rep {rep} {mode:16s} p95 {s['latency_ms']['p95']:.3f} ms  miss "
                   f"{100 * (s['deadline_miss_share'] or 0):.2f}%  acc {100 * (s['accuracy'] or 0):.2f}%  "
-                  f"switches {s['switches']}  back<= {s['back_within_budget_s_max']}  "
-                  f"failed {s['failed']}", flush=True)
+                  f"switches {s['switches']}  first clean {s['first_clean_window_s_max']}  "
+                  f"settled {s['back_within_budget_s_max']}  client miss "
+                  f"{100 * (s['client_over_budget_share'] or 0):.2f}%  decision p50 "
+                  f"{(s['decision_us'] or {}).get('p50', float('nan')):.1f} us  failed {s['failed']}", flush=True)
             if rep == 0:
                 # Per-request records (~0.4 MB a run) only for the adaptive run.
                 names = ("timeline.png", "timeline.csv", "requests.csv") if mode == "adaptive" else (
