@@ -102,7 +102,10 @@ class SwitchPolicy:
     score_margin: float = 0.05
     violation_patience: int = 2
     improve_patience: int = 2
-    min_dwell_s: float = 2.0
+    # Slow release: the active variant must have served this long before an improvement (not a
+    # violation) replaces it. 1 s: after a load step lifts, the loop climbs back within about a
+    # second (with improve_patience ticks of monitor_period_s).
+    min_dwell_s: float = 1.0
     # This many requests in a row over the latency budget confirm a violation at once (no
     # patience): the fast attack after a load step. 0 turns it off.
     miss_streak: int = 3
@@ -158,7 +161,9 @@ class EstimatorSettings:
 
     window: int = 64  # samples kept per variant
     min_samples: int = 5  # fresh samples before the window's p95 is trusted over the prior
-    max_age_s: float = 3.0  # samples older than this are stale (the load moved on)
+    # Samples older than this are stale (the load moved on). 1.5 s holds ~100 requests at the rates
+    # serve sees under load, and lets a step's slow samples go within a couple of ticks after it lifts.
+    max_age_s: float = 1.5
     quantile: float = 0.95
     default_tail: float = 1.3  # p95 / median assumed before any window has enough samples
     shadow_share: float = 0.05  # at most this share of wall time goes to shadow runs of idle variants
@@ -235,7 +240,9 @@ class ServeSettings:
     correction: CorrectionSettings = field(default_factory=CorrectionSettings)
     estimates: EstimatorSettings = field(default_factory=EstimatorSettings)
     preload_memory_mb: float | None = None
-    monitor_period_s: float = 1.0
+    # Periodic decisions (misses ask for one at once anyway): 4 a second, so improvement patience
+    # (2 ticks) and the load forecast follow a step within half a second. A tick costs ~1 ms of CPU.
+    monitor_period_s: float = 0.25
     # A request over budget asks for a decision now, at most once per this interval.
     on_demand_min_interval_s: float = 0.05
     engine: str = "auto"

@@ -626,6 +626,8 @@ class Controller:
                      "capacity_mb": None if capacity is None else capacity / 1e6,
                      "loads": self.pool.load_count, "load_failures": self.pool.load_failures,
                      "evictions": self.pool.evictions, "integrity_failures": self.pool.integrity_failures},
+            # Decisions answered from the cache (same feasible set, mu and active variant).
+            "decision_cache": {"hits": self.decision_cache_hits, "entries": len(self._choices)},
             "switches": self.switcher.switch_count,
             "requests": requests,
             "deadline_misses": misses,
