@@ -164,3 +164,33 @@ def test_scattered_misses_do_not_confirm_a_violation(tmp_path: Path) -> None:
     assert c._miss_streak < 2
     record = c.tick(sample=sample())
     assert not record.switched
+
+
+def test_incremental_windows_give_the_tail_of_the_fresh_samples() -> None:
+    """The estimator keeps each window sorted as samples arrive and age out; its tail must be the
+    p95 of exactly the fresh, newest ``window`` samples (checked against sorting them afresh)."""
+    import math
+
+    from hmt.runtime.settings import EstimatorSettings
+    from hmt.serve.estimates import LatencyEstimator
+
+    settings = EstimatorSettings(window=16, min_samples=3, max_age_s=1.0)
+    est = LatencyEstimator(["a"], [1.0], ["onnxruntime"], settings)
+    rng = np.random.default_rng(5)
+    history: list[tuple[float, float]] = []
+    now = 0.0
+    for _ in range(400):
+        now += float(rng.exponential(0.03))
+        value = float(rng.choice([1.0, 2.0, 3.0, rng.uniform(0.5, 9.0)]))  # duplicates on purpose
+        est.observe("a", value, 1.0, now)
+        history.append((now, value))
+        if rng.random() < 0.3:
+            now += float(rng.uniform(0.0, 1.5))  # a pause: some samples age out
+        est.refresh(now)
+        fresh = [v for t, v in history if t >= now - 1.0][-16:]
+        (latency,), _ = est.latencies(1.0)
+        if len(fresh) >= 3:
+            ordered = sorted(fresh)
+            assert latency == ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+        else:
+            assert latency == pytest.approx(1.0 * est.prior_ratio("a") * est.tail_factor)  # the prior
