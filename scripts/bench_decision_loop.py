@@ -77,7 +77,7 @@ est = np.array([getattr(t, "estimate_us", 0.0) for t in ticks])
 print(json.dumps({"ticks": len(ticks), "switches": c.switcher.switch_count, "requests": c.stats.requests,
                   "decision_us_p50": float(np.median(wall)), "decision_us_p95": float(np.percentile(wall, 95)),
                   "decision_cpu_us_p50": float(np.median(cpu)), "estimate_us_p50": float(np.median(est)),
-                  "cache_hits": getattr(c, "decision_cache_hits", None)}))
+                  "cache_hits": getattr(getattr(c, "decision", None), "hits", None)}))
 """
 
 

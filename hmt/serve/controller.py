@@ -36,18 +36,16 @@ import numpy as np
 from hmt.bundle import Bundle
 from hmt.errors import DeviceError, HmtError, ModelError
 from hmt.runtime.chain import Runner
+from hmt.serve.decision import DecisionPath
 from hmt.serve.estimates import LatencyEstimator
 from hmt.serve.load_index import LoadForecaster, load_index_of
 from hmt.serve.monitor import ResourceMonitor, ResourceSample, Sampler
 from hmt.serve.optimizer import (
     DEFAULT_ALPHA,
-    REASON_BEST,
-    Choice,
     Decision,
     Optimizer,
     OptimizerConfig,
     Variant,
-    mu_from_battery,
 )
 from hmt.serve.pool import Loader, VariantPool
 from hmt.serve.records import Prediction, Stats, TickRecord
@@ -131,17 +129,8 @@ class Controller:
         self.estimator = LatencyEstimator([v.arch_id for v in table], [v.latency_ms for v in table], engines,
                                           self.settings.estimates, smoothing=c.smoothing, r_min=c.r_min,
                                           r_max=c.r_max)
-        self._energy0 = [v.energy_mj for v in table]
-        self._fixed_index = [v.arch_id for v in table].index(fixed_variant) if fixed_variant is not None else -1
-        # The estimates of the last tick: latencies, their ratios to the prior, load scale, energies.
-        self._last_inputs: tuple[list[float], list[float], float, list[float] | None] = ([], [], 1.0, None)
-        self._mask_key: tuple[Any, ...] | None = None
-        self._mask: tuple[int, int] = (0, 0)
-        # The decision cache (see _decide): choices by (feasible set, mu, active variant).
-        self.decision_cache = True
-        self.decision_cache_hits = 0
-        self._choices: dict[tuple[Any, ...], Choice] = {}
-        self._mu_cache: dict[tuple[float | None, bool | None], float] = {}
+        # The decision path, cached on what a choice depends on (hmt.serve.decision).
+        self.decision = DecisionPath(self.optimizer, fixed_variant)
         # Requests in a row over the budget on the active variant (the switcher's fast attack).
         self._miss_streak = 0
         self._measured_count = 0
@@ -338,80 +327,15 @@ class Controller:
         load_next = min(max(recent), max(min(recent), float(self.forecaster.forecast(1)[0])))
         return load_now, load_next, own
 
-    def _mu(self, sample: ResourceSample) -> float:
-        key = (sample.battery_percent, sample.battery_plugged)
-        mu = self._mu_cache.get(key)
-        if mu is None:
-            if len(self._mu_cache) > 512:
-                self._mu_cache.clear()
-            mu = self._mu_cache[key] = mu_from_battery(sample.battery_percent, sample.battery_plugged,
-                                                       self.optimizer.config)
-        return mu
-
     def _estimate(self, load_next: float, latency_limit_ms: float, budgets: Budgets) -> tuple[int, int]:
         """The estimate stage of a tick (timed as ``estimate_us``): refresh the estimates (kept up
-        to date on each measurement, so this re-reads only what changed) and reduce them to what
-        a choice depends on, the feasible set (:meth:`Optimizer.feasible_mask`), recomputed only
-        when the estimates, the load bucket or a budget changed."""
+        to date on each measurement, so this re-reads only what changed) and reduce them to the
+        feasible set (:meth:`DecisionPath.feasible`)."""
         estimator = self.estimator
         with self._state_lock:
             self._measured_count = estimator.refresh(self.now_s())
-        optimizer = self.optimizer
-        load_scale = 1.0 + optimizer.alpha_latency * load_next
-        latencies, ratios = estimator.latencies(load_scale)  # the same list objects until they change
-        key = (latencies, latency_limit_ms, budgets, load_next)
-        if key != self._mask_key:
-            energies = None
-            if budgets.energy is not None:
-                energy_scale = 1.0 + optimizer.alpha_energy * load_next
-                energies = [e * energy_scale * r for e, r in zip(self._energy0, ratios, strict=True)]
-            self._mask = optimizer.feasible_mask(latencies, energies, latency_limit_ms, budgets.memory_bytes,
-                                                 budgets.energy)
-            self._mask_key = key
-            self._last_inputs = (latencies, ratios, load_scale, energies)
-        return self._mask
-
-    def _decide(self, mask: tuple[int, int], mu: float) -> Choice:
-        """The decision (timed as ``decision_us``, with the switcher): eq. 3 over the feasible set.
-
-        Cached: a choice depends only on the feasible set (and the fallback when it is empty), mu
-        and the active variant, so it is computed once per such triple and then looked up; the
-        feasible set itself changes only when an estimate crosses a budget.
-        """
-        active = self.switcher.active_arch_id
-        key = (mask, mu, active)
-        choice = self._choices.get(key) if self.decision_cache else None
-        if choice is not None:
-            self.decision_cache_hits += 1
-            return choice
-        optimizer = self.optimizer
-        choice = optimizer.choose_mask(mask[0], mask[1], mu, -1 if active is None else optimizer.position(active))
-        if self.fixed_variant is not None and choice.arch_id != self.fixed_variant:
-            pos = self._fixed_index
-            choice = choice._replace(arch_id=self.fixed_variant, position=pos, score=optimizer.scores(mu)[pos])
-        if len(self._choices) >= 4096:
-            self._choices.clear()
-        self._choices[key] = choice
-        return choice
-
-    def _record_decision(self, choice: Choice, load_next: float, latency_limit_ms: float, mu: float) -> Decision:
-        """The full :class:`Decision` of the choice just made (after the timed part)."""
-        latencies, ratios, load_scale, _ = self._last_inputs
-        optimizer = self.optimizer
-        energy_scale = 1.0 + optimizer.alpha_energy * load_next
-        energies = [e * energy_scale * r for e, r in zip(self._energy0, ratios, strict=True)]
-        budgets = self.budgets
-        if math.isfinite(latency_limit_ms):
-            budgets = replace(budgets, latency_ms=latency_limit_ms)
-        decision = optimizer.decision_of(choice, latencies, energies, mu=mu, budgets=budgets, load_index=load_next,
-                                         latency_scale=load_scale)
-        if self.fixed_variant is not None and choice.reason_code == REASON_BEST:
-            # A static baseline is "feasible" when the fixed variant itself meets the budgets.
-            i = choice.position
-            memory_bytes = budgets.memory_bytes
-            decision = replace(decision, feasible=latencies[i] <= latency_limit_ms
-                               and (memory_bytes is None or optimizer.variants[i].memory_bytes <= memory_bytes))
-        return decision
+        latencies, ratios = estimator.latencies(1.0 + self.optimizer.alpha_latency * load_next)
+        return self.decision.feasible(latencies, ratios, load_next, latency_limit_ms, budgets)
 
     def _latency_limit_ms(self, budgets: Budgets) -> tuple[float, float]:
         """(compute share of the latency budget, serving overhead): the budget covers queue wait +
@@ -439,21 +363,21 @@ class Controller:
         confirmed = miss_streak > 0 and self._miss_streak >= miss_streak
         # mu from the battery reading, like the load index from the CPU reading: an input of the
         # decision, derived from the sample before it.
-        mu = self._mu(sample)
+        mu = self.decision.mu(sample)
         e0 = time.perf_counter()
         mask = self._estimate(load_next, latency_limit_ms, budgets)
         e1 = time.perf_counter()
         cpu0 = time.thread_time_ns()  # outside the wall-time span: the call itself costs a few us
         t0 = time.perf_counter()
-        choice = self._decide(mask, mu)
+        choice = self.decision.choose(mask, mu, self.switcher.active_arch_id)
         result = self.switcher.offer(choice, confirmed=confirmed)  # the switcher reads our clock if it needs it
         t1 = time.perf_counter()
         decision_cpu_us = (time.thread_time_ns() - cpu0) / 1e3
         decision_us = (t1 - t0) * 1e6
         estimate_us = (e1 - e0) * 1e6
         measured = self._measured_count
-        load_scale = self._last_inputs[2]
-        decision = self._record_decision(choice, load_next, latency_limit_ms, mu)
+        load_scale = self.decision.inputs[2]
+        decision = self.decision.record(choice, load_next, latency_limit_ms, mu, budgets)
         with self._state_lock:
             self.stats.decision_us.append(decision_us)
             self.stats.infeasible_ticks += not decision.feasible
@@ -627,7 +551,7 @@ class Controller:
                      "loads": self.pool.load_count, "load_failures": self.pool.load_failures,
                      "evictions": self.pool.evictions, "integrity_failures": self.pool.integrity_failures},
             # Decisions answered from the cache (same feasible set, mu and active variant).
-            "decision_cache": {"hits": self.decision_cache_hits, "entries": len(self._choices)},
+            "decision_cache": {"hits": self.decision.hits, "entries": self.decision.entries},
             "switches": self.switcher.switch_count,
             "requests": requests,
             "deadline_misses": misses,

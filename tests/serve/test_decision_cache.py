@@ -82,9 +82,9 @@ def test_unchanged_inputs_reuse_the_decision_and_a_changed_budget_does_not(tmp_p
     c = controller(tmp_path, {"budgets": {"latency_ms": 8.0}, "switch": {"min_dwell_s": 0.0, "miss_streak": 0},
                               "estimates": {"mode": "predicted"}}, [1.0])
     first = c.tick(sample=sample())
-    hits = c.decision_cache_hits
+    hits = c.decision.hits
     again = c.tick(sample=sample())
-    assert c.decision_cache_hits == hits + 1  # same load bucket, estimates, budgets, mu, active
+    assert c.decision.hits == hits + 1  # same load bucket, estimates, budgets, mu, active
     assert again.proposed == first.proposed == "big"
     # Same budgets, but requests now wait 3 ms in the queue: 0.8 x 8 - 3 = 3.4 ms left for
     # compute, which big (4 ms) does not meet. The cached "big" must not stand.
@@ -108,7 +108,7 @@ def test_cached_and_uncached_loops_choose_alike(tmp_path: Path) -> None:
     for cached in (True, False):
         c = controller(tmp_path / str(cached), {"budgets": {"latency_ms": 8.0},
                                                 "switch": {"min_dwell_s": 0.0, "miss_streak": 0}}, [1.0])
-        c.decision_cache = cached
+        c.decision.enabled = cached
         steps = np.random.default_rng(1)
         choices = []
         for i in range(60):
@@ -125,7 +125,7 @@ def test_cached_and_uncached_loops_choose_alike(tmp_path: Path) -> None:
                     c.estimator.observe(active, predicted * float(steps.uniform(1.0, 3.0)), predicted, c.now_s())
             record = c.tick(sample=sample(cpu=cpu, battery=battery))
             choices.append((record.proposed, record.active, record.feasible))
-        runs.append((choices, c.decision_cache_hits))
+        runs.append((choices, c.decision.hits))
     (cached_choices, hits), (uncached_choices, no_hits) = runs
     assert cached_choices == uncached_choices
     assert hits > 0 and no_hits == 0
