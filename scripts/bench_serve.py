@@ -180,6 +180,8 @@ def bench_engine(args: argparse.Namespace, spec: str, bundle: Any, data: Path, l
     duration = scenario.end_s
     modes = [("adaptive", None), ("adaptive_unloaded", None), ("static_largest", largest),
              ("static_smallest", smallest)]
+    extra = dict(args.extra_modes)
+    modes[1:1] = [(name, None) for name in extra]
     if args.with_profile_only:
         # The ablation: the same loop deciding on the profile's predictions alone (x load model).
         modes.insert(1, ("adaptive_profile_only", None))
@@ -191,7 +193,8 @@ def bench_engine(args: argparse.Namespace, spec: str, bundle: Any, data: Path, l
                          fixed=fixed, clients=args.clients, threads=threads,
                          rate_hz=rate_hz, timeline=timeline, label=f"{spec} {mode} (rep {rep})",
                          engine=engine, overrides={**overrides, "estimates": {"mode": "predicted"}}
-                         if mode == "adaptive_profile_only" else overrides)
+                         if mode == "adaptive_profile_only" else {**overrides, **extra[mode]} if mode in extra
+                         else overrides)
             runs[mode].append(trimmed(result))
             s = result.summary
             print(f"{spec} rep {rep} {mode:16s} p95 {s['latency_ms']['p95']:.3f} ms  miss "
@@ -239,8 +242,11 @@ def main() -> None:
                              "\"predicted\"}}' for the profile-only ablation)")
     parser.add_argument("--with-profile-only", action="store_true",
                         help="also run the loop on the profile's predictions alone (estimates.mode predicted)")
+    parser.add_argument("--extra-mode", action="append", default=[], metavar="NAME=JSON",
+                        help="an adaptive run with these serve.json overrides, in the same run (repeatable)")
     args = parser.parse_args()
     args.overrides = json.loads(args.serve_json)
+    args.extra_modes = [(text.partition("=")[0], json.loads(text.partition("=")[2])) for text in args.extra_mode]
 
     args.out.mkdir(parents=True, exist_ok=True)
     bundle = load_bundle(args.bundle)
