@@ -109,8 +109,13 @@ class SwitchPolicy:
     # This many requests in a row over the latency budget confirm a violation at once (no
     # patience): the fast attack after a load step. 0 turns it off.
     miss_streak: int = 3
+    # > 0: a variant climbed to that violated within two dwell times waits twice the dwell before
+    # the next climb to it, up to this many seconds (against probing up every dwell under load).
+    probe_backoff_max_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.probe_backoff_max_s) and self.probe_backoff_max_s >= 0):
+            raise UsageError(f"switch probe_backoff_max_s must be >= 0, got {self.probe_backoff_max_s}")
         if self.miss_streak < 0:
             raise UsageError(f"switch miss_streak must be >= 0, got {self.miss_streak}")
         if not self.score_margin >= 0:

@@ -41,6 +41,7 @@ SOURCE_PRIOR = "prior"
 # published, so that the EMA moving by a fraction of a percent with every request does not
 # change the estimates (and recompute the feasible set) every tick.
 PRIOR_R_STEP = 0.01
+MAX_TAIL_FACTOR = 2.0  # p95 / median a prior may assume (see refresh)
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,10 @@ class LatencyEstimator:
             spreads = [t / m for t, m in zip(measured, self._medians, strict=True)
                        if t is not None and m is not None and m > 0]
             if spreads:
-                self.tail_factor = max(1.0, sum(spreads) / len(spreads))
+                # Capped: right after a load step a window holds both regimes, and its p95/median
+                # (10 when the step is 10x) is the step, not the spread; r already follows the
+                # step, so an uncapped factor would price every prior at step x step.
+                self.tail_factor = min(MAX_TAIL_FACTOR, max(1.0, sum(spreads) / len(spreads)))
         if self._r_changed:
             self._r_changed = False
             low, high = 1.0 - PRIOR_R_STEP, 1.0 + PRIOR_R_STEP

@@ -11,7 +11,9 @@ Rules, applied to each :class:`~hmt.serve.optimizer.Decision` (one per tick):
   This is the fast attack; the slow release is the next rule;
 - otherwise switch only when the same proposal has beaten the active variant's score
   by at least ``score_margin`` for ``improve_patience`` consecutive decisions and the
-  active variant has served for at least ``min_dwell_s``.
+  active variant has served for at least ``min_dwell_s``; with ``probe_backoff_max_s`` set,
+  a variant reached that way which violated the budgets within two dwell times (a failed
+  probe) needs twice the dwell before the next climb to it (up to the cap), until it holds.
 
 Inputs that alternate between two states therefore never switch back and forth: each
 state resets the other's streak, and a budget violation that clears every other tick
@@ -62,9 +64,24 @@ class Switcher:
         self._candidate_streak = 0
         self.switch_count = 0
         self._stay_same: SwitchResult | None = None  # the steady state's result, built once per variant
+        # Probe backoff (policy.probe_backoff_max_s > 0): the dwell before climbing to each variant
+        # that failed right after an improvement switch to it.
+        self._probe_dwell: dict[str, float] = {}
+        self._entered_better = False
 
     def _switch(self, decision: Decision | Choice, now_s: float, reason: str) -> SwitchResult:
         previous = self.active_arch_id
+        cap_s = self.policy.probe_backoff_max_s
+        if cap_s > 0 and previous is not None and reason in (SWITCH_VIOLATION, SWITCH_MISSES):
+            # Left on a violation: a failed probe when it was entered as an improvement and did not
+            # hold for two dwell times (the next climb to it waits twice as long), else a new load
+            # step (its backoff is forgotten).
+            dwell_s = self.policy.min_dwell_s
+            if self._entered_better and now_s - self._since_s < 2 * dwell_s:
+                self._probe_dwell[previous] = min(cap_s, 2 * max(dwell_s, self._probe_dwell.get(previous, dwell_s)))
+            else:
+                self._probe_dwell.pop(previous, None)
+        self._entered_better = reason == SWITCH_BETTER
         self.active_arch_id = decision.arch_id
         self._since_s = now_s
         self._violations = 0
@@ -118,7 +135,10 @@ class Switcher:
             self._candidate, self._candidate_streak = decision.arch_id, 1
         if self._candidate_streak < self.policy.improve_patience:
             return self._stay(decision, STAY_IMPROVEMENT_PENDING)
-        if now - self._since_s < self.policy.min_dwell_s:
+        dwell_s = self.policy.min_dwell_s
+        if self._probe_dwell:
+            dwell_s = max(dwell_s, self._probe_dwell.get(decision.arch_id, 0.0))
+        if now - self._since_s < dwell_s:
             return self._stay(decision, STAY_DWELL)
         return self._switch(decision, now, SWITCH_BETTER)
 
