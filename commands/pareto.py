@@ -37,7 +37,7 @@ The baselines (same evaluation budget): --method evolution (plain NSGA-II) or --
 
 Writes front.json (per point: arch id, config, accuracy per exit, predicted latency / energy /
 memory, the profile they were predicted for), index.json (the runtime index serve loads),
-archive.csv (every evaluated variant) and front.png. Budgets that nothing meets fail with
+archive.csv (every evaluated variant) and front.png. BudgetSweep that nothing meets fail with
 exit code 8 and name the closest variant and by how much it misses.
 """
 
@@ -126,12 +126,12 @@ def pareto_command(
     runtime index, the archive and a plot."""
 
     def body(output: Output) -> None:
-        from hmt.pareto import Budgets, ParetoOptions, SearchOptions, find_front
+        from hmt.pareto import BudgetSweep, ParetoOptions, SearchOptions, find_front
         from hmt.pareto.budgets import describe
         from hmt.pareto.precision import PrecisionOptions
 
         options = ParetoOptions(
-            budgets=Budgets.of(latency_ms=latency_ms, energy=energy_mj, memory_mb=memory_mb),
+            budgets=BudgetSweep.of(latency_ms=latency_ms, energy=energy_mj, memory_mb=memory_mb),
             search=SearchOptions(method=method.value, evaluations=evaluations, population=population, seed=seed,
                                  objectives=tuple(o.strip() for o in objectives.split(",") if o.strip()),
                                  window=window, noise_prob=noise_prob, coverage_share=coverage_share,

@@ -1,7 +1,7 @@
 """The loop's decision (estimates -> eq. 3 -> hysteresis) hot, after a sleep, and with the core kept busy.
 
 Builds a controller on serve's tiny test bundle (4 variants, ONNX Runtime), feeds it
-requests so the estimates are measured, then times ``Controller._decide`` +
+requests so the estimates are measured, then times ``DecisionPath.choose`` +
 ``Switcher.offer`` (what ``decision_us`` covers in the loop) as thread CPU time:
 
 - hot: back to back;
@@ -45,13 +45,16 @@ def main() -> None:
     x = np.zeros((1, 4), dtype=np.float32)
     for _ in range(50):
         c.predict(x)
-    c.estimator.refresh(c.now_s())
-    budgets = c.budgets.to_budgets()
+    budgets = c.budgets
+    limit_ms, _ = c._latency_limit_ms(budgets)
+    mu = c.decision.mu(sample)
 
     def one() -> float:
+        # What decision_us covers in the loop: the (cached) choice over the feasible set + the switcher.
+        mask = c._estimate(0.3, limit_ms, budgets)
         t0 = time.thread_time_ns()
-        choice, _ = c._decide(0.3, sample, budgets)
-        c.switcher.offer(choice, now_s=time.monotonic())
+        choice = c.decision.choose(mask, mu, c.switcher.active_arch_id)
+        c.switcher.offer(choice)
         return (time.thread_time_ns() - t0) / 1e3
 
     def busy(seconds: float) -> None:

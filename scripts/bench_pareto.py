@@ -119,13 +119,13 @@ def describe_setup(args: argparse.Namespace, env: dict[str, Any]) -> dict[str, A
 
 def run_search_bench(args: argparse.Namespace) -> dict[str, Any]:
 
-    from hmt.pareto.budgets import Budgets
+    from hmt.pareto.budgets import BudgetSweep
     from hmt.pareto.evaluate import PrefixEvaluator
     from hmt.pareto.front import hypervolume
     from hmt.pareto.search import SearchOptions, front_of, run_search
 
     env = setup(args)
-    budgets = Budgets.of(latency_ms=env["latency_budgets_ms"])
+    budgets = BudgetSweep.of(latency_ms=env["latency_budgets_ms"])
     oracle = PrefixEvaluator(env["loaded"].net, env["batches"], calibration=env["calibration"],
                              cache_bytes=int(args.cache_mb * 1e6))
     runs: list[dict[str, Any]] = []
@@ -219,13 +219,13 @@ def run_search_bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_reuse_bench(args: argparse.Namespace) -> dict[str, Any]:
-    from hmt.pareto.budgets import Budgets
+    from hmt.pareto.budgets import BudgetSweep
     from hmt.pareto.evaluate import PrefixEvaluator, evaluate_plain
     from hmt.pareto.search import SearchOptions, run_search
 
     env = setup(args)
     net, batches, calibration = env["loaded"].net, env["batches"], env["calibration"]
-    budgets = Budgets.of(latency_ms=env["latency_budgets_ms"])
+    budgets = BudgetSweep.of(latency_ms=env["latency_budgets_ms"])
     # The groups one nearby search hands over (accuracies from a throw-away evaluator).
     probe = PrefixEvaluator(net, batches[:1], calibration=calibration[:1] if calibration else None)
     result = run_search(env["encoding"], env["costs"], probe, budgets,

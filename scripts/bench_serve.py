@@ -46,7 +46,8 @@ SUMMARY_KEYS = ("requests", "ok", "failed", "failed_by_status", "latency_ms", "c
                 "latency_over_budget", "judged", "deadline_misses", "deadline_miss_share", "accuracy", "labelled",
                 "switches", "decisions", "decision_us", "decision_cpu_us", "estimate_us", "per_exit", "per_variant",
                 "steps",
-                "back_within_budget_s_max", "steps_never_back", "engine", "fixed_variant")
+                "back_within_budget_s_max", "steps_never_back", "first_clean_window_s_max", "steps_never_clean",
+                "client_over_budget_share", "engine", "fixed_variant")
 
 
 def machine() -> dict[str, Any]:
@@ -115,6 +116,8 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
                       ("decision_cpu_us_p50", lambda r: (r.get("decision_cpu_us") or {}).get("p50")),
                       ("estimate_us_p50", lambda r: (r.get("estimate_us") or {}).get("p50")),
                       ("back_within_budget_s_max", lambda r: r["back_within_budget_s_max"]),
+                      ("first_clean_window_s_max", lambda r: r["first_clean_window_s_max"]),
+                      ("client_over_budget_share", lambda r: r["client_over_budget_share"]),
                       ("failed", lambda r: r["failed"])):
         v = values(get)
         out[name] = {"mean": float(np.mean(v)), "min": min(v), "max": max(v)} if v else None
@@ -128,8 +131,8 @@ def trimmed(result: ScenarioResult) -> dict[str, Any]:
 def run(bundle: Path, scenario: Scenario, duration_s: float, data: Path, *, fixed: str | None, clients: int,
         rate_hz: float, overrides: dict[str, Any] | None = None, timeline: Path | None = None,
         label: str = "", load_mode: str = "burn", deadline_ms: float = 2000.0,
-        client_mode: str = "processes", engine: str = "auto") -> ScenarioResult:
-    session = SessionOptions(engine=engine, fixed_variant=fixed, serve_overrides=overrides or {})
+        client_mode: str = "processes", engine: str = "auto", threads: int | None = None) -> ScenarioResult:
+    session = SessionOptions(engine=engine, fixed_variant=fixed, serve_overrides=overrides or {}, threads=threads)
     drive = DriveOptions(duration_s=duration_s, clients=clients, rate_hz=rate_hz, load_mode=load_mode,
                          client_mode=client_mode)
     return run_scenario(bundle, scenario, session, drive, api=ApiOptions(max_queue=64, workers=2,
@@ -138,9 +141,14 @@ def run(bundle: Path, scenario: Scenario, duration_s: float, data: Path, *, fixe
                         rng=np.random.default_rng(0), label=label)
 
 
-def bench_engine(args: argparse.Namespace, engine: str, bundle: Any, data: Path, largest: str, smallest: str,
+def bench_engine(args: argparse.Namespace, spec: str, bundle: Any, data: Path, largest: str, smallest: str,
                  work: Path) -> dict[str, Any]:
-    """Calibration + the scenario (adaptive, static largest, static smallest) on one engine."""
+    """Calibration + the scenario (adaptive, static largest, static smallest) on one engine.
+
+    ``spec``: an engine, or ``engine@N`` to run every graph on N intra-op threads instead of
+    fuse's per-variant choice (``hmt serve --threads N``)."""
+    engine, _, threads_text = spec.partition("@")
+    threads = int(threads_text) if threads_text else None
     # Bundle predictions are for the preferred engine (ONNX Runtime here); the untuned TVM
     # build runs 15-40x slower than predicted: the loop must learn that from its measurements
     # (no override of the correction: r is never clipped any more).
@@ -150,7 +158,7 @@ def bench_engine(args: argparse.Namespace, engine: str, bundle: Any, data: Path,
     # 1. Budget calibration: the largest variant, unloaded, through the API.
     calib = run(args.bundle, Scenario.from_text("time_s\n0\n"), 5.0, data, fixed=largest,
                 clients=args.clients, rate_hz=rate_hz, load_mode="synthetic", label="calibration",
-                engine=engine, overrides=overrides)
+                engine=engine, overrides=overrides, threads=threads)
     assert calib.summary["latency_ms"] is not None
     largest_p95 = calib.summary["latency_ms"]["p95"]
     # A fixed --budget-ms keeps one noisy calibration (a shared VM) from making the budget meaningless.
@@ -161,35 +169,43 @@ def bench_engine(args: argparse.Namespace, engine: str, bundle: Any, data: Path,
     memory_cut_mb = by_memory[len(by_memory) // 2 - 1] * 1.001
     out["calibration"] = {"largest_unloaded": trimmed(calib), "budget_ms": budget_ms,
                           "budget_factor": args.budget_factor, "memory_cut_mb": memory_cut_mb}
-    print(f"{engine}: budget {budget_ms:.3f} ms (largest unloaded p95 {largest_p95:.3f} ms); "
+    print(f"{spec}: budget {budget_ms:.3f} ms (largest unloaded p95 {largest_p95:.3f} ms); "
           f"memory cut {memory_cut_mb:.3f} MB", flush=True)
 
     # 2. The scenario, adaptive and static, in the same run.
     text = scenario_text(budget_ms, memory_cut_mb, args.phase_s)
-    (args.out / f"scenario_{engine}.csv").write_text(text)
+    (args.out / f"scenario_{spec}.csv").write_text(text)
     scenario = Scenario.from_text(text)
     unloaded = Scenario.from_text(scenario_text(budget_ms, memory_cut_mb, args.phase_s, load=False))
     duration = scenario.end_s
     modes = [("adaptive", None), ("adaptive_unloaded", None), ("static_largest", largest),
              ("static_smallest", smallest)]
+    extra = dict(args.extra_modes)
+    modes[1:1] = [(name, None) for name in extra]
     if args.with_profile_only:
         # The ablation: the same loop deciding on the profile's predictions alone (x load model).
         modes.insert(1, ("adaptive_profile_only", None))
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m, _ in modes}
     for rep in range(args.reps):
         for mode, fixed in modes:
-            timeline = work / f"tl_{engine}_{mode}_{rep}"
+            timeline = work / f"tl_{spec}_{mode}_{rep}"
             result = run(args.bundle, unloaded if mode == "adaptive_unloaded" else scenario, duration, data,
-                         fixed=fixed, clients=args.clients,
-                         rate_hz=rate_hz, timeline=timeline, label=f"{engine} {mode} (rep {rep})",
+                         fixed=fixed, clients=args.clients, threads=threads,
+                         rate_hz=rate_hz, timeline=timeline, label=f"{spec} {mode} (rep {rep})",
                          engine=engine, overrides={**overrides, "estimates": {"mode": "predicted"}}
-                         if mode == "adaptive_profile_only" else overrides)
+                         if mode == "adaptive_profile_only" else {**overrides, **extra[mode]} if mode in extra
+                         else overrides)
             runs[mode].append(trimmed(result))
             s = result.summary
-            print(f"{engine} rep {rep} {mode:16s} p95 {s['latency_ms']['p95']:.3f} ms  miss "
+            print(f"{spec} rep {rep} {mode:16s} p95 {s['latency_ms']['p95']:.3f} ms  miss "
                   f"{100 * (s['deadline_miss_share'] or 0):.2f}%  acc {100 * (s['accuracy'] or 0):.2f}%  "
-                  f"switches {s['switches']}  back<= {s['back_within_budget_s_max']}  "
-                  f"failed {s['failed']}", flush=True)
+                  f"switches {s['switches']}  first clean {s['first_clean_window_s_max']}  "
+                  f"settled {s['back_within_budget_s_max']}  client miss "
+                  f"{100 * (s['client_over_budget_share'] or 0):.2f}%  decision p50 "
+                  f"{(s['decision_us'] or {}).get('p50', float('nan')):.1f} us  failed {s['failed']}", flush=True)
+            print("    per step (misses/judged, first clean s, settled s): " + "  ".join(
+                f"{st['time_s']:g}s {st['misses']}/{st['judged']} {st['first_clean_window_s']} "
+                f"{st['back_within_budget_s']}" for st in s["steps"]), flush=True)
             if rep == 0:
                 # Per-request records (~0.4 MB a run) only for the adaptive run.
                 names = ("timeline.png", "timeline.csv", "requests.csv") if mode == "adaptive" else (
@@ -197,7 +213,7 @@ def bench_engine(args: argparse.Namespace, engine: str, bundle: Any, data: Path,
                 for name in names:
                     if (timeline / name).exists():
                         stem, ext = name.rsplit(".", 1)
-                        shutil.copy(timeline / name, args.out / f"{stem}_{engine}_{mode}.{ext}")
+                        shutil.copy(timeline / name, args.out / f"{stem}_{spec}_{mode}.{ext}")
     out["scenario"] = {"duration_s": duration, "budget_ms": budget_ms, "runs": runs,
                        "mean": {m: aggregate(r) for m, r in runs.items()}}
     out["budget_ms"] = budget_ms
@@ -226,8 +242,11 @@ def main() -> None:
                              "\"predicted\"}}' for the profile-only ablation)")
     parser.add_argument("--with-profile-only", action="store_true",
                         help="also run the loop on the profile's predictions alone (estimates.mode predicted)")
+    parser.add_argument("--extra-mode", action="append", default=[], metavar="NAME=JSON",
+                        help="an adaptive run with these serve.json overrides, in the same run (repeatable)")
     args = parser.parse_args()
     args.overrides = json.loads(args.serve_json)
+    args.extra_modes = [(text.partition("=")[0], json.loads(text.partition("=")[2])) for text in args.extra_mode]
 
     args.out.mkdir(parents=True, exist_ok=True)
     bundle = load_bundle(args.bundle)
@@ -249,7 +268,7 @@ def main() -> None:
             report["engines"][engine] = bench_engine(args, engine, bundle, data, largest.arch_id, smallest.arch_id,
                                                      work)
         budget_ms = report["engines"][engines[0]]["budget_ms"]
-        engine = engines[0]
+        engine = engines[0].partition("@")[0]
 
         # 3. Load test: the variant switches every second under many concurrent clients.
         if args.load_s > 0:

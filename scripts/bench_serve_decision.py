@@ -29,7 +29,7 @@ def bench(n: int, repeats: int, cold: bool, rng: np.random.Generator) -> tuple[f
     opt = Optimizer(table(n, rng))
     loads = rng.uniform(0.0, 1.0, repeats)
     battery = rng.integers(20, 100, repeats).astype(float) if cold else np.full(repeats, 70.0)
-    budgets = Budgets(latency_ms=25.0, memory_bytes=int(30e6))
+    budgets = Budgets(latency_ms=25.0, memory_mb=30.0)
     times_s = np.empty(repeats)
     for i in range(repeats):
         if cold:

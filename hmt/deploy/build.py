@@ -291,14 +291,14 @@ def deploy_bundle(
     """Build the bundle for ``options.target`` in ``out_dir`` (atomically) and ``<out>.tar.gz``."""
     from hmt.pareto.artifact import load_front
     from hmt.pareto.index import FrontIndex
-    from hmt.runtime.settings import BudgetSettings, ServeSettings
+    from hmt.runtime.settings import Budgets, ServeSettings
 
     start = time.perf_counter()
     target = get_target(options.target)
     _check_options(options, target)
     signing_key = load_private_key(options.sign_key) if options.sign_key is not None else None
-    serve = ServeSettings(budgets=BudgetSettings(latency_ms=options.latency_ms, memory_mb=options.memory_mb,
-                                                 energy=options.energy))
+    serve = ServeSettings(budgets=Budgets(latency_ms=options.latency_ms, memory_mb=options.memory_mb,
+                                          energy=options.energy))
     fused = load_artifact(fused_dir, kind=FUSED_KIND)
     front = load_front(pareto_dir)
     lineage = check_lineage(fused, front.artifact)

@@ -9,12 +9,12 @@ Importing this package, ``hmt.pareto.index`` or ``hmt.pareto.front`` imports nei
 nor pymoo: names that need them load lazily.
 """
 
-from hmt.pareto.budgets import Budgets
+from hmt.pareto.budgets import BudgetSweep
 from hmt.pareto.front import dominates, front_indices, hypervolume, non_dominated_mask
 from hmt.pareto.index import FrontIndex, IndexEntry, load_index
 
 __all__ = [
-    "Budgets",
+    "BudgetSweep",
     "FrontIndex",
     "IndexEntry",
     "LoadedFront",

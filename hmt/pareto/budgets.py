@@ -1,4 +1,5 @@
-"""Budgets: several values per metric in one run.
+"""BudgetSweep: several budget values per metric in one pareto run (a sweep of budgets, not the
+one set of limits a deployed model runs under: that is :class:`hmt.runtime.settings.Budgets`).
 
 The search treats the loosest value of each metric as a hard constraint (nothing above
 it is worth an accuracy evaluation) and seeds and mutates near *every* value given
@@ -18,7 +19,7 @@ UNITS = {"latency_ms": "ms", "energy": "", "memory_mb": "MB"}
 
 
 @dataclass(frozen=True)
-class Budgets:
+class BudgetSweep:
     latency_ms: tuple[float, ...] = ()
     energy: tuple[float, ...] = ()
     memory_mb: tuple[float, ...] = ()
@@ -33,7 +34,7 @@ class Budgets:
 
     @classmethod
     def of(cls, *, latency_ms: Sequence[float] | None = None, energy: Sequence[float] | None = None,
-           memory_mb: Sequence[float] | None = None) -> Budgets:
+           memory_mb: Sequence[float] | None = None) -> BudgetSweep:
         return cls(tuple(latency_ms or ()), tuple(energy or ()), tuple(memory_mb or ()))
 
     @property

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hmt.errors import BudgetError, UsageError
-from hmt.pareto.budgets import Budgets, describe
+from hmt.pareto.budgets import BudgetSweep, describe
 from hmt.pareto.front import budget_excess, closest_to_budgets, hypervolume
 from hmt.pareto.index import FrontIndex, IndexEntry
 from hmt.pareto.objectives import COST_METRICS
@@ -26,7 +26,7 @@ from hmt.progress import ProgressCallback, no_progress
 
 @dataclass(frozen=True)
 class ParetoOptions:
-    budgets: Budgets = field(default_factory=Budgets)
+    budgets: BudgetSweep = field(default_factory=BudgetSweep)
     search: SearchOptions = field(default_factory=SearchOptions)
     data_path: Path | None = None  # the "edge" data; None: the supernet's validation split
     data_split: str = "test"
@@ -120,7 +120,7 @@ def _budget_error(what: str, arch_id: str, values: dict[str, float], budgets: di
             "loosen the budgets or profile a faster engine")
 
 
-def precheck_budgets(encoding: Any, costs: Any, budgets: Budgets) -> None:
+def precheck_budgets(encoding: Any, costs: Any, budgets: BudgetSweep) -> None:
     """Refuse budgets nothing in the space can meet, before any evaluation."""
     limits = budgets.limits()
     for metric, limit in limits.items():

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from hmt.errors import UsageError
-from hmt.pareto.budgets import Budgets
+from hmt.pareto.budgets import BudgetSweep
 from hmt.pareto.encoding import Candidate, Encoding
 from hmt.pareto.evaluate import ArchAccuracy, EvalStats, PrefixEvaluator
 from hmt.pareto.front import budget_excess, front_indices
@@ -123,7 +123,7 @@ class SearchResult:
     eval_stats: EvalStats
     stop_reason: str
     options: SearchOptions
-    budgets: Budgets
+    budgets: BudgetSweep
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -134,7 +134,7 @@ class SearchResult:
 class _Search:
     """The state shared by the operators and the problem: pricing, archive, counters."""
 
-    def __init__(self, encoding: Encoding, costs: VariantCostModel, evaluator: PrefixEvaluator, budgets: Budgets,
+    def __init__(self, encoding: Encoding, costs: VariantCostModel, evaluator: PrefixEvaluator, budgets: BudgetSweep,
                  options: SearchOptions, progress: ProgressCallback) -> None:
         self.encoding = encoding
         self.cost_model = costs
@@ -443,7 +443,7 @@ def _run_random(search: _Search) -> str:
     return "evaluation budget reached"
 
 
-def run_search(encoding: Encoding, costs: VariantCostModel, evaluator: PrefixEvaluator, budgets: Budgets,
+def run_search(encoding: Encoding, costs: VariantCostModel, evaluator: PrefixEvaluator, budgets: BudgetSweep,
                options: SearchOptions, *, progress: ProgressCallback = no_progress) -> SearchResult:
     """Search, returning the archive of evaluated variants and its front."""
     options.validate()

@@ -1,9 +1,9 @@
 """``serve.json``: the serve config a bundle carries. deploy writes and verifies it, serve reads it.
 
 It sits in the runtime floor (torch-free, no serve import) so that deploy and serve share one
-schema without deploy importing serve. Every budget has one type here: :class:`BudgetSettings`
-(serve.json's units: ms, MB, the profile's energy unit) and :class:`Budgets` (what the
-optimizer compares: ms, bytes, energy), made from it by :meth:`BudgetSettings.to_budgets`.
+schema without deploy importing serve. Budgets have one type, :class:`Budgets`, in the units
+users give them (``deploy --latency-ms/--memory-mb/--energy``, serve.json ``budgets``): ms, MB and
+the profile's energy unit; serve.json, the optimizer and the loop all take it as it is.
 """
 
 from __future__ import annotations
@@ -34,19 +34,31 @@ def dataclass_from_mapping(cls: type[T], mapping: Mapping[str, Any], where: str)
 
 @dataclass(frozen=True)
 class Budgets:
-    """Run-time budgets; ``None`` means unconstrained."""
+    """Run-time budgets, in the units users give them; ``None`` = unconstrained.
 
-    latency_ms: float | None = None
-    memory_bytes: int | None = None
-    energy_mj: float | None = None  # per inference, in the profile's energy unit
+    serve.json's ``budgets`` object, ``deploy --latency-ms/--memory-mb/--energy`` and the
+    optimizer's constraints are this one type (no conversion in between that could drop one).
+    """
+
+    latency_ms: float | None = None  # whole server-side request: queue + parse + compute
+    memory_mb: float | None = None  # loaded variants (10**6 bytes)
+    energy: float | None = None  # per inference, in the profile's energy unit
 
     def __post_init__(self) -> None:
-        if self.latency_ms is not None and not (math.isfinite(self.latency_ms) and self.latency_ms > 0):
-            raise UsageError(f"latency budget must be a finite number > 0 ms, got {self.latency_ms}")
-        if self.memory_bytes is not None and self.memory_bytes < 0:
-            raise UsageError(f"memory budget must be >= 0 bytes, got {self.memory_bytes}")
-        if self.energy_mj is not None and not (math.isfinite(self.energy_mj) and self.energy_mj > 0):
-            raise UsageError(f"energy budget must be a finite number > 0, got {self.energy_mj}")
+        for name in ("latency_ms", "memory_mb", "energy"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            # A memory budget of 0 is legal (nothing fits: the loop serves the least memory).
+            low_ok = value >= 0 if name == "memory_mb" else value > 0
+            if isinstance(value, bool) or not (isinstance(value, int | float) and math.isfinite(value) and low_ok):
+                raise UsageError(f"budgets.{name} must be a number {'>=' if name == 'memory_mb' else '>'} 0 "
+                                 f"or null, got {value!r}")
+
+    @property
+    def memory_bytes(self) -> float | None:
+        """The memory budget in bytes, as variants' ``memory_bytes`` are compared against it."""
+        return None if self.memory_mb is None else self.memory_mb * 1e6
 
 
 @dataclass(frozen=True)
@@ -90,9 +102,22 @@ class SwitchPolicy:
     score_margin: float = 0.05
     violation_patience: int = 2
     improve_patience: int = 2
-    min_dwell_s: float = 2.0
+    # Slow release: the active variant must have served this long before an improvement (not a
+    # violation) replaces it. 1 s: after a load step lifts, the loop climbs back within about a
+    # second (with improve_patience ticks of monitor_period_s).
+    min_dwell_s: float = 1.0
+    # This many requests in a row over the latency budget confirm a violation at once (no
+    # patience): the fast attack after a load step. 0 turns it off.
+    miss_streak: int = 3
+    # > 0: a variant climbed to that violated within two dwell times waits twice the dwell before
+    # the next climb to it, up to this many seconds (against probing up every dwell under load).
+    probe_backoff_max_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.probe_backoff_max_s) and self.probe_backoff_max_s >= 0):
+            raise UsageError(f"switch probe_backoff_max_s must be >= 0, got {self.probe_backoff_max_s}")
+        if self.miss_streak < 0:
+            raise UsageError(f"switch miss_streak must be >= 0, got {self.miss_streak}")
         if not self.score_margin >= 0:
             raise UsageError(f"switch score_margin must be >= 0, got {self.score_margin}")
         if self.violation_patience < 1 or self.improve_patience < 1:
@@ -141,7 +166,9 @@ class EstimatorSettings:
 
     window: int = 64  # samples kept per variant
     min_samples: int = 5  # fresh samples before the window's p95 is trusted over the prior
-    max_age_s: float = 3.0  # samples older than this are stale (the load moved on)
+    # Samples older than this are stale (the load moved on). 1.5 s holds ~100 requests at the rates
+    # serve sees under load, and lets a step's slow samples go within a couple of ticks after it lifts.
+    max_age_s: float = 1.5
     quantile: float = 0.95
     default_tail: float = 1.3  # p95 / median assumed before any window has enough samples
     shadow_share: float = 0.05  # at most this share of wall time goes to shadow runs of idle variants
@@ -183,26 +210,6 @@ class EarlyExit:
 
 
 @dataclass(frozen=True)
-class BudgetSettings:
-    """Budgets in the units users think in; ``None`` = unconstrained."""
-
-    latency_ms: float | None = None
-    memory_mb: float | None = None
-    energy: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("latency_ms", "memory_mb", "energy"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise UsageError(f"budgets.{name} must be a number > 0 or null, got {value!r}")
-
-    def to_budgets(self) -> Budgets:
-        """The optimizer's budgets: every budget reaches the decision (energy included)."""
-        memory = None if self.memory_mb is None else int(self.memory_mb * 1e6)
-        return Budgets(latency_ms=self.latency_ms, memory_bytes=memory, energy_mj=self.energy)
-
-
-@dataclass(frozen=True)
 class CorrectionSettings:
     """``r = measured / predicted`` (AdaptiveNet 5.3), smoothed, kept per variant and per engine.
 
@@ -230,7 +237,7 @@ class CorrectionSettings:
 
 @dataclass(frozen=True)
 class ServeSettings:
-    budgets: BudgetSettings = field(default_factory=BudgetSettings)
+    budgets: Budgets = field(default_factory=Budgets)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     switch: SwitchPolicy = field(default_factory=SwitchPolicy)
     load_weights: LoadWeights = field(default_factory=LoadWeights)
@@ -238,7 +245,9 @@ class ServeSettings:
     correction: CorrectionSettings = field(default_factory=CorrectionSettings)
     estimates: EstimatorSettings = field(default_factory=EstimatorSettings)
     preload_memory_mb: float | None = None
-    monitor_period_s: float = 1.0
+    # Periodic decisions (misses ask for one at once anyway): 4 a second, so improvement patience
+    # (2 ticks) and the load forecast follow a step within half a second. A tick costs ~1 ms of CPU.
+    monitor_period_s: float = 0.25
     # A request over budget asks for a decision now, at most once per this interval.
     on_demand_min_interval_s: float = 0.05
     engine: str = "auto"
@@ -258,7 +267,7 @@ class ServeSettings:
         if not isinstance(data, Mapping):
             raise UsageError(f"{where}: expected a JSON object")
         nested = {
-            "budgets": BudgetSettings,
+            "budgets": Budgets,
             "optimizer": OptimizerConfig,
             "switch": SwitchPolicy,
             "load_weights": LoadWeights,

@@ -37,23 +37,20 @@ from hmt.bundle import Bundle
 from hmt.errors import DeviceError, HmtError, ModelError
 from hmt.runtime.chain import Runner
 from hmt.runtime.variant import bundle_providers
+from hmt.serve.decision import DecisionPath
 from hmt.serve.estimates import LatencyEstimator
 from hmt.serve.load_index import LoadForecaster, load_index_of
 from hmt.serve.monitor import ResourceMonitor, ResourceSample, Sampler
 from hmt.serve.optimizer import (
     DEFAULT_ALPHA,
-    REASON_BEST,
-    Budgets,
-    Choice,
     Decision,
     Optimizer,
     OptimizerConfig,
     Variant,
-    mu_from_battery,
 )
 from hmt.serve.pool import Loader, VariantPool
 from hmt.serve.records import Prediction, Stats, TickRecord
-from hmt.serve.settings import BudgetSettings, ServeSettings
+from hmt.serve.settings import Budgets, ServeSettings
 from hmt.serve.switcher import STAY_VIOLATION_PENDING, Switcher
 
 TRIGGER_INITIAL = "initial"
@@ -62,6 +59,11 @@ TRIGGER_ON_DEMAND = "on_demand"
 # A variant that failed to load is not tried again for this long (each try costs a load).
 LOAD_RETRY_S = 30.0
 QUEUE_WINDOW = 32  # requests whose queue wait sets the serving overhead (median)
+# The decision sees the load forecast in steps of this (a load index bucket) and the serving
+# overhead in steps of 1% of the latency budget (rounded up: never more budget than measured),
+# so that its inputs change only when they change enough to matter and the cached decision holds.
+LOAD_STEP = 0.02
+OVERHEAD_STEPS = 100
 
 
 def variants_of(bundle: Bundle) -> list[Variant]:
@@ -132,16 +134,18 @@ class Controller:
         self.estimator = LatencyEstimator([v.arch_id for v in table], [v.latency_ms for v in table], engines,
                                           self.settings.estimates, smoothing=c.smoothing, r_min=c.r_min,
                                           r_max=c.r_max)
-        self._energy0 = [v.energy_mj for v in table]
         self._known_ids = frozenset(v.arch_id for v in table)  # the pool may also hold serve --adapt's variant
-        self._fixed_index = [v.arch_id for v in table].index(fixed_variant) if fixed_variant is not None else -1
-        self._last_inputs: tuple[list[float], list[float], float, float] = ([], [], 1.0, 1.0)
+        # The decision path, cached on what a choice depends on (hmt.serve.decision).
+        self.decision = DecisionPath(self.optimizer, fixed_variant)
+        # Requests in a row over the budget on the active variant (the switcher's fast attack).
+        self._miss_streak = 0
+        self._measured_count = 0
         self.forecaster = LoadForecaster(order=2, window=60)
         self._recent_load: deque[float] = deque(maxlen=5)
         self.monitor = ResourceMonitor(sampler, frequency_hz=1.0 / self.settings.monitor_period_s)
         self.pool = VariantPool(bundle, engine=self.engine, threads=threads, warmup_runs=warmup_runs, loader=loader,
                                 early_exit=self.settings.early_exit.enabled, providers=self.providers)
-        self.budgets: BudgetSettings = self.settings.budgets
+        self.budgets: Budgets = self.settings.budgets
         self._active: Runner | None = None
         self._load_scale = 1.0  # (1 + alpha * I) of the last decision
         self._state_lock = threading.Lock()
@@ -311,7 +315,7 @@ class Controller:
                     *, keep_energy: bool = True) -> None:
         """Replace the run-time budgets (``None``: unconstrained; the energy budget is kept unless
         ``keep_energy=False``) and ask for a decision."""
-        new = BudgetSettings(latency_ms=latency_ms, memory_mb=memory_mb,
+        new = Budgets(latency_ms=latency_ms, memory_mb=memory_mb,
                              energy=self.budgets.energy if keep_energy and energy is None else energy)
         if new != self.budgets:
             self.budgets = new
@@ -341,67 +345,62 @@ class Controller:
         load_next = min(max(recent), max(min(recent), float(self.forecaster.forecast(1)[0])))
         return load_now, load_next, own
 
-    def _decide(self, load_next: float, sample: ResourceSample, budgets: Budgets) -> tuple[Choice, float]:
-        """The timed hot path of a tick (with the switcher): estimates -> eq. 3 within the budgets."""
-        optimizer = self.optimizer
-        load_scale = 1.0 + optimizer.alpha_latency * load_next
-        latencies, ratios = self.estimator.latencies(load_scale)
-        energies = None
-        if budgets.energy_mj is not None:
-            energy_scale = 1.0 + optimizer.alpha_energy * load_next
-            energies = [e * energy_scale * r for e, r in zip(self._energy0, ratios, strict=True)]
-        mu = mu_from_battery(sample.battery_percent, sample.battery_plugged, optimizer.config)
-        choice = optimizer.choose(latencies, energies, mu, budgets, self.switcher.active_arch_id)
-        if self.fixed_variant is not None and choice.arch_id != self.fixed_variant:
-            pos = self._fixed_index
-            choice = choice._replace(arch_id=self.fixed_variant, position=pos, score=optimizer.scores(mu)[pos])
-        self._last_inputs = (latencies, ratios, mu, load_scale)
-        return choice, load_scale
+    def _estimate(self, load_next: float, latency_limit_ms: float, budgets: Budgets) -> tuple[int, int]:
+        """The estimate stage of a tick (timed as ``estimate_us``): refresh the estimates (kept up
+        to date on each measurement, so this re-reads only what changed) and reduce them to the
+        feasible set (:meth:`DecisionPath.feasible`)."""
+        estimator = self.estimator
+        with self._state_lock:
+            self._measured_count = estimator.refresh(self.now_s())
+        latencies, ratios = estimator.latencies(1.0 + self.optimizer.alpha_latency * load_next)
+        return self.decision.feasible(latencies, ratios, load_next, latency_limit_ms, budgets)
 
-    def _record_decision(self, choice: Choice, load_next: float, budgets: Budgets) -> Decision:
-        """The full :class:`Decision` of the choice just made (after the timed part)."""
-        latencies, ratios, mu, load_scale = self._last_inputs
-        optimizer = self.optimizer
-        energy_scale = 1.0 + optimizer.alpha_energy * load_next
-        energies = [e * energy_scale * r for e, r in zip(self._energy0, ratios, strict=True)]
-        decision = optimizer.decision_of(choice, latencies, energies, mu=mu, budgets=budgets, load_index=load_next,
-                                         latency_scale=load_scale)
-        if self.fixed_variant is not None and choice.reason_code == REASON_BEST:
-            # A static baseline is "feasible" when the fixed variant itself meets the budgets.
-            i = choice.position
-            decision = replace(decision, feasible=(budgets.latency_ms is None or latencies[i] <= budgets.latency_ms)
-                               and (budgets.memory_bytes is None or optimizer.variants[i].memory_bytes
-                                    <= budgets.memory_bytes))
-        return decision
+    def _latency_limit_ms(self, budgets: Budgets) -> tuple[float, float]:
+        """(compute share of the latency budget, serving overhead): the budget covers queue wait +
+        compute; the estimates are compute alone, so they get what the serving overhead measured
+        now leaves of it (times the headroom). Infinite without a latency budget."""
+        waits = sorted(self._queue_waits)
+        overhead_ms = waits[len(waits) // 2] if waits else 0.0
+        budget_ms = budgets.latency_ms
+        if budget_ms is None:
+            return math.inf, overhead_ms
+        step = budget_ms / OVERHEAD_STEPS
+        overhead_q = math.ceil(overhead_ms / step - 1e-9) * step
+        return max(1e-3, self.settings.correction.headroom * budget_ms - overhead_q), overhead_ms
 
     def _tick(self, trigger: str, sample: ResourceSample | None) -> TickRecord:
         self._last_tick_s = self._clock()
         if sample is None:
             sample = self.monitor.sample_now()
         load_now, load_next, own = self._load(sample)
+        load_next = round(load_next / LOAD_STEP) * LOAD_STEP  # the load index bucket
         budgets = self.budgets
-        opt_budgets = budgets.to_budgets()
-        waits = sorted(self._queue_waits)
-        overhead_ms = self.overhead_ms = waits[len(waits) // 2] if waits else 0.0
-        if opt_budgets.latency_ms is not None:
-            # The budget covers queue wait + compute; the estimates are compute alone, so they
-            # get what the serving overhead measured now leaves of it (times the headroom).
-            compute_ms = self.settings.correction.headroom * opt_budgets.latency_ms - overhead_ms
-            opt_budgets = replace(opt_budgets, latency_ms=max(1e-3, compute_ms))
+        latency_limit_ms, overhead_ms = self._latency_limit_ms(budgets)
+        self.overhead_ms = overhead_ms
+        miss_streak = self.settings.switch.miss_streak
+        confirmed = miss_streak > 0 and self._miss_streak >= miss_streak
+        # mu from the battery reading, like the load index from the CPU reading: an input of the
+        # decision, derived from the sample before it.
+        mu = self.decision.mu(sample)
         e0 = time.perf_counter()
-        with self._state_lock:
-            measured = self.estimator.refresh(self.now_s())
+        mask = self._estimate(load_next, latency_limit_ms, budgets)
+        e1 = time.perf_counter()
+        cpu0 = time.thread_time_ns()  # outside the wall-time span: the call itself costs a few us
         t0 = time.perf_counter()
-        estimate_us = (t0 - e0) * 1e6
-        cpu0 = time.thread_time_ns()
-        choice, load_scale = self._decide(load_next, sample, opt_budgets)
-        result = self.switcher.offer(choice, now_s=self._clock())
-        decision_us = (time.perf_counter() - t0) * 1e6
+        choice = self.decision.choose(mask, mu, self.switcher.active_arch_id)
+        result = self.switcher.offer(choice, confirmed=confirmed)  # the switcher reads our clock if it needs it
+        t1 = time.perf_counter()
         decision_cpu_us = (time.thread_time_ns() - cpu0) / 1e3
-        decision = self._record_decision(choice, load_next, opt_budgets)
+        decision_us = (t1 - t0) * 1e6
+        estimate_us = (e1 - e0) * 1e6
+        measured = self._measured_count
+        load_scale = self.decision.inputs[2]
+        decision = self.decision.record(choice, load_next, latency_limit_ms, mu, budgets)
         with self._state_lock:
             self.stats.decision_us.append(decision_us)
             self.stats.infeasible_ticks += not decision.feasible
+        if result.switched:
+            self._miss_streak = 0  # the streak was the old variant's
         self._load_scale = load_scale
         self.last_decision = decision
         error = self._apply(result)
@@ -510,6 +509,8 @@ class Controller:
             stats.per_variant[runner.arch_id] += 1
             stats.latency_ms.append(latency_ms)
             stats.latency_sum_ms += latency_ms
+        if runner is self._active:
+            self._miss_streak = self._miss_streak + 1 if miss else 0
         if miss:
             self.request_tick()
         return Prediction(result.class_index, result.confidence, result.exit, runner.arch_id, result.compute_ms,
@@ -574,6 +575,8 @@ class Controller:
                      "capacity_mb": None if capacity is None else capacity / 1e6,
                      "loads": self.pool.load_count, "load_failures": self.pool.load_failures,
                      "evictions": self.pool.evictions, "integrity_failures": self.pool.integrity_failures},
+            # Decisions answered from the cache (same feasible set, mu and active variant).
+            "decision_cache": {"hits": self.decision.hits, "entries": self.decision.entries},
             "switches": self.switcher.switch_count,
             "requests": requests,
             "deadline_misses": misses,

@@ -16,14 +16,19 @@ No silent clamp: ``r`` is not clipped. When a variant's measured ``r`` leaves
 measurement still wins, and :meth:`LatencyEstimator.disagreements` says so, for status
 and metrics.
 
-The hot path is cheap: ``observe`` appends to a deque and updates two averages;
-``estimates`` recomputes a window's p95 only when it changed (a sort of <= 64 floats).
+The decision path is cheap because the work is done when a measurement arrives, not per
+decision: ``observe`` inserts the sample into its window's sorted list (bisect, <= 64 floats),
+so a window's p95 and median are index lookups; ``refresh`` only drops samples that aged out
+and re-reads the windows that changed, and bumps :attr:`LatencyEstimator.version` only when
+an estimate the decision uses changed (a measured tail, the set of measured variants, or a
+prior's ``r`` by more than :data:`PRIOR_R_STEP`). ``latencies`` is cached per
+(version, load scale), so a decision whose inputs did not change reuses everything.
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +37,11 @@ from hmt.runtime.settings import MODE_MEASURED, EstimatorSettings
 
 SOURCE_MEASURED = "measured"
 SOURCE_PRIOR = "prior"
+# A prior's r is published again only when it moved by more than this (relative) from the value
+# published, so that the EMA moving by a fraction of a percent with every request does not
+# change the estimates (and recompute the feasible set) every tick.
+PRIOR_R_STEP = 0.01
+MAX_TAIL_FACTOR = 2.0  # p95 / median a prior may assume (see refresh)
 
 
 @dataclass(frozen=True)
@@ -45,15 +55,37 @@ class Estimate:
 
 
 class _Window:
-    __slots__ = ("cached_n", "dirty", "median_ms", "tail_ms", "times", "values")
+    """Recent compute times of one variant: in arrival order (to age them out) and sorted (so
+    the tail and the median are index lookups)."""
+
+    __slots__ = ("changed", "ordered", "size", "times", "values")
 
     def __init__(self, size: int) -> None:
-        self.times: deque[float] = deque(maxlen=size)
-        self.values: deque[float] = deque(maxlen=size)
-        self.dirty = False
-        self.tail_ms = 0.0
-        self.median_ms = 0.0
-        self.cached_n = 0
+        self.size = size
+        self.times: deque[float] = deque()
+        self.values: deque[float] = deque()
+        self.ordered: list[float] = []
+        self.changed = False
+
+    def add(self, now_s: float, value: float) -> None:
+        self.times.append(now_s)
+        self.values.append(value)
+        insort(self.ordered, value)
+        if len(self.times) > self.size:
+            self._drop_oldest()
+        self.changed = True
+
+    def _drop_oldest(self) -> None:
+        self.times.popleft()
+        ordered = self.ordered
+        del ordered[bisect_left(ordered, self.values.popleft())]
+
+    def expire(self, cutoff_s: float) -> None:
+        """Drop the samples taken before ``cutoff_s`` (the load they saw has moved on)."""
+        times = self.times
+        while times and times[0] < cutoff_s:
+            self._drop_oldest()
+            self.changed = True
 
     def fresh(self, now_s: float, max_age_s: float) -> int:
         """Samples younger than ``max_age_s`` (times are appended in order: bisect them)."""
@@ -62,17 +94,12 @@ class _Window:
             return 0
         return len(times) - bisect_left(times, now_s - max_age_s)
 
-    def quantiles(self, n: int, quantile: float) -> tuple[float, float]:
-        """(tail, median) of the newest ``n`` values, cached until an append or ``n`` changes."""
-        if self.dirty or n != self.cached_n:
-            values = list(self.values)
-            values = sorted(values[len(values) - n:])
-            k = min(len(values) - 1, max(0, math.ceil(quantile * len(values)) - 1))
-            self.tail_ms = values[k]
-            self.median_ms = values[len(values) // 2]
-            self.dirty = False
-            self.cached_n = n
-        return self.tail_ms, self.median_ms
+    def quantiles(self, quantile: float) -> tuple[float, float]:
+        """(tail, median) of the samples in the window."""
+        ordered = self.ordered
+        n = len(ordered)
+        k = min(n - 1, max(0, math.ceil(quantile * n) - 1))
+        return ordered[k], ordered[n // 2]
 
 
 class LatencyEstimator:
@@ -94,24 +121,31 @@ class LatencyEstimator:
         self._r_variant: list[float | None] = [None] * len(self.arch_ids)
         self._r_engine: dict[str, float] = {}
         self._rel: list[float | None] = [None] * len(self.arch_ids)
-        self._prior_r = [1.0] * len(self.arch_ids)  # r of each prior, as of the last refresh
+        self._prior_r = [1.0] * len(self.arch_ids)  # r of each prior, as of the last refresh (in steps)
+        self._r_changed = False
         self.tail_factor = self.settings.default_tail
         self.samples = 0
         self._measured: list[float | None] = [None] * len(self.arch_ids)  # tails as of the last refresh
+        self._medians: list[float | None] = [None] * len(self.arch_ids)
+        self.measured_count = 0
+        # Bumped whenever an estimate the decision reads changed (see the module docstring).
+        self.version = 0
+        self._latency_key: tuple[int, float] | None = None
+        self._latency_value: tuple[list[float], list[float]] = ([], [])
 
     def set_engine(self, arch_id: str, engine: str) -> None:
         """The engine a variant really runs on (known once loaded); its r falls back to that engine's."""
-        self.engines[self._index[arch_id]] = engine
+        i = self._index[arch_id]
+        if self.engines[i] != engine:
+            self.engines[i] = engine
+            self._r_changed = True
 
     def observe(self, arch_id: str, measured_ms: float, predicted_ms: float, now_s: float) -> None:
         """One measured compute time of ``arch_id`` against the prediction for that run (load-scaled, no r)."""
         i = self._index.get(arch_id)
         if i is None or not (math.isfinite(measured_ms) and measured_ms >= 0):
             return
-        window = self._windows[i]
-        window.times.append(now_s)
-        window.values.append(measured_ms)
-        window.dirty = True
+        self._windows[i].add(now_s, measured_ms)
         self.samples += 1
         if predicted_ms > 0 and math.isfinite(predicted_ms):
             sample = measured_ms / predicted_ms
@@ -126,6 +160,7 @@ class LatencyEstimator:
             q = self._rel[i]
             self._rel[i] = rel if q is None else q + a * (rel - q)
             self._r_engine[engine] = sample if r_e is None else r_e + a * (sample - r_e)
+            self._r_changed = True
 
     def ratio(self, arch_id: str) -> float | None:
         return self._r_variant[self._index[arch_id]]
@@ -133,9 +168,15 @@ class LatencyEstimator:
     def engine_ratio(self, engine: str) -> float | None:
         return self._r_engine.get(engine)
 
+    def prior_ratio(self, arch_id: str) -> float:
+        """The r a prior of ``arch_id`` is scaled by, as of the last :meth:`refresh` (within
+        :data:`PRIOR_R_STEP` of the current one)."""
+        return self._prior_r[self._index[arch_id]]
+
     def refresh(self, now_s: float) -> int:
-        """Summarise the windows at ``now_s``: which variants have enough fresh samples, their
-        tail latencies, and the tail factor for the priors. Returns how many are measured.
+        """Summarise the windows at ``now_s``: drop aged samples, re-read the windows that changed,
+        update the priors' r; bump :attr:`version` if anything the decision reads changed.
+        Returns how many variants are measured.
 
         Separate from :meth:`latencies` so the decision itself stays a few list operations
         (the loop times both: ``estimate_us`` and ``decision_us``).
@@ -143,49 +184,80 @@ class LatencyEstimator:
         if not self.measure:
             return 0
         s = self.settings
+        cutoff_s = now_s - s.max_age_s
         measured = self._measured
-        tails: list[float] = []
-        count = 0
+        changed = False
         for i, window in enumerate(self._windows):
-            n = window.fresh(now_s, s.max_age_s)
-            if n >= s.min_samples:
-                tail, median = window.quantiles(n, s.quantile)
-                if median > 0:
-                    tails.append(tail / median)
+            times = window.times
+            if times and times[0] < cutoff_s:
+                window.expire(cutoff_s)
+            if not window.changed:
+                continue
+            window.changed = False
+            tail: float | None = None
+            median: float | None = None
+            if len(times) >= s.min_samples:
+                tail, median = window.quantiles(s.quantile)
+            self._medians[i] = median
+            if tail != measured[i]:
                 measured[i] = tail
-                count += 1
-            else:
-                measured[i] = None
-        if tails:  # the priors are tail latencies too, with the spread measured now
-            self.tail_factor = max(1.0, sum(tails) / len(tails))
-        for i, rel in enumerate(self._rel):
-            r_engine = self._r_engine.get(self.engines[i])
-            if r_engine is None:
-                self._prior_r[i] = self._r_variant[i] or 1.0
-            else:
-                self._prior_r[i] = r_engine * (1.0 if rel is None else rel)
-        return count
+                changed = True
+        if changed:
+            self.measured_count = sum(t is not None for t in measured)
+            # The priors are tail latencies too, with the spread measured now.
+            spreads = [t / m for t, m in zip(measured, self._medians, strict=True)
+                       if t is not None and m is not None and m > 0]
+            if spreads:
+                # Capped: right after a load step a window holds both regimes, and its p95/median
+                # (10 when the step is 10x) is the step, not the spread; r already follows the
+                # step, so an uncapped factor would price every prior at step x step.
+                self.tail_factor = min(MAX_TAIL_FACTOR, max(1.0, sum(spreads) / len(spreads)))
+        if self._r_changed:
+            self._r_changed = False
+            low, high = 1.0 - PRIOR_R_STEP, 1.0 + PRIOR_R_STEP
+            prior_r = self._prior_r
+            r_engines = self._r_engine
+            for i, rel in enumerate(self._rel):
+                r_engine = r_engines.get(self.engines[i])
+                if r_engine is None:
+                    r = self._r_variant[i] or 1.0
+                else:
+                    r = r_engine * (1.0 if rel is None else rel)
+                # Published when it moved by more than the step from what was published.
+                if not low <= r / prior_r[i] <= high:
+                    prior_r[i] = r
+                    changed = True
+        if changed:
+            self.version += 1
+        return self.measured_count
 
     def latencies(self, load_scale: float) -> tuple[list[float], list[float]]:
         """Per variant (as of the last :meth:`refresh`): the tail latency to decide on, and its
-        ratio to the load-scaled prediction (energy is scaled by it)."""
+        ratio to the load-scaled prediction (energy is scaled by it). Cached per (version, load
+        scale): the lists are shared, do not modify them."""
+        key = (self.version, load_scale)
+        if key == self._latency_key:
+            return self._latency_value
         predicted = self.predicted_ms
         if not self.measure:
-            return [t * load_scale for t in predicted], [1.0] * len(predicted)
-        out = []
-        ratios = []
-        tail_factor = self.tail_factor
-        prior_r = self._prior_r
-        for i, tail in enumerate(self._measured):
-            prior_ms = predicted[i] * load_scale
-            if tail is not None:
-                out.append(tail)
-                ratios.append(tail / prior_ms)
-                continue
-            r = prior_r[i]
-            out.append(prior_ms * r * tail_factor)
-            ratios.append(r)
-        return out, ratios
+            value = [t * load_scale for t in predicted], [1.0] * len(predicted)
+        else:
+            out = []
+            ratios = []
+            tail_factor = self.tail_factor
+            prior_r = self._prior_r
+            for i, tail in enumerate(self._measured):
+                prior_ms = predicted[i] * load_scale
+                if tail is not None:
+                    out.append(tail)
+                    ratios.append(tail / prior_ms)
+                    continue
+                r = prior_r[i]
+                out.append(prior_ms * r * tail_factor)
+                ratios.append(r)
+            value = out, ratios
+        self._latency_key, self._latency_value = key, value
+        return value
 
     def estimates(self, now_s: float, load_scale: float) -> list[Estimate]:
         """Every variant's estimate with its source (for status and metrics)."""

@@ -157,8 +157,8 @@ class Decision:
         return (
             f"{head}; score {self.score:.4f}, mu {self.mu:.2f}, load {self.load_index:.2f}, "
             f"latency x{self.latency_scale:.3f} -> {self.predicted_latency_ms:.3f} ms "
-            f"(budget {self.budgets.latency_ms} ms), memory {self.memory_bytes} B "
-            f"(budget {self.budgets.memory_bytes} B)"
+            f"(budget {self.budgets.latency_ms} ms), memory {self.memory_bytes / 1e6:g} MB "
+            f"(budget {self.budgets.memory_mb} MB)"
         )
 
 
@@ -225,6 +225,15 @@ class Optimizer:
         self._scores: dict[float, list[float]] = {}
         self._orders: dict[float, list[int]] = {}
         self._memory_list = [v.memory_bytes for v in table]
+        self._ids = [v.arch_id for v in table]
+        self._fits: dict[float | None, tuple[bool, ...]] = {}
+
+    def position(self, arch_id: str) -> int:
+        """``arch_id``'s place in the table (latency order)."""
+        try:
+            return self._position[arch_id]
+        except KeyError as exc:
+            raise UsageError(f"unknown variant {arch_id!r}") from exc
 
     def __len__(self) -> int:
         return len(self.variants)
@@ -242,7 +251,7 @@ class Optimizer:
         """The load-scaled (and ``r``-corrected) latency prediction of one variant."""
         return self.variant(arch_id).latency_ms * self.latency_scale(load_index, latency_ratio)
 
-    def _choose(self, k: int, memory_count: int, memory_budget: int | None, mu: float) -> tuple[int, str]:
+    def _choose(self, k: int, memory_count: int, memory_budget: float | None, mu: float) -> tuple[int, str]:
         key = (k, memory_count, mu)
         hit = self._cache.get(key)
         if hit is not None:
@@ -288,6 +297,16 @@ class Optimizer:
             cached = self._orders[mu] = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
         return cached
 
+    def memory_fits(self, memory_limit_bytes: float | None) -> tuple[bool, ...]:
+        """Per variant (latency order): within ``memory_limit_bytes``; cached per limit."""
+        cached = self._fits.get(memory_limit_bytes)
+        if cached is None:
+            if len(self._fits) >= _CACHE_MAX_ENTRIES:
+                self._fits.clear()
+            cached = self._fits[memory_limit_bytes] = tuple(
+                memory_limit_bytes is None or m <= memory_limit_bytes for m in self._memory_list)
+        return cached
+
     def choose(
         self,
         latency_ms: Sequence[float],
@@ -296,39 +315,105 @@ class Optimizer:
         budgets: Budgets,
         current_arch_id: str | None = None,
     ) -> Choice:
-        """The decision's hot path: the best-scoring variant within every budget, checked in
-        score order (usually the first or second one is the answer), and whether the active
-        variant is within them. Same answer as :meth:`decide_estimates`."""
-        lat_budget = budgets.latency_ms
-        mem_budget = budgets.memory_bytes
-        energy_budget = budgets.energy_mj if energy_mj is not None else None
-        memory = self._memory_list
-        scores = self.scores(mu)
+        """The decision's hot path within ``budgets`` (see :meth:`choose_within`). Same answer as
+        :meth:`decide_estimates`."""
+        current = -1
+        if current_arch_id is not None:
+            current = self._position.get(current_arch_id, -2)
+            if current == -2:
+                raise UsageError(f"unknown current variant {current_arch_id!r}")
+        return self.choose_within(latency_ms, energy_mj, mu,
+                                  math.inf if budgets.latency_ms is None else budgets.latency_ms,
+                                  budgets.memory_bytes, budgets.energy if energy_mj is not None else None, current)
+
+    def choose_within(self, latency_ms: Sequence[float], energy_mj: Sequence[float] | None, mu: float,
+                      latency_limit_ms: float, memory_limit_bytes: float | None, energy_limit: float | None,
+                      current: int) -> Choice:
+        """The best-scoring variant within every limit, checked in score order (usually the first
+        or second one is the answer), and whether the active variant (its position ``current``,
+        -1: none) is within them. Everything per variant that does not depend on the estimates is
+        precomputed and cached per ``mu`` and per memory limit: no per-call allocation but the
+        returned :class:`Choice`."""
+        fits = self._fits.get(memory_limit_bytes)
+        if fits is None:
+            fits = self.memory_fits(memory_limit_bytes)
+        order = self._orders.get(mu)
+        if order is None:
+            order = self._order(mu)
+        scores = self._scores.get(mu)
+        if scores is None:
+            scores = self.scores(mu)
         best = -1
-        for i in self._order(mu):
-            if ((lat_budget is None or latency_ms[i] <= lat_budget) and (mem_budget is None or memory[i] <= mem_budget)
-                    and (energy_budget is None or energy_mj[i] <= energy_budget)):  # type: ignore[index]
-                best = i
-                break
+        if energy_limit is None:
+            for i in order:
+                if latency_ms[i] <= latency_limit_ms and fits[i]:
+                    best = i
+                    break
+        else:
+            assert energy_mj is not None
+            for i in order:
+                if latency_ms[i] <= latency_limit_ms and fits[i] and energy_mj[i] <= energy_limit:
+                    best = i
+                    break
         reason = REASON_BEST
         if best < 0:
-            fits = [i for i in range(len(memory)) if mem_budget is None or memory[i] <= mem_budget]
-            if fits:
-                best, reason = min(fits, key=lambda i: latency_ms[i]), REASON_MEASURED_FASTEST
+            candidates = [i for i in range(len(fits)) if fits[i]]
+            if candidates:
+                best, reason = min(candidates, key=lambda i: latency_ms[i]), REASON_MEASURED_FASTEST
             else:
                 best, reason = self._least_memory, REASON_SMALLEST
-        current_score: float | None = None
-        current_ok: bool | None = None
-        if current_arch_id is not None:
-            pos = self._position.get(current_arch_id)
-            if pos is None:
-                raise UsageError(f"unknown current variant {current_arch_id!r}")
-            current_score = scores[pos]
-            current_ok = ((lat_budget is None or latency_ms[pos] <= lat_budget)
-                          and (mem_budget is None or memory[pos] <= mem_budget)
-                          and (energy_budget is None or energy_mj[pos] <= energy_budget))  # type: ignore[index]
-        return Choice(self.variants[best].arch_id, best, reason, scores[best], current_arch_id, current_score,
-                      current_ok)
+        if current < 0:
+            return Choice(self._ids[best], best, reason, scores[best], None, None, None)
+        current_ok = (latency_ms[current] <= latency_limit_ms and fits[current]
+                      and (energy_limit is None or energy_mj[current] <= energy_limit))  # type: ignore[index]
+        return Choice(self._ids[best], best, reason, scores[best], self._ids[current], scores[current], current_ok)
+
+    def feasible_mask(self, latency_ms: Sequence[float], energy_mj: Sequence[float] | None, latency_limit_ms: float,
+                      memory_limit_bytes: float | None, energy_limit: float | None) -> tuple[int, int]:
+        """Everything of the estimates a choice depends on, so that :meth:`choose_mask` can be
+        cached on it: (bit i set: variant i within every limit; the fallback when none is: the
+        fastest by ``latency_ms`` within memory as its position, or ``-1 - position`` of the
+        least memory when nothing fits memory)."""
+        fits = self._fits.get(memory_limit_bytes)
+        if fits is None:
+            fits = self.memory_fits(memory_limit_bytes)
+        mask = 0
+        fastest = -1
+        fastest_ms = math.inf
+        for i, lat in enumerate(latency_ms):
+            if not fits[i]:
+                continue
+            if lat < fastest_ms:
+                fastest, fastest_ms = i, lat
+            if lat <= latency_limit_ms and (energy_limit is None or energy_mj[i] <= energy_limit):  # type: ignore[index]
+                mask |= 1 << i
+        return mask, (-1 - self._least_memory if fastest < 0 else fastest)
+
+    def choose_mask(self, mask: int, fallback: int, mu: float, current: int) -> Choice:
+        """:meth:`choose_within` given :meth:`feasible_mask`'s answer: the best score among the
+        set bits (none: the fallback), and the active variant's (position ``current``, -1: none)
+        score and feasibility."""
+        order = self._orders.get(mu)
+        if order is None:
+            order = self._order(mu)
+        scores = self._scores.get(mu)
+        if scores is None:
+            scores = self.scores(mu)
+        best = -1
+        for i in order:
+            if mask >> i & 1:
+                best = i
+                break
+        if best >= 0:
+            reason = REASON_BEST
+        elif fallback >= 0:
+            best, reason = fallback, REASON_MEASURED_FASTEST
+        else:
+            best, reason = -1 - fallback, REASON_SMALLEST
+        if current < 0:
+            return Choice(self._ids[best], best, reason, scores[best], None, None, None)
+        return Choice(self._ids[best], best, reason, scores[best], self._ids[current], scores[current],
+                      bool(mask >> current & 1))
 
     def decision_of(self, choice: Choice, latency_ms: Sequence[float], energy_mj: Sequence[float], *, mu: float,
                     budgets: Budgets, load_index: float, latency_scale: float) -> Decision:
@@ -364,7 +449,7 @@ class Optimizer:
         scores = self.scores(mu)
         lat_budget = b.latency_ms
         mem_budget = b.memory_bytes
-        energy_budget = b.energy_mj
+        energy_budget = b.energy
         memory = self._memory_list
         best = -1
         best_score = -math.inf
@@ -418,7 +503,7 @@ class Optimizer:
         b = budgets if budgets is not None else Budgets()
         mu = mu_from_battery(battery_percent, battery_plugged, cfg)
         latency_scale = (1.0 + self.alpha_latency * load_index) * latency_ratio
-        if b.energy_mj is not None:
+        if b.energy is not None:
             # The prefix search covers latency and memory; an energy budget takes the general path.
             energy_scale = (1.0 + self.alpha_energy * load_index) * latency_ratio
             return self.decide_estimates([t * latency_scale for t in self._latency_list],

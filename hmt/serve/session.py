@@ -38,7 +38,7 @@ from hmt.serve.scenario import (
     http_sender,
 )
 from hmt.serve.server import ApiServer, ServerOptions
-from hmt.serve.settings import ENGINE_CHOICES, BudgetSettings, EarlyExit, ServeSettings
+from hmt.serve.settings import ENGINE_CHOICES, Budgets, EarlyExit, ServeSettings
 from hmt.serve.timeline import plot_timeline, summarize, write_csv
 
 
@@ -79,7 +79,7 @@ def settings_for(bundle: Bundle, options: SessionOptions) -> ServeSettings:
     settings = ServeSettings.from_mapping(config, f"{bundle.root / 'serve.json'} (with overrides)")
     budgets = settings.budgets
     if options.latency_ms is not None or options.memory_mb is not None:
-        budgets = BudgetSettings(
+        budgets = Budgets(
             latency_ms=options.latency_ms if options.latency_ms is not None else budgets.latency_ms,
             memory_mb=options.memory_mb if options.memory_mb is not None else budgets.memory_mb,
             energy=budgets.energy)

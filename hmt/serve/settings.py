@@ -3,11 +3,11 @@ import serve); these names stay importable from here."""
 
 from hmt.runtime.settings import (
     ENGINE_CHOICES,
-    BudgetSettings,
+    Budgets,
     CorrectionSettings,
     EarlyExit,
     EstimatorSettings,
     ServeSettings,
 )
 
-__all__ = ["ENGINE_CHOICES", "BudgetSettings", "CorrectionSettings", "EarlyExit", "EstimatorSettings", "ServeSettings"]
+__all__ = ["ENGINE_CHOICES", "Budgets", "CorrectionSettings", "EarlyExit", "EstimatorSettings", "ServeSettings"]

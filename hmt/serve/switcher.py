@@ -4,12 +4,16 @@ Rules, applied to each :class:`~hmt.serve.optimizer.Decision` (one per tick):
 
 - nothing is active yet: adopt the proposal;
 - the active variant violates the budgets (``current_feasible`` is False) for
-  ``violation_patience`` consecutive decisions: switch to the proposal at once, dwell
-  time or not (getting back within budget comes first; the patience filters one-tick
-  spikes);
+  ``violation_patience`` consecutive decisions, or for one decision when the requests
+  themselves confirm it (``confirmed``: the controller saw ``miss_streak`` requests in a
+  row over the budget): switch to the proposal at once, dwell time or not (getting back
+  within budget comes first; the patience filters one-tick spikes that no request felt).
+  This is the fast attack; the slow release is the next rule;
 - otherwise switch only when the same proposal has beaten the active variant's score
   by at least ``score_margin`` for ``improve_patience`` consecutive decisions and the
-  active variant has served for at least ``min_dwell_s``.
+  active variant has served for at least ``min_dwell_s``; with ``probe_backoff_max_s`` set,
+  a variant reached that way which violated the budgets within two dwell times (a failed
+  probe) needs twice the dwell before the next climb to it (up to the cap), until it holds.
 
 Inputs that alternate between two states therefore never switch back and forth: each
 state resets the other's streak, and a budget violation that clears every other tick
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from hmt.errors import UsageError
 from hmt.runtime.settings import SwitchPolicy
@@ -28,6 +32,7 @@ from hmt.serve.optimizer import Choice, Decision
 
 SWITCH_INITIAL = "initial"
 SWITCH_VIOLATION = "budget_violation"
+SWITCH_MISSES = "budget_violation_confirmed_by_misses"
 SWITCH_BETTER = "better_by_margin"
 STAY_SAME = "same_variant"
 STAY_VIOLATION_PENDING = "violation_pending"
@@ -36,8 +41,7 @@ STAY_BELOW_MARGIN = "below_margin"
 STAY_DWELL = "min_dwell"
 
 
-@dataclass(frozen=True)
-class SwitchResult:
+class SwitchResult(NamedTuple):
     """Outcome of one decision: which variant serves now and why."""
 
     switched: bool
@@ -59,9 +63,25 @@ class Switcher:
         self._candidate: str | None = None
         self._candidate_streak = 0
         self.switch_count = 0
+        self._stay_same: SwitchResult | None = None  # the steady state's result, built once per variant
+        # Probe backoff (policy.probe_backoff_max_s > 0): the dwell before climbing to each variant
+        # that failed right after an improvement switch to it.
+        self._probe_dwell: dict[str, float] = {}
+        self._entered_better = False
 
     def _switch(self, decision: Decision | Choice, now_s: float, reason: str) -> SwitchResult:
         previous = self.active_arch_id
+        cap_s = self.policy.probe_backoff_max_s
+        if cap_s > 0 and previous is not None and reason in (SWITCH_VIOLATION, SWITCH_MISSES):
+            # Left on a violation: a failed probe when it was entered as an improvement and did not
+            # hold for two dwell times (the next climb to it waits twice as long), else a new load
+            # step (its backoff is forgotten).
+            dwell_s = self.policy.min_dwell_s
+            if self._entered_better and now_s - self._since_s < 2 * dwell_s:
+                self._probe_dwell[previous] = min(cap_s, 2 * max(dwell_s, self._probe_dwell.get(previous, dwell_s)))
+            else:
+                self._probe_dwell.pop(previous, None)
+        self._entered_better = reason == SWITCH_BETTER
         self.active_arch_id = decision.arch_id
         self._since_s = now_s
         self._violations = 0
@@ -74,26 +94,36 @@ class Switcher:
         assert self.active_arch_id is not None
         return SwitchResult(False, self.active_arch_id, self.active_arch_id, decision.arch_id, reason)
 
-    def offer(self, decision: Decision | Choice, now_s: float | None = None) -> SwitchResult:
+    def offer(self, decision: Decision | Choice, now_s: float | None = None, *,
+              confirmed: bool = False) -> SwitchResult:
         """Apply the rules to ``decision`` (or the loop's :class:`Choice`), which must score the
-        active variant (``current_arch_id``)."""
-        now = self._clock() if now_s is None else now_s
-        if self.active_arch_id is None:
-            return self._switch(decision, now, SWITCH_INITIAL)
-        if decision.current_arch_id != self.active_arch_id or decision.current_score is None:
+        active variant (``current_arch_id``). ``confirmed``: requests in a row missed the budget,
+        so a violation needs no patience."""
+        active = self.active_arch_id
+        if active is None:
+            return self._switch(decision, self._clock() if now_s is None else now_s, SWITCH_INITIAL)
+        if decision.current_arch_id != active or decision.current_score is None:
             raise UsageError(
-                f"decision scores {decision.current_arch_id!r}, but the active variant is {self.active_arch_id!r}: "
+                f"decision scores {decision.current_arch_id!r}, but the active variant is {active!r}: "
                 "pass current_arch_id=switcher.active_arch_id to Optimizer.decide"
             )
-        if decision.arch_id == self.active_arch_id:
-            self._violations = 0
-            self._candidate, self._candidate_streak = None, 0
-            return self._stay(decision, STAY_SAME)
+        if decision.arch_id == active:
+            # The steady state: nothing to reset, no allocation but the result.
+            if self._violations or self._candidate is not None:
+                self._violations = 0
+                self._candidate, self._candidate_streak = None, 0
+            stay = self._stay_same
+            if stay is None or stay.active_arch_id is not active:
+                stay = self._stay_same = SwitchResult(False, active, active, active, STAY_SAME)
+            return stay
+        now = self._clock() if now_s is None else now_s
         if decision.current_feasible is False:
             self._violations += 1
             self._candidate, self._candidate_streak = None, 0
             if self._violations >= self.policy.violation_patience:
                 return self._switch(decision, now, SWITCH_VIOLATION)
+            if confirmed:
+                return self._switch(decision, now, SWITCH_MISSES)
             return self._stay(decision, STAY_VIOLATION_PENDING)
         self._violations = 0
         if decision.score < decision.current_score + self.policy.score_margin:
@@ -105,7 +135,10 @@ class Switcher:
             self._candidate, self._candidate_streak = decision.arch_id, 1
         if self._candidate_streak < self.policy.improve_patience:
             return self._stay(decision, STAY_IMPROVEMENT_PENDING)
-        if now - self._since_s < self.policy.min_dwell_s:
+        dwell_s = self.policy.min_dwell_s
+        if self._probe_dwell:
+            dwell_s = max(dwell_s, self._probe_dwell.get(decision.arch_id, 0.0))
+        if now - self._since_s < dwell_s:
             return self._stay(decision, STAY_DWELL)
         return self._switch(decision, now, SWITCH_BETTER)
 

@@ -153,3 +153,29 @@ def test_lineage_mismatch_is_refused(tmp_path: Path) -> None:
         check_lineage(fused, other)
     shutil.rmtree(tmp_path / "converted")
     assert check_lineage(fused, other).startswith("not checked")
+
+
+def test_deploy_energy_budget_reaches_the_decision(fused_dir: Path, pareto_dir: Path, tmp_path: Path) -> None:
+    """``deploy --energy`` lands in serve.json's one budget type and serve decides within it (issue 14
+    item 4): the only variant costs 100 (the front's energy), so a budget of 50 leaves nothing feasible."""
+    import time
+
+    from hmt.serve.controller import Controller
+    from hmt.serve.monitor import ResourceSample
+
+    def sample() -> ResourceSample:
+        return ResourceSample(time.monotonic(), 0.0, 8_000_000_000, 8_000_000_000)
+
+    verdicts = {}
+    for energy in (50.0, 200.0):
+        out = tmp_path / f"b{energy:g}"
+        deploy_bundle(fused_dir, pareto_dir, out, options=DeployOptions(target="x86-64", engines=("onnxruntime",),
+                                                                         energy=energy, archive=False))
+        bundle = load_bundle(out)
+        assert ServeSettings.from_mapping(bundle.serve_config).budgets.energy == energy
+        c = Controller(bundle, sampler=sample, warmup_runs=1)
+        c.start(background=False)
+        record = c.tick(sample=sample())
+        assert record.energy_budget == energy and c.status()["energy_budget"] == energy
+        verdicts[energy] = record.feasible
+    assert verdicts == {50.0: False, 200.0: True}

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hmt.errors import ArtifactError, BudgetError, InputError, UsageError
-from hmt.pareto import Budgets, FrontIndex, ParetoOptions, SearchOptions, find_front, load_front, load_index
+from hmt.pareto import BudgetSweep, FrontIndex, ParetoOptions, SearchOptions, find_front, load_front, load_index
 from hmt.pareto.encoding import Encoding
 from hmt.pareto.evaluate import PrefixEvaluator
 from hmt.pareto.objectives import ProfilePredictor, VariantCostModel
@@ -49,7 +49,7 @@ def test_nearby_init_and_mutate_stay_near_the_budget(parts) -> None:  # type: ig
     latencies = sorted(model.costs(encoding.decode(x).arch).latency_ms
                        for x in encoding.random(np.random.default_rng(1), 200))
     budget = float(np.median(latencies))
-    search = _Search(encoding, model, PrefixEvaluator(model.net, batches), Budgets.of(latency_ms=[budget]),
+    search = _Search(encoding, model, PrefixEvaluator(model.net, batches), BudgetSweep.of(latency_ms=[budget]),
                      SearchOptions(window=0.1, coverage_share=0.0).validate(), no_progress)
     rng = np.random.default_rng(0)
     X = search.nearby_init(40, rng)
@@ -61,7 +61,7 @@ def test_nearby_init_and_mutate_stay_near_the_budget(parts) -> None:  # type: ig
                     for y in Y]) >= 0.9
     assert any(encoding.decode(x) != encoding.decode(y) for x, y in zip(X, Y, strict=True))
     # With a coverage share, that share of the candidates is left where it lands.
-    covering = _Search(encoding, model, PrefixEvaluator(model.net, batches), Budgets.of(latency_ms=[budget]),
+    covering = _Search(encoding, model, PrefixEvaluator(model.net, batches), BudgetSweep.of(latency_ms=[budget]),
                        SearchOptions(window=0.1, coverage_share=0.5).validate(), no_progress)
     Z = covering.nearby_init(200, np.random.default_rng(0))
     near_share = np.mean([abs(model.costs(encoding.decode(z).arch).latency_ms / budget - 1) <= 0.1 + 1e-9 for z in Z])
@@ -71,7 +71,7 @@ def test_nearby_init_and_mutate_stay_near_the_budget(parts) -> None:  # type: ig
 @pytest.mark.parametrize("method", ["nearby", "evolution", "random"])
 def test_search_is_reproducible_and_respects_budgets(parts, method: str) -> None:  # type: ignore[no-untyped-def]
     _, model, encoding, batches = parts
-    budgets = Budgets.of(latency_ms=[0.7, 0.9])
+    budgets = BudgetSweep.of(latency_ms=[0.7, 0.9])
     options = SearchOptions(method=method, evaluations=12, population=6, seed=3)
 
     def run() -> list[tuple[str, float]]:
@@ -90,16 +90,16 @@ def test_options_are_validated() -> None:
     with pytest.raises(UsageError, match="objectives"):
         SearchOptions(objectives=("latency_ms",)).validate()
     with pytest.raises(UsageError, match="positive"):
-        Budgets.of(latency_ms=[0.0])
-    budgets = Budgets.of(latency_ms=[2, 1], memory_mb=[3])
+        BudgetSweep.of(latency_ms=[0.0])
+    budgets = BudgetSweep.of(latency_ms=[2, 1], memory_mb=[3])
     assert budgets.limits() == {"latency_ms": 2.0, "memory_mb": 3.0}
     assert budgets.combos() == [{"latency_ms": 1.0, "memory_mb": 3.0}, {"latency_ms": 2.0, "memory_mb": 3.0}]
-    assert Budgets().combos() == [{}] and not Budgets()
+    assert BudgetSweep().combos() == [{}] and not BudgetSweep()
 
 
 def test_find_front_end_to_end(tiny_supernet: Path, tmp_path: Path) -> None:
     out = tmp_path / "front"
-    options = ParetoOptions(budgets=Budgets.of(latency_ms=[0.45, 0.7], memory_mb=[0.5]),
+    options = ParetoOptions(budgets=BudgetSweep.of(latency_ms=[0.45, 0.7], memory_mb=[0.5]),
                             search=SearchOptions(evaluations=16, population=8, seed=0), max_eval_samples=40)
     run = find_front(tiny_supernet, NANO, out, options)
     loaded = load_front(out)
@@ -146,8 +146,8 @@ def test_find_front_end_to_end(tiny_supernet: Path, tmp_path: Path) -> None:
 
 
 def test_budgets_nothing_meets(tiny_supernet: Path, tmp_path: Path) -> None:
-    options = ParetoOptions(budgets=Budgets.of(latency_ms=[0.01]), search=SearchOptions(evaluations=4, population=4),
-                            max_eval_samples=16)
+    options = ParetoOptions(budgets=BudgetSweep.of(latency_ms=[0.01]),
+                            search=SearchOptions(evaluations=4, population=4), max_eval_samples=16)
     with pytest.raises(BudgetError, match=r"least latency_ms.* is \d+(\.\d+)?% over 0.01"):
         find_front(tiny_supernet, NANO, tmp_path / "none", options)
     assert not (tmp_path / "none").exists()
@@ -169,7 +169,7 @@ def test_budgets_met_alone_but_not_together(tiny_supernet: Path, tiny_loaded, ti
     m_fast = min(c.memory_mb for c in costs if c.latency_ms <= latency)
     m_all = min(c.memory_mb for c in costs)
     assert m_all < m_fast
-    options = ParetoOptions(budgets=Budgets.of(latency_ms=[latency], memory_mb=[(m_all + m_fast) / 2]),
+    options = ParetoOptions(budgets=BudgetSweep.of(latency_ms=[latency], memory_mb=[(m_all + m_fast) / 2]),
                             search=SearchOptions(evaluations=4, population=4, max_stall_generations=2),
                             max_eval_samples=16)
     with pytest.raises(BudgetError, match=r"the closest is .*% over"):
@@ -189,7 +189,7 @@ def test_bad_inputs(tiny_supernet: Path, tmp_path: Path) -> None:
     with pytest.raises(InputError, match="missing top-level field"):
         find_front(tiny_supernet, bad, tmp_path / "o", options)
     with pytest.raises(UsageError, match="uncalibrated energy"):
-        find_front(tiny_supernet, NANO, tmp_path / "o", ParetoOptions(budgets=Budgets.of(energy=[1.0])))
+        find_front(tiny_supernet, NANO, tmp_path / "o", ParetoOptions(budgets=BudgetSweep.of(energy=[1.0])))
     with pytest.raises(InputError, match="does not exist"):
         find_front(tiny_supernet, NANO, tmp_path / "o",
                    ParetoOptions(data_path=tmp_path / "nowhere", search=SearchOptions(evaluations=2, population=2)))
@@ -200,7 +200,7 @@ def test_bad_inputs(tiny_supernet: Path, tmp_path: Path) -> None:
 def test_greedy_share_walks_from_the_largest_and_seeds_the_search(parts) -> None:  # type: ignore[no-untyped-def]
     loaded, model, encoding, batches = parts
     options = SearchOptions(evaluations=30, population=8, greedy_share=0.5, greedy_drop=1.0).validate()
-    search = _Search(encoding, model, PrefixEvaluator(model.net, batches), Budgets(), options, no_progress)
+    search = _Search(encoding, model, PrefixEvaluator(model.net, batches), BudgetSweep(), options, no_progress)
     search.greedy_walk()
     largest = encoding.candidate(loaded.space.largest()).key
     assert largest in search.archive  # the path starts at the original
@@ -210,12 +210,12 @@ def test_greedy_share_walks_from_the_largest_and_seeds_the_search(parts) -> None
     X = search.nearby_init(8, np.random.default_rng(0))
     seeded = {encoding.decode(x).key for x in X[:min(4, len(search.seeds))]}
     assert seeded <= {encoding.decode(x).key for x in search.seeds}
-    result = run_search(encoding, model, PrefixEvaluator(model.net, batches), Budgets(), options)
+    result = run_search(encoding, model, PrefixEvaluator(model.net, batches), BudgetSweep(), options)
     assert largest in {r.candidate.key for r in result.records}
     assert result.evaluations <= 30
     with pytest.raises(UsageError, match="greedy share"):
         SearchOptions(greedy_share=1.0).validate()
     # Without the path the largest variant (the user's model) is still evaluated, first.
-    plain = run_search(encoding, model, PrefixEvaluator(model.net, batches), Budgets(),
+    plain = run_search(encoding, model, PrefixEvaluator(model.net, batches), BudgetSweep(),
                        SearchOptions(evaluations=10, population=4).validate())
     assert plain.records[0].candidate.key == largest

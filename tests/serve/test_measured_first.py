@@ -14,6 +14,7 @@ from serve_bundles import CLASSES, VariantDef, make_bundle
 from hmt.bundle import load_bundle
 from hmt.runtime.chain import ChainRunner
 from hmt.serve.controller import Controller
+from hmt.serve.estimates import PRIOR_R_STEP
 from hmt.serve.exposition import prometheus_text
 from hmt.serve.monitor import PsutilSampler, ResourceSample
 from hmt.serve.optimizer import REASON_MEASURED_FASTEST
@@ -59,16 +60,18 @@ def test_an_engine_60x_slower_than_its_profile_switches_within_two_ticks(tmp_pat
     for _ in range(6):  # big really takes 9 ms: every request misses the 5 ms budget
         assert c.predict(X).deadline_miss
     ticks = [c.tick(sample=sample()) for _ in range(2)]
-    assert ticks[0].estimate_source == "measured" and ticks[0].proposed == "small"
+    assert ticks[0].proposed == "small"
     assert ticks[-1].active == "small", [(t.proposed, t.switch_reason) for t in ticks]
-    assert ticks[-1].switch_reason == "budget_violation"
+    # Six misses in a row confirm the violation: the first tick switches (no patience).
+    assert ticks[0].switched and ticks[0].switch_reason == "budget_violation_confirmed_by_misses"
     status = c.status()
+    assert status["estimates"]["big"]["source"] == "measured"  # what the switch was decided on
     # small was never run: its prior took the engine's r (~60), no clamp at r_max.
     assert status["estimates"]["small"]["source"] == "prior"
     r_engine = c.estimator.engine_ratio("tvm") or 0.0
     assert r_engine > 20  # ~60 (more when this shared machine is busy): far past r_max = 5, unclipped
     small_ms = status["estimates"]["small"]["latency_ms"]
-    assert small_ms == pytest.approx(0.05 * r_engine * c.estimator.tail_factor)
+    assert small_ms == pytest.approx(0.05 * r_engine * c.estimator.tail_factor, rel=PRIOR_R_STEP)
     assert status["prediction_disagrees"]["big"] > 40  # said, not hidden
     assert status["estimates"]["big"]["disagrees"]
     metrics = prometheus_text(c, {}, 0, 64)

@@ -59,7 +59,7 @@ def test_latency_budget_under_load() -> None:
 
 
 def test_memory_budget() -> None:
-    d = Optimizer(TABLE).decide(0.0, 100.0, budgets=Budgets(memory_bytes=250 * MB))
+    d = Optimizer(TABLE).decide(0.0, 100.0, budgets=Budgets(memory_mb=250))
     assert d.arch_id == "mid" and d.memory_bytes == 200 * MB
 
 
@@ -69,13 +69,13 @@ def test_infeasible_returns_fastest_with_flag() -> None:
     assert d.arch_id == "small" and not d.feasible and d.reason_code == REASON_FASTEST
     assert "no variant meets" in d.reason
     # nothing fits the memory budget: the one of least memory
-    d = opt.decide(0.0, 100.0, budgets=Budgets(latency_ms=100.0, memory_bytes=10 * MB))
+    d = opt.decide(0.0, 100.0, budgets=Budgets(latency_ms=100.0, memory_mb=10))
     assert d.arch_id == "small" and not d.feasible and d.reason_code == REASON_SMALLEST
 
 
 def test_infeasible_latency_prefers_fastest_that_fits_memory() -> None:
     table = [*TABLE, Variant("tiny-fat", 0.5, 2.0, 5.0, 900 * MB)]
-    d = Optimizer(table).decide(1.0, 100.0, budgets=Budgets(latency_ms=1.0, memory_bytes=500 * MB))
+    d = Optimizer(table).decide(1.0, 100.0, budgets=Budgets(latency_ms=1.0, memory_mb=500))
     assert d.arch_id == "small" and not d.feasible
 
 
@@ -108,7 +108,7 @@ def test_cached_and_uncached_paths_agree() -> None:
     for _ in range(300):
         load = float(rng.uniform(0, 1))
         battery = float(rng.integers(0, 101))
-        budgets = Budgets(latency_ms=float(rng.uniform(1, 60)), memory_bytes=int(rng.integers(0, 100)) * MB)
+        budgets = Budgets(latency_ms=float(rng.uniform(1, 60)), memory_mb=float(rng.integers(0, 100)))
         d = opt.decide(load, battery, budgets=budgets)
         # brute force
         scale = 1 + load
@@ -165,7 +165,7 @@ def test_decision_time_is_small() -> None:
     rng = np.random.default_rng(0)
     table = [Variant(f"v{i}", float(rng.uniform(0.5, 0.9)), float(rng.uniform(1, 50)), 1.0, MB) for i in range(1000)]
     opt = Optimizer(table)
-    budgets = Budgets(latency_ms=25.0, memory_bytes=MB)
+    budgets = Budgets(latency_ms=25.0, memory_mb=1.0)
     times = []
     for load in rng.uniform(0, 1, 500):
         t0 = time.perf_counter()
@@ -184,8 +184,8 @@ def test_the_loops_hot_path_choice_matches_the_full_decision() -> None:
         latency = [float(x) for x in rng.uniform(0.5, 80, len(table))]
         energy = [float(x) for x in rng.uniform(1, 120, len(table))]
         budgets = Budgets(latency_ms=float(rng.uniform(1, 60)) if rng.random() < 0.8 else None,
-                          memory_bytes=int(rng.integers(0, 500)) * MB if rng.random() < 0.5 else None,
-                          energy_mj=float(rng.uniform(5, 100)) if rng.random() < 0.5 else None)
+                          memory_mb=float(rng.integers(0, 500)) if rng.random() < 0.5 else None,
+                          energy=float(rng.uniform(5, 100)) if rng.random() < 0.5 else None)
         mu = round(float(rng.uniform(0.2, 1.0)), 2)
         current = table[int(rng.integers(len(table)))].arch_id
         full = opt.decide_estimates(latency, energy, mu=mu, budgets=budgets, current_arch_id=current)

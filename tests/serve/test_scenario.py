@@ -42,15 +42,19 @@ def _record(t: float, latency: float, budget: float | None = 1.0, status: int = 
     return RequestRecord(t, status, latency, latency, latency, "v", 0, 0, None, budget)
 
 
-def test_recovery_is_the_end_of_the_last_bad_window() -> None:
+def test_recovery_is_the_end_of_the_last_bad_window_and_the_first_clean_one() -> None:
     ok = [_record(0.5, 0.5)]
     burst = [_record(1.0 + 0.05 * i, 2.0 if i < 4 else 0.5) for i in range(20)]  # misses 1.00-1.15
     calm = [_record(2.0 + 0.05 * i, 0.5 if i != 7 else 2.0) for i in range(20)]  # one stray miss: fine
     stuck = [_record(3.0 + 0.05 * i, 0.5 if i % 3 else 2.0) for i in range(20)]  # never settles
     steps = recovery(ok + burst + calm + stuck, [0.0, 1.0, 2.0, 3.0], end_s=4.0)
     assert steps[0]["misses"] == 4 and steps[0]["back_within_budget_s"] == pytest.approx(0.5 + 0.1)
-    assert steps[1] == {"time_s": 2.0, "judged": 20, "misses": 1, "back_within_budget_s": 0.0}
+    # The target's reading: the first clean 0.5 s window starts with the last miss of the burst.
+    assert steps[0]["first_clean_window_s"] == pytest.approx(0.15)
+    assert steps[1] == {"time_s": 2.0, "judged": 20, "misses": 1, "back_within_budget_s": 0.0,
+                        "first_clean_window_s": 0.0}
     assert steps[2]["misses"] == 7 and steps[2]["back_within_budget_s"] is None
+    assert steps[2]["first_clean_window_s"] is None
 
 
 @pytest.mark.parametrize("via_api", [False, True])
