@@ -28,8 +28,12 @@ def test_int8_chain_is_qdq_and_within_tolerance(tiny_chain, tiny_data) -> None:
     q_segments, q_exits = quantize_chain(segments, exits, x[:48], "int8")
     ops = {n.op_type for m in (*q_segments, *q_exits) for n in m.graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops
-    # Per-channel weights: the first conv's weight scale has one value per output channel.
+    # Per-channel weights: the first conv's weight scale has one value per output channel,
+    # 16 of them since the 8-channel chain is zero-padded to 16 before quantising (pad_channels).
     scales = [i for i in q_segments[0].graph.initializer if i.name.endswith("_w_scale")]
+    assert scales and scales[0].dims == [16]
+    unpadded = quantize_chain(segments, exits, x[:48], "int8", options=QuantOptions(pad_channels=0))[0]
+    scales = [i for i in unpadded[0].graph.initializer if i.name.endswith("_w_scale")]
     assert scales and scales[0].dims == [8]
     check = check_accuracy("int8", (segments, exits), (q_segments, q_exits), x, y, max_drop=0.05)
     assert check.float_per_exit[-1] == 1.0  # labels are the float chain's predictions
