@@ -61,7 +61,8 @@ def main() -> int:
     rng = np.random.default_rng(0)
     rows = []
     out: dict[str, Any] = {"command": " ".join(sys.argv), "load_avg_start": os.getloadavg(), "rows": rows}
-    cases = [(c, 32) for c in (8, 12, 16, 24, 32)] + [(32, 16), (64, 8)]
+    # (channels, map): the widths of the shipped ResNet-56 variants at their stages (32x32, 16x16, 8x8)
+    cases = [(c, 32) for c in (8, 12, 16, 24, 32)] + [(16, 16), (24, 16), (32, 16), (32, 8), (48, 8), (64, 8)]
     for residual in (False, True):
         for c, hw in cases:
             model = chain(c, hw, residual, rng)
