@@ -89,6 +89,10 @@ def main() -> int:
     parser.add_argument("--precision", action="append", default=[], help="int8 (default) and/or fp16")
     parser.add_argument("--activation", default="uint8", choices=("uint8", "int8"))
     parser.add_argument("--calibration-samples", type=int, default=256)
+    parser.add_argument("--pad-channels", type=int, default=16,
+                        help="zero-pad narrow INT8 graphs to N channels (0: off)")
+    parser.add_argument("--compare-unpadded", action="store_true",
+                        help="also measure INT8 without channel padding (row key int8_unpadded)")
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--threads", type=int, action="append", default=[], help="ORT intra-op threads (0: default)")
     parser.add_argument("--seed", type=int, default=0)
@@ -112,7 +116,13 @@ def main() -> int:
     data = held_out_data(loaded, data_path=args.data, split=args.split, max_samples=args.max_samples, seed=args.seed)
     x, y = held_out_arrays(data)
     calibration = calibration_array(loaded)
-    options = QuantOptions(activation=args.activation, calibration_samples=args.calibration_samples)
+    options = QuantOptions(activation=args.activation, calibration_samples=args.calibration_samples,
+                           pad_channels=args.pad_channels)
+    variants_to_make = [(p, p, options) for p in precisions]
+    if args.compare_unpadded and "int8" in precisions:
+        from dataclasses import replace
+
+        variants_to_make.append(("int8_unpadded", "int8", replace(options, pad_channels=0)))
     result.update({"supernet": str(args.supernet), "data": data.describe(), "quantisation": options.to_json()})
     log(f"{len(ids)} variants, {len(y)} held-out images ({data.source}), {len(calibration)} calibration samples")
     with tempfile.TemporaryDirectory(prefix="bench-precision-") as tmp:
@@ -133,14 +143,14 @@ def main() -> int:
             fp32_acc = chain_accuracy(segs, exits, x, y)
             row["fp32"] = {"accuracy_per_exit": fp32_acc, "eval_s": round(time.perf_counter() - t0, 1)}
             quantised = {}
-            for precision in precisions:
+            for label, precision, quant_options in variants_to_make:
                 t0 = time.perf_counter()
-                q = quantize_chain(segs, exits, calibration, precision, options=options)
+                q = quantize_chain(segs, exits, calibration, precision, options=quant_options)
                 quant_s = time.perf_counter() - t0
                 t0 = time.perf_counter()
                 acc = chain_accuracy(*q, x, y)
-                quantised[precision] = q
-                row[precision] = {"accuracy_per_exit": acc, "quantise_s": round(quant_s, 1),
+                quantised[label] = q
+                row[label] = {"accuracy_per_exit": acc, "quantise_s": round(quant_s, 1),
                                   "eval_s": round(time.perf_counter() - t0, 1),
                                   "drop_points": round(100 * (fp32_acc[-1] - acc[-1]), 3)}
             feed = x[:1]

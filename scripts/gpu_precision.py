@@ -19,8 +19,16 @@ agreement on the stored calibration images. A provider that is absent or fails i
 recorded as such, never silently dropped. It also runs on a CPU-only machine (GPU rows
 then say "unavailable"), which is how it was tested.
 
-    python scripts/gpu_precision.py --supernet runs/r20 --variant largest --variant smallest --random 2 \
-        --batches 1 64 --out $OUT/gpu_precision.json
+On a GPU host whose onnxruntime-gpu comes from a wheel (CUDA/cuDNN from the nvidia-* pip
+packages torch installed), ``onnxruntime.preload_dlls()`` is called first where this ORT has
+it, so the CUDA provider finds those libraries; what it did is recorded under
+``machine.preload_dlls``. Every engine either has a timing or a line in ``unavailable``
+saying why; a variant whose conversion fails gets an ``error`` row and the run goes on; the
+JSON is rewritten after every (variant, batch) row, and ``--budget-s`` stops starting new
+rows once the run has used that much wall time (so a lease's per-call limit is kept).
+
+    python scripts/gpu_precision.py --supernet hmt/data/embedded/supernet-cifar-resnet56 \
+        --variant largest --variant smallest --random 2 --batches 1 64 --budget-s 400 --out $OUT/gpu_precision.json
 """
 
 from __future__ import annotations
@@ -44,17 +52,43 @@ def log(msg: str) -> None:
     print(f"[gpu_precision {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def machine() -> dict[str, Any]:
+def preload_cuda_libraries() -> str:
+    """Let a pip-installed onnxruntime-gpu find CUDA/cuDNN from the nvidia-* wheels (ORT >= 1.21).
+
+    Called before torch is imported, so both load the same libraries; returns what happened."""
+    import onnxruntime as ort
+
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None:
+        return f"onnxruntime {ort.__version__} has no preload_dlls"
+    try:
+        preload()
+    except Exception as exc:  # noqa: BLE001 - a failed preload is reported; the CUDA EP then says why it fails
+        return f"preload_dlls failed: {type(exc).__name__}: {str(exc)[:300]}"
+    return "preload_dlls() called"
+
+
+def machine(preload: str) -> dict[str, Any]:
     import onnxruntime as ort
     import torch
 
     info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
                             "torch": torch.__version__, "onnxruntime": ort.__version__,
                             "providers": ort.get_available_providers(), "cuda": torch.cuda.is_available(),
-                            "load_avg_start": list(os.getloadavg())}
+                            "load_avg_start": list(os.getloadavg()), "preload_dlls": preload,
+                            "onnxruntime_file": ort.__file__, "cpu_count": os.cpu_count()}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
+        info["torch_cuda"] = torch.version.cuda
     return info
+
+
+class ProviderFellBack(RuntimeError):
+    """ORT listed the provider but built the session without it (its libraries did not load)."""
+
+
+# provider -> why it is unusable in this process, so a missing TensorRT is tried once, not per row
+BROKEN_PROVIDERS: dict[str, str] = {}
 
 
 def ort_runner(model: Any, x: Any, provider: str, *, trt_fp16: bool = False, trt_int8: bool = False) -> Any:
@@ -72,7 +106,8 @@ def ort_runner(model: Any, x: Any, provider: str, *, trt_fp16: bool = False, trt
         providers = ["CPUExecutionProvider"]
     session = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
     if session.get_providers()[0] != provider:
-        raise RuntimeError(f"{provider} did not take the graph (session runs on {session.get_providers()})")
+        raise ProviderFellBack(f"unavailable: {provider} is listed by onnxruntime but the session fell back to "
+                               f"{session.get_providers()} (its libraries did not load)")
     name = session.get_inputs()[0].name
     return lambda: session.run(None, {name: x})[0]
 
@@ -144,17 +179,31 @@ def bench_variant(loaded: Any, arch_id: str, batch: int, args: argparse.Namespac
         if provider not in providers:
             unavailable[label] = f"{provider} not in this onnxruntime ({providers})"
             continue
+        if provider in BROKEN_PROVIDERS:  # e.g. TensorRT listed by the wheel but its libraries absent
+            unavailable[label] = BROKEN_PROVIDERS[provider]
+            continue
         try:
             runners[label] = ort_runner(merged[precision], x, provider, **extra)
+        except ProviderFellBack as exc:
+            BROKEN_PROVIDERS[provider] = unavailable[label] = str(exc)
         except Exception as exc:  # noqa: BLE001 - a provider refusing a graph is a result to record
             unavailable[label] = f"{type(exc).__name__}: {str(exc)[:300]}"
     if torch.cuda.is_available():
-        net = loaded.materialize(loaded.space.parse(arch_id))
-        runners["torch-eager fp32"] = torch_runner(net, x, half=False)
-        runners["torch-eager fp16"] = torch_runner(net, x, half=True)
+        try:
+            net = loaded.materialize(loaded.space.parse(arch_id))
+            runners["torch-eager fp32"] = torch_runner(net, x, half=False)
+            runners["torch-eager fp16"] = torch_runner(net, x, half=True)
+        except Exception as exc:  # noqa: BLE001 - recorded, the ORT rows still run
+            unavailable["torch-eager"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     else:
-        unavailable["torch-eager"] = "torch.cuda is not available"
-    outputs = {label: np.asarray(run()) for label, run in runners.items()}
+        unavailable["torch-eager fp32"] = unavailable["torch-eager fp16"] = "torch.cuda is not available"
+    outputs: dict[str, Any] = {}
+    for label, run in list(runners.items()):
+        try:
+            outputs[label] = np.asarray(run())  # first call: also where a provider fails lazily
+        except Exception as exc:  # noqa: BLE001 - a run that fails is a result to record
+            unavailable[label] = f"first run failed: {type(exc).__name__}: {str(exc)[:300]}"
+            del runners[label]
     reference = outputs.get("ort-cpu fp32")
     timings = measure_alternating(runners, warmup=10, repeats=args.repeats, burst=8, drop_slower_than=None)
     row: dict[str, Any] = {"arch_id": arch_id, "batch": batch, "unavailable": unavailable, "engines": {}}
@@ -165,12 +214,16 @@ def bench_variant(loaded: Any, arch_id: str, batch: int, args: argparse.Namespac
     if timings:
         best = min(timings.values(), key=lambda t: t.median_ms)
         row["best"] = {"engine": best.name, "median_ms": round(best.median_ms, 4)}
-    row["fuse"] = run_fuse(work, args, row.get("best"))
+        fp32 = [t for t in timings.values() if "fp32" in t.name]
+        if fp32:  # fuse chooses among fp32 graphs: its fair yardstick is the best fp32 engine
+            best32 = min(fp32, key=lambda t: t.median_ms)
+            row["best_fp32"] = {"engine": best32.name, "median_ms": round(best32.median_ms, 4)}
+    row["fuse"] = run_fuse(work, args, row.get("best"), row.get("best_fp32"))
     return row
 
 
-def run_fuse(work: Path, args: argparse.Namespace, best: dict[str, Any] | None) -> dict[str, Any]:
-    from hmt.errors import HmtError
+def run_fuse(work: Path, args: argparse.Namespace, best: dict[str, Any] | None,
+             best_fp32: dict[str, Any] | None) -> dict[str, Any]:
     from hmt.fuse import FuseOptions, fuse_model
 
     engines = ("ort", "tvm") if args.fuse_tvm else ("ort",)
@@ -178,8 +231,8 @@ def run_fuse(work: Path, args: argparse.Namespace, best: dict[str, Any] | None) 
     try:
         result = fuse_model(work / "converted", work / "fused", options=FuseOptions(
             engines=engines, device=device, repeats=args.repeats, warmup=10))
-    except HmtError as exc:
-        return {"error": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - HmtError or a provider's own error: recorded, the run goes on
+        return {"device": device, "error": f"{type(exc).__name__}: {str(exc)[:400]}"}
     (variant,) = result.variants
     report = result.report["variants"][0]
     out = {"device": device, "engines": list(engines), "choice": variant.engine,
@@ -187,6 +240,8 @@ def run_fuse(work: Path, args: argparse.Namespace, best: dict[str, Any] | None) 
            "timed_in": "fuse's own loop (not the loop above); compare ratios with care"}
     if best:
         out["best_over_fuse"] = round(best["median_ms"] / variant.latency_ms, 3)
+    if best_fp32:
+        out["best_fp32_over_fuse"] = round(best_fp32["median_ms"] / variant.latency_ms, 3)
     return out
 
 
@@ -201,8 +256,12 @@ def main() -> int:
     parser.add_argument("--fuse-device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--fuse-tvm", action="store_true", help="let fuse try TVM too (CUDA compile: slow)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--budget-s", type=float, default=0,
+                        help="start no new (variant, batch) row after this many seconds (0: no limit)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    started = time.perf_counter()
+    preload = preload_cuda_libraries()  # before torch loads its own copies of the CUDA libraries
 
     import numpy as np
 
@@ -217,17 +276,30 @@ def main() -> int:
     ids += [loaded.space.sample(rng).arch_id for _ in range(args.random)]
     ids = list(dict.fromkeys(ids))
     calibration = np.concatenate([b.numpy() for b in loaded.calibration_batches()]).astype(np.float32)
-    result: dict[str, Any] = {"machine": machine(), "command": " ".join(sys.argv), "supernet": str(args.supernet),
-                              "rows": []}
+    result: dict[str, Any] = {"machine": machine(preload), "command": " ".join(sys.argv),
+                              "supernet": str(args.supernet), "rows": []}
     log(f"{len(ids)} variants x batches {args.batches}; providers {result['machine']['providers']}")
     with tempfile.TemporaryDirectory(prefix="gpu-precision-") as tmp:
         for arch_id in ids:
             for batch in args.batches:
-                row = bench_variant(loaded, arch_id, batch, args, calibration, Path(tmp))
+                elapsed = time.perf_counter() - started
+                if args.budget_s and elapsed > args.budget_s:
+                    why = f"budget {args.budget_s:.0f}s used ({elapsed:.0f}s)"
+                    result.setdefault("skipped", []).append({"arch_id": arch_id, "batch": batch, "why": why})
+                    log(f"{arch_id} b{batch}: skipped, budget used")
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    row = bench_variant(loaded, arch_id, batch, args, calibration, Path(tmp))
+                except Exception as exc:  # noqa: BLE001 - one variant failing must not lose the others' rows
+                    row = {"arch_id": arch_id, "batch": batch, "error": f"{type(exc).__name__}: {str(exc)[:400]}",
+                           "engines": {}, "unavailable": {}, "fuse": {}}
+                row["row_s"] = round(time.perf_counter() - t0, 1)
                 result["rows"].append(row)
                 summary = ", ".join(f"{k} {v['median_ms']:.3f}" for k, v in row["engines"].items())
-                log(f"{arch_id} b{batch}: {summary}; fuse {row['fuse'].get('choice')} "
-                    f"{row['fuse'].get('median_ms')}")
+                log(f"{arch_id} b{batch} ({row['row_s']}s): {summary or row.get('error')}; "
+                    f"unavailable {sorted(row['unavailable'])}; fuse {row['fuse'].get('choice')} "
+                    f"{row['fuse'].get('median_ms')} {row['fuse'].get('error', '')}")
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 args.out.write_text(json.dumps(result, indent=2) + "\n")  # partial results survive a timeout
     result["machine"]["load_avg_end"] = list(os.getloadavg())

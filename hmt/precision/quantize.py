@@ -8,6 +8,12 @@ the segment graphs of an early-exit chain, segment k is calibrated on what the f
 chain feeds it (segment k-1's output on those images), and each exit head on its
 segment's output.
 
+Narrow graphs are first zero-padded to 16 channels (``hmt.precision.pad``): ORT's fast
+symmetric INT8 convolution needs at least 16 output channels, and below that INT8 ran no
+faster than FP32 (``QuantOptions.pad_channels``; 0 turns it off). Padding also spends
+multiply-adds on zeros, so by default both INT8 graphs are made and timed here and the
+padded one is kept only where it ran faster (``pad_policy="measure"``).
+
 FP16: ``onnxruntime.transformers.float16`` with fp32 inputs and outputs kept (a cast at
 each end), so a chain mixes precisions freely and serve feeds the same arrays. FP16 is
 for GPU providers (CUDA, TensorRT); ORT's CPU provider runs most fp16 ops by casting.
@@ -20,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +39,7 @@ if TYPE_CHECKING:
     import onnx
 
 ACTIVATION_TYPES = ("uint8", "int8")
+PAD_POLICIES = ("measure", "always")
 
 
 @dataclass(frozen=True)
@@ -45,10 +52,20 @@ class QuantOptions:
     # Reduced 7-bit weight range keeps U8S8 exact on CPUs without VNNI (the AVX2 path
     # saturates 16-bit sums); off by default: VNNI machines and ARM dot-product cores don't need it.
     reduce_range: bool = False
+    # Zero-pad activations of fewer channels to this many before quantising (0: off), so ORT's
+    # fast symmetric INT8 convolution applies to narrow variants (hmt.precision.pad says why).
+    pad_channels: int = 16
+    # "measure": keep the padded graph only where it ran faster than the plain one on this host
+    # (both quantised, timed in one loop); "always": keep it whenever the pass applies.
+    pad_policy: str = "measure"
 
     def validate(self) -> QuantOptions:
         if self.activation not in ACTIVATION_TYPES:
             raise UsageError(f"activation type {self.activation!r}: expected one of {', '.join(ACTIVATION_TYPES)}")
+        if self.pad_policy not in PAD_POLICIES:
+            raise UsageError(f"pad policy {self.pad_policy!r}: expected one of {', '.join(PAD_POLICIES)}")
+        if self.pad_channels < 0:
+            raise UsageError(f"pad channels must be >= 0 (0: off), got {self.pad_channels}")
         if self.calibration_samples < 1:
             raise UsageError(f"calibration samples must be >= 1, got {self.calibration_samples}")
         return self
@@ -56,7 +73,8 @@ class QuantOptions:
     def to_json(self) -> dict[str, Any]:
         return {"format": "QDQ", "per_channel": self.per_channel, "activation": self.activation,
                 "weights": "int8", "calibration": "minmax", "calibration_samples": self.calibration_samples,
-                "reduce_range": self.reduce_range}
+                "reduce_range": self.reduce_range, "pad_channels": self.pad_channels,
+                "pad_policy": self.pad_policy}
 
 
 def _input_name(model: onnx.ModelProto) -> str:
@@ -99,17 +117,87 @@ def quantize_int8(model: onnx.ModelProto, calibration: Sequence[np.ndarray], *,
             return None if item is None else {name: item}
 
     activation = QuantType.QUInt8 if options.activation == "uint8" else QuantType.QInt8
-    with tempfile.TemporaryDirectory(prefix="hmt-quant-") as tmp, _quiet_root_logger():
-        src, dst = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
-        onnx.save(model, str(src))
-        try:
-            quantize_static(str(src), str(dst), _Reader(), quant_format=QuantFormat.QDQ,
-                            per_channel=options.per_channel, reduce_range=options.reduce_range,
-                            activation_type=activation, weight_type=QuantType.QInt8,
-                            calibration_providers=["CPUExecutionProvider"])
-        except Exception as exc:  # ORT raises plain exceptions of several types on unsupported graphs
-            raise ModelError(f"INT8 quantisation failed: {type(exc).__name__}: {exc}") from exc
-        return onnx.load(str(dst))
+
+    def quantise(graph: onnx.ModelProto) -> onnx.ModelProto:
+        with tempfile.TemporaryDirectory(prefix="hmt-quant-") as tmp, _quiet_root_logger():
+            src, dst = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
+            onnx.save(graph, str(src))
+            try:
+                quantize_static(str(src), str(dst), _Reader(), quant_format=QuantFormat.QDQ,
+                                per_channel=options.per_channel, reduce_range=options.reduce_range,
+                                activation_type=activation, weight_type=QuantType.QInt8,
+                                calibration_providers=["CPUExecutionProvider"])
+            except Exception as exc:  # ORT raises plain exceptions of several types on unsupported graphs
+                raise ModelError(f"INT8 quantisation failed: {type(exc).__name__}: {exc}") from exc
+            return onnx.load(str(dst))
+
+    plain = quantise(model)
+    if not options.pad_channels:
+        return plain
+    padded_float = _padded_if_equal(model, calibration[0], options.pad_channels)
+    if padded_float is model:
+        return plain
+    padded = quantise(padded_float)
+    if options.pad_policy == "always":
+        return padded
+    # "measure": padding buys the fast kernel but adds multiply-adds on zeros (and a Pad / Slice
+    # where a narrow tensor enters or leaves the graph); keep it only where it ran faster here.
+    return padded if _faster(padded, plain, calibration[0]) else plain
+
+
+def _faster(candidate: onnx.ModelProto, baseline: onnx.ModelProto, x: np.ndarray, *, margin: float = 0.03) -> bool:
+    """Whether ``candidate`` runs at least ``margin`` faster than ``baseline`` on ``x`` (ORT CPU, 1 thread).
+
+    Both alternate in one loop (bursts, as fuse times), so background load hits both alike."""
+    import onnxruntime as ort
+
+    from hmt.fuse.engines.timing import measure_alternating
+
+    def runner(model: onnx.ModelProto) -> Callable[[], object]:
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.intra_op_num_threads = 1
+        session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        feeds = {_input_name(model): x}
+        return lambda: session.run(None, feeds)
+
+    timings = measure_alternating({"candidate": runner(candidate), "baseline": runner(baseline)}, warmup=5,
+                                  repeats=40, burst=8, drop_slower_than=None)
+    return timings["candidate"].median_ms < (1.0 - margin) * timings["baseline"].median_ms
+
+
+def _padded_if_equal(model: onnx.ModelProto, sample: np.ndarray, minimum: int) -> onnx.ModelProto:
+    """``model`` with narrow channels zero-padded, if the padded graph computes the same outputs on ``sample``.
+
+    The pass is exact by construction; the check guards against a graph shape it misreads
+    (then the unpadded graph is quantised: slower on narrow layers, never wrong).
+    """
+    import numpy as np
+
+    from hmt.precision.pad import pad_channels
+
+    padded, report = pad_channels(model, minimum=minimum)
+    if not report.padded:
+        return model
+    try:
+        want = _run_all(model, sample)
+        got = _run_all(padded, sample)
+    except Exception:  # noqa: BLE001 - ORT refuses the padded graph: keep the original
+        return model
+    for a, b in zip(want, got, strict=True):
+        if a.shape != b.shape or not np.allclose(a, b, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(a).max()))):
+            return model
+    return padded
+
+
+def _run_all(model: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
+    import numpy as np
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return [np.asarray(o) for o in session.run(None, {_input_name(model): x})]
 
 
 def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -187,4 +275,5 @@ def quantize_chain(segments: Sequence[onnx.ModelProto], exits: Sequence[onnx.Mod
     return q_segments, q_exits
 
 
-__all__ = ["ACTIVATION_TYPES", "QuantOptions", "float_features", "quantize_chain", "quantize_int8", "to_fp16"]
+__all__ = ["ACTIVATION_TYPES", "PAD_POLICIES", "QuantOptions", "float_features", "quantize_chain", "quantize_int8",
+           "to_fp16"]

@@ -178,6 +178,31 @@ def providers_for_device(device: str) -> tuple[str, ...]:
     return ("cuda", "cpu") if device == "cuda" else ("cpu",)
 
 
+_PRELOADED: list[str] = []
+
+
+def preload_gpu_libraries() -> list[str]:
+    """Load CUDA/cuDNN for a GPU provider once per process (``onnxruntime.preload_dlls``, ORT >= 1.21).
+
+    A pip-installed onnxruntime-gpu finds the nvidia-* wheels' libraries only this way (or
+    after ``import torch``); ORT builds that link the system CUDA (Jetson) need nothing.
+    Returns a note the first time the preload fails, else nothing.
+    """
+    import onnxruntime as ort
+
+    if _PRELOADED:
+        return []
+    preload = getattr(ort, "preload_dlls", None)
+    _PRELOADED.append("tried")
+    if preload is None:
+        return []
+    try:
+        preload()
+    except Exception as exc:  # noqa: BLE001 - the provider then reports its own failure; keep why
+        return [f"onnxruntime.preload_dlls() failed ({type(exc).__name__}: {exc}); the GPU provider may not load"]
+    return []
+
+
 @dataclass
 class OrtSession:
     """A built session: ``run(feeds)`` for every output, ``graph_fn()`` for one input -> first output."""
@@ -227,6 +252,8 @@ def ort_session(
 
     opts = options if options is not None else OrtOptions()
     chosen, notes = resolve_providers(providers)
+    if len(chosen) > 1:
+        notes.extend(preload_gpu_libraries())
     so = session_options(opts)
     if optimized_model_path is not None:
         so.optimized_model_filepath = str(optimized_model_path)

@@ -25,11 +25,15 @@ def test_variant_ids_round_trip() -> None:
 def test_int8_chain_is_qdq_and_within_tolerance(tiny_chain, tiny_data) -> None:
     segments, exits = tiny_chain
     x, y = tiny_data
-    q_segments, q_exits = quantize_chain(segments, exits, x[:48], "int8")
+    q_segments, q_exits = quantize_chain(segments, exits, x[:48], "int8", options=QuantOptions(pad_policy="always"))
     ops = {n.op_type for m in (*q_segments, *q_exits) for n in m.graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops
-    # Per-channel weights: the first conv's weight scale has one value per output channel.
-    scales = [i for i in q_segments[0].graph.initializer if i.name.endswith("_w_scale")]
+    # Per-channel weights: the first conv's weight scale has one value per output channel,
+    # 16 of them since the 8-channel chain is zero-padded to 16 before quantising (pad_channels).
+    scales = [i for i in q_segments[0].graph.initializer if "_w__pad" in i.name and i.name.endswith("_scale")]
+    assert scales and scales[0].dims == [16]
+    unpadded = quantize_chain(segments, exits, x[:48], "int8", options=QuantOptions(pad_channels=0))[0]
+    scales = [i for i in unpadded[0].graph.initializer if i.name.endswith("_w_scale")]
     assert scales and scales[0].dims == [8]
     check = check_accuracy("int8", (segments, exits), (q_segments, q_exits), x, y, max_drop=0.05)
     assert check.float_per_exit[-1] == 1.0  # labels are the float chain's predictions
@@ -68,6 +72,10 @@ def test_bad_options_are_usage_errors(tiny_chain) -> None:
     segments, exits = tiny_chain
     with pytest.raises(UsageError):
         QuantOptions(activation="int4").validate()
+    with pytest.raises(UsageError, match="pad policy"):
+        QuantOptions(pad_policy="sometimes").validate()
+    with pytest.raises(UsageError, match="pad channels"):
+        QuantOptions(pad_channels=-1).validate()
     with pytest.raises(UsageError):
         check_accuracy("int8", (segments, exits), (segments, exits), np.zeros((1, 3, 8, 8), np.float32),
                        np.zeros(1, int), max_drop=2.0)
@@ -88,3 +96,15 @@ def test_fp16_chain_is_topologically_sorted_and_merges(tiny_chain, tiny_data) ->
     (out,) = float_features(merged, [x[:1]])
     (ref,) = float_features(h_exits[-1], float_features(h_segments[1], float_features(h_segments[0], [x[:1]])))
     np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-3)
+
+
+def test_measured_padding_keeps_one_of_the_two_exact_graphs(tiny_chain, tiny_data) -> None:
+    """pad_policy="measure" times the padded and the plain INT8 graph and keeps one: either way
+    its predictions match the plain one's (padding only adds exact zeros)."""
+    segments, exits = tiny_chain
+    x, y = tiny_data
+    measured = quantize_chain(segments, exits, x[:48], "int8")
+    plain = quantize_chain(segments, exits, x[:48], "int8", options=QuantOptions(pad_channels=0))
+    a = chain_accuracy(*measured, x, y)
+    b = chain_accuracy(*plain, x, y)
+    assert abs(a[-1] - b[-1]) <= 0.03

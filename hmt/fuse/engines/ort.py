@@ -64,7 +64,19 @@ def merge_chain(models: list[onnx.ModelProto]) -> onnx.ModelProto:
             )
         except Exception as exc:  # onnx raises ValueError/ValidationError on opset or name clashes
             raise ModelError(f"the chain cannot be merged into one graph at graph {k}: {exc}") from exc
+    _dedupe_opsets(merged)
     return merged
+
+
+def _dedupe_opsets(model: onnx.ModelProto) -> None:
+    """merge_models concatenates opset imports (one ``""`` entry per graph); ORT's quantiser
+    then finds no unique ai.onnx opset and refuses the merged graph, so keep one per domain."""
+    seen: dict[str, int] = {}
+    for entry in model.opset_import:
+        seen[entry.domain] = max(seen.get(entry.domain, 0), entry.version)
+    del model.opset_import[:]
+    for domain, version in seen.items():
+        model.opset_import.add(domain=domain, version=version)
 
 
 def save_portable(model: onnx.ModelProto, path: Path) -> dict[str, Any]:
