@@ -18,7 +18,11 @@ def _conv_segment(name: str, in_name: str, out_name: str, c_in: int, c_out: int,
                                                                           [1, c_in, 8, 8])],
                               [helper.make_tensor_value_info(out_name, TensorProto.FLOAT, [1, c_out, 8, 8])],
                               initializer=[w, b])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    # onnx's newest IR version can be newer than what the installed ORT reads (onnx 1.23 writes
+    # IR 14, onnxruntime-gpu 1.31 reads up to 13): what the torch exporter writes, IR 10, loads on both.
+    model.ir_version = 10
+    return model
 
 
 def _exit_head(name: str, in_name: str, out_name: str, c_in: int, classes: int, rng: np.random.Generator):
@@ -33,7 +37,11 @@ def _exit_head(name: str, in_name: str, out_name: str, c_in: int, classes: int, 
                                                                           [1, c_in, 8, 8])],
                               [helper.make_tensor_value_info(out_name, TensorProto.FLOAT, [1, classes])],
                               initializer=[w, b])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    # onnx's newest IR version can be newer than what the installed ORT reads (onnx 1.23 writes
+    # IR 14, onnxruntime-gpu 1.31 reads up to 13): what the torch exporter writes, IR 10, loads on both.
+    model.ir_version = 10
+    return model
 
 
 @pytest.fixture(scope="session")
