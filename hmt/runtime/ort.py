@@ -266,4 +266,7 @@ def ort_session(
     for wanted in chosen[:-1]:
         if wanted not in bound:  # listed as available but failed to initialise (no driver, no GPU)
             notes.append(f"{wanted} could not be initialised; {what} runs on {bound}")
+    if bound and bound[0] != CPU_PROVIDER:
+        # Say where it really runs (status pages list these notes), once per provider.
+        notes.append(f"ONNX Runtime runs on {bound[0]}")
     return OrtSession(session, opts, bound, notes)
