@@ -145,3 +145,27 @@ def test_recent_tail_forgets_old_samples() -> None:
     assert tail.value(7.0) > 5.0  # one slow run in ten is the tail
     now[0] = 6.0
     assert tail.value(7.0) == 7.0
+
+
+def test_recent_tail_caches_its_quantile_until_a_sample_or_time_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hmt.offload.timing as timing
+
+    now = [0.0]
+    tail = RecentTail(lambda: now[0], window_s=5.0, quantile=0.9, min_samples=3)
+    for v in (1.0, 2.0, 3.0, 4.0):
+        tail.add(v)
+    calls = [0]
+    real = timing.np.percentile
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(timing.np, "percentile", counting)
+    first = tail.value(7.0)
+    assert tail.value(7.0) == first and calls[0] == 1  # cached
+    tail.add(100.0)
+    assert tail.value(7.0) > first and calls[0] == 2  # a new sample invalidates it
+    now[0] += RecentTail.CACHE_S
+    tail.value(7.0)
+    assert calls[0] == 3  # and so does time (samples leave the window)
