@@ -79,6 +79,10 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--max-test", type=int, default=None, help="cap on test images (CPU smoke runs)")
     parser.add_argument("--arch", action="append", default=[], help="also evaluate this arch id (repeatable)")
+    parser.add_argument("--greedy", type=int, default=0,
+                        help="also the greedy shrinking path from the largest at every exit (hmt.pareto.greedy, "
+                             "next cheaper choice per block, chosen on validation images): evaluations per exit")
+    parser.add_argument("--greedy-samples", type=int, default=2500, help="validation images the path is chosen on")
     args = parser.parse_args()
 
     loaded = load_supernet(args.supernet, device=args.device)
@@ -93,6 +97,8 @@ def main() -> None:
     archs = structured_archs(space) + [space.parse(a) for a in args.arch]
     archs += [space.sample(rng, exit_stage=space.num_stages - 1) for _ in range(args.random)]
     archs += [space.sample(rng) for _ in range(args.random // 3)]
+    if args.greedy:
+        archs += greedy_archs(loaded, args)
     seen: set[str] = set()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w", newline="") as handle:
@@ -109,6 +115,36 @@ def main() -> None:
             writer.writerow([arch.arch_id, arch.exit_stage, f"{acc:.4f}", macs, params,
                              f"{time.perf_counter() - started:.2f}"])
             handle.flush()
+
+
+def greedy_archs(loaded: object, args: argparse.Namespace) -> list[ArchConfig]:
+    """The greedy path's variants from the largest at every exit, chosen on a stratified subset
+    of the supernet's validation split (BN re-estimated on the stored calibration set)."""
+    from hmt.pareto.data import calibration_batches, device_batches, held_out_data
+    from hmt.pareto.evaluate import PrefixEvaluator
+    from hmt.pareto.greedy import greedy_path
+
+    net = loaded.net  # type: ignore[attr-defined]
+    space = loaded.space  # type: ignore[attr-defined]
+    val = held_out_data(loaded, max_samples=args.greedy_samples, seed=args.seed)
+    evaluator = PrefixEvaluator(net, device_batches(val, batch_size=500, device=args.device),
+                                calibration=calibration_batches(loaded, device=args.device))
+    macs: dict[str, float] = {}
+
+    def cost(arch: ArchConfig) -> float:
+        if arch.arch_id not in macs:
+            macs[arch.arch_id] = float(count_macs(loaded.materialize(arch), tuple(space.input_shape))[0])  # type: ignore[attr-defined]
+        return macs[arch.arch_id]
+
+    out: list[ArchConfig] = []
+    for exit_stage in range(space.num_stages):
+        start = space.make(["base"] * len(space.positions), exit_stage)
+        path = greedy_path(space, lambda archs: [a.accuracy for a in evaluator.evaluate(archs)], cost,
+                           start=start, max_drop=0.06, max_evaluations=args.greedy, moves="next")
+        print(f"greedy path from exit {exit_stage}: {len(path)} variants, {path[-1].evaluations} evaluated",
+              flush=True)
+        out += [step.arch for step in path]
+    return out
 
 
 if __name__ == "__main__":
