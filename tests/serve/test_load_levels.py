@@ -3,14 +3,32 @@ what it measured at a similar load, not on a prior from an unloaded period."""
 
 from __future__ import annotations
 
-import pytest
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
+import numpy as np
+import pytest
+from serve_bundles import CLASSES, VariantDef, make_bundle
+
+from hmt.bundle import load_bundle
 from hmt.errors import UsageError
 from hmt.runtime.settings import EstimatorSettings
+from hmt.runtime.chain import ChainResult, ChainRunner
+from hmt.serve.controller import Controller
 from hmt.serve.estimates import SOURCE_MEASURED, SOURCE_PRIOR, SOURCE_SCALED, LatencyEstimator
+from hmt.serve.monitor import ResourceSample
+from hmt.serve.settings import ServeSettings
+
+X = np.zeros((1, 4), dtype=np.float32)
 
 # The profile predicts big 1.0 ms and small 0.5 ms; the engine runs them 5-20x slower.
 IDS = ["big", "small"]
+
+
+def sample(cpu: float = 0.0) -> ResourceSample:
+    return ResourceSample(time.monotonic(), cpu, 8_000_000_000, 8_000_000_000)
 PREDICTED_MS = [1.0, 0.5]
 
 
@@ -106,3 +124,60 @@ def test_load_levels_are_centred_and_bounded() -> None:
         EstimatorSettings(load_buckets=0)
     with pytest.raises(UsageError, match="memory_s"):
         EstimatorSettings(max_age_s=2.0, memory_s=1.0)
+
+
+def test_the_loop_does_not_go_back_to_a_variant_that_was_slow_at_this_load(tmp_path: Path) -> None:
+    """The loop, end to end on a fake engine whose big variant slows 7x under load and small 3x
+    (so the engine's r, learnt on small, makes big's prior look feasible): after big missed at
+    high load, ran fast at low load, and 3 s passed (twice ``max_age_s``), the load returns high.
+    The loop leaves big at once on its high-load measurements (14 ms against a 7.2 ms compute
+    limit) and stays on small; with the old per-variant windows big's measurements have aged out
+    and its prior (~6 ms) keeps it."""
+    bundle = load_bundle(make_bundle(tmp_path / "b", (VariantDef("big", 0.92, 2.0, 2.0), VariantDef("small", 0.80, 1.0, 1.0))))
+    settings = ServeSettings.from_mapping({"budgets": {"latency_ms": 9.0}, "switch": {
+        "min_dwell_s": 0.0, "violation_patience": 1, "improve_patience": 1, "miss_streak": 3},
+        "estimates": {"shadow_share": 0.0}})
+    now = [0.0]
+    state = {"high": False}
+    slow_ms = {"big": (2.0, 14.0), "small": (1.0, 3.0)}
+
+    class FakeTimeRunner(ChainRunner):
+        """Reports the scripted compute time (not the wall time: this test must not depend on how
+        busy the machine is) and moves the loop's clock by it."""
+
+        def run(self, x: np.ndarray, confidence: float | None) -> ChainResult:
+            ms = slow_ms[self.arch_id][state["high"]]
+            now[0] += ms / 1e3
+            return replace(super().run(x, confidence), compute_ms=ms)
+
+    def load(arch_id: str) -> ChainRunner:
+        def head(x: np.ndarray) -> np.ndarray:
+            return x.reshape(1, -1)[:, :CLASSES] @ np.eye(CLASSES, dtype=np.float32)
+
+        return FakeTimeRunner(bundle.spec.variant(arch_id), [lambda x: x] * 2, [head] * 2, "tvm")
+
+    c = Controller(bundle, settings, sampler=sample, loader=load, warmup_runs=1, clock=lambda: now[0])
+    c.start(background=False)
+
+    def serve(n: int, cpu: float) -> str:
+        state["high"] = cpu > 0.5
+        for _ in range(5):
+            c.tick(sample=sample(cpu))  # the load forecast settles on the load
+            now[0] += 0.05
+        for _ in range(n):
+            c.predict(X)
+            now[0] += 0.01
+        rec = c.tick(sample=sample(cpu))
+        return rec.active
+
+    assert serve(8, 0.0) == "big"
+    assert serve(8, 1.0) == "small"  # big missed at high load
+    now[0] += 2.0  # past max_age_s: the old per-variant window would have forgotten big's misses here too
+    assert serve(8, 0.0) == "big"  # back at low load on its low-load measurements
+    now[0] += 3.0
+    state["high"] = True
+    actives = [c.tick(sample=sample(1.0)).active for _ in range(6)]
+    assert actives[-1] == "small" and "big" not in actives[1:], actives
+    estimate = c.status()["estimates"]["big"]
+    assert estimate["source"] == "measured" and estimate["latency_ms"] == pytest.approx(14.0, rel=0.05)
+
