@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -14,8 +13,8 @@ from serve_bundles import CLASSES, VariantDef, make_bundle
 
 from hmt.bundle import load_bundle
 from hmt.errors import UsageError
-from hmt.runtime.settings import EstimatorSettings
 from hmt.runtime.chain import ChainResult, ChainRunner
+from hmt.runtime.settings import EstimatorSettings
 from hmt.serve.controller import Controller
 from hmt.serve.estimates import SOURCE_MEASURED, SOURCE_PRIOR, SOURCE_SCALED, LatencyEstimator
 from hmt.serve.monitor import ResourceSample
@@ -133,7 +132,8 @@ def test_the_loop_does_not_go_back_to_a_variant_that_was_slow_at_this_load(tmp_p
     The loop leaves big at once on its high-load measurements (14 ms against a 7.2 ms compute
     limit) and stays on small; with the old per-variant windows big's measurements have aged out
     and its prior (~6 ms) keeps it."""
-    bundle = load_bundle(make_bundle(tmp_path / "b", (VariantDef("big", 0.92, 2.0, 2.0), VariantDef("small", 0.80, 1.0, 1.0))))
+    variants = (VariantDef("big", 0.92, 2.0, 2.0), VariantDef("small", 0.80, 1.0, 1.0))
+    bundle = load_bundle(make_bundle(tmp_path / "b", variants))
     settings = ServeSettings.from_mapping({"budgets": {"latency_ms": 9.0}, "switch": {
         "min_dwell_s": 0.0, "violation_patience": 1, "improve_patience": 1, "miss_streak": 3},
         "estimates": {"shadow_share": 0.0}})
