@@ -70,7 +70,7 @@ class _Window:
     """Recent compute times of one variant: in arrival order (to age them out) and sorted (so
     the tail and the median are index lookups)."""
 
-    __slots__ = ("changed", "load_sum", "loads", "ordered", "size", "times", "values")
+    __slots__ = ("load_sum", "loads", "ordered", "size", "times", "values")
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -79,7 +79,6 @@ class _Window:
         self.loads: deque[float] = deque()  # the load index each sample saw (the level's mean load)
         self.load_sum = 0.0
         self.ordered: list[float] = []
-        self.changed = False
 
     def add(self, now_s: float, value: float, load: float = 0.0, max_age_s: float = math.inf) -> None:
         """Add a sample; samples more than ``max_age_s`` older than it leave (ageing within the level)."""
@@ -92,7 +91,6 @@ class _Window:
         cutoff_s = now_s - max_age_s
         while len(times) > self.size or times[0] < cutoff_s:
             self._drop_oldest()
-        self.changed = True
 
     def mean_load(self) -> float:
         n = len(self.loads)
@@ -111,7 +109,6 @@ class _Window:
         times = self.times
         while times and times[0] < cutoff_s:
             self._drop_oldest()
-            self.changed = True
 
     def fresh(self, now_s: float, max_age_s: float) -> int:
         """Samples younger than ``max_age_s`` (times are appended in order: bisect them)."""
@@ -160,6 +157,11 @@ class LatencyEstimator:
         self._level_loads: list[list[float]] = [[0.0] * n_levels for _ in self.arch_ids]
         self.measured_count = 0  # variants measured at some level
         self._level = 0  # the level of the last decision's load (stale() and estimates() read it)
+        # (variant, level) windows that changed since the last refresh, and the earliest time any
+        # sample leaves by the memory: refresh touches only those, not every window (the levels
+        # multiply the windows by load_buckets).
+        self._dirty: set[tuple[int, int]] = set()
+        self._next_expiry_s = math.inf
         # Bumped whenever an estimate the decision reads changed (see the module docstring).
         self.version = 0
         self._latency_key: tuple[int, float, int] | None = None
@@ -187,7 +189,12 @@ class LatencyEstimator:
         i = self._index.get(arch_id)
         if i is None or not (math.isfinite(measured_ms) and measured_ms >= 0):
             return
-        self._windows[i][self.level_of(load)].add(now_s, measured_ms, load, self.settings.max_age_s)
+        level = self.level_of(load)
+        self._windows[i][level].add(now_s, measured_ms, load, self.settings.max_age_s)
+        self._dirty.add((i, level))
+        expiry_s = now_s + self.settings.memory_s
+        if expiry_s < self._next_expiry_s:
+            self._next_expiry_s = expiry_s
         self.samples += 1
         if predicted_ms > 0 and math.isfinite(predicted_ms):
             sample = measured_ms / predicted_ms
@@ -229,25 +236,34 @@ class LatencyEstimator:
         cutoff_s = now_s - s.memory_s
         min_samples = s.min_samples
         changed = False
-        for i, windows in enumerate(self._windows):
+        dirty = self._dirty
+        if now_s >= self._next_expiry_s:
+            # Some sample is past the memory: drop those, and find when the next one will be.
+            next_s = math.inf
+            for i, windows in enumerate(self._windows):
+                for level, window in enumerate(windows):
+                    times = window.times
+                    if times and times[0] < cutoff_s:
+                        window.expire(cutoff_s)
+                        dirty.add((i, level))
+                    if times:
+                        next_s = min(next_s, times[0] + s.memory_s)
+            self._next_expiry_s = next_s
+        for i, level in dirty:
+            window = self._windows[i][level]
+            times = window.times
             tails = self._tails[i]
-            for level, window in enumerate(windows):
-                times = window.times
-                if times and times[0] < cutoff_s:
-                    window.expire(cutoff_s)
-                if not window.changed:
-                    continue
-                window.changed = False
-                tail: float | None = None
-                median: float | None = None
-                if len(times) >= min_samples:
-                    tail, median = window.quantiles(s.quantile)
-                self._medians[i][level] = median
-                mean_load = round(window.mean_load() / LEVEL_LOAD_STEP) * LEVEL_LOAD_STEP
-                if tail != tails[level] or (tail is not None and mean_load != self._level_loads[i][level]):
-                    tails[level] = tail
-                    self._level_loads[i][level] = mean_load
-                    changed = True
+            tail: float | None = None
+            median: float | None = None
+            if len(times) >= min_samples:
+                tail, median = window.quantiles(s.quantile)
+            self._medians[i][level] = median
+            mean_load = round(window.mean_load() / LEVEL_LOAD_STEP) * LEVEL_LOAD_STEP
+            if tail != tails[level] or (tail is not None and mean_load != self._level_loads[i][level]):
+                tails[level] = tail
+                self._level_loads[i][level] = mean_load
+                changed = True
+        dirty.clear()
         if changed:
             self.measured_count = sum(any(t is not None for t in tails) for tails in self._tails)
             # The priors are tail latencies too, with the spread measured now.

@@ -86,10 +86,10 @@ def test_unchanged_inputs_reuse_the_decision_and_a_changed_budget_does_not(tmp_p
     again = c.tick(sample=sample())
     assert c.decision.hits == hits + 1  # same load bucket, estimates, budgets, mu, active
     assert again.proposed == first.proposed == "big"
-    # Same budgets, but requests now wait 3 ms in the queue: 0.8 x 8 - 3 = 3.4 ms left for
-    # compute, which big (4 ms) does not meet. The cached "big" must not stand.
+    # Same budgets, but requests now wait 5 ms in the queue: 8 - 5 = 3 ms left for compute
+    # (headroom 1), which big (4 ms) does not meet. The cached "big" must not stand.
     for _ in range(20):
-        c.predict(X, queued_ms=3.0)
+        c.predict(X, queued_ms=5.0)
     assert c.tick(sample=sample()).proposed == "mid"
     c._queue_waits.clear()
     # A budget that only mid meets: the cached "big" must not stand.
