@@ -12,7 +12,8 @@ PHASES = (4.0, 8.0, 12.0, 16.0, 20.0)
 
 
 def main(path: str) -> None:
-    data = json.load(open(path))
+    with open(path) as f:
+        data = json.load(f)
     for engine, body in data["engines"].items():
         scenario = body["scenario"]
         print(f"\n{engine}: budget {scenario['budget_ms']:.2f} ms, calibration {body.get('calibration')}")
