@@ -164,11 +164,18 @@ class EstimatorSettings:
     ablation baseline, and a way to pin decisions to the budgets in tests.
     """
 
-    window: int = 64  # samples kept per variant
-    min_samples: int = 5  # fresh samples before the window's p95 is trusted over the prior
-    # Samples older than this are stale (the load moved on). 1.5 s holds ~100 requests at the rates
-    # serve sees under load, and lets a step's slow samples go within a couple of ticks after it lifts.
+    window: int = 64  # samples kept per variant and load level
+    min_samples: int = 5  # samples at a load level before its p95 is trusted over the prior
+    # Within a load level, samples more than this older than the level's newest are stale (the
+    # machine moved on at that level). 1.5 s holds ~100 requests at the rates serve sees under load.
     max_age_s: float = 1.5
+    # Load levels: the outside load index [0, 1] in this many buckets centred on 0, 1/(n-1), ..., 1
+    # (5: idle, a quarter, one of two cores, ...). A variant not run recently is judged on what it
+    # measured at a similar load, not on a prior from another load (1: one level, as before).
+    load_buckets: int = 5
+    # A level's measurements are forgotten this long after they were taken (then the prior, or the
+    # nearest level's, again): bounds how long one bad sample keeps a variant out at that level.
+    memory_s: float = 30.0
     quantile: float = 0.95
     default_tail: float = 1.3  # p95 / median assumed before any window has enough samples
     shadow_share: float = 0.05  # at most this share of wall time goes to shadow runs of idle variants
@@ -182,6 +189,10 @@ class EstimatorSettings:
             raise UsageError(f"estimates needs 1 <= min_samples <= window, got {self.min_samples}, {self.window}")
         if not (math.isfinite(self.max_age_s) and self.max_age_s > 0):
             raise UsageError(f"estimates.max_age_s must be > 0, got {self.max_age_s}")
+        if not 1 <= self.load_buckets <= 20:
+            raise UsageError(f"estimates.load_buckets must be in [1, 20], got {self.load_buckets}")
+        if not (math.isfinite(self.memory_s) and self.memory_s >= self.max_age_s):
+            raise UsageError(f"estimates.memory_s must be >= max_age_s ({self.max_age_s}), got {self.memory_s}")
         if not 0.5 <= self.quantile < 1.0:
             raise UsageError(f"estimates.quantile must be in [0.5, 1), got {self.quantile}")
         if not (math.isfinite(self.default_tail) and self.default_tail >= 1.0):
@@ -221,10 +232,11 @@ class CorrectionSettings:
     smoothing: float = 0.3
     r_min: float = 0.2
     r_max: float = 5.0
-    # Share of the latency budget the corrected *mean* prediction may use: requests scatter
-    # around the mean (and queue near capacity), so a prediction right at the budget misses
-    # about half the time.
-    headroom: float = 0.8
+    # Share of the compute budget (the latency budget less the serving overhead measured now) the
+    # estimates may use. 1.0: the estimates are p95s already (measured, or priors times the tail
+    # factor), so a further margin counts the tail twice. Measured (benchmarks/README.md, serve,
+    # session 4b): against 0.8, the same misses and 0.4-14 points more top-1 under load on TVM.
+    headroom: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.headroom <= 1.0:

@@ -133,7 +133,7 @@ class Controller:
         engines = [bundle.spec.variant(v.arch_id).preferred_engine for v in table]
         self.estimator = LatencyEstimator([v.arch_id for v in table], [v.latency_ms for v in table], engines,
                                           self.settings.estimates, smoothing=c.smoothing, r_min=c.r_min,
-                                          r_max=c.r_max)
+                                          r_max=c.r_max, alpha_latency=self.optimizer.alpha_latency)
         self._known_ids = frozenset(v.arch_id for v in table)  # the pool may also hold serve --adapt's variant
         # The decision path, cached on what a choice depends on (hmt.serve.decision).
         self.decision = DecisionPath(self.optimizer, fixed_variant)
@@ -304,7 +304,7 @@ class Controller:
         spent_s = time.perf_counter() - start
         predicted_ms = runner.variant.latency_ms * self._load_scale * result.predicted_share
         with self._state_lock:
-            self.estimator.observe(arch_id, result.compute_ms, predicted_ms, self.now_s())
+            self.estimator.observe(arch_id, result.compute_ms, predicted_ms, self.now_s(), self._load_now)
             self.stats.shadow_runs += 1
             self.stats.shadow_s += spent_s
         return True
@@ -352,7 +352,7 @@ class Controller:
         estimator = self.estimator
         with self._state_lock:
             self._measured_count = estimator.refresh(self.now_s())
-        latencies, ratios = estimator.latencies(1.0 + self.optimizer.alpha_latency * load_next)
+        latencies, ratios = estimator.latencies(1.0 + self.optimizer.alpha_latency * load_next, load_next)
         return self.decision.feasible(latencies, ratios, load_next, latency_limit_ms, budgets)
 
     def _latency_limit_ms(self, budgets: Budgets) -> tuple[float, float]:
@@ -411,7 +411,7 @@ class Controller:
             self.last_error = error
         elif result.switched or trigger == TRIGGER_INITIAL:
             self.last_error = None  # a stale error must not outlive the state it described
-        estimates = {e.arch_id: e for e in self.estimator.estimates(self.now_s(), load_scale)}
+        estimates = {e.arch_id: e for e in self.estimator.estimates(self.now_s(), load_scale, load_next)}
         active_estimate = estimates[active]
         record = TickRecord(
             time_s=self.now_s(), trigger=trigger, cpu_util=sample.cpu_util, mem_util=sample.mem_util,
@@ -500,7 +500,7 @@ class Controller:
         now_s = self.now_s()
         with self._state_lock:
             # The estimates are per bundled variant: an adapted one's time counts for its base.
-            self.estimator.observe(base.arch_id, result.compute_ms, predicted_ms, now_s)
+            self.estimator.observe(base.arch_id, result.compute_ms, predicted_ms, now_s, self._load_now)
             self._queue_waits.append(max(0.0, queued_ms))
             stats = self.stats
             stats.requests += 1

@@ -1,10 +1,19 @@
 """Per-variant latency estimates: measured first, the profile's prediction only as a prior.
 
-Each variant keeps a window of its recent compute times, from served requests and from
-shadow runs (:meth:`LatencyEstimator.observe`). Its estimate for a decision is:
+Each variant keeps a window of its recent compute times per *load level* (the outside load
+index when the sample was taken, in ``load_buckets`` buckets), from served requests and from
+shadow runs (:meth:`LatencyEstimator.observe`). Within a level, a sample ages out when it is
+``max_age_s`` older than the level's newest one (the machine moved on at that level), and every
+sample is forgotten ``memory_s`` after it was taken. So, under load, a variant not run recently
+is judged on what it measured at a similar load, not on a prior from an unloaded period (which
+made the loop climb to a bigger variant every dwell and fall back 0.3 s later). Its estimate for
+a decision at load ``I`` is:
 
-- **measured**: the window's p95 once it holds ``min_samples`` samples younger than
-  ``max_age_s`` (feasibility is judged on the tail, not the mean);
+- **measured**: the p95 of its window at ``I``'s level once that holds ``min_samples`` samples
+  (feasibility is judged on the tail, not the mean);
+- **scaled** otherwise, if another level holds ``min_samples``: the nearest such level's p95,
+  scaled by the load model from that level's mean load to ``I``
+  (``(1 + alpha * I) / (1 + alpha * I_level)``);
 - **prior** otherwise: the profile's latency, scaled by the load model
   (``1 + alpha * I``), by ``r`` (measured / predicted: the engine's current average times
   the variant's own ratio to its engine when it was last measured, so priors follow the
@@ -22,7 +31,8 @@ so a window's p95 and median are index lookups; ``refresh`` only drops samples t
 and re-reads the windows that changed, and bumps :attr:`LatencyEstimator.version` only when
 an estimate the decision uses changed (a measured tail, the set of measured variants, or a
 prior's ``r`` by more than :data:`PRIOR_R_STEP`). ``latencies`` is cached per
-(version, load scale), so a decision whose inputs did not change reuses everything.
+(version, load scale, level), so a decision whose inputs did not change reuses everything.
+Memory is bounded: at most ``load_buckets x window`` samples per variant.
 """
 
 from __future__ import annotations
@@ -36,19 +46,21 @@ from dataclasses import dataclass
 from hmt.runtime.settings import MODE_MEASURED, EstimatorSettings
 
 SOURCE_MEASURED = "measured"
+SOURCE_SCALED = "scaled"  # measured at another load level, scaled by the load model
 SOURCE_PRIOR = "prior"
 # A prior's r is published again only when it moved by more than this (relative) from the value
 # published, so that the EMA moving by a fraction of a percent with every request does not
 # change the estimates (and recompute the feasible set) every tick.
 PRIOR_R_STEP = 0.01
 MAX_TAIL_FACTOR = 2.0  # p95 / median a prior may assume (see refresh)
+LEVEL_LOAD_STEP = 0.02  # a level's mean load is published in these steps (as the loop's load bucket)
 
 
 @dataclass(frozen=True)
 class Estimate:
     arch_id: str
     latency_ms: float  # the tail latency the decision uses
-    source: str  # measured or prior
+    source: str  # measured (at this load level), scaled (from another level) or prior
     samples: int  # fresh samples in the window
     ratio: float | None  # measured / predicted of this variant (None: never measured)
     disagrees: bool  # ratio outside [r_min, r_max]: the measurement overrides the prediction
@@ -58,34 +70,45 @@ class _Window:
     """Recent compute times of one variant: in arrival order (to age them out) and sorted (so
     the tail and the median are index lookups)."""
 
-    __slots__ = ("changed", "ordered", "size", "times", "values")
+    __slots__ = ("load_sum", "loads", "ordered", "size", "times", "values")
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.times: deque[float] = deque()
         self.values: deque[float] = deque()
+        self.loads: deque[float] = deque()  # the load index each sample saw (the level's mean load)
+        self.load_sum = 0.0
         self.ordered: list[float] = []
-        self.changed = False
 
-    def add(self, now_s: float, value: float) -> None:
+    def add(self, now_s: float, value: float, load: float = 0.0, max_age_s: float = math.inf) -> None:
+        """Add a sample; samples more than ``max_age_s`` older than it leave (ageing within the level)."""
         self.times.append(now_s)
         self.values.append(value)
+        self.loads.append(load)
+        self.load_sum += load
         insort(self.ordered, value)
-        if len(self.times) > self.size:
+        times = self.times
+        cutoff_s = now_s - max_age_s
+        while len(times) > self.size or times[0] < cutoff_s:
             self._drop_oldest()
-        self.changed = True
+
+    def mean_load(self) -> float:
+        n = len(self.loads)
+        return self.load_sum / n if n else 0.0
 
     def _drop_oldest(self) -> None:
         self.times.popleft()
+        self.load_sum -= self.loads.popleft()
+        if not self.loads:
+            self.load_sum = 0.0  # no drift from the running sum
         ordered = self.ordered
         del ordered[bisect_left(ordered, self.values.popleft())]
 
     def expire(self, cutoff_s: float) -> None:
-        """Drop the samples taken before ``cutoff_s`` (the load they saw has moved on)."""
+        """Drop the samples taken before ``cutoff_s`` (older than the memory)."""
         times = self.times
         while times and times[0] < cutoff_s:
             self._drop_oldest()
-            self.changed = True
 
     def fresh(self, now_s: float, max_age_s: float) -> int:
         """Samples younger than ``max_age_s`` (times are appended in order: bisect them)."""
@@ -107,17 +130,19 @@ class LatencyEstimator:
 
     def __init__(self, arch_ids: Sequence[str], predicted_ms: Sequence[float], engines: Sequence[str],
                  settings: EstimatorSettings | None = None, *, smoothing: float = 0.3, r_min: float = 0.2,
-                 r_max: float = 5.0) -> None:
+                 r_max: float = 5.0, alpha_latency: float = 0.0) -> None:
         self.settings = settings if settings is not None else EstimatorSettings()
         self.smoothing = smoothing
         self.r_min = r_min
         self.r_max = r_max
+        self.alpha_latency = alpha_latency  # the load model, to scale a level's tail to another level
         self.measure = self.settings.mode == MODE_MEASURED
         self.arch_ids = list(arch_ids)
         self.predicted_ms = list(predicted_ms)
         self.engines = list(engines)
         self._index = {a: i for i, a in enumerate(self.arch_ids)}
-        self._windows = [_Window(self.settings.window) for _ in self.arch_ids]
+        n_levels = self.settings.load_buckets
+        self._windows = [[_Window(self.settings.window) for _ in range(n_levels)] for _ in self.arch_ids]
         self._r_variant: list[float | None] = [None] * len(self.arch_ids)
         self._r_engine: dict[str, float] = {}
         self._rel: list[float | None] = [None] * len(self.arch_ids)
@@ -125,13 +150,30 @@ class LatencyEstimator:
         self._r_changed = False
         self.tail_factor = self.settings.default_tail
         self.samples = 0
-        self._measured: list[float | None] = [None] * len(self.arch_ids)  # tails as of the last refresh
-        self._medians: list[float | None] = [None] * len(self.arch_ids)
-        self.measured_count = 0
+        # Per variant and level, as of the last refresh: the tail, the median, the mean load (in
+        # LEVEL_LOAD_STEP steps, so that a sample moving the mean by a hair does not bump the version).
+        self._tails: list[list[float | None]] = [[None] * n_levels for _ in self.arch_ids]
+        self._medians: list[list[float | None]] = [[None] * n_levels for _ in self.arch_ids]
+        self._level_loads: list[list[float]] = [[0.0] * n_levels for _ in self.arch_ids]
+        self.measured_count = 0  # variants measured at some level
+        self._level = 0  # the level of the last decision's load (stale() and estimates() read it)
+        # (variant, level) windows that changed since the last refresh, and the earliest time any
+        # sample leaves by the memory: refresh touches only those, not every window (the levels
+        # multiply the windows by load_buckets).
+        self._dirty: set[tuple[int, int]] = set()
+        self._next_expiry_s = math.inf
         # Bumped whenever an estimate the decision reads changed (see the module docstring).
         self.version = 0
-        self._latency_key: tuple[int, float] | None = None
+        self._latency_key: tuple[int, float, int] | None = None
         self._latency_value: tuple[list[float], list[float]] = ([], [])
+        self._sources: list[str] = [SOURCE_PRIOR] * len(self.arch_ids)
+
+    def level_of(self, load: float) -> int:
+        """The load level (bucket) of an outside load index; levels are centred on 0, 1/(n-1), ..., 1."""
+        n = self.settings.load_buckets
+        if n == 1 or not math.isfinite(load):
+            return 0
+        return min(n - 1, max(0, int(load * (n - 1) + 0.5)))
 
     def set_engine(self, arch_id: str, engine: str) -> None:
         """The engine a variant really runs on (known once loaded); its r falls back to that engine's."""
@@ -140,12 +182,19 @@ class LatencyEstimator:
             self.engines[i] = engine
             self._r_changed = True
 
-    def observe(self, arch_id: str, measured_ms: float, predicted_ms: float, now_s: float) -> None:
-        """One measured compute time of ``arch_id`` against the prediction for that run (load-scaled, no r)."""
+    def observe(self, arch_id: str, measured_ms: float, predicted_ms: float, now_s: float,
+                load: float = 0.0) -> None:
+        """One measured compute time of ``arch_id`` at outside load index ``load``, against the
+        prediction for that run (load-scaled, no r)."""
         i = self._index.get(arch_id)
         if i is None or not (math.isfinite(measured_ms) and measured_ms >= 0):
             return
-        self._windows[i].add(now_s, measured_ms)
+        level = self.level_of(load)
+        self._windows[i][level].add(now_s, measured_ms, load, self.settings.max_age_s)
+        self._dirty.add((i, level))
+        expiry_s = now_s + self.settings.memory_s
+        if expiry_s < self._next_expiry_s:
+            self._next_expiry_s = expiry_s
         self.samples += 1
         if predicted_ms > 0 and math.isfinite(predicted_ms):
             sample = measured_ms / predicted_ms
@@ -174,9 +223,9 @@ class LatencyEstimator:
         return self._prior_r[self._index[arch_id]]
 
     def refresh(self, now_s: float) -> int:
-        """Summarise the windows at ``now_s``: drop aged samples, re-read the windows that changed,
-        update the priors' r; bump :attr:`version` if anything the decision reads changed.
-        Returns how many variants are measured.
+        """Summarise the windows at ``now_s``: forget samples older than ``memory_s``, re-read the
+        windows that changed, update the priors' r; bump :attr:`version` if anything the decision
+        reads changed. Returns how many variants are measured (at some load level).
 
         Separate from :meth:`latencies` so the decision itself stays a few list operations
         (the loop times both: ``estimate_us`` and ``decision_us``).
@@ -184,28 +233,42 @@ class LatencyEstimator:
         if not self.measure:
             return 0
         s = self.settings
-        cutoff_s = now_s - s.max_age_s
-        measured = self._measured
+        cutoff_s = now_s - s.memory_s
+        min_samples = s.min_samples
         changed = False
-        for i, window in enumerate(self._windows):
+        dirty = self._dirty
+        if now_s >= self._next_expiry_s:
+            # Some sample is past the memory: drop those, and find when the next one will be.
+            next_s = math.inf
+            for i, windows in enumerate(self._windows):
+                for level, window in enumerate(windows):
+                    times = window.times
+                    if times and times[0] < cutoff_s:
+                        window.expire(cutoff_s)
+                        dirty.add((i, level))
+                    if times:
+                        next_s = min(next_s, times[0] + s.memory_s)
+            self._next_expiry_s = next_s
+        for i, level in dirty:
+            window = self._windows[i][level]
             times = window.times
-            if times and times[0] < cutoff_s:
-                window.expire(cutoff_s)
-            if not window.changed:
-                continue
-            window.changed = False
+            tails = self._tails[i]
             tail: float | None = None
             median: float | None = None
-            if len(times) >= s.min_samples:
+            if len(times) >= min_samples:
                 tail, median = window.quantiles(s.quantile)
-            self._medians[i] = median
-            if tail != measured[i]:
-                measured[i] = tail
+            self._medians[i][level] = median
+            mean_load = round(window.mean_load() / LEVEL_LOAD_STEP) * LEVEL_LOAD_STEP
+            if tail != tails[level] or (tail is not None and mean_load != self._level_loads[i][level]):
+                tails[level] = tail
+                self._level_loads[i][level] = mean_load
                 changed = True
+        dirty.clear()
         if changed:
-            self.measured_count = sum(t is not None for t in measured)
+            self.measured_count = sum(any(t is not None for t in tails) for tails in self._tails)
             # The priors are tail latencies too, with the spread measured now.
-            spreads = [t / m for t, m in zip(measured, self._medians, strict=True)
+            spreads = [t / m for tails, medians in zip(self._tails, self._medians, strict=True)
+                       for t, m in zip(tails, medians, strict=True)
                        if t is not None and m is not None and m > 0]
             if spreads:
                 # Capped: right after a load step a window holds both regimes, and its p95/median
@@ -231,11 +294,14 @@ class LatencyEstimator:
             self.version += 1
         return self.measured_count
 
-    def latencies(self, load_scale: float) -> tuple[list[float], list[float]]:
-        """Per variant (as of the last :meth:`refresh`): the tail latency to decide on, and its
-        ratio to the load-scaled prediction (energy is scaled by it). Cached per (version, load
-        scale): the lists are shared, do not modify them."""
-        key = (self.version, load_scale)
+    def latencies(self, load_scale: float, load: float | None = None) -> tuple[list[float], list[float]]:
+        """Per variant (as of the last :meth:`refresh`), at outside load index ``load`` (None: the
+        last one given): the tail latency to decide on, and its ratio to the load-scaled prediction
+        (energy is scaled by it). ``load_scale`` is the load model's ``1 + alpha * load``. Cached
+        per (version, load scale, level): the lists are shared, do not modify them."""
+        level = self._level if load is None else self.level_of(load)
+        self._level = level
+        key = (self.version, load_scale, level)
         if key == self._latency_key:
             return self._latency_value
         predicted = self.predicted_ms
@@ -244,31 +310,51 @@ class LatencyEstimator:
         else:
             out = []
             ratios = []
+            sources = self._sources
             tail_factor = self.tail_factor
             prior_r = self._prior_r
-            for i, tail in enumerate(self._measured):
+            alpha = self.alpha_latency
+            n_levels = self.settings.load_buckets
+            for i, tails in enumerate(self._tails):
                 prior_ms = predicted[i] * load_scale
+                tail = tails[level]
+                source = SOURCE_MEASURED
+                if tail is None:
+                    # The nearest level measured; on a tie the busier one (the cautious side).
+                    for d in range(1, n_levels):
+                        for other in (level + d, level - d):
+                            if 0 <= other < n_levels and tails[other] is not None:
+                                t = tails[other]
+                                assert t is not None
+                                tail = t * load_scale / (1.0 + alpha * self._level_loads[i][other])
+                                source = SOURCE_SCALED
+                                break
+                        if tail is not None:
+                            break
                 if tail is not None:
                     out.append(tail)
                     ratios.append(tail / prior_ms)
+                    sources[i] = source
                     continue
                 r = prior_r[i]
                 out.append(prior_ms * r * tail_factor)
                 ratios.append(r)
+                sources[i] = SOURCE_PRIOR
             value = out, ratios
         self._latency_key, self._latency_value = key, value
         return value
 
-    def estimates(self, now_s: float, load_scale: float) -> list[Estimate]:
+    def estimates(self, now_s: float, load_scale: float, load: float | None = None) -> list[Estimate]:
         """Every variant's estimate with its source (for status and metrics)."""
         s = self.settings
         self.refresh(now_s)
-        latencies, _ = self.latencies(load_scale)
+        latencies, _ = self.latencies(load_scale, load)
+        level = self._level
         result = []
         for i, arch_id in enumerate(self.arch_ids):
-            n = self._windows[i].fresh(now_s, s.max_age_s)
+            n = self._windows[i][level].fresh(now_s, s.max_age_s)
             r = self._r_variant[i]
-            source = SOURCE_MEASURED if self._measured[i] is not None else SOURCE_PRIOR
+            source = self._sources[i] if self.measure else SOURCE_PRIOR
             result.append(Estimate(arch_id, latencies[i], source, n, r,
                                    r is not None and not self.r_min <= r <= self.r_max))
         return result
@@ -279,6 +365,7 @@ class LatencyEstimator:
                 if r is not None and not self.r_min <= r <= self.r_max}
 
     def stale(self, arch_id: str, now_s: float) -> bool:
-        """Whether ``arch_id`` lacks ``min_samples`` fresh samples (a shadow run would help)."""
-        window = self._windows[self._index[arch_id]]
+        """Whether ``arch_id`` lacks ``min_samples`` fresh samples at the current load level (a
+        shadow run would help)."""
+        window = self._windows[self._index[arch_id]][self._level]
         return window.fresh(now_s, self.settings.max_age_s) < self.settings.min_samples

@@ -86,10 +86,10 @@ def test_unchanged_inputs_reuse_the_decision_and_a_changed_budget_does_not(tmp_p
     again = c.tick(sample=sample())
     assert c.decision.hits == hits + 1  # same load bucket, estimates, budgets, mu, active
     assert again.proposed == first.proposed == "big"
-    # Same budgets, but requests now wait 3 ms in the queue: 0.8 x 8 - 3 = 3.4 ms left for
-    # compute, which big (4 ms) does not meet. The cached "big" must not stand.
+    # Same budgets, but requests now wait 5 ms in the queue: 8 - 5 = 3 ms left for compute
+    # (headroom 1), which big (4 ms) does not meet. The cached "big" must not stand.
     for _ in range(20):
-        c.predict(X, queued_ms=3.0)
+        c.predict(X, queued_ms=5.0)
     assert c.tick(sample=sample()).proposed == "mid"
     c._queue_waits.clear()
     # A budget that only mid meets: the cached "big" must not stand.
@@ -176,13 +176,14 @@ def test_scattered_misses_do_not_confirm_a_violation(tmp_path: Path) -> None:
 
 def test_incremental_windows_give_the_tail_of_the_fresh_samples() -> None:
     """The estimator keeps each window sorted as samples arrive and age out; its tail must be the
-    p95 of exactly the fresh, newest ``window`` samples (checked against sorting them afresh)."""
+    p95 of exactly the newest ``window`` samples taken within ``max_age_s`` of the level's newest
+    one and within ``memory_s`` of now (checked against sorting them afresh)."""
     import math
 
     from hmt.runtime.settings import EstimatorSettings
     from hmt.serve.estimates import LatencyEstimator
 
-    settings = EstimatorSettings(window=16, min_samples=3, max_age_s=1.0)
+    settings = EstimatorSettings(window=16, min_samples=3, max_age_s=1.0, memory_s=2.0)
     est = LatencyEstimator(["a"], [1.0], ["onnxruntime"], settings)
     rng = np.random.default_rng(5)
     history: list[tuple[float, float]] = []
@@ -192,10 +193,11 @@ def test_incremental_windows_give_the_tail_of_the_fresh_samples() -> None:
         value = float(rng.choice([1.0, 2.0, 3.0, rng.uniform(0.5, 9.0)]))  # duplicates on purpose
         est.observe("a", value, 1.0, now)
         history.append((now, value))
+        newest = now
         if rng.random() < 0.3:
-            now += float(rng.uniform(0.0, 1.5))  # a pause: some samples age out
+            now += float(rng.uniform(0.0, 3.0))  # a pause: the samples stay until the memory forgets them
         est.refresh(now)
-        fresh = [v for t, v in history if t >= now - 1.0][-16:]
+        fresh = [v for t, v in history if t >= max(newest - 1.0, now - 2.0)][-16:]
         (latency,), _ = est.latencies(1.0)
         if len(fresh) >= 3:
             ordered = sorted(fresh)
