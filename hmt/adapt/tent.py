@@ -39,37 +39,15 @@ def batch_norms(model: nn.Module) -> list[_BatchNorm]:
     return [m for m in model.modules() if isinstance(m, _BatchNorm)]
 
 
-@torch.no_grad()
 def recalibrate_bn(model: nn.Module, batches: Iterable[torch.Tensor]) -> int:
-    """Reset every BN's running statistics and re-estimate them as the exact average over
-    ``batches`` (momentum None, train-mode forward; every exit head when the model has
-    ``forward_all``). The torch reference of ``hmt.adapt.bn_runtime``. Returns samples seen.
-
-    Every BN layer, unlike ``hmt.supernet.calibrate.recalibrate_bn``, which keeps the
-    original network's statistics (marked ``hmt_keep_statistics``) because they fit its
-    training data: at test time it is exactly those statistics that no longer fit (measured
-    on the shipped ResNet-56's largest variant, where every block is the original's:
+    """Re-estimate every BN layer's statistics over ``batches`` (the torch reference of
+    ``hmt.adapt.bn_runtime``): ``hmt.supernet.calibrate.recalibrate_bn`` without keeping the
+    original network's statistics, because at test time it is exactly those that no longer
+    fit (on the shipped ResNet-56's largest variant, where every block is the original's,
     re-estimating only the others left accuracy on every corruption unchanged)."""
-    norms = batch_norms(model)
-    momenta = [m.momentum for m in norms]
-    for m in norms:
-        m.reset_running_stats()
-        m.momentum = None
-    was_training = model.training
-    model.eval()
-    for m in norms:
-        m.train()
-    seen = 0
-    run = getattr(model, "forward_all", model)
-    try:
-        for xb in batches:
-            run(xb)
-            seen += len(xb)
-    finally:
-        for m, momentum in zip(norms, momenta, strict=True):
-            m.momentum = momentum
-        model.train(was_training)
-    return seen
+    from hmt.supernet.calibrate import recalibrate_bn as calibrate
+
+    return calibrate(model, batches, keep_original=False)
 
 
 @dataclass(frozen=True)

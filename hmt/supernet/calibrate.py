@@ -41,18 +41,25 @@ def train_for_calibration(module: nn.Module) -> None:
 
 
 @torch.no_grad()
-def recalibrate_bn(module: nn.Module, batches: Iterable[torch.Tensor]) -> int:
+def recalibrate_bn(module: nn.Module, batches: Iterable[torch.Tensor], *, keep_original: bool = True) -> int:
     """Reset every BN's running statistics and re-estimate them as the exact average over
     ``batches`` (momentum None). Runs ``forward_all`` when the module has it, so the heads
-    of early exits get statistics too. The original network's BN layers keep theirs, and
-    run in eval mode. Returns the number of samples seen."""
-    norms = calibrated_norms(module)
+    of early exits get statistics too. With ``keep_original`` the original network's BN
+    layers keep theirs, and run in eval mode; without it (test-time adaptation, whose
+    point is that the trained statistics no longer fit) every BN layer is re-estimated
+    and everything else (dropout) stays in eval mode. Returns the number of samples seen."""
+    norms = calibrated_norms(module) if keep_original else _norms(module)
     momenta = [m.momentum for m in norms]
     for m in norms:
         m.reset_running_stats()
         m.momentum = None
     was_training = module.training
-    train_for_calibration(module)
+    if keep_original:
+        train_for_calibration(module)
+    else:
+        module.eval()
+        for m in norms:
+            m.train()
     seen = 0
     run = getattr(module, "forward_all", module)
     try:
