@@ -334,39 +334,8 @@ class Optimizer:
         -1: none) is within them. Everything per variant that does not depend on the estimates is
         precomputed and cached per ``mu`` and per memory limit: no per-call allocation but the
         returned :class:`Choice`."""
-        fits = self._fits.get(memory_limit_bytes)
-        if fits is None:
-            fits = self.memory_fits(memory_limit_bytes)
-        order = self._orders.get(mu)
-        if order is None:
-            order = self._order(mu)
-        scores = self._scores.get(mu)
-        if scores is None:
-            scores = self.scores(mu)
-        best = -1
-        if energy_limit is None:
-            for i in order:
-                if latency_ms[i] <= latency_limit_ms and fits[i]:
-                    best = i
-                    break
-        else:
-            assert energy_mj is not None
-            for i in order:
-                if latency_ms[i] <= latency_limit_ms and fits[i] and energy_mj[i] <= energy_limit:
-                    best = i
-                    break
-        reason = REASON_BEST
-        if best < 0:
-            candidates = [i for i in range(len(fits)) if fits[i]]
-            if candidates:
-                best, reason = min(candidates, key=lambda i: latency_ms[i]), REASON_MEASURED_FASTEST
-            else:
-                best, reason = self._least_memory, REASON_SMALLEST
-        if current < 0:
-            return Choice(self._ids[best], best, reason, scores[best], None, None, None)
-        current_ok = (latency_ms[current] <= latency_limit_ms and fits[current]
-                      and (energy_limit is None or energy_mj[current] <= energy_limit))  # type: ignore[index]
-        return Choice(self._ids[best], best, reason, scores[best], self._ids[current], scores[current], current_ok)
+        mask, fallback = self.feasible_mask(latency_ms, energy_mj, latency_limit_ms, memory_limit_bytes, energy_limit)
+        return self.choose_mask(mask, fallback, mu, current)
 
     def feasible_mask(self, latency_ms: Sequence[float], energy_mj: Sequence[float] | None, latency_limit_ms: float,
                       memory_limit_bytes: float | None, energy_limit: float | None) -> tuple[int, int]:
