@@ -126,10 +126,13 @@ def pareto_command(
     runtime index, the archive and a plot."""
 
     def body(output: Output) -> None:
+        from hmt.errors import UsageError
         from hmt.pareto import BudgetSweep, ParetoOptions, SearchOptions, find_front
         from hmt.pareto.budgets import describe
         from hmt.pareto.precision import PrecisionOptions
 
+        if greedy_drop < 0:
+            raise UsageError(f"--greedy-drop must be >= 0 accuracy points, got {greedy_drop}")
         options = ParetoOptions(
             budgets=BudgetSweep.of(latency_ms=latency_ms, energy=energy_mj, memory_mb=memory_mb),
             search=SearchOptions(method=method.value, evaluations=evaluations, population=population, seed=seed,
