@@ -80,6 +80,8 @@ def main() -> None:
     parser.add_argument("--front", type=Path, required=True)
     parser.add_argument("--supernet", type=Path, default=None)
     parser.add_argument("--preset", default="cifar10", help="space of the front, when --supernet is not given")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="training-options JSON over the preset (the space of a run made with --config)")
     parser.add_argument("--candidates", type=int, default=6)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--bursts", type=int, default=7)
@@ -100,7 +102,7 @@ def main() -> None:
         from hmt.supernet.supernet import build_supernet
         from hmt.supernet.train.config import resolve_config
 
-        config = resolve_config(preset=args.preset)
+        config = resolve_config(preset=args.preset, config_file=args.config)
         with torch.random.fork_rng():
             torch.manual_seed(0)
             net = build_supernet(config.backbone, num_classes=10, input_shape=(3, 32, 32), operators=config.operators)

@@ -34,6 +34,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=None, help="default: the preset's backbone_lr")
     parser.add_argument("--job", action="append", required=True, help="NAME=BACKBONE[:ARCH_ID]")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--checkpoint-dir", type=Path, default=None,
+                        help="resumable: a checkpoint per job after every epoch; rerun to continue")
     parser.add_argument("--max-train", type=int, default=None, help="cap (CPU smoke runs)")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -50,7 +52,8 @@ def main() -> None:
         net = build_supernet(backbone, num_classes=10, input_shape=data.info.input_shape, operators=operators)
         arch = net.space.parse(arch_id) if arch_id else net.space.largest()
         result = train_standalone(arch, data, config, epochs=args.epochs, device=device,
-                                  lr=args.lr or config.backbone_lr)
+                                  lr=args.lr or config.backbone_lr,
+                                  checkpoint_dir=args.checkpoint_dir / name if args.checkpoint_dir else None)
         results.append({"name": name, "backbone": backbone, "arch_id": arch.arch_id, "epochs": args.epochs,
                         "test_acc": result.test_acc, "wall_s": result.wall_s})
         args.out.write_text(json.dumps({"machine": torch.cuda.get_device_name() if device.type == "cuda"

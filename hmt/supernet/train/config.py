@@ -17,6 +17,7 @@ from typing import Any
 from hmt.errors import InputError, UsageError
 
 PARTITION_MODES = ("freeze", "update-if-better")
+FINETUNE_EXITS = ("uniform", "late")
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,13 @@ class TrainConfig:
     finetune_epochs: int = 1
     finetune_lr: float = 0.02
     finetune_random_subnets: int = 2
+    # Share of the random subnets drawn as width levels (SearchSpace.sample_structured)
+    # instead of a uniform choice per block; 0 keeps plain uniform sampling.
+    finetune_structured_share: float = 0.0
+    # Exits of the random subnets: "uniform" over stages, or "late" (the last two stages
+    # only), where a front's accurate variants leave; early exits still learn from the
+    # original's logits every step.
+    finetune_exits: str = "uniform"
     kd_temperature: float = 1.0
     exit_loss_weight: float = 0.5
     # AdaptiveNet: after phase 1 the user's network is frozen (weights and BN statistics), so
@@ -85,6 +93,10 @@ class TrainConfig:
         for name in ("backbone_lr", "partition_lr", "distill_lr", "finetune_lr"):
             if not 0.0 < getattr(self, name) <= 10.0:
                 raise UsageError(f"{name} must be in (0, 10], got {getattr(self, name)}")
+        if not 0.0 <= self.finetune_structured_share <= 1.0:
+            raise UsageError(f"finetune_structured_share must be in [0, 1], got {self.finetune_structured_share}")
+        if self.finetune_exits not in FINETUNE_EXITS:
+            raise UsageError(f"finetune_exits must be one of {FINETUNE_EXITS}, got {self.finetune_exits!r}")
         if self.max_train_samples is not None and self.max_train_samples < 10:
             raise UsageError(f"max_train_samples must be >= 10, got {self.max_train_samples}")
         return self

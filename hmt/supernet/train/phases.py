@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -112,11 +113,34 @@ def kd_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) ->
     )
 
 
-def iter_finetune_archs(net: Supernet, rng: np.random.Generator, random_subnets: int) -> Iterator[ArchConfig]:
-    """The sandwich rule: smallest, then ``random_subnets`` random ones (the largest runs first, separately)."""
+@dataclass(frozen=True)
+class SubnetSampling:
+    """Which subnets a sandwich step trains besides the largest: the smallest, then
+    ``random_subnets`` random ones, ``structured_share`` of them width levels, with exits
+    drawn over every stage (``uniform``) or the last two (``late``)."""
+
+    random_subnets: int
+    structured_share: float = 0.0
+    exits: str = "uniform"
+
+    def exit_stage(self, net: Supernet, rng: np.random.Generator) -> int | None:
+        if self.exits == "late":
+            return net.space.num_stages - 1 - int(rng.integers(min(2, net.space.num_stages)))
+        return None  # the space draws one uniformly
+
+    def draw(self, net: Supernet, rng: np.random.Generator) -> ArchConfig:
+        exit_stage = self.exit_stage(net, rng)
+        # No extra draw when the share is 0, so runs of the plain recipe replay exactly.
+        if self.structured_share > 0.0 and rng.random() < self.structured_share:
+            return net.space.sample_structured(rng, exit_stage=exit_stage)
+        return net.space.sample(rng, exit_stage=exit_stage)
+
+
+def iter_finetune_archs(net: Supernet, rng: np.random.Generator, sampling: SubnetSampling) -> Iterator[ArchConfig]:
+    """The sandwich rule: smallest, then the random subnets (the largest runs first, separately)."""
     yield net.space.smallest()
-    for _ in range(random_subnets):
-        yield net.space.sample(rng)
+    for _ in range(sampling.random_subnets):
+        yield sampling.draw(net, rng)
 
 
 def step_finetune_frozen(
@@ -124,13 +148,13 @@ def step_finetune_frozen(
     x: torch.Tensor,
     rng: np.random.Generator,
     *,
-    random_subnets: int,
+    sampling: SubnetSampling,
     exit_loss_weight: float,
     temperature: float,
 ) -> torch.Tensor:
     """Sandwich fine-tuning around a frozen original (in-place distillation, BigNAS-style):
     the original's logits teach its own early exits, the smallest subnet and
-    ``random_subnets`` random ones. Calls backward itself, one graph at a time."""
+    the sampled ones. Calls backward itself, one graph at a time."""
     largest = net.space.largest()
     with torch.no_grad():
         feats = net.forward_stage_features(x, largest)
@@ -142,7 +166,7 @@ def step_finetune_frozen(
         loss = exit_loss_weight * exits_loss.sum()
         loss.backward()
         total = total + loss.detach()
-    for arch in iter_finetune_archs(net, rng, random_subnets):
+    for arch in iter_finetune_archs(net, rng, sampling):
         if all(c == NOT_EXECUTED for c in arch.choices) or arch == largest:
             continue
         with frozen_bn_statistics(net):
@@ -158,7 +182,7 @@ def step_finetune(
     y: torch.Tensor,
     rng: np.random.Generator,
     *,
-    random_subnets: int,
+    sampling: SubnetSampling,
     label_smoothing: float,
     exit_loss_weight: float,
     temperature: float,
@@ -173,7 +197,7 @@ def step_finetune(
     loss.backward()
     teacher = logits[-1].detach()
     total = loss.detach()
-    for arch in iter_finetune_archs(net, rng, random_subnets):
+    for arch in iter_finetune_archs(net, rng, sampling):
         if all(c == NOT_EXECUTED for c in arch.choices):
             continue
         # Shared running statistics stay the largest network's; variants get their own

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from hmt.data import BatchLoader, Dataset, split_train_val
 from hmt.supernet.space import ArchConfig
 from hmt.supernet.supernet import VariantModule, build_supernet
+from hmt.supernet.train.checkpoint import load_checkpoint, save_checkpoint
 from hmt.supernet.train.config import TrainConfig
 from hmt.supernet.train.evaluate import eval_loader
 from hmt.supernet.train.trainer import derive_seed, lr_at
@@ -27,10 +29,19 @@ class StandaloneResult:
 
 
 def train_standalone(
-    arch: ArchConfig, data: Dataset, config: TrainConfig, *, epochs: int, device: torch.device, lr: float
+    arch: ArchConfig,
+    data: Dataset,
+    config: TrainConfig,
+    *,
+    epochs: int,
+    device: torch.device,
+    lr: float,
+    checkpoint_dir: Path | None = None,
 ) -> StandaloneResult:
     """Randomly initialise ``arch`` (same seed scheme as the supernet) and train its final exit
-    with cross-entropy for ``epochs`` epochs on the supernet's training split."""
+    with cross-entropy for ``epochs`` epochs on the supernet's training split. With
+    ``checkpoint_dir`` a checkpoint is written after every epoch and a rerun resumes from it
+    (a twin as long as a long supernet run outlasts one lease's command)."""
     started = time.perf_counter()
     with torch.random.fork_rng():
         torch.manual_seed(derive_seed(config.seed, 10))
@@ -66,8 +77,14 @@ def train_standalone(
     )
     autocast = device.type == "cuda" and config.amp
     total = len(loader) * epochs
-    step = 0
-    for epoch in range(epochs):
+    step = start_epoch = 0
+    fingerprint = f"{arch.arch_id}:{epochs}:{lr}:{config.fingerprint()}"
+    saved = load_checkpoint(checkpoint_dir, config_fingerprint=fingerprint) if checkpoint_dir else None
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        start_epoch, step = int(saved["epoch"]), int(saved["step"])
+    for epoch in range(start_epoch, epochs):
         loader.set_epoch(epoch)
         for xb, yb in loader:
             for group in optimizer.param_groups:
@@ -78,6 +95,12 @@ def train_standalone(
             loss.backward()
             optimizer.step()
             step += 1
+        if checkpoint_dir is not None:
+            checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            save_checkpoint(checkpoint_dir, {
+                "config_fingerprint": fingerprint, "epoch": epoch + 1, "step": step,
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            })
     model.eval()
     test = eval_loader(
         data.test_x,
