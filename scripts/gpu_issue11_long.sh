@@ -8,6 +8,8 @@
 # Every stage is resumable and skips what is done, so the same command is rerun on the same warm
 # machine until it prints "all done" (one command is limited to 10 minutes):
 #   bash scripts/gpu_issue11_long.sh BLOB OUTDIR     (BLOB: scripts/gpu_pack_cifar.py pack output)
+# On fewer GPUs: GPUS="0 0 0 0" runs every job on GPU 0 at once (small CIFAR jobs leave an H100
+# mostly idle, so they share it well); RECIPES="structured widths" leaves a recipe out.
 # Results (fronts, training metrics, twins, the headline timed on the host CPU) go to OUTDIR.
 set -uo pipefail
 BLOB=$1; OUT=$2; W=/tmp/i11l; BUDGET_S=${BUDGET_S:-560}
@@ -41,22 +43,23 @@ recipe() {  # GPU, name (= config file name)
 }
 twin() {  # name, arch id
   [ -f "$W/twin-$1.json" ] && return
-  CUDA_VISIBLE_DEVICES=3 run python3 scripts/bench_standalone.py --data "$W/cifar" --epochs 230 \
+  CUDA_VISIBLE_DEVICES=${G[3]} run python3 scripts/bench_standalone.py --data "$W/cifar" --epochs 230 \
       --operators w75,w50,w25,lr50,skip,sw75,sw50,sw25 --job "$1=resnet18:$2" --checkpoint-dir "$W/twin-ckpt" \
       --out "$W/twin-$1.json" 2>> "$W/twin-$1.err"
 }
-recipe 0 long &
-recipe 1 structured &
-recipe 2 widths &
+read -r -a G <<< "${GPUS:-0 1 2 3}"
+RECIPES=${RECIPES:-long structured widths}
+i=0
+for name in $RECIPES; do recipe "${G[$i]}" "$name" & i=$(( i + 1 )); done
 twin large resnet18-d4c397.e3.B55B55B55B55 &
 twin middle resnet18-d4c397.e3.5BB5BB5BB5BB &
 twin small resnet18-d4c397.e3.55S55S55S55S &
 wait
 done_all=1
-for f in long structured widths; do [ -f "$W/headline-gpuhost-$f.json" ] || done_all=0; done
+for f in $RECIPES; do [ -f "$W/headline-gpuhost-$f.json" ] || done_all=0; done
 for f in large middle small; do [ -f "$W/twin-$f.json" ] || done_all=0; done
 cp "$W"/*.json "$W"/*.csv "$W/gpus.txt" "$OUT"/ 2>/dev/null
-for n in long structured widths; do
+for n in $RECIPES; do
   [ -f "$W/$n/manifest.json" ] && cp "$W/$n/history.json" "$OUT/history-$n.json" 2>/dev/null
 done
 for f in "$W"/*.err; do echo "== $f"; grep -v -i warn "$f" | tail -3; done
