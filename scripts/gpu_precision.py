@@ -212,16 +212,21 @@ def bench_variant(loaded: Any, arch_id: str, batch: int, args: argparse.Namespac
     # fuse first, then its chosen candidate rebuilt from the fused artifact and timed in the
     # same loop as every engine above: "fuse >= 1.0x the best" is then read off one loop.
     fuse = run_fuse(work, args)
-    if "variant" in fuse:
+    fuses = {FUSE_LABEL: (fuse, work / "fused")}
+    if args.old_fuse_code is not None:  # the old code's choice, timed in the same loop
+        fuses[OLD_FUSE_LABEL] = (run_fuse_subprocess(work, args), work / "fused-old")
+    for label, (result, fused_dir) in fuses.items():
+        if "variant" not in result:
+            continue
         try:
             from hmt.fuse.runtime import load_fused_runner
 
             feeds = {segs[0].graph.input[0].name: x}
-            chosen = load_fused_runner(work / "fused", fuse["variant"], feeds)
-            outputs[FUSE_LABEL] = np.asarray(chosen()[0])
-            runners[FUSE_LABEL] = lambda: chosen()[0]
+            chosen = load_fused_runner(fused_dir, result["variant"], feeds)
+            outputs[label] = np.asarray(chosen()[0])
+            runners[label] = lambda chosen=chosen: chosen()[0]
         except Exception as exc:  # noqa: BLE001 - recorded; fuse's own figure stays
-            unavailable[FUSE_LABEL] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            unavailable[label] = f"{type(exc).__name__}: {str(exc)[:300]}"
     # Rounds of alternating bursts (20 calls, 4 dropped; median of round medians), as fuse times.
     timings = measure_rounds(runners, rounds=max(3, -(-args.repeats // 16)), burst=20, drop=4, warmup=10,
                              drop_slower_than=None)
@@ -230,7 +235,7 @@ def bench_variant(loaded: Any, arch_id: str, batch: int, args: argparse.Namespac
         row["engines"][label] = {**timing.to_json(), "per_image_ms": round(timing.median_ms / batch, 5)}
         if reference is not None:
             row["engines"][label]["top1_agreement_with_ort_cpu_fp32"] = agreement(outputs[label], reference)
-    engines = {k: t for k, t in timings.items() if k != FUSE_LABEL}
+    engines = {k: t for k, t in timings.items() if k not in (FUSE_LABEL, OLD_FUSE_LABEL)}
     if engines:
         best = min(engines.values(), key=lambda t: t.median_ms)
         row["best"] = {"engine": best.name, "median_ms": round(best.median_ms, 4)}
@@ -238,18 +243,48 @@ def bench_variant(loaded: Any, arch_id: str, batch: int, args: argparse.Namespac
         if fp32:  # fuse chooses among fp32 graphs: its fair yardstick is the best fp32 engine
             best32 = min(fp32, key=lambda t: t.median_ms)
             row["best_fp32"] = {"engine": best32.name, "median_ms": round(best32.median_ms, 4)}
-        if FUSE_LABEL in timings:
-            here = timings[FUSE_LABEL].median_ms
-            fuse["median_ms_in_this_loop"] = round(here, 4)
-            fuse["best_over_fuse"] = round(best.median_ms / here, 3)
+        for label, (result, _) in fuses.items():
+            if label not in timings:
+                continue
+            here = timings[label].median_ms
+            result["median_ms_in_this_loop"] = round(here, 4)
+            result["best_over_fuse"] = round(best.median_ms / here, 3)
             if fp32:
-                fuse["best_fp32_over_fuse"] = round(best32.median_ms / here, 3)
-            fuse["timed_in"] = "this loop, beside the engines above (fuse's own median is median_ms)"
+                result["best_fp32_over_fuse"] = round(best32.median_ms / here, 3)
+            result["timed_in"] = "this loop, beside the engines above (fuse's own median is median_ms)"
     row["fuse"] = fuse
+    if OLD_FUSE_LABEL in fuses:
+        row["fuse_old_code"] = fuses[OLD_FUSE_LABEL][0]
     return row
 
 
 FUSE_LABEL = "fuse's choice"
+OLD_FUSE_LABEL = "fuse's choice (old code)"
+OLD_FUSE_SNIPPET = """
+import json, sys
+from hmt.fuse import FuseOptions, fuse_model
+engines = tuple(sys.argv[4].split(","))
+result = fuse_model(sys.argv[1], sys.argv[2], options=FuseOptions(engines=engines, device=sys.argv[3],
+                                                                   repeats=int(sys.argv[5]), warmup=10))
+(variant,) = result.variants
+print(json.dumps({"choice": variant.engine, "variant": variant.name, "median_ms": round(variant.latency_ms, 4),
+                  "ort_device": result.report["variants"][0]["choice"].get("ort_device")}))
+"""
+
+
+def run_fuse_subprocess(work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """fuse from the tree at ``--old-fuse-code`` (first on PYTHONPATH), in a child process."""
+    import subprocess
+
+    engines = "ort,tvm" if args.fuse_tvm else "ort"
+    device = "cuda" if args.fuse_device == "cuda" else "cpu"
+    path = os.pathsep.join([str(args.old_fuse_code), *os.environ.get("PYTHONPATH", "").split(os.pathsep)])
+    proc = subprocess.run([sys.executable, "-c", OLD_FUSE_SNIPPET, str(work / "converted"), str(work / "fused-old"),
+                           device, engines, str(args.repeats)], env={**os.environ, "PYTHONPATH": path},
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        return {"device": device, "code": str(args.old_fuse_code), "error": proc.stderr[-400:]}
+    return {"device": device, "code": str(args.old_fuse_code), **json.loads(proc.stdout.strip().splitlines()[-1])}
 
 
 def run_fuse(work: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -280,6 +315,9 @@ def main() -> int:
     parser.add_argument("--calibration-samples", type=int, default=256)
     parser.add_argument("--fuse-device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--fuse-tvm", action="store_true", help="let fuse try TVM too (CUDA compile: slow)")
+    parser.add_argument("--old-fuse-code", type=Path, default=None,
+                        help="a tree with an older hmt package (git archive COMMIT hmt): its fuse's choice is timed "
+                             "in the same loop too, as \"fuse's choice (old code)\"")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--budget-s", type=float, default=0,
                         help="start no new (variant, batch) row after this many seconds (0: no limit)")
