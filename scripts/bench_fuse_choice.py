@@ -100,8 +100,15 @@ def main() -> int:
     parser.add_argument("--burst", type=int, default=20)
     parser.add_argument("--drop", type=int, default=4)
     parser.add_argument("--independent", type=Path, help=argparse.SUPPRESS)  # the timing child process
+    parser.add_argument("--resummarise", action="store_true",
+                        help="recompute the summary of an existing --out JSON from its stored rounds, no timing")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if args.resummarise:
+        doc = json.loads(args.out.read_text())
+        summarise(doc)
+        args.out.write_text(json.dumps(doc, indent=2) + "\n")
+        return 0
     if args.independent is not None:
         args.out.write_text(json.dumps(independent(args.independent, args.rounds, args.burst, args.drop)))
         return 0
@@ -144,22 +151,45 @@ def main() -> int:
             doc["repetitions"].append({"order": [c[0] for c in codes],
                                        "fuse_wall_s": {k: v["wall_s"] for k, v in fuses.items()},
                                        "variants": rows})
+    summarise(doc)
+    doc["machine"]["load_avg_end"] = list(os.getloadavg())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
+
+
+def within_check_noise(choice: list[float], best: list[float], floor: float = 0.02) -> bool:
+    """Whether the choice is tied with the best in the check loop itself: the median of their
+    round-by-round ratios within max(floor, half its inter-quartile range) of 1 (fuse's tie rule,
+    applied to the independent loop's own rounds)."""
+    ratios = sorted(c / b for c, b in zip(choice, best, strict=True))
+    n = len(ratios) - 1
+    noise = (ratios[int(0.75 * n + 0.5)] - ratios[int(0.25 * n + 0.5)]) / 2 if len(ratios) >= 4 else 0.0
+    return statistics.median(ratios) <= 1 + max(floor, noise)
+
+
+def summarise(doc: dict[str, Any]) -> None:
+    """Per variant and code: best/choice ratios over the repetitions; counts over all rows."""
     summary: dict[str, Any] = {}
+    tied: dict[str, list[bool]] = {"old": [], "new": []}
     for name in doc["repetitions"][0]["variants"]:
         summary[name] = {label: [r["variants"][name][label]["best_over_choice"] for r in doc["repetitions"]]
                          for label in ("old", "new")}
+        for r in doc["repetitions"]:
+            row = r["variants"][name]
+            best = row["candidates"][row["best"]]["round_medians_ms"]
+            for label in ("old", "new"):
+                chosen = row["candidates"][row[label]["choice"]]["round_medians_ms"]
+                tied[label].append(within_check_noise(chosen, best))
     doc["summary_best_over_choice"] = summary
     for label in ("old", "new"):
         ratios = [v for s in summary.values() for v in s[label]]
         doc[f"{label}_rows_at_least_1"] = sum(v >= 1.0 for v in ratios)
         doc[f"{label}_rows_at_least_0.98"] = sum(v >= 0.98 for v in ratios)
+        doc[f"{label}_rows_tied_with_best_in_check_noise"] = sum(tied[label])
         doc[f"{label}_min_ratio"] = min(ratios)
         doc[f"{label}_median_ratio"] = statistics.median(ratios)
     doc["rows"] = len(summary) * len(doc["repetitions"])
-    doc["machine"]["load_avg_end"] = list(os.getloadavg())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
-    return 0
 
 
 def _cpu_model() -> str:
