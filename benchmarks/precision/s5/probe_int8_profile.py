@@ -109,7 +109,8 @@ def profile(model: Any, x: Any, runs: int) -> dict[str, Any]:
             model_run_us.append(e["dur"])
     total_runs = 20 + runs
     timed = model_run_us[20:]
-    return {"op_us_per_inference": {k: round(v / total_runs, 2) for k, v in sorted(per_op.items(), key=lambda kv: -kv[1])},
+    ranked = sorted(per_op.items(), key=lambda kv: -kv[1])
+    return {"op_us_per_inference": {k: round(v / total_runs, 2) for k, v in ranked},
             "op_nodes": {k: round(v / total_runs) for k, v in per_run.items()},
             "kernel_us_per_inference": round(sum(per_op.values()) / total_runs, 2),
             "model_run_us_median": round(sorted(timed)[len(timed) // 2], 2) if timed else None,
@@ -196,7 +197,8 @@ def main() -> int:
         x1 = x_test[:1]
         name = merged.graph.input[0].name
         sessions = {k: session(m) for k, m in models.items()}
-        runners = {k: (lambda s=s: s.run(None, {name: x1})) for k, s in sessions.items()}
+        feeds = {name: x1}
+        runners = {k: (lambda s=s, feeds=feeds: s.run(None, feeds)) for k, s in sessions.items()}
         timings = measure_rounds(runners, rounds=a.rounds, burst=20, drop=4, warmup=10, drop_slower_than=None)
         row: dict[str, Any] = {"arch_id": arch_id, "padded_narrow_channels": narrow,
                                "head_nodes_left_fp32": len(head), "forms": {}}
