@@ -158,6 +158,11 @@ def _tie_threshold(candidate: Timing, reference: Timing, floor: float) -> tuple[
     return median, 1.0 + max(floor, ratio_noise(ratios))
 
 
+def _tied(candidate: Timing, reference: Timing, floor: float) -> bool:
+    ratio, threshold = _tie_threshold(candidate, reference, floor)
+    return ratio <= threshold
+
+
 def choose(timings: dict[str, Timing], *, tie_floor: float = 0.02) -> Timing:
     """The candidate fuse runs a variant with (the rule is ``CHOICE_RULE``).
 
@@ -186,8 +191,7 @@ def choose(timings: dict[str, Timing], *, tie_floor: float = 0.02) -> Timing:
     eligible = [t for t in timings.values() if t.name in DEFAULT_LIKE
                 or t.percentile_ms(QUIET_QUANTILE) <= quiet * _tie_threshold(t, best_default, tie_floor)[1]]
     fastest = min(eligible, key=lambda t: t.median_ms)
-    tied = [fastest] + [t for t in eligible if t is not fastest
-                        and _tie_threshold(t, fastest, tie_floor)[0] <= _tie_threshold(t, fastest, tie_floor)[1]]
+    tied = [fastest] + [t for t in eligible if t is not fastest and _tied(t, fastest, tie_floor)]
     if len(tied) == 1:
         return fastest
     quietest = min(t.percentile_ms(QUIET_QUANTILE) for t in tied)
