@@ -29,9 +29,11 @@ MetaSchedule tuning (slow: minutes per model); the database is reused across run
 
 Every candidate is checked against ORT on the converted graph before it is timed; the
 timings, the choice and the memory plans are in OUT/report.json and the manifest.
-Timing runs candidates in alternating bursts of --burst back-to-back calls (the first
-call after each pause is reported apart as cold_median_ms); --burst 1 times every call
-after a pause instead, the rate of a server that idles between requests.
+Timing runs candidates in rounds of alternating bursts of --burst back-to-back calls, the
+first --drop of each untimed (the first call after each pause is reported apart as
+cold_median_ms); a candidate's median is the median of its round medians, and candidates
+within the measured round-to-round noise are tied (a tie goes to ORT's defaults). --burst 1
+times every call after a pause instead, the rate of a server that idles between requests.
 """
 
 
@@ -71,11 +73,14 @@ def fuse_command(
         "--tune-trials", help="MetaSchedule trials per graph (0: no tuning).")] = 0,
     tuning_dir: Annotated[Path | None, typer.Option(
         "--tuning-dir", help="Tuning database directory, reused across runs (default OUT/../tvm-tuning).")] = None,
-    repeats: Annotated[int, typer.Option("--repeats", help="Timed runs per candidate (alternating).")] = 30,
+    repeats: Annotated[int, typer.Option(
+        "--repeats", help="Timed calls per candidate, at least; they come in rounds of --burst minus --drop "
+        "calls (at least 3 rounds).")] = 112,
     warmup: Annotated[int, typer.Option("--warmup", help="Warm-up runs per candidate.")] = 3,
     burst: Annotated[int, typer.Option(
-        "--burst", help="Back-to-back calls per visit of a candidate; calls 2..N are timed (serve's rate "
-        "under load). 1: a pause before every timed call (an idle server's first request).")] = 8,
+        "--burst", help="Back-to-back calls per visit of a candidate, the first --drop untimed (serve's rate "
+        "under load). 1: a pause before every timed call (an idle server's first request).")] = 20,
+    drop: Annotated[int, typer.Option("--drop", help="Calls dropped at the start of each burst.")] = 4,
     ort_parallel: Annotated[bool, typer.Option(
         "--ort-parallel/--no-ort-parallel", help="Also time ORT's parallel execution mode (independent branches "
         "at once on inter-op threads); chosen only if it measures faster.")] = True,
@@ -110,6 +115,7 @@ def fuse_command(
             repeats=repeats,
             warmup=warmup,
             timing_burst=burst,
+            timing_drop=drop,
             seed=seed,
             ort_parallel=ort_parallel,
             measure_rss=measure_rss,

@@ -47,6 +47,7 @@ from hmt.deploy.sources import (
     FUSED_KIND,
     FusedVariant,
     check_lineage,
+    drop_slower_quantised,
     front_points,
     graph_spec,
     match_points,
@@ -302,7 +303,8 @@ def deploy_bundle(
     fused = load_artifact(fused_dir, kind=FUSED_KIND)
     front = load_front(pareto_dir)
     lineage = check_lineage(fused, front.artifact)
-    variants = select_variants(read_fused_variants(fused), options.variants)
+    all_fused = read_fused_variants(fused)
+    variants, slower_notes = drop_slower_quantised(select_variants(all_fused, options.variants), all_fused)
     points = front_points(front.doc, front.artifact.root)
     match_points(variants, points, fused_root=fused.root, pareto_root=front.artifact.root,
                  supernet_hint=supernet_hint(front.artifact))
@@ -335,6 +337,7 @@ def deploy_bundle(
     builds: list[VariantBuild] = []
     bundled: list[BundleVariant] = []
     notes = _notes(target, options.engines, pareto_profile, profile_id)
+    notes.extend(slower_notes)
     out_abs = Path(os.path.abspath(out_dir))
     archive = archive_path_for(out_abs) if options.archive else None
     sessions = _ort_sessions(fused)

@@ -118,6 +118,37 @@ def select_variants(fused: Sequence[FusedVariant], wanted: Sequence[str]) -> lis
     return chosen
 
 
+def drop_slower_quantised(chosen: Sequence[FusedVariant], fused: Sequence[FusedVariant]
+                          ) -> tuple[list[FusedVariant], list[str]]:
+    """``chosen`` less every quantised variant that fuse measured no faster than its fp32 twin.
+
+    A quantised copy is worth bundling for its speed (pareto admits only copies it measured
+    faster, ``hmt.pareto.precision``); where the fp32 twin was fused in the same run, both
+    chosen medians come from one machine and one session, and an int8 copy no faster than
+    fp32 there (tiny variants: quantise/dequantise and layout changes cost more than the
+    integer kernels save) is left out, with a note saying so. A copy whose twin is not in the
+    fused artifact is kept (nothing here to compare it with).
+    """
+    from hmt.precision import FP32, split_variant_id
+
+    by_id = {v.arch_id: v for v in fused}
+    kept: list[FusedVariant] = []
+    notes: list[str] = []
+    for variant in chosen:
+        base, precision = split_variant_id(variant.arch_id)
+        twin = by_id.get(base)
+        mine, theirs = variant.choice.get("median_ms"), twin.choice.get("median_ms") if twin else None
+        if (precision != FP32 and isinstance(mine, int | float) and isinstance(theirs, int | float)
+                and mine >= theirs):
+            notes.append(f"variant {variant.arch_id} left out: fuse measured it no faster than its fp32 twin "
+                         f"{base} on the build host ({mine:.4g} ms vs {theirs:.4g} ms)")
+            continue
+        kept.append(variant)
+    if not kept:
+        raise UsageError("no variant left to bundle: " + "; ".join(notes))
+    return kept, notes
+
+
 def front_points(front_doc: Mapping[str, Any], pareto_root: Path) -> dict[str, Mapping[str, Any]]:
     points = front_doc.get("points")
     if not isinstance(points, list):

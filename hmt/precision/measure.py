@@ -2,9 +2,9 @@
 
 The full-depth path (every segment, then the last exit head) runs under ONNX Runtime's
 CPU provider (or CUDA where ``device="cuda"`` and the provider is installed) at the
-``all`` level, as fuse's baseline does; fp32 and the quantised chain alternate in bursts
-(``hmt.fuse.engines.timing``), so background load hits both alike and the ratio of their
-medians is the figure.
+``all`` level, as fuse's baseline does; fp32 and the quantised chain alternate in rounds
+of bursts (``hmt.fuse.engines.timing.measure_rounds``), so background load hits both alike
+and the ratio of their medians is the figure.
 """
 
 from __future__ import annotations
@@ -39,14 +39,20 @@ def path_runner(segments: Sequence[onnx.ModelProto], exits: Sequence[onnx.ModelP
 
 
 def time_chains(chains: Mapping[str, tuple[Sequence[onnx.ModelProto], Sequence[onnx.ModelProto]]], x: np.ndarray,
-                *, threads: int = 0, device: str = "cpu", repeats: int = 40, burst: int = 8,
+                *, threads: int = 0, device: str = "cpu", repeats: int = 40, burst: int = 20, drop: int = 4,
                 merged: bool = False) -> dict[str, Timing]:
-    """Median-ready timings of each labelled chain's full-depth path on input ``x``."""
-    from hmt.fuse.engines.timing import measure_alternating
+    """Median-ready timings of each labelled chain's full-depth path on input ``x``.
+
+    As fuse times (:func:`hmt.fuse.engines.timing.measure_rounds`): rounds of alternating
+    bursts of ``burst`` calls, the first ``drop`` untimed, at least ``repeats`` timed calls
+    each (at least 3 rounds); a chain's median is the median of its round medians."""
+    from hmt.fuse.engines.timing import measure_rounds
 
     runners = {label: path_runner(segs, exits, x, threads=threads, device=device, merged=merged)
                for label, (segs, exits) in chains.items()}
-    return measure_alternating(runners, warmup=5, repeats=repeats, burst=burst, drop_slower_than=None)
+    drop = min(drop, burst - 1)
+    rounds = max(3, -(-repeats // (burst - drop)))
+    return measure_rounds(runners, rounds=rounds, burst=burst, drop=drop, warmup=5, drop_slower_than=None)
 
 
 __all__ = ["path_runner", "time_chains"]

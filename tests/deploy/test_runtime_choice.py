@@ -40,9 +40,9 @@ def chain_bundle(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     convert_model(TorchSource(f"{root / 'seg.py'}:segmented", ((1, 3, 16, 16),)), root / "converted")
     real_choose = pipeline.choose
 
-    def prefer_chain(timings: dict[str, Any], *, margin: float) -> Any:
+    def prefer_chain(timings: dict[str, Any], *, tie_floor: float) -> Any:
         chained = [t for name, t in timings.items() if name.endswith("(chain)")]
-        return chained[0] if chained else real_choose(timings, margin=margin)
+        return chained[0] if chained else real_choose(timings, tie_floor=tie_floor)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(pipeline, "choose", prefer_chain)

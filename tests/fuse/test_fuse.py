@@ -79,8 +79,14 @@ def test_segmented_variant_is_timed_as_a_chain(segmented_dir: Path, tmp_path: Pa
     saved = onnx.load(str(out / merged["onnx"]))
     assert [i.name for i in saved.graph.input] == ["input"] and len(saved.graph.output) == 1
     assert all(n.domain in ("", "ai.onnx") for n in saved.graph.node)
-    assert load_artifact(out, kind="fused").manifest.config["timing"]["mode"] == "burst"
-    assert result.report["timing"]["burst"] == 8 and "cold_median_ms" in merged["timing"]
+    timing = load_artifact(out, kind="fused").manifest.config["timing"]
+    assert timing["mode"] == "rounds" and timing["burst"] == 20 and timing["dropped_per_burst"] == 4
+    assert timing["rounds"] == 3 and len(merged["timing"]["round_medians_ms"]) == 3
+    assert result.report["timing"]["burst"] == 20 and "cold_median_ms" in merged["timing"]
+    # The report says how far each other candidate was from the choice, and whether it tied.
+    against = report["choice"]["against_others"]
+    assert set(against) == set(report["candidates"]) - {report["choice"]["candidate"]}
+    assert all({"median_ratio_to_choice", "tie_threshold", "tied"} <= set(v) for v in against.values())
     assert report["candidates"][report["choice_per_graph"]["candidate"]].get("graphs") != "chain"
 
 
@@ -108,9 +114,9 @@ def test_choice_needs_a_clear_win_to_leave_ort_defaults() -> None:
 
     timings = {BASELINE: t(BASELINE, 10.0), "ort[all,threads=1](fused)": t("ort[all,threads=1](fused)", 9.8),
                "tvm": t("tvm", 50.0)}
-    assert choose(timings, margin=0.05).name == BASELINE
+    assert choose(timings, tie_floor=0.05).name == BASELINE
     timings["tvm-tuned"] = t("tvm-tuned", 7.0)
-    assert choose(timings, margin=0.05).name == "tvm-tuned"
+    assert choose(timings, tie_floor=0.05).name == "tvm-tuned"
 
 
 @pytest.mark.slow

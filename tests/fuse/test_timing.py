@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from hmt.fuse.engines.timing import Timing, measure_alternating, timing_mode
+from hmt.fuse.engines.timing import Timing, measure_alternating, measure_rounds, paired_ratios, timing_mode
 from hmt.fuse.pipeline import BASELINE, choose
 
 
@@ -52,12 +52,12 @@ def test_engine_choice_follows_the_timing_mode_and_keeps_the_default_rule() -> N
     # ORT default (the baseline) sleeps in pauses; another candidate is steady.
     candidates = {BASELINE: sleepy(), "tvm": steady()}
     isolated = measure_alternating(candidates, warmup=1, repeats=5, burst=1)
-    assert choose(isolated, margin=0.05).name == "tvm"
+    assert choose(isolated, tie_floor=0.05).name == "tvm"
     burst = measure_alternating(candidates, warmup=1, repeats=5, burst=5)
-    assert choose(burst, margin=0.05).name == BASELINE
+    assert choose(burst, tie_floor=0.05).name == BASELINE
     # A candidate within the margin of the baseline does not replace it, in either mode.
     near = {BASELINE: Timing(BASELINE, (1.0, 1.0, 1.0)), "tvm": Timing("tvm", (0.97, 0.97, 0.97))}
-    assert choose(near, margin=0.05).name == BASELINE
+    assert choose(near, tie_floor=0.05).name == BASELINE
 
 
 def test_a_candidate_that_only_wins_under_contention_is_not_chosen() -> None:
@@ -65,10 +65,10 @@ def test_a_candidate_that_only_wins_under_contention_is_not_chosen() -> None:
     # core busy), 2x slower whenever the machine is quiet (the fast end).
     base = Timing(BASELINE, (8.0, 8.2, 16.0, 16.5, 17.0, 17.0, 17.5, 18.0, 18.0, 19.0))
     one = Timing("ort[all,threads=1](fused)", (13.5, 13.6, 13.7, 13.7, 13.8, 13.8, 13.9, 14.0, 14.0, 14.1))
-    assert choose({BASELINE: base, one.name: one}, margin=0.05).name == BASELINE
+    assert choose({BASELINE: base, one.name: one}, tie_floor=0.05).name == BASELINE
     # Faster at both ends: chosen.
     chain = Timing("ort[all,threads=1](chain)", tuple(v * 0.75 for v in base.samples_ms))
-    assert choose({BASELINE: base, one.name: one, chain.name: chain}, margin=0.05).name == chain.name
+    assert choose({BASELINE: base, one.name: one, chain.name: chain}, tie_floor=0.05).name == chain.name
 
 
 def test_slow_candidates_get_few_samples_and_modes_are_described() -> None:
@@ -77,3 +77,69 @@ def test_slow_candidates_get_few_samples_and_modes_are_described() -> None:
     assert timing_mode(8, 0.005)["mode"] == "burst" and timing_mode(1, 0.005)["mode"] == "isolated"
     with pytest.raises(ValueError):
         measure_alternating({"x": steady()}, burst=0)
+
+
+def rounds_of(name: str, medians: list[float]) -> Timing:
+    """A timing of per-round medians (each round's calls all at its median)."""
+    return Timing(name, tuple(m for m in medians for _ in range(5)), (), tuple(medians))
+
+
+def test_a_steady_small_win_is_taken_when_the_rounds_show_it_is_not_noise() -> None:
+    # 3 % faster in every round, the machine drifting by 20 % across rounds: the paired ratio
+    # is 0.97 with no spread, so it is a real win (the old fixed 5 % margin kept the default).
+    drift = [1.0, 1.2, 0.9, 1.1, 1.0, 1.15, 0.95]
+    base = rounds_of(BASELINE, [10.0 * d for d in drift])
+    chain = rounds_of("ort[all,threads=default](chain)", [9.7 * d for d in drift])
+    assert choose({BASELINE: base, chain.name: chain}, tie_floor=0.02).name == chain.name
+
+
+def test_a_tie_inside_the_round_to_round_noise_goes_to_the_quiet_end() -> None:
+    # Two threads against one on a shared 2-core machine: equal while the other core is busy
+    # (5 of 7 rounds), 1.5x faster while it is free. One thread is 2 % faster at the median,
+    # but slower at the quiet end: the two-thread default stays.
+    one = rounds_of("ort[all,threads=1](chain)", [10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8])
+    two = rounds_of(BASELINE, [10.3, 6.8, 10.4, 10.2, 6.7, 10.5, 10.1])
+    assert choose({BASELINE: two, one.name: one}, tie_floor=0.02).name == BASELINE
+    # A non-default tied at the median and faster at the quiet end: chosen (the old rule kept
+    # the default unless the median beat it by 5 %).
+    default = rounds_of(BASELINE, [10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8])
+    chain = rounds_of("ort[all,threads=default](chain)", [10.3, 6.8, 10.4, 10.2, 6.7, 9.9, 10.1])
+    assert choose({BASELINE: default, chain.name: chain}, tie_floor=0.02).name == chain.name
+
+
+def test_a_median_win_inside_the_noise_does_not_beat_a_default_that_is_faster_when_quiet() -> None:
+    # 6 % faster at the median, but round by round the order flips (ratios 0.80..1.15), and
+    # the default is 4 % faster at the quiet end: tied, and the tie goes to the default.
+    base = Timing(BASELINE, tuple([8.0] * 5 + [10.0] * 30), (), (10.0,) * 7)
+    ratios = [0.80, 0.85, 0.90, 0.94, 1.05, 1.10, 1.15]
+    other = Timing("ort[all,threads=1](chain)", tuple([8.32] * 5 + [9.4] * 30), (), tuple(10.0 * r for r in ratios))
+    assert paired_ratios(other, base) == pytest.approx(tuple(ratios))
+    assert choose({BASELINE: base, other.name: other}, tie_floor=0.02).name == BASELINE
+    # The same spread around a 25 % win is no tie.
+    clear = Timing("ort[all,threads=1](chain)", tuple([6.0] * 5 + [7.5] * 30), (),
+                   tuple(7.5 * r / 0.94 for r in ratios))
+    assert choose({BASELINE: base, clear.name: clear}, tie_floor=0.02).name == clear.name
+
+
+def test_rounds_drop_the_first_calls_of_each_burst_and_rotate_the_order() -> None:
+    order: list[str] = []
+
+    def tracked(name: str, seconds: float) -> Callable[[], None]:
+        def run() -> None:
+            order.append(name)
+            _spin(seconds)
+        return run
+
+    candidates = {"a": tracked("a", 0.0002), "b": tracked("b", 0.0004), "slow": tracked("slow", 0.004)}
+    out = measure_rounds(candidates, rounds=4, burst=5, drop=2, warmup=1, settle_s=0.0)
+    assert len(out["a"].samples_ms) == 4 * 3 and len(out["a"].round_medians_ms) == 4
+    assert len(out["a"].cold_samples_ms) == 4
+    # More than 5x the fastest after the warm-up: one timed call in each of the first 3 rounds.
+    assert len(out["slow"].round_medians_ms) == 3 and len(out["slow"].samples_ms) == 3
+    assert out["b"].median_ms >= 0.4 and out["a"].median_ms < out["b"].median_ms
+    timed = order[3 * 2:]  # after each candidate's first call and one warm-up call
+    # Round 0 starts with a (5 + 5 + 2 calls), round 1 with b (12), round 2 with slow, round 3 with a.
+    assert [timed[0], timed[12], timed[24], timed[36]] == ["a", "b", "slow", "a"]
+    assert timing_mode(20, 0.005, rounds=7, drop=4)["mode"] == "rounds"
+    with pytest.raises(ValueError):
+        measure_rounds(candidates, burst=4, drop=4)

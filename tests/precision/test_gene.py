@@ -76,3 +76,18 @@ def test_cli_refuses_fp16_without_gpu_and_unknown_precision(tmp_path: Path) -> N
         # refused before the supernet is even read (it does not exist here)
         assert fp16.exit_code == 2 and "fp16 variants are for GPU providers" in fp16.output
     assert not (tmp_path / "p").exists()
+
+
+def test_a_quantised_copy_no_faster_than_fp32_is_refused() -> None:
+    from hmt.pareto.precision import refusal
+
+    options = PrecisionOptions(precisions=("fp32", "int8"), max_accuracy_drop=0.01)
+    assert refusal(0.002, 0.45, True, options) is None
+    # Slower (the shipped smallest: 0.019 ms fp32, 0.028 ms int8) or equal: kept off the front,
+    # even though its 4x smaller weights would win a memory objective.
+    slower = refusal(0.0, 1.45, True, options)
+    assert slower is not None and "no faster than fp32" in slower
+    assert refusal(-0.01, 1.0, True, options) is not None
+    lossy = refusal(0.02, 0.5, True, options)
+    assert lossy is not None and "accuracy drop 2.00 > 1.00" in lossy
+    assert refusal(0.0, 0.5, False, options) == "outside the budgets"

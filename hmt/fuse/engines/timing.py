@@ -13,6 +13,15 @@ Two modes (``burst``):
   an engine look several times slower than it serves.
 
 Candidates still alternate between bursts, so a load change hits every candidate alike.
+
+:func:`measure_rounds` (what ``fuse`` uses) is the burst mode made robust the way
+``scripts/bench_headline.py`` times: each *round* visits every candidate once (the order
+rotated from round to round, so no candidate always follows the same one), a visit is a
+burst of ~20 back-to-back calls whose first few are dropped, and each round gives each
+candidate one median. A candidate's figure is the median of its round medians, and
+:func:`paired_ratios` compares two candidates round by round, so a slow spell of the
+machine (another process on the shared cores) moves both sides of a ratio alike and shows
+up as spread, which :func:`hmt.fuse.pipeline.choose` reads as the measured noise.
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 BURST_MODE = "burst"
+ROUNDS_MODE = "rounds"
+SLOW_ROUNDS = 3  # rounds a candidate far slower than the fastest is timed in (one call each)
 ISOLATED_MODE = "isolated"
 
 
@@ -38,10 +49,13 @@ class Timing:
     samples_ms: tuple[float, ...]
     # First call of each burst (after the pause), not part of samples_ms; empty in isolated mode.
     cold_samples_ms: tuple[float, ...] = ()
+    # measure_rounds: the median of each round's timed calls, in round order (empty otherwise).
+    round_medians_ms: tuple[float, ...] = ()
 
     @property
     def median_ms(self) -> float:
-        return _median(self.samples_ms)
+        """The median of the round medians where rounds were timed, else of every sample."""
+        return _median(self.round_medians_ms) if self.round_medians_ms else _median(self.samples_ms)
 
     @property
     def min_ms(self) -> float:
@@ -67,11 +81,19 @@ class Timing:
         if cold is not None:
             out["cold_median_ms"] = round(cold, 4)
             out["cold_runs"] = len(self.cold_samples_ms)
+        if self.round_medians_ms:
+            out["round_medians_ms"] = [round(v, 4) for v in self.round_medians_ms]
         return out
 
 
-def timing_mode(burst: int, settle_s: float) -> dict[str, Any]:
-    """What :func:`measure_alternating` measured, for manifests and reports."""
+def timing_mode(burst: int, settle_s: float, *, rounds: int | None = None, drop: int = 1) -> dict[str, Any]:
+    """What :func:`measure_alternating` (or, with ``rounds``, :func:`measure_rounds`) measured, for reports."""
+    if rounds is not None:
+        return {"mode": ROUNDS_MODE, "rounds": rounds, "burst": burst, "dropped_per_burst": drop,
+                "settle_s": settle_s,
+                "timed": f"{rounds} rounds; each round visits every candidate once (order rotated), a visit is a "
+                         f"pause then {burst} back-to-back calls of which the first {drop} are dropped; a "
+                         "candidate's median_ms is the median of its round medians"}
     if burst > 1:
         return {"mode": BURST_MODE, "burst": burst, "settle_s": settle_s,
                 "timed": f"calls 2..{burst} of each burst of {burst} back-to-back calls (serve's rate under load); "
@@ -140,3 +162,93 @@ def measure_alternating(
         if budget_s is not None and rounds >= 3 and time.perf_counter() - start > budget_s:
             break
     return {name: Timing(name, tuple(values), tuple(cold[name])) for name, values in samples.items() if values}
+
+
+def measure_rounds(
+    candidates: Mapping[str, Callable[[], object]],
+    *,
+    rounds: int = 7,
+    burst: int = 20,
+    drop: int = 4,
+    warmup: int = 3,
+    settle_s: float = 0.005,
+    drop_slower_than: float | None = 5.0,
+    budget_s: float | None = None,
+) -> dict[str, Timing]:
+    """Time every candidate in ``rounds`` rounds of alternating bursts (see the module doc).
+
+    A visit: pause ``settle_s``, then ``burst`` calls back to back; the first ``drop`` are not
+    timed (the first is kept as the cold sample: thread pools waking up, caches holding the
+    previous candidate's weights), calls ``drop+1..burst`` are. Round ``r`` visits the
+    candidates starting at the ``r``-th one, so each leads and follows equally often.
+    ``drop_slower_than``: a candidate slower than this many times the fastest after the
+    warm-up is timed once in each of the first 3 rounds only (it cannot win; untuned TVM is
+    ~60x slower).
+    ``budget_s``: stop after the round that passes it (at least 3 rounds are run).
+    """
+    if burst < 2 or not 1 <= drop < burst:
+        raise ValueError(f"rounds need burst >= 2 and 1 <= drop < burst, got burst={burst}, drop={drop}")
+    if rounds < 1:
+        raise ValueError("rounds must be >= 1")
+    names = list(candidates)
+    warm: dict[str, float] = {}
+    for name in names:
+        fn = candidates[name]
+        time.sleep(settle_s)
+        fn()
+        t0 = time.perf_counter()
+        for _ in range(max(1, warmup)):
+            fn()
+        warm[name] = (time.perf_counter() - t0) / max(1, warmup)
+    fastest = min(warm.values()) if warm else 0.0
+    slow = {n for n in names if drop_slower_than and warm[n] > drop_slower_than * fastest}
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    cold: dict[str, list[float]] = {n: [] for n in names}
+    medians: dict[str, list[float]] = {n: [] for n in names}
+    start = time.perf_counter()
+    for r in range(rounds):
+        order = names[r % len(names):] + names[: r % len(names)] if names else []
+        for name in order:
+            if name in slow and r >= SLOW_ROUNDS:
+                continue
+            fn = candidates[name]
+            if settle_s:
+                time.sleep(settle_s)
+            timed: list[float] = []
+            # A slow candidate: one call dropped, one timed (3 samples in all, as measure_alternating).
+            calls, dropped = (2, 1) if name in slow else (burst, drop)
+            for i in range(calls):
+                t0 = time.perf_counter()
+                fn()
+                elapsed_ms = (time.perf_counter() - t0) * 1e3
+                if i == 0:
+                    cold[name].append(elapsed_ms)
+                elif i >= dropped:
+                    timed.append(elapsed_ms)
+            samples[name].extend(timed)
+            medians[name].append(_median(tuple(timed)))
+        if budget_s is not None and r >= 2 and time.perf_counter() - start > budget_s:
+            break
+    return {n: Timing(n, tuple(samples[n]), tuple(cold[n]), tuple(medians[n])) for n in names if samples[n]}
+
+
+def paired_ratios(candidate: Timing, reference: Timing) -> tuple[float, ...]:
+    """``candidate``'s round median over ``reference``'s, round by round (rounds both ran).
+
+    Without round data (timings from :func:`measure_alternating` or built by hand) the one
+    ratio of the two medians."""
+    pairs = tuple(zip(candidate.round_medians_ms, reference.round_medians_ms, strict=False))
+    if not pairs:
+        return (candidate.median_ms / reference.median_ms,)
+    return tuple(a / b for a, b in pairs)
+
+
+def ratio_noise(ratios: tuple[float, ...]) -> float:
+    """Half the inter-quartile range of paired ratios: how far one round's ratio strays (0 for < 4 rounds)."""
+    if len(ratios) < 4:
+        return 0.0
+    ordered = sorted(ratios)
+    n = len(ordered) - 1
+    q1 = ordered[int(0.25 * n + 0.5)]
+    q3 = ordered[int(0.75 * n + 0.5)]
+    return (q3 - q1) / 2
