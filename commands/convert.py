@@ -89,6 +89,10 @@ def convert_command(
     accuracy_samples: Annotated[int | None, typer.Option(
         "--accuracy-samples", help="Measure quantised variants on a stratified subset of this many held-out "
         "images (default: all of the supernet's validation split).")] = None,
+    data: Annotated[Path | None, typer.Option(
+        "--data", help="Held-out data for the quantised variants' accuracy check (a dataset folder, e.g. "
+        "../shared/datasets/cifar10-jpeg; its test split), when the supernet's training data is not on this "
+        "machine.")] = None,
     seed: SeedOpt = 0,
     json_mode: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -133,7 +137,7 @@ def convert_command(
             raise UsageError("--weights goes with --model")
         options = ConvertOptions(opset=opset, exporter=exporter.value, folder=folder.value,
                                  seed=seed, atol=atol, rtol=rtol, max_accuracy_drop=max_accuracy_drop / 100.0,
-                                 accuracy_samples=accuracy_samples)
+                                 accuracy_samples=accuracy_samples, data_path=data)
         with output.progress() as progress:
             result = convert_model(source, out, options=options, onnx_input_shapes=shapes if onnx_file else None,
                                    progress=progress)

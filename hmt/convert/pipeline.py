@@ -69,6 +69,9 @@ class ConvertOptions:
     # (its validation split; ``accuracy_samples`` caps them, stratified).
     max_accuracy_drop: float = 0.01
     accuracy_samples: int | None = None
+    # Held-out data for that check when the supernet's own (its recorded training data, to
+    # rebuild the validation split) is not on this machine, e.g. the shipped supernet.
+    data_path: Path | None = None
 
 
 @dataclass

@@ -40,7 +40,8 @@ class QuantContext:
         from hmt.supernet import load_supernet
 
         loaded = load_supernet(supernet)
-        data = held_out_data(loaded, max_samples=options.accuracy_samples, seed=options.seed)
+        data = held_out_data(loaded, data_path=options.data_path, max_samples=options.accuracy_samples,
+                             seed=options.seed)
         x, y = held_out_arrays(data)
         return cls(calibration_array(loaded), x, y, data.source)
 

@@ -134,3 +134,18 @@ def test_convert_refuses_a_quantised_variant_past_the_bound(tiny_supernet: Path,
         convert_model(SupernetSource(tiny_supernet, ("largest.int8",)), tmp_path / "converted",
                       options=ConvertOptions(max_accuracy_drop=0.05))
     assert not (tmp_path / "converted").exists()
+
+
+def test_convert_takes_held_out_data_when_the_supernets_is_absent(tmp_path: Path) -> None:
+    """The shipped supernet records the GPU machine's data path: without --data convert could not
+    measure its quantised variants; with it, the check runs on the given data's test split."""
+    from hmt.convert import ConvertOptions
+    from hmt.convert.precision import QuantContext
+    from hmt.errors import InputError
+
+    shipped = Path(__file__).resolve().parents[2] / "hmt" / "data" / "embedded" / "supernet-cifar-resnet56"
+    with pytest.raises(InputError, match="pass --data"):
+        QuantContext.load(shipped, ConvertOptions(accuracy_samples=50))
+    embedded = shipped.parent
+    context = QuantContext.load(shipped, ConvertOptions(accuracy_samples=50, data_path=embedded))
+    assert len(context.y) == 50 and context.source.startswith(f"test split of {embedded}")
