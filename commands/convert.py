@@ -73,6 +73,9 @@ def convert_command(
     max_variants: Annotated[int | None, typer.Option(
         "--max-variants", min=1, help="With --pareto: at most N points, spread along the front (fastest and "
         "most accurate kept).")] = None,
+    min_accuracy: Annotated[float | None, typer.Option(
+        "--min-accuracy", help="With --pareto: leave out front points below this accuracy (percent, as the front "
+        "measured it), e.g. 85; the spread of --max-variants is then taken over the rest.")] = None,
     batch: Annotated[int, typer.Option("--batch", help="Batch size of supernet variants.")] = 1,
     name: Annotated[str, typer.Option("--name", help="Folder name of a --model/--onnx variant.")] = "model",
     opset: Annotated[int, typer.Option("--opset", help="ONNX opset of the export.")] = 17,
@@ -117,10 +120,10 @@ def convert_command(
         given = [flag for flag, value in (("--model", model), ("--onnx", onnx_file), ("--supernet", supernet)) if value]
         if len(given) != 1:
             raise UsageError("give exactly one of --model, --onnx or --supernet (see hmt convert --help)")
-        if (pareto or max_variants) and not supernet:
-            raise UsageError("--pareto and --max-variants go with --supernet")
-        if max_variants and not pareto:
-            raise UsageError("--max-variants goes with --pareto")
+        if (pareto or max_variants or min_accuracy is not None) and not supernet:
+            raise UsageError("--pareto, --max-variants and --min-accuracy go with --supernet")
+        if (max_variants or min_accuracy is not None) and not pareto:
+            raise UsageError("--max-variants and --min-accuracy go with --pareto")
         shapes = tuple(parse_shape(s) for s in input_shape) if input_shape else None
         source: TorchSource | OnnxSource | SupernetSource
         if model:
@@ -132,7 +135,8 @@ def convert_command(
         else:
             assert supernet is not None
             source = SupernetSource(supernet, tuple(variant or ()), batch=batch, pareto_dir=pareto,
-                                    max_variants=max_variants)
+                                    max_variants=max_variants,
+                                    min_accuracy=None if min_accuracy is None else min_accuracy / 100.0)
         if weights and not model:
             raise UsageError("--weights goes with --model")
         options = ConvertOptions(opset=opset, exporter=exporter.value, folder=folder.value,

@@ -339,7 +339,7 @@ def _supernet_variants(source: SupernetSource) -> tuple[list[Artifact], list[tup
         front = load_front(source.pareto_dir)
         front_artifact = front.artifact
         variant_ids += front_variant_ids(front, supernet_manifest_sha256=loaded.artifact.manifest_sha256,
-                                         max_variants=source.max_variants)
+                                         max_variants=source.max_variants, min_accuracy=source.min_accuracy)
     if not variant_ids:
         raise UsageError("give at least one --variant ID (or 'largest' / 'smallest') or --pareto with a "
                          "supernet artifact")
@@ -414,6 +414,7 @@ def convert_model(
                             "variants": list(source.variant_ids), "batch": source.batch,
                             "pareto": str(source.pareto_dir) if source.pareto_dir else None,
                             "max_variants": source.max_variants,
+                            "min_accuracy": source.min_accuracy,
                             "max_accuracy_drop": options.max_accuracy_drop,
                             "accuracy_samples": options.accuracy_samples}
     with ArtifactWriter(out_dir, kind=CONVERTED_KIND, config=config, parents=parents) as writer:

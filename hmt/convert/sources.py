@@ -45,6 +45,7 @@ class SupernetSource:
     # Every point of this pareto artifact's front (searched on the same supernet) joins variant_ids.
     pareto_dir: Path | None = None
     max_variants: int | None = None
+    min_accuracy: float | None = None  # a fraction: front points below it are not converted
 
 
 ModelSource = TorchSource | OnnxSource | SupernetSource

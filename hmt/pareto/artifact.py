@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hmt.artifacts import Artifact, ArtifactWriter, ParentRecord, load_artifact
-from hmt.errors import ArtifactError
+from hmt.errors import ArtifactError, UsageError
 from hmt.pareto.index import FrontIndex
 
 KIND = "pareto"
@@ -79,12 +79,14 @@ def load_front(path: Path | str) -> LoadedFront:
 
 
 def front_variant_ids(front: LoadedFront, *, supernet_manifest_sha256: str | None = None,
-                      max_variants: int | None = None) -> list[str]:
+                      max_variants: int | None = None, min_accuracy: float | None = None) -> list[str]:
     """Arch ids of the front's points, fastest first; at most ``max_variants`` spread along it.
 
     The spread keeps the fastest and the most accurate point and takes the rest evenly by
     rank in latency, so a small bundle still covers the whole latency range serve switches
-    over. ``supernet_manifest_sha256`` guards against a front searched on another supernet.
+    over. ``min_accuracy`` (a fraction) first drops the points below it: a front reaches down
+    to exit-0 variants no one deploys, and without a floor the spread spends bundle slots on
+    them. ``supernet_manifest_sha256`` guards against a front searched on another supernet.
     """
     if supernet_manifest_sha256 is not None:
         searched = [p.manifest_sha256 for p in front.artifact.manifest.parents if p.kind == "supernet"]
@@ -94,6 +96,14 @@ def front_variant_ids(front: LoadedFront, *, supernet_manifest_sha256: str | Non
     points = sorted(front.points, key=lambda p: (float(p["latency_ms"]), -float(p["accuracy"]), str(p["arch_id"])))
     if not points:
         raise ArtifactError(f"{front.artifact.root / FRONT}: the front has no points")
+    if min_accuracy is not None:
+        if not 0.0 <= min_accuracy <= 1.0:
+            raise UsageError(f"minimum accuracy must be a fraction in [0, 1], got {min_accuracy}")
+        best_accuracy = max(float(p["accuracy"]) for p in points)
+        points = [p for p in points if float(p["accuracy"]) >= min_accuracy]
+        if not points:
+            raise UsageError(f"{front.artifact.root / FRONT}: no front point reaches {100 * min_accuracy:.2f}% "
+                             f"(the most accurate has {100 * best_accuracy:.2f}%); lower the floor")
     ids = [str(p["arch_id"]) for p in points]
     if max_variants is None or max_variants >= len(ids):
         return ids

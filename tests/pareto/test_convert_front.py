@@ -65,3 +65,19 @@ def test_convert_front_records_lineage_and_refuses_another_supernet(tiny_superne
     assert not (tmp_path / "x").exists()
     assert invoke("convert", "--onnx", "m.onnx", "--pareto", str(pareto)).exit_code == 2
     assert TINY["backbone"] in names[0]
+
+
+def test_accuracy_floor_leaves_out_points_below_it(tiny_supernet: Path, tmp_path: Path) -> None:
+    pareto = _front(tiny_supernet, tmp_path / "p")
+    front = load_front(pareto)
+    accuracies = sorted({float(p["accuracy"]) for p in front.points})
+    floor = accuracies[len(accuracies) // 2]
+    kept = front_variant_ids(front, min_accuracy=floor)
+    by_id = {p["arch_id"]: float(p["accuracy"]) for p in front.points}
+    assert kept and all(by_id[a] >= floor for a in kept)
+    assert len(kept) == sum(a >= floor for a in by_id.values())
+    assert front_variant_ids(front, min_accuracy=floor, max_variants=1) == [max(by_id, key=by_id.__getitem__)]
+    result = invoke("convert", "--supernet", str(tiny_supernet), "--pareto", str(pareto), "--min-accuracy",
+                    f"{100 * accuracies[-1] + 1:.2f}", "--out", str(tmp_path / "c"))
+    assert result.exit_code != 0 and "no front point reaches" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "c").exists()
