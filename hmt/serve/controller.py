@@ -345,14 +345,19 @@ class Controller:
         load_next = min(max(recent), max(min(recent), float(self.forecaster.forecast(1)[0])))
         return load_now, load_next, own
 
-    def _estimate(self, load_next: float, latency_limit_ms: float, budgets: Budgets) -> tuple[int, int]:
-        """The estimate stage of a tick (timed as ``estimate_us``): refresh the estimates (kept up
-        to date on each measurement, so this re-reads only what changed) and reduce them to the
-        feasible set (:meth:`DecisionPath.feasible`)."""
+    def _estimate(self, load_next: float, load_now: float, latency_limit_ms: float,
+                  budgets: Budgets) -> tuple[int, int]:
+        """The estimate stage of a tick (timed as ``estimate_us``): file the samples since the last
+        tick under the load measured over them, refresh the estimates (kept up to date on each
+        measurement, so this re-reads only what changed) and reduce them to the feasible set
+        (:meth:`DecisionPath.feasible`). The decision is at the forecast ``load_next``, with what
+        the variants measured at ``load_now`` as a floor (a step shows in the requests first)."""
         estimator = self.estimator
+        now_s = self.now_s()
         with self._state_lock:
-            self._measured_count = estimator.refresh(self.now_s())
-        latencies, ratios = estimator.latencies(1.0 + self.optimizer.alpha_latency * load_next, load_next)
+            estimator.refile(load_now, now_s)
+            self._measured_count = estimator.refresh(now_s)
+        latencies, ratios = estimator.latencies(1.0 + self.optimizer.alpha_latency * load_next, load_next, load_now)
         return self.decision.feasible(latencies, ratios, load_next, latency_limit_ms, budgets)
 
     def _latency_limit_ms(self, budgets: Budgets) -> tuple[float, float]:
@@ -383,7 +388,7 @@ class Controller:
         # decision, derived from the sample before it.
         mu = self.decision.mu(sample)
         e0 = time.perf_counter()
-        mask = self._estimate(load_next, latency_limit_ms, budgets)
+        mask = self._estimate(load_next, load_now, latency_limit_ms, budgets)
         e1 = time.perf_counter()
         cpu0 = time.thread_time_ns()  # outside the wall-time span: the call itself costs a few us
         t0 = time.perf_counter()

@@ -1,0 +1,189 @@
+"""Recovery after a load step and the climb back after it (issue 14: "the first 0.5 s window after
+each step with at most 5% misses comes within 0.5 s"; "accuracy within 3 points of the unloaded
+choice"). The loop on a fake engine whose compute times are scripted (so the tests do not depend
+on how busy the machine is): big takes 5 ms idle and 14 ms under load, small 2 / 4 ms; the
+budget is 9 ms; the load model (alpha 0.2) says big still fits under load (5 x 1.2 = 6 ms)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from serve_bundles import CLASSES, VariantDef, make_bundle
+
+from hmt.bundle import load_bundle
+from hmt.runtime.chain import ChainResult, ChainRunner
+from hmt.runtime.settings import EstimatorSettings
+from hmt.serve.controller import Controller
+from hmt.serve.estimates import SOURCE_MEASURED, LatencyEstimator
+from hmt.serve.monitor import ResourceSample
+from hmt.serve.settings import ServeSettings
+
+X = np.zeros((1, 4), dtype=np.float32)
+COMPUTE_MS = {"big": (5.0, 14.0), "small": (2.0, 4.0)}  # (idle, loaded)
+
+
+def sample(cpu: float) -> ResourceSample:
+    return ResourceSample(time.monotonic(), cpu, 8_000_000_000, 8_000_000_000)
+
+
+class Loop:
+    """A controller on the fake engine with its own clock; ``request`` serves one input, and asks
+    for a decision after a miss as the running loop does (on-demand tick)."""
+
+    def __init__(self, tmp_path: Path, **switch: float) -> None:
+        variants = (VariantDef("big", 0.92, 2.0, 2.0), VariantDef("small", 0.80, 1.0, 1.0))
+        bundle = load_bundle(make_bundle(tmp_path / "b", variants))
+        settings = ServeSettings.from_mapping({
+            "budgets": {"latency_ms": 9.0}, "optimizer": {"alpha_latency": 0.2},
+            "switch": {"min_dwell_s": 1.0, "violation_patience": 2, "improve_patience": 2, "miss_streak": 3,
+                       **switch},
+            "estimates": {"shadow_share": 0.0}})
+        self.now = 0.0
+        self.high = False
+        self.cpu = 0.0
+        loop = self
+
+        class FakeTimeRunner(ChainRunner):
+            def run(self, x: np.ndarray, confidence: float | None) -> ChainResult:
+                ms = COMPUTE_MS[self.arch_id][loop.high]
+                loop.now += ms / 1e3
+                return replace(super().run(x, confidence), compute_ms=ms)
+
+        def load(arch_id: str) -> ChainRunner:
+            def head(x: np.ndarray) -> np.ndarray:
+                return x.reshape(1, -1)[:, :CLASSES] @ np.eye(CLASSES, dtype=np.float32)
+
+            return FakeTimeRunner(bundle.spec.variant(arch_id), [lambda x: x] * 2, [head] * 2, "tvm")
+
+        self.c = Controller(bundle, settings, sampler=lambda: sample(self.cpu), loader=load, warmup_runs=1,
+                            clock=lambda: self.now)
+        self.c.start(background=False)
+
+    def tick(self) -> str:
+        return self.c.tick(sample=sample(self.cpu)).active
+
+    def request(self) -> tuple[str, bool]:
+        p = self.c.predict(X)
+        self.now += 0.05  # 20 requests/s
+        if p.deadline_miss:
+            self.tick()  # the on-demand decision a miss asks for
+        return p.variant, p.deadline_miss
+
+    def idle(self, seconds: float) -> None:
+        """Requests at 20/s with a periodic tick every 0.25 s."""
+        end = self.now + seconds
+        while self.now < end:
+            for _ in range(5):
+                self.request()
+            self.tick()
+
+
+def test_a_step_the_load_model_underestimates_is_left_after_two_slow_requests(tmp_path: Path) -> None:
+    """Idle, big serves at 5 ms. The load steps to 1.0 and big takes 14 ms, which the load model
+    (5 ms x 1.2) does not see. The loop must leave big after at most 3 slow requests (two at the
+    new load are the floor of its estimate there, the third confirms the misses): with the
+    forecast lagging the step and min_samples (5) needed at a level before its p95 counted,
+    the code before served 5 or more."""
+    loop = Loop(tmp_path)
+    loop.idle(2.0)
+    assert loop.c.active_arch_id == "big"
+    loop.high, loop.cpu = True, 1.0
+    served = [loop.request() for _ in range(8)]
+    on_big = [m for a, m in served if a == "big"]
+    assert len(on_big) <= 3, served
+    assert served[-1][0] == "small"
+    estimate = loop.c.status()["estimates"]["big"]
+    assert estimate["latency_ms"] >= 14.0 and estimate["source"] in ("measured_few", SOURCE_MEASURED)
+
+
+def test_single_slow_requests_at_idle_never_switch(tmp_path: Path) -> None:
+    """No oscillation from the floor: one slow request in every 40 at idle (a scheduler hiccup;
+    at 20 requests/s a 1.5 s window holds one), each with a load spike in the tick after it,
+    does not move the loop off big: one sample at a level is no floor, and two at the busy
+    level (40 requests apart) make one violating decision, not the two the patience asks for."""
+    loop = Loop(tmp_path)
+    loop.idle(1.5)
+    switches = loop.c.switcher.switch_count
+    for k in range(160):
+        loop.high = k % 40 == 7
+        loop.cpu = 1.0 if loop.high else 0.0
+        loop.request()
+        loop.high = False
+        if k % 5 == 4 or loop.cpu:
+            loop.tick()
+            loop.cpu = 0.0
+    assert loop.c.active_arch_id == "big"
+    assert loop.c.switcher.switch_count == switches
+
+
+def test_the_loop_climbs_back_after_the_load_lifts(tmp_path: Path) -> None:
+    """The step's first slow requests run before any tick has measured the load; filed under the
+    idle level, two of them among big's ~30 idle samples set its idle p95 at 14 ms, so after the
+    load phase big looked too slow at idle for the whole memory (30 s) and the loop stayed on
+    small (the accuracy lost under load). Moved to the level the next tick measured, they leave
+    big's idle window as it was: the loop climbs back within about a dwell of the load lifting."""
+    loop = Loop(tmp_path)
+    loop.idle(2.0)
+    assert loop.c.active_arch_id == "big"
+    loop.high = True  # the step: the burners start ...
+    loop.c.predict(X)  # ... and two requests run before a tick has measured it
+    loop.now += 0.05
+    loop.c.predict(X)
+    loop.now += 0.05
+    loop.cpu = 1.0
+    loop.idle(2.0)
+    assert loop.c.active_arch_id == "small"
+    loop.high, loop.cpu = False, 0.0  # the load lifts
+    actives = []
+    while loop.now < 2.0 + 2.0 + 2.5 + 2.5:
+        loop.idle(0.25)
+        actives.append(loop.c.active_arch_id)
+    assert actives[-1] == "big", actives
+    assert actives.index("big") <= 8, actives  # within 2 s (dwell 1 s + patience + the forecast)
+    est = loop.c.status()["estimates"]["big"]
+    assert est["latency_ms"] == pytest.approx(5.0)
+
+
+def test_one_new_sample_does_not_empty_a_level_the_loop_comes_back_to() -> None:
+    """A level keeps its last regime (30 samples at 5 ms) when the loop comes back to it after
+    max_age_s: one new sample (a shadow run) joins them instead of pushing them out, so the level
+    stays measured; min_samples new ones replace them."""
+    est = LatencyEstimator(["big"], [1.0], ["tvm"], EstimatorSettings(), alpha_latency=0.2)
+    t = 0.0
+    for _ in range(30):
+        est.observe("big", 5.0, 1.0, t, 0.0)
+        t += 0.05
+    est.observe("big", 20.0, 1.0, t, 1.0)  # elsewhere meanwhile: a busy level
+    t += 10.0
+    est.observe("big", 5.5, 1.0, t, 0.0)
+    est.refresh(t)
+    (latency,), _ = est.latencies(1.0, 0.0)
+    assert latency == pytest.approx(5.0)  # the p95 of the 31 (not 20 x 1.2 scaled from the busy level)
+    assert est.estimates(t, 1.0, 0.0)[0].source == SOURCE_MEASURED
+    for _ in range(5):
+        t += 0.05
+        est.observe("big", 7.0, 1.0, t, 0.0)
+    est.refresh(t)
+    (latency,), _ = est.latencies(1.0, 0.0)
+    assert latency == pytest.approx(7.0)  # the old regime left once 5 new samples were there
+
+
+def test_samples_move_to_the_level_the_next_tick_measured() -> None:
+    """refile: samples taken since the last refile go to the level of the load given."""
+    est = LatencyEstimator(["big"], [1.0], ["tvm"], EstimatorSettings(), alpha_latency=0.2)
+    for k in range(6):
+        est.observe("big", 5.0, 1.0, 0.05 * k, 0.0)
+    assert est.refile(0.0, 0.3) == 0
+    est.observe("big", 14.0, 1.0, 0.35, 0.0)
+    est.observe("big", 14.0, 1.0, 0.40, 0.0)
+    assert est.refile(1.0, 0.45) == 2
+    est.refresh(0.45)
+    (idle,), _ = est.latencies(1.0, 0.0)
+    assert idle == pytest.approx(5.0)
+    (loaded,), _ = est.latencies(1.2, 1.0)
+    assert loaded == pytest.approx(14.0)  # the floor of the 2 samples, over 5 x 1.2
+    assert est.estimates(0.45, 1.2, 1.0)[0].source == "measured_few"
