@@ -23,7 +23,9 @@ a decision at load ``I`` is:
 In the last two cases, a level holding 2 to ``min_samples - 1`` samples taken within ``max_age_s``
 of each other (right after a load step) puts a floor under the estimate: their lower median
 (**measured_few** when it is the higher), so two slow requests in a row at a new load outweigh a
-load model that says the variant still fits.
+load model that says the variant still fits. In every case the lower median of a variant's
+newest ``LAST_SAMPLES`` (3) samples, whatever their level, while they are within ``max_age_s`` of
+now, is a floor as well (**measured_few**): two of its last three requests this slow.
 
 Samples are filed under the load of the tick before them and moved, at the next tick, to the
 level of the load that tick measured over their interval (:meth:`LatencyEstimator.refile`);
@@ -65,6 +67,7 @@ SOURCE_FEW = "measured_few"
 PRIOR_R_STEP = 0.01
 MAX_TAIL_FACTOR = 2.0  # p95 / median a prior may assume (see refresh)
 LEVEL_LOAD_STEP = 0.02  # a level's mean load is published in these steps (as the loop's load bucket)
+LAST_SAMPLES = 3  # a variant's newest samples, whatever their level: 2 of them over the budget floor its estimate
 
 
 @dataclass(frozen=True)
@@ -213,6 +216,10 @@ class LatencyEstimator:
         # multiply the windows by load_buckets).
         self._dirty: set[tuple[int, int]] = set()
         self._next_expiry_s = math.inf
+        # Each variant's newest samples (time, ms), whatever their load level, and their lower
+        # median as of the last refresh while they are within max_age_s of it (see latencies).
+        self._last: list[deque[tuple[float, float]]] = [deque(maxlen=LAST_SAMPLES) for _ in self.arch_ids]
+        self._last_floor: list[float] = [0.0] * len(self.arch_ids)
         # Windows that got samples since the last refile, and when that was (see refile).
         self._recent: set[tuple[int, int]] = set()
         self._refiled_s = -math.inf
@@ -247,6 +254,7 @@ class LatencyEstimator:
         self._windows[i][level].add(now_s, measured_ms, load, self.settings.max_age_s, self.settings.min_samples)
         self._dirty.add((i, level))
         self._recent.add((i, level))
+        self._last[i].append((now_s, measured_ms))
         expiry_s = now_s + self.settings.memory_s
         if expiry_s < self._next_expiry_s:
             self._next_expiry_s = expiry_s
@@ -353,6 +361,15 @@ class LatencyEstimator:
                 self._level_loads[i][level] = mean_load
                 changed = True
         dirty.clear()
+        oldest_s = now_s - s.max_age_s
+        last_floor = self._last_floor
+        for i, last in enumerate(self._last):
+            floor_ms = 0.0
+            if len(last) >= 2 and last[0][0] >= oldest_s:
+                floor_ms = sorted(v for _, v in last)[(len(last) - 1) // 2]
+            if floor_ms != last_floor[i]:
+                last_floor[i] = floor_ms
+                changed = True
         if changed:
             self.measured_count = sum(any(t is not None for t in tails) for tails in self._tails)
             # The priors are tail latencies too, with the spread measured now.
@@ -416,6 +433,7 @@ class LatencyEstimator:
             alpha = self.alpha_latency
             n_levels = self.settings.load_buckets
             floors = self._floors
+            last_floor = self._last_floor
             for i, tails in enumerate(self._tails):
                 prior_ms = predicted[i] * load_scale
                 tail = tails[level]
@@ -448,6 +466,11 @@ class LatencyEstimator:
                         seen, seen_source = floors[i][now_level], SOURCE_FEW
                     if seen is not None and seen > tail:
                         tail, source = seen, seen_source
+                if last_floor[i] > tail:
+                    # Its newest requests, whatever load level they were filed under (the load
+                    # index of a 2-core machine jumps between levels from tick to tick right
+                    # after a step, so no level holds two of them): 2 of the last 3 this slow.
+                    tail, source = last_floor[i], SOURCE_FEW
                 out.append(tail)
                 ratios.append(tail / prior_ms if source != SOURCE_PRIOR else prior_r[i])
                 sources[i] = source
