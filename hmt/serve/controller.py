@@ -136,7 +136,7 @@ class Controller:
                                           r_max=c.r_max, alpha_latency=self.optimizer.alpha_latency)
         self._known_ids = frozenset(v.arch_id for v in table)  # the pool may also hold serve --adapt's variant
         # The decision path, cached on what a choice depends on (hmt.serve.decision).
-        self.decision = DecisionPath(self.optimizer, fixed_variant)
+        self.decision = DecisionPath(self.optimizer, fixed_variant, self.settings.switch.score_margin)
         # Requests in a row over the budget on the active variant (the switcher's fast attack).
         self._miss_streak = 0
         self._measured_count = 0
@@ -392,8 +392,9 @@ class Controller:
         e1 = time.perf_counter()
         cpu0 = time.thread_time_ns()  # outside the wall-time span: the call itself costs a few us
         t0 = time.perf_counter()
-        choice = self.decision.choose(mask, mu, self.switcher.active_arch_id)
-        result = self.switcher.offer(choice, confirmed=confirmed)  # the switcher reads our clock if it needs it
+        switcher = self.switcher
+        choice = self.decision.choose(mask, mu, switcher.active_arch_id, switcher.home)
+        result = switcher.offer(choice, confirmed=confirmed)  # the switcher reads our clock if it needs it
         t1 = time.perf_counter()
         decision_cpu_us = (time.thread_time_ns() - cpu0) / 1e3
         decision_us = (t1 - t0) * 1e6

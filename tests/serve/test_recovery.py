@@ -207,3 +207,47 @@ def test_samples_move_to_the_level_the_next_tick_measured() -> None:
     (loaded,), _ = est.latencies(1.2, 1.0)
     assert loaded == pytest.approx(14.0)  # the floor of the 2 samples at the busy level, over 5 x 1.2
     assert est.estimates(2.5, 1.2, 1.0)[0].source == "measured_few"
+
+
+def test_the_loop_goes_back_home_after_a_violation_where_the_score_is_within_the_margin() -> None:
+    """big is left on a violation. Later eq. 3 (mu 0.49: a falling battery) scores small 0.02 over
+    big, less than the 0.05 margin: unloaded the switcher stays on big; after the load it must
+    go back to big (the home) once big fits again, not stay on small. With small 0.2 over big
+    (mu 0.4) it stays on small, as the unloaded loop would have moved there too. The code before
+    stayed on small in both cases (below_margin)."""
+    from hmt.runtime.settings import Budgets, SwitchPolicy
+    from hmt.serve.decision import DecisionPath
+    from hmt.serve.optimizer import Optimizer, Variant
+    from hmt.serve.switcher import Switcher
+
+    opt = Optimizer([Variant("big", 0.92, 8.0, 2.0, 1), Variant("small", 0.80, 2.0, 1.0, 1)])
+    path = DecisionPath(opt)
+    path.score_margin = 0.05  # the switcher's (set so, the test runs on the code before too)
+    clock = [0.0]
+    sw = Switcher(SwitchPolicy(min_dwell_s=1.0, improve_patience=2, violation_patience=1), clock=lambda: clock[0])
+    budgets = Budgets(latency_ms=9.0)
+
+    def offer(big_ms: float, mu: float) -> str:
+        mask = path.feasible([2.0, big_ms], [1.0, 1.0], 0.0, 9.0, budgets)  # the table is by latency
+        choice = path.choose(mask, mu, sw.active_arch_id, *([sw.home] if hasattr(sw, "home") else []))
+        result = sw.offer(choice)
+        clock[0] += 0.25
+        return result.reason
+
+    offer(8.0, 1.0)
+    assert sw.active_arch_id == "big"
+    offer(14.0, 1.0)  # the load: big does not fit
+    assert sw.active_arch_id == "small"
+    reasons = [offer(14.0, 0.49) for _ in range(8)]  # still loaded: small stays
+    assert sw.active_arch_id == "small", reasons
+    reasons = [offer(8.0, 0.49) for _ in range(8)]  # the load lifts; small scores 0.02 over big
+    assert sw.active_arch_id == "big", reasons
+    assert "back_to_home" in reasons
+    # Home reached: forgotten. Below the margin now, big stays as the unloaded loop would.
+    assert [offer(8.0, 0.49) for _ in range(4)][-1] == "below_margin"
+    assert sw.active_arch_id == "big"
+    # Left again on a violation, then small scores 0.2 over big: no way home.
+    offer(14.0, 0.4)
+    assert sw.active_arch_id == "small"
+    reasons = [offer(8.0, 0.4) for _ in range(8)]
+    assert sw.active_arch_id == "small", reasons
