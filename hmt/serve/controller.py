@@ -169,6 +169,9 @@ class Controller:
         self._inflight = 0
         self._last_input: np.ndarray | None = None
         self._shadow_next = 0
+        share = self.settings.estimates.probe_share
+        self._probe_every = round(1.0 / share) if share > 0 else 0  # requests (see _probe)
+        self._request_count = 0
         self._load_now = 0.0  # outside load index of the last tick (shadow runs wait for idle)
         # serve --adapt (hmt.serve.adapt.AdaptSettings, canary): BN re-estimation off the request path.
         self.adapt: Any = None
@@ -204,6 +207,14 @@ class Controller:
         order.extend(v.arch_id for v in sorted(self.bundle.spec.variants, key=lambda v: -v.accuracy))
         if self.fixed_variant is None:
             self.pool.preload([a for a in dict.fromkeys(order) if a not in self._failed_loads], self._capacity_bytes())
+            # The engine each preloaded variant really runs on: its prior takes that engine's r.
+            # (Without this a variant never run kept the bundle's preferred engine, whose r nothing
+            # measured under serve --engine tvm: its prior was the ORT profile's 0.6 ms for a
+            # variant TVM runs in 40.)
+            for arch_id in self.pool.loaded_ids():
+                runner = self.pool.get(arch_id)
+                if runner is not None and arch_id in self._known_ids:
+                    self.estimator.set_engine(arch_id, runner.engine)
         if background:
             self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name="hmt-serve-controller", daemon=True)
@@ -308,6 +319,25 @@ class Controller:
             self.stats.shadow_runs += 1
             self.stats.shadow_s += spent_s
         return True
+
+    def _probe(self, base: Runner) -> Runner | None:
+        """Every ``1 / estimates.probe_share``-th request: the nearest variant faster than ``base``
+        (by the profile's order) with no measurement within ``estimates.memory_s``, loaded and
+        warm, to serve it instead (its measurement calibrates the variant's prior); else None."""
+        every = self._probe_every
+        if not every or self.fixed_variant is not None or not self.estimator.measure:
+            return None
+        self._request_count += 1
+        if self._request_count % every:
+            return None
+        optimizer = self.optimizer
+        since_s = self.now_s() - self.settings.estimates.memory_s
+        for variant in reversed(optimizer.variants[:optimizer.position(base.arch_id)]):
+            if not self.estimator.measured_since(variant.arch_id, since_s):
+                runner = self.pool.get(variant.arch_id)
+                if runner is not None and runner.warm:
+                    return runner
+        return None
 
     # -- budgets ---------------------------------------------------------------------------
 
@@ -484,12 +514,14 @@ class Controller:
     # -- requests ------------------------------------------------------------------------------
 
     def predict(self, x: np.ndarray, queued_ms: float = 0.0) -> Prediction:
-        """Answer one input (already validated to the bundle's input spec) with the active variant."""
+        """Answer one input (already validated to the bundle's input spec) with the active variant
+        (or, for a share of requests, a faster one not measured lately: :meth:`_probe`)."""
         base = self._active
         if base is None or not base.warm:
             raise DeviceError("no variant is loaded and warm yet")
+        probe = self._probe(base) if base.arch_id in self._known_ids else None
         # serve --adapt: the adapted variant of the active one, when the guard adopted it.
-        runner = base if self.adapt is None else self.adapt.runner_for(base)
+        runner = probe if probe is not None else base if self.adapt is None else self.adapt.runner_for(base)
         early = self.settings.early_exit
         self._inflight += 1
         try:
@@ -497,7 +529,7 @@ class Controller:
         finally:
             self._inflight -= 1
         self._last_input = x
-        if self.adapt is not None:
+        if self.adapt is not None and probe is None:
             self.adapt.offer(x)  # a non-blocking put: adaptation runs on its own thread
         latency_ms = queued_ms + result.compute_ms
         budget_ms = self.budgets.latency_ms
@@ -506,7 +538,8 @@ class Controller:
         now_s = self.now_s()
         with self._state_lock:
             # The estimates are per bundled variant: an adapted one's time counts for its base.
-            self.estimator.observe(base.arch_id, result.compute_ms, predicted_ms, now_s, self._load_now)
+            self.estimator.observe(base.arch_id if probe is None else probe.arch_id, result.compute_ms,
+                                   predicted_ms, now_s, self._load_now)
             self._queue_waits.append(max(0.0, queued_ms))
             stats = self.stats
             stats.requests += 1

@@ -498,6 +498,11 @@ class LatencyEstimator:
         return {a: r for a, r in zip(self.arch_ids, self._r_variant, strict=True)
                 if r is not None and not self.r_min <= r <= self.r_max}
 
+    def measured_since(self, arch_id: str, since_s: float) -> bool:
+        """Whether ``arch_id`` has a sample taken at or after ``since_s`` (any load level)."""
+        last = self._last[self._index[arch_id]]
+        return bool(last) and last[-1][0] >= since_s
+
     def stale(self, arch_id: str, now_s: float) -> bool:
         """Whether ``arch_id`` lacks ``min_samples`` fresh samples at the current load level (a
         shadow run would help)."""

@@ -34,14 +34,17 @@ class Loop:
     """A controller on the fake engine with its own clock; ``request`` serves one input, and asks
     for a decision after a miss as the running loop does (on-demand tick)."""
 
-    def __init__(self, tmp_path: Path, **switch: float) -> None:
-        variants = (VariantDef("big", 0.92, 2.0, 2.0), VariantDef("small", 0.80, 1.0, 1.0))
+    def __init__(self, tmp_path: Path, variants: tuple[VariantDef, ...] | None = None,
+                 compute_ms: dict[str, tuple[float, float]] | None = None, alpha: float = 0.2,
+                 **estimates: float) -> None:
+        if variants is None:
+            variants = (VariantDef("big", 0.92, 2.0, 2.0), VariantDef("small", 0.80, 1.0, 1.0))
+        times = COMPUTE_MS if compute_ms is None else compute_ms
         bundle = load_bundle(make_bundle(tmp_path / "b", variants))
         settings = ServeSettings.from_mapping({
-            "budgets": {"latency_ms": 9.0}, "optimizer": {"alpha_latency": 0.2},
-            "switch": {"min_dwell_s": 1.0, "violation_patience": 2, "improve_patience": 2, "miss_streak": 3,
-                       **switch},
-            "estimates": {"shadow_share": 0.0}})
+            "budgets": {"latency_ms": 9.0}, "optimizer": {"alpha_latency": alpha},
+            "switch": {"min_dwell_s": 1.0, "violation_patience": 2, "improve_patience": 2, "miss_streak": 3},
+            "estimates": {"shadow_share": 0.0, **estimates}})
         self.now = 0.0
         self.high = False
         self.cpu = 0.0
@@ -49,7 +52,7 @@ class Loop:
 
         class FakeTimeRunner(ChainRunner):
             def run(self, x: np.ndarray, confidence: float | None) -> ChainResult:
-                ms = COMPUTE_MS[self.arch_id][loop.high]
+                ms = times[self.arch_id][loop.high]
                 loop.now += ms / 1e3
                 return replace(super().run(x, confidence), compute_ms=ms)
 
@@ -251,3 +254,37 @@ def test_the_loop_goes_back_home_after_a_violation_where_the_score_is_within_the
     assert sw.active_arch_id == "small"
     reasons = [offer(8.0, 0.4) for _ in range(8)]
     assert sw.active_arch_id == "small", reasons
+
+
+def test_a_share_of_requests_measures_a_faster_variant_never_run(tmp_path: Path) -> None:
+    """big, mid and small; the profile says mid takes 0.95 of big, the engine runs it at 0.4 (2 /
+    6 ms idle / loaded, big 5 / 14 ms). The loop serves big and runs neither mid nor small (no
+    shadow runs: the workers are busy). When the load makes big too slow, mid's prior (the
+    profile x the load model x the engine's r learnt on big) is over the 9 ms budget, and with no
+    measurement of mid the loop goes to small. One request in 20 served by the nearest faster
+    variant not measured lately gives mid a measurement at idle, its prior its own ratio, and
+    the loop goes to mid (2 points of top-1 off big, not 32). (The code before also priced mid
+    with the r of the bundle's preferred engine, which nothing ran: its prior was the profile's.)"""
+    variants = (VariantDef("big", 0.92, 2.0, 2.0), VariantDef("mid", 0.90, 1.9, 1.5),
+                VariantDef("small", 0.60, 1.0, 1.0))
+    times = {"big": (5.0, 14.0), "mid": (2.0, 6.0), "small": (1.0, 3.0)}
+    loop = Loop(tmp_path, variants, times, alpha=1.0)
+    loop.idle(3.0)
+    assert loop.c.active_arch_id == "big"
+    per_variant = loop.c.status()["per_variant"]
+    assert 1 <= per_variant.get("mid", 0) <= 3 and per_variant.get("small", 0) <= 3, per_variant
+    loop.high, loop.cpu = True, 1.0
+    for _ in range(10):
+        loop.request()
+    assert loop.c.active_arch_id == "mid", loop.c.status()["estimates"]
+
+
+def test_preloaded_variants_are_priced_with_the_engine_they_run_on(tmp_path: Path) -> None:
+    """The runners are TVM, the bundle prefers ONNX Runtime: after start every preloaded variant's
+    prior takes the r measured on TVM, not the r of an engine nothing ran (1: the profile's own
+    prediction, 2.5x low here)."""
+    loop = Loop(tmp_path, probe_share=0.0)
+    assert set(loop.c.estimator.engines) == {"tvm"}
+    loop.idle(1.0)
+    small = loop.c.status()["estimates"]["small"]
+    assert small["source"] == "prior" and small["latency_ms"] >= 2.0  # 1.0 ms x r (2.5)
