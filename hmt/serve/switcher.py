@@ -19,7 +19,8 @@ Rules, applied to each :class:`~hmt.serve.optimizer.Decision` (one per tick):
   the hysteresis would have kept it had the load not come. When the decision offers it again
   (:class:`~hmt.serve.decision.DecisionPath` does so once it is feasible and no variant beats it
   by ``score_margin``) it is climbed back to like an improvement (patience and dwell), without
-  the margin: a switch on score, or reaching it, forgets it. Without this, a loop that left the
+  the margin: a switch on score, or reaching it, forgets it, and a return that violates again
+  within two dwell times is not tried again. Without this, a loop that left the
   largest variant under load stayed on a variant eq. 3 now scores within the margin of it (a
   falling battery), while the same loop unloaded stayed on the largest: the accuracy lost was
   the path, not the load.
@@ -79,6 +80,7 @@ class Switcher:
         self._probe_dwell: dict[str, float] = {}
         self._entered_better = False
         self.home: str | None = None  # the variant left on a violation (see the module docstring)
+        self._entered_home = False
 
     def _switch(self, decision: Decision | Choice, now_s: float, reason: str) -> SwitchResult:
         previous = self.active_arch_id
@@ -94,12 +96,16 @@ class Switcher:
                 self._probe_dwell.pop(previous, None)
         self._entered_better = reason in (SWITCH_BETTER, SWITCH_HOME)
         if reason in (SWITCH_VIOLATION, SWITCH_MISSES):
-            if self.home is None:
+            # A way home that failed within two dwell times is not offered again: on a budget at
+            # the edge of the home variant the loop would go home and fall back every dwell.
+            failed_return = self._entered_home and now_s - self._since_s < 2 * self.policy.min_dwell_s
+            if self.home is None and not failed_return:
                 self.home = previous
         elif reason != SWITCH_INITIAL:
             self.home = None  # a choice on score, or home reached
         if self.home == decision.arch_id:
             self.home = None
+        self._entered_home = reason == SWITCH_HOME
         self.active_arch_id = decision.arch_id
         self._since_s = now_s
         self._violations = 0

@@ -256,6 +256,39 @@ def test_the_loop_goes_back_home_after_a_violation_where_the_score_is_within_the
     assert sw.active_arch_id == "small", reasons
 
 
+def test_a_way_home_that_fails_at_once_is_not_tried_again() -> None:
+    """No oscillation from the home: on ONNX Runtime (ort3, 46fed66) a budget at the edge of the
+    largest variant made the loop go home and fall back every 1.2 s (12 switches against 4
+    unloaded). A return that violates within two dwell times forgets the home; the margin rules
+    of the switcher apply again (small scores 0.02 over big: it stays)."""
+    from hmt.runtime.settings import Budgets, SwitchPolicy
+    from hmt.serve.decision import DecisionPath
+    from hmt.serve.optimizer import Optimizer, Variant
+    from hmt.serve.switcher import Switcher
+
+    opt = Optimizer([Variant("big", 0.92, 8.0, 2.0, 1), Variant("small", 0.80, 2.0, 1.0, 1)])
+    path = DecisionPath(opt)
+    path.score_margin = 0.05
+    clock = [0.0]
+    sw = Switcher(SwitchPolicy(min_dwell_s=1.0, improve_patience=2, violation_patience=1), clock=lambda: clock[0])
+    budgets = Budgets(latency_ms=9.0)
+
+    def offer(big_ms: float, mu: float = 0.49) -> str:
+        mask = path.feasible([2.0, big_ms], [1.0, 1.0], 0.0, 9.0, budgets)
+        result = sw.offer(path.choose(mask, mu, sw.active_arch_id, *([sw.home] if hasattr(sw, "home") else [])))
+        clock[0] += 0.25
+        return result.reason
+
+    offer(8.0, 1.0)
+    offer(14.0)  # left on a violation
+    reasons = [offer(8.0) for _ in range(8)]
+    assert "back_to_home" in reasons and sw.active_arch_id == "big"
+    offer(14.0)  # the way home failed at once
+    assert sw.active_arch_id == "small"
+    reasons = [offer(8.0) for _ in range(12)]
+    assert sw.active_arch_id == "small" and "back_to_home" not in reasons, reasons
+
+
 def test_a_share_of_requests_measures_a_faster_variant_never_run(tmp_path: Path) -> None:
     """big, mid and small; the profile says mid takes 0.95 of big, the engine runs it at 0.4 (2 /
     6 ms idle / loaded, big 5 / 14 ms). The loop serves big and runs neither mid nor small (no
