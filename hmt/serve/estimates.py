@@ -218,7 +218,8 @@ class LatencyEstimator:
         self._next_expiry_s = math.inf
         # Each variant's newest samples (time, ms), whatever their load level, and their lower
         # median as of the last refresh while they are within max_age_s of it (see latencies).
-        self._last: list[deque[tuple[float, float]]] = [deque(maxlen=LAST_SAMPLES) for _ in self.arch_ids]
+        kept = LAST_SAMPLES if self.settings.floor_span_s <= 0 else self.settings.window
+        self._last: list[deque[tuple[float, float]]] = [deque(maxlen=kept) for _ in self.arch_ids]
         self._last_floor: list[float] = [0.0] * len(self.arch_ids)
         # Windows that got samples since the last refile, and when that was (see refile).
         self._recent: set[tuple[int, int]] = set()
@@ -363,9 +364,16 @@ class LatencyEstimator:
         dirty.clear()
         oldest_s = now_s - s.max_age_s
         last_floor = self._last_floor
+        span_s = s.floor_span_s
         for i, last in enumerate(self._last):
             floor_ms = 0.0
-            if len(last) >= 2 and last[0][0] >= oldest_s:
+            if span_s > 0:
+                if len(last) >= 2 and last[-1][0] >= oldest_s:
+                    since_s = last[-1][0] - span_s
+                    recent = sorted(v for t, v in last if t >= since_s)
+                    if len(recent) >= 2:
+                        floor_ms = recent[(len(recent) - 1) // 2]
+            elif len(last) >= 2 and last[0][0] >= oldest_s:
                 floor_ms = sorted(v for _, v in last)[(len(last) - 1) // 2]
             if floor_ms != last_floor[i]:
                 last_floor[i] = floor_ms

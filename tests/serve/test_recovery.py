@@ -321,3 +321,19 @@ def test_preloaded_variants_are_priced_with_the_engine_they_run_on(tmp_path: Pat
     loop.idle(1.0)
     small = loop.c.status()["estimates"]["small"]
     assert small["source"] == "prior" and small["latency_ms"] >= 2.0  # 1.0 ms x r (2.5)
+
+
+def test_the_floor_over_a_time_span_needs_half_its_samples_slow() -> None:
+    """estimates.floor_span_s (the ablation for fast engines): the floor is the lower median of the
+    variant's samples in the last span, so two slow requests among ten in 0.1 s set no floor,
+    six of ten do; with the default (0) the last 3 decide."""
+    def floor(span_s: float, slow: set[int]) -> float:
+        est = LatencyEstimator(["big"], [1.0], ["tvm"], EstimatorSettings(floor_span_s=span_s), alpha_latency=0.2)
+        for k in range(10):
+            est.observe("big", 14.0 if k in slow else 5.0, 1.0, 0.01 * k, 0.0)
+        est.refresh(0.1)
+        return est._last_floor[0]
+
+    assert floor(0.2, {8, 9}) == 5.0
+    assert floor(0.2, {4, 5, 6, 7, 8, 9}) == 14.0
+    assert floor(0.0, {8, 9}) == 14.0
