@@ -42,16 +42,14 @@ from hmt.serve.estimates import LatencyEstimator
 from hmt.serve.load_index import LoadForecaster, load_index_of
 from hmt.serve.monitor import ResourceMonitor, ResourceSample, Sampler
 from hmt.serve.optimizer import (
-    DEFAULT_ALPHA,
     Decision,
     Optimizer,
-    OptimizerConfig,
-    Variant,
 )
 from hmt.serve.pool import Loader, VariantPool
 from hmt.serve.records import Prediction, Stats, TickRecord
 from hmt.serve.settings import Budgets, ServeSettings
 from hmt.serve.switcher import STAY_VIOLATION_PENDING, Switcher
+from hmt.serve.table import optimizer_config, variants_of
 
 TRIGGER_INITIAL = "initial"
 TRIGGER_PERIODIC = "periodic"
@@ -64,36 +62,6 @@ QUEUE_WINDOW = 32  # requests whose queue wait sets the serving overhead (median
 # so that its inputs change only when they change enough to matter and the cached decision holds.
 LOAD_STEP = 0.02
 OVERHEAD_STEPS = 100
-
-
-def variants_of(bundle: Bundle) -> list[Variant]:
-    """The optimizer's table: each bundled variant at its own exit."""
-    return [Variant(v.arch_id, v.accuracy, v.latency_ms, v.energy, int(v.memory_mb * 1e6))
-            for v in bundle.spec.variants]
-
-
-def profile_alpha(bundle: Bundle) -> float | None:
-    """The load model's alpha that profile-device fitted (``models.load.alpha``), if the profile has one."""
-    try:
-        value = bundle.profile()["models"]["load"]["alpha"]
-        alpha = float(value["value"] if isinstance(value, dict) else value)
-    except (HmtError, KeyError, TypeError, ValueError):
-        return None
-    return alpha if math.isfinite(alpha) and alpha >= 0 else None
-
-
-def optimizer_config(bundle: Bundle, settings: ServeSettings) -> tuple[OptimizerConfig, str]:
-    """serve.json's optimizer settings with the load model resolved: serve.json's alpha when it
-    sets one, else the one profile-device fitted, else the default (and where it came from)."""
-    config = settings.optimizer
-    if config.alpha_latency is not None:
-        return config, "serve.json"
-    alpha = profile_alpha(bundle)
-    if alpha is None:
-        return (replace(config, alpha_latency=DEFAULT_ALPHA),
-                f"default {DEFAULT_ALPHA:g} (the profile has no load model)")
-    energy = alpha if config.alpha_energy is None else config.alpha_energy
-    return replace(config, alpha_latency=alpha, alpha_energy=energy), "profile models.load.alpha"
 
 
 class Controller:
