@@ -51,7 +51,7 @@ def main() -> None:
 
     def one() -> float:
         # What decision_us covers in the loop: the (cached) choice over the feasible set + the switcher.
-        mask = c._estimate(0.3, limit_ms, budgets)
+        mask = c._estimate(0.3, 0.3, limit_ms, budgets)
         t0 = time.thread_time_ns()
         choice = c.decision.choose(mask, mu, c.switcher.active_arch_id)
         c.switcher.offer(choice)

@@ -182,6 +182,16 @@ class EstimatorSettings:
     # ... and only while the device is idle: outside load index below this. A shadow run on busy
     # cores takes CPU from the requests (ORT workers spin after each run).
     shadow_max_load: float = 0.5
+    # One request in 1 / probe_share is served by a variant faster (by the profile) than the active
+    # one that has no measurement within memory_s, nearest first: shadow runs starve while the
+    # active variant keeps the workers busy, and the prior of a variant never run (the profile's
+    # prediction x the engine's r, learnt on the active one) can be 2x off, enough to skip the
+    # variant that fits under load for a smaller one. Faster, so the request cannot miss more.
+    probe_share: float = 0.05
+    # 0: a variant's last 3 samples floor its estimate (their lower median: 2 of 3 slow). > 0: the
+    # samples of its last floor_span_s instead (at least 2): at 100 requests/s 3 samples span 30 ms,
+    # no evidence of a load step on a sub-ms engine (an ablation, session 5).
+    floor_span_s: float = 0.0
     mode: str = MODE_MEASURED
 
     def __post_init__(self) -> None:
@@ -201,6 +211,10 @@ class EstimatorSettings:
             raise UsageError(f"estimates.shadow_max_load must be in [0, 1], got {self.shadow_max_load}")
         if not 0.0 <= self.shadow_share <= 0.5:
             raise UsageError(f"estimates.shadow_share must be in [0, 0.5], got {self.shadow_share}")
+        if not 0.0 <= self.floor_span_s <= self.max_age_s:
+            raise UsageError(f"estimates.floor_span_s must be in [0, max_age_s], got {self.floor_span_s}")
+        if not 0.0 <= self.probe_share <= 0.5:
+            raise UsageError(f"estimates.probe_share must be in [0, 0.5], got {self.probe_share}")
         if self.mode not in (MODE_MEASURED, MODE_PREDICTED):
             raise UsageError(f"estimates.mode must be {MODE_MEASURED!r} or {MODE_PREDICTED!r}, got {self.mode!r}")
 

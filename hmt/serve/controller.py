@@ -42,16 +42,14 @@ from hmt.serve.estimates import LatencyEstimator
 from hmt.serve.load_index import LoadForecaster, load_index_of
 from hmt.serve.monitor import ResourceMonitor, ResourceSample, Sampler
 from hmt.serve.optimizer import (
-    DEFAULT_ALPHA,
     Decision,
     Optimizer,
-    OptimizerConfig,
-    Variant,
 )
 from hmt.serve.pool import Loader, VariantPool
 from hmt.serve.records import Prediction, Stats, TickRecord
 from hmt.serve.settings import Budgets, ServeSettings
 from hmt.serve.switcher import STAY_VIOLATION_PENDING, Switcher
+from hmt.serve.table import optimizer_config, variants_of
 
 TRIGGER_INITIAL = "initial"
 TRIGGER_PERIODIC = "periodic"
@@ -64,36 +62,6 @@ QUEUE_WINDOW = 32  # requests whose queue wait sets the serving overhead (median
 # so that its inputs change only when they change enough to matter and the cached decision holds.
 LOAD_STEP = 0.02
 OVERHEAD_STEPS = 100
-
-
-def variants_of(bundle: Bundle) -> list[Variant]:
-    """The optimizer's table: each bundled variant at its own exit."""
-    return [Variant(v.arch_id, v.accuracy, v.latency_ms, v.energy, int(v.memory_mb * 1e6))
-            for v in bundle.spec.variants]
-
-
-def profile_alpha(bundle: Bundle) -> float | None:
-    """The load model's alpha that profile-device fitted (``models.load.alpha``), if the profile has one."""
-    try:
-        value = bundle.profile()["models"]["load"]["alpha"]
-        alpha = float(value["value"] if isinstance(value, dict) else value)
-    except (HmtError, KeyError, TypeError, ValueError):
-        return None
-    return alpha if math.isfinite(alpha) and alpha >= 0 else None
-
-
-def optimizer_config(bundle: Bundle, settings: ServeSettings) -> tuple[OptimizerConfig, str]:
-    """serve.json's optimizer settings with the load model resolved: serve.json's alpha when it
-    sets one, else the one profile-device fitted, else the default (and where it came from)."""
-    config = settings.optimizer
-    if config.alpha_latency is not None:
-        return config, "serve.json"
-    alpha = profile_alpha(bundle)
-    if alpha is None:
-        return (replace(config, alpha_latency=DEFAULT_ALPHA),
-                f"default {DEFAULT_ALPHA:g} (the profile has no load model)")
-    energy = alpha if config.alpha_energy is None else config.alpha_energy
-    return replace(config, alpha_latency=alpha, alpha_energy=energy), "profile models.load.alpha"
 
 
 class Controller:
@@ -136,7 +104,7 @@ class Controller:
                                           r_max=c.r_max, alpha_latency=self.optimizer.alpha_latency)
         self._known_ids = frozenset(v.arch_id for v in table)  # the pool may also hold serve --adapt's variant
         # The decision path, cached on what a choice depends on (hmt.serve.decision).
-        self.decision = DecisionPath(self.optimizer, fixed_variant)
+        self.decision = DecisionPath(self.optimizer, fixed_variant, self.settings.switch.score_margin)
         # Requests in a row over the budget on the active variant (the switcher's fast attack).
         self._miss_streak = 0
         self._measured_count = 0
@@ -169,6 +137,9 @@ class Controller:
         self._inflight = 0
         self._last_input: np.ndarray | None = None
         self._shadow_next = 0
+        share = self.settings.estimates.probe_share
+        self._probe_every = round(1.0 / share) if share > 0 else 0  # requests (see _probe)
+        self._request_count = 0
         self._load_now = 0.0  # outside load index of the last tick (shadow runs wait for idle)
         # serve --adapt (hmt.serve.adapt.AdaptSettings, canary): BN re-estimation off the request path.
         self.adapt: Any = None
@@ -204,6 +175,14 @@ class Controller:
         order.extend(v.arch_id for v in sorted(self.bundle.spec.variants, key=lambda v: -v.accuracy))
         if self.fixed_variant is None:
             self.pool.preload([a for a in dict.fromkeys(order) if a not in self._failed_loads], self._capacity_bytes())
+            # The engine each preloaded variant really runs on: its prior takes that engine's r.
+            # (Without this a variant never run kept the bundle's preferred engine, whose r nothing
+            # measured under serve --engine tvm: its prior was the ORT profile's 0.6 ms for a
+            # variant TVM runs in 40.)
+            for arch_id in self.pool.loaded_ids():
+                runner = self.pool.get(arch_id)
+                if runner is not None and arch_id in self._known_ids:
+                    self.estimator.set_engine(arch_id, runner.engine)
         if background:
             self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name="hmt-serve-controller", daemon=True)
@@ -309,6 +288,25 @@ class Controller:
             self.stats.shadow_s += spent_s
         return True
 
+    def _probe(self, base: Runner) -> Runner | None:
+        """Every ``1 / estimates.probe_share``-th request: the nearest variant faster than ``base``
+        (by the profile's order) with no measurement within ``estimates.memory_s``, loaded and
+        warm, to serve it instead (its measurement calibrates the variant's prior); else None."""
+        every = self._probe_every
+        if not every or self.fixed_variant is not None or not self.estimator.measure:
+            return None
+        self._request_count += 1
+        if self._request_count % every:
+            return None
+        optimizer = self.optimizer
+        since_s = self.now_s() - self.settings.estimates.memory_s
+        for variant in reversed(optimizer.variants[:optimizer.position(base.arch_id)]):
+            if not self.estimator.measured_since(variant.arch_id, since_s):
+                runner = self.pool.get(variant.arch_id)
+                if runner is not None and runner.warm:
+                    return runner
+        return None
+
     # -- budgets ---------------------------------------------------------------------------
 
     def set_budgets(self, latency_ms: float | None, memory_mb: float | None, energy: float | None = None,
@@ -345,14 +343,19 @@ class Controller:
         load_next = min(max(recent), max(min(recent), float(self.forecaster.forecast(1)[0])))
         return load_now, load_next, own
 
-    def _estimate(self, load_next: float, latency_limit_ms: float, budgets: Budgets) -> tuple[int, int]:
-        """The estimate stage of a tick (timed as ``estimate_us``): refresh the estimates (kept up
-        to date on each measurement, so this re-reads only what changed) and reduce them to the
-        feasible set (:meth:`DecisionPath.feasible`)."""
+    def _estimate(self, load_next: float, load_now: float, latency_limit_ms: float,
+                  budgets: Budgets) -> tuple[int, int]:
+        """The estimate stage of a tick (timed as ``estimate_us``): file the samples since the last
+        tick under the load measured over them, refresh the estimates (kept up to date on each
+        measurement, so this re-reads only what changed) and reduce them to the feasible set
+        (:meth:`DecisionPath.feasible`). The decision is at the forecast ``load_next``, with what
+        the variants measured at ``load_now`` as a floor (a step shows in the requests first)."""
         estimator = self.estimator
+        now_s = self.now_s()
         with self._state_lock:
-            self._measured_count = estimator.refresh(self.now_s())
-        latencies, ratios = estimator.latencies(1.0 + self.optimizer.alpha_latency * load_next, load_next)
+            estimator.refile(load_now, now_s)
+            self._measured_count = estimator.refresh(now_s)
+        latencies, ratios = estimator.latencies(1.0 + self.optimizer.alpha_latency * load_next, load_next, load_now)
         return self.decision.feasible(latencies, ratios, load_next, latency_limit_ms, budgets)
 
     def _latency_limit_ms(self, budgets: Budgets) -> tuple[float, float]:
@@ -383,12 +386,13 @@ class Controller:
         # decision, derived from the sample before it.
         mu = self.decision.mu(sample)
         e0 = time.perf_counter()
-        mask = self._estimate(load_next, latency_limit_ms, budgets)
+        mask = self._estimate(load_next, load_now, latency_limit_ms, budgets)
         e1 = time.perf_counter()
         cpu0 = time.thread_time_ns()  # outside the wall-time span: the call itself costs a few us
         t0 = time.perf_counter()
-        choice = self.decision.choose(mask, mu, self.switcher.active_arch_id)
-        result = self.switcher.offer(choice, confirmed=confirmed)  # the switcher reads our clock if it needs it
+        switcher = self.switcher
+        choice = self.decision.choose(mask, mu, switcher.active_arch_id, switcher.home)
+        result = switcher.offer(choice, confirmed=confirmed)  # the switcher reads our clock if it needs it
         t1 = time.perf_counter()
         decision_cpu_us = (time.thread_time_ns() - cpu0) / 1e3
         decision_us = (t1 - t0) * 1e6
@@ -478,12 +482,14 @@ class Controller:
     # -- requests ------------------------------------------------------------------------------
 
     def predict(self, x: np.ndarray, queued_ms: float = 0.0) -> Prediction:
-        """Answer one input (already validated to the bundle's input spec) with the active variant."""
+        """Answer one input (already validated to the bundle's input spec) with the active variant
+        (or, for a share of requests, a faster one not measured lately: :meth:`_probe`)."""
         base = self._active
         if base is None or not base.warm:
             raise DeviceError("no variant is loaded and warm yet")
+        probe = self._probe(base) if base.arch_id in self._known_ids else None
         # serve --adapt: the adapted variant of the active one, when the guard adopted it.
-        runner = base if self.adapt is None else self.adapt.runner_for(base)
+        runner = probe if probe is not None else base if self.adapt is None else self.adapt.runner_for(base)
         early = self.settings.early_exit
         self._inflight += 1
         try:
@@ -491,7 +497,7 @@ class Controller:
         finally:
             self._inflight -= 1
         self._last_input = x
-        if self.adapt is not None:
+        if self.adapt is not None and probe is None:
             self.adapt.offer(x)  # a non-blocking put: adaptation runs on its own thread
         latency_ms = queued_ms + result.compute_ms
         budget_ms = self.budgets.latency_ms
@@ -500,7 +506,8 @@ class Controller:
         now_s = self.now_s()
         with self._state_lock:
             # The estimates are per bundled variant: an adapted one's time counts for its base.
-            self.estimator.observe(base.arch_id, result.compute_ms, predicted_ms, now_s, self._load_now)
+            self.estimator.observe(base.arch_id if probe is None else probe.arch_id, result.compute_ms,
+                                   predicted_ms, now_s, self._load_now)
             self._queue_waits.append(max(0.0, queued_ms))
             stats = self.stats
             stats.requests += 1

@@ -30,9 +30,10 @@ _CACHE_MAX_ENTRIES = 4096
 class DecisionPath:
     """Feasible set -> cached choice over one optimizer table (see the module docstring)."""
 
-    def __init__(self, optimizer: Optimizer, fixed_variant: str | None = None) -> None:
+    def __init__(self, optimizer: Optimizer, fixed_variant: str | None = None, score_margin: float = 0.0) -> None:
         self.optimizer = optimizer
         self.fixed_variant = fixed_variant
+        self.score_margin = score_margin  # the switcher's: within it, the home variant is offered
         self._fixed_index = optimizer.position(fixed_variant) if fixed_variant is not None else -1
         self._energy0 = [v.energy_mj for v in optimizer.variants]
         self.enabled = True  # False: every decision recomputed (the ablation, and tests)
@@ -81,9 +82,11 @@ class DecisionPath:
         scale = 1.0 + self.optimizer.alpha_energy * load_next
         return [e * scale * r for e, r in zip(self._energy0, ratios, strict=True)]
 
-    def choose(self, mask: tuple[int, int], mu: float, active: str | None) -> Choice:
-        """Eq. 3 over the feasible set, scoring the active variant; cached per (mask, mu, active)."""
-        key = (mask, mu, active)
+    def choose(self, mask: tuple[int, int], mu: float, active: str | None, home: str | None = None) -> Choice:
+        """Eq. 3 over the feasible set, scoring the active variant; cached per (mask, mu, active,
+        home). ``home`` (the switcher's: the variant left on a violation) is offered instead of
+        eq. 3's best when it is feasible and the best does not beat it by ``score_margin``."""
+        key = (mask, mu, active, home)
         choice = self._choices.get(key) if self.enabled else None
         if choice is not None:
             self.hits += 1
@@ -93,6 +96,11 @@ class DecisionPath:
         if self.fixed_variant is not None and choice.arch_id != self.fixed_variant:
             pos = self._fixed_index
             choice = choice._replace(arch_id=self.fixed_variant, position=pos, score=optimizer.scores(mu)[pos])
+        elif home is not None and home != active and home != choice.arch_id and choice.reason_code == REASON_BEST:
+            pos = optimizer.position(home)
+            home_score = optimizer.scores(mu)[pos]
+            if mask[0] >> pos & 1 and choice.score < home_score + self.score_margin:
+                choice = choice._replace(arch_id=home, position=pos, score=home_score)
         if len(self._choices) >= _CACHE_MAX_ENTRIES:
             self._choices.clear()
         self._choices[key] = choice

@@ -20,6 +20,17 @@ a decision at load ``I`` is:
   engine's state now; 1 before anything ran on the engine), and by the tail factor
   (p95 / median over the measured windows), so a prediction is a p95 as well.
 
+In the last two cases, a level holding 2 to ``min_samples - 1`` samples taken within ``max_age_s``
+of each other (right after a load step) puts a floor under the estimate: their lower median
+(**measured_few** when it is the higher), so two slow requests in a row at a new load outweigh a
+load model that says the variant still fits. In every case the lower median of a variant's
+newest ``LAST_SAMPLES`` (3) samples, whatever their level, while they are within ``max_age_s`` of
+now, is a floor as well (**measured_few**): two of its last three requests this slow.
+
+Samples are filed under the load of the tick before them and moved, at the next tick, to the
+level of the load that tick measured over their interval (:meth:`LatencyEstimator.refile`);
+within a level, old samples make way for new ones only once ``min_samples`` new ones are there.
+
 No silent clamp: ``r`` is not clipped. When a variant's measured ``r`` leaves
 ``[r_min, r_max]`` (the prediction and the measurements disagree beyond the bound) the
 measurement still wins, and :meth:`LatencyEstimator.disagreements` says so, for status
@@ -48,12 +59,15 @@ from hmt.runtime.settings import MODE_MEASURED, EstimatorSettings
 SOURCE_MEASURED = "measured"
 SOURCE_SCALED = "scaled"  # measured at another load level, scaled by the load model
 SOURCE_PRIOR = "prior"
+# Fewer than min_samples at this level, and their lower median is above the scaled or prior estimate.
+SOURCE_FEW = "measured_few"
 # A prior's r is published again only when it moved by more than this (relative) from the value
 # published, so that the EMA moving by a fraction of a percent with every request does not
 # change the estimates (and recompute the feasible set) every tick.
 PRIOR_R_STEP = 0.01
 MAX_TAIL_FACTOR = 2.0  # p95 / median a prior may assume (see refresh)
 LEVEL_LOAD_STEP = 0.02  # a level's mean load is published in these steps (as the loop's load bucket)
+LAST_SAMPLES = 3  # a variant's newest samples, whatever their level: 2 of them over the budget floor its estimate
 
 
 @dataclass(frozen=True)
@@ -80,8 +94,13 @@ class _Window:
         self.load_sum = 0.0
         self.ordered: list[float] = []
 
-    def add(self, now_s: float, value: float, load: float = 0.0, max_age_s: float = math.inf) -> None:
-        """Add a sample; samples more than ``max_age_s`` older than it leave (ageing within the level)."""
+    def add(self, now_s: float, value: float, load: float = 0.0, max_age_s: float = math.inf,
+            keep: int = 1) -> None:
+        """Add a sample; samples more than ``max_age_s`` older than it leave (ageing within the
+        level), but a regime of ``keep`` samples or more leaves only once ``keep`` samples younger
+        than that replace it: one shadow run at a level the loop comes back to must not turn the
+        window it kept into a single sample. (A few samples from brief earlier visits age as
+        before: they do not add up to a tail.)"""
         self.times.append(now_s)
         self.values.append(value)
         self.loads.append(load)
@@ -89,8 +108,28 @@ class _Window:
         insort(self.ordered, value)
         times = self.times
         cutoff_s = now_s - max_age_s
+        if times[0] < cutoff_s:
+            young = len(times) - bisect_left(times, cutoff_s)
+            if young < keep <= len(times) - young:
+                cutoff_s = -math.inf  # the level's new regime is not established yet: keep the old one
         while len(times) > self.size or times[0] < cutoff_s:
             self._drop_oldest()
+
+    def pop_since(self, since_s: float) -> list[tuple[float, float]]:
+        """Remove the samples taken at or after ``since_s`` (the newest ones); returns (time, value)
+        oldest first."""
+        times = self.times
+        out: list[tuple[float, float]] = []
+        while times and times[-1] >= since_s:
+            t = times.pop()
+            value = self.values.pop()
+            self.load_sum -= self.loads.pop()
+            del self.ordered[bisect_left(self.ordered, value)]
+            out.append((t, value))
+        if not self.loads:
+            self.load_sum = 0.0
+        out.reverse()
+        return out
 
     def mean_load(self) -> float:
         n = len(self.loads)
@@ -116,6 +155,17 @@ class _Window:
         if not times:
             return 0
         return len(times) - bisect_left(times, now_s - max_age_s)
+
+    def recent_floor(self, max_age_s: float) -> float | None:
+        """The lower median (the smaller of two) of the samples within ``max_age_s`` of the newest,
+        when there are two or more: a floor under the window's tail that one outlier cannot raise,
+        nor two taken far apart (the samples a level keeps from an earlier visit do not count)."""
+        times = self.times
+        n = len(times) - bisect_left(times, times[-1] - max_age_s) if times else 0
+        if n < 2:
+            return None
+        recent = sorted(self.values[k] for k in range(len(times) - n, len(times)))
+        return recent[(n - 1) // 2]
 
     def quantiles(self, quantile: float) -> tuple[float, float]:
         """(tail, median) of the samples in the window."""
@@ -154,17 +204,29 @@ class LatencyEstimator:
         # LEVEL_LOAD_STEP steps, so that a sample moving the mean by a hair does not bump the version).
         self._tails: list[list[float | None]] = [[None] * n_levels for _ in self.arch_ids]
         self._medians: list[list[float | None]] = [[None] * n_levels for _ in self.arch_ids]
+        # A level with 2..min_samples-1 samples: their lower median, a floor under whatever the
+        # estimate is scaled or prior from (the measurements at this load win over the load model).
+        self._floors: list[list[float | None]] = [[None] * n_levels for _ in self.arch_ids]
         self._level_loads: list[list[float]] = [[0.0] * n_levels for _ in self.arch_ids]
         self.measured_count = 0  # variants measured at some level
         self._level = 0  # the level of the last decision's load (stale() and estimates() read it)
+        self._now_level = 0  # the level of the load measured at the last decision (see latencies)
         # (variant, level) windows that changed since the last refresh, and the earliest time any
         # sample leaves by the memory: refresh touches only those, not every window (the levels
         # multiply the windows by load_buckets).
         self._dirty: set[tuple[int, int]] = set()
         self._next_expiry_s = math.inf
+        # Each variant's newest samples (time, ms), whatever their load level, and their lower
+        # median as of the last refresh while they are within max_age_s of it (see latencies).
+        kept = LAST_SAMPLES if self.settings.floor_span_s <= 0 else self.settings.window
+        self._last: list[deque[tuple[float, float]]] = [deque(maxlen=kept) for _ in self.arch_ids]
+        self._last_floor: list[float] = [0.0] * len(self.arch_ids)
+        # Windows that got samples since the last refile, and when that was (see refile).
+        self._recent: set[tuple[int, int]] = set()
+        self._refiled_s = -math.inf
         # Bumped whenever an estimate the decision reads changed (see the module docstring).
         self.version = 0
-        self._latency_key: tuple[int, float, int] | None = None
+        self._latency_key: tuple[int, float, int, int] | None = None
         self._latency_value: tuple[list[float], list[float]] = ([], [])
         self._sources: list[str] = [SOURCE_PRIOR] * len(self.arch_ids)
 
@@ -190,8 +252,10 @@ class LatencyEstimator:
         if i is None or not (math.isfinite(measured_ms) and measured_ms >= 0):
             return
         level = self.level_of(load)
-        self._windows[i][level].add(now_s, measured_ms, load, self.settings.max_age_s)
+        self._windows[i][level].add(now_s, measured_ms, load, self.settings.max_age_s, self.settings.min_samples)
         self._dirty.add((i, level))
+        self._recent.add((i, level))
+        self._last[i].append((now_s, measured_ms))
         expiry_s = now_s + self.settings.memory_s
         if expiry_s < self._next_expiry_s:
             self._next_expiry_s = expiry_s
@@ -210,6 +274,34 @@ class LatencyEstimator:
             self._rel[i] = rel if q is None else q + a * (rel - q)
             self._r_engine[engine] = sample if r_e is None else r_e + a * (sample - r_e)
             self._r_changed = True
+
+    def refile(self, load: float, now_s: float) -> int:
+        """File the samples taken since the last refile under ``load``'s level.
+
+        A sample is filed under the load index of the tick before it, but the load a tick measures
+        is the CPU use *since the tick before* (psutil's ``cpu_percent(interval=None)``): the
+        samples between two ticks ran under the later tick's load. Right after a load step they
+        were filed under the old, idle level, and two slow samples among an idle window's 30 set
+        its p95 over the budget: the variant looked too slow at idle for ``memory_s`` and the loop
+        did not climb back when the load lifted. The loop calls this at each tick, with the load
+        it just measured. Returns how many samples moved."""
+        level = self.level_of(load)
+        since_s, self._refiled_s = self._refiled_s, now_s
+        recent, self._recent = self._recent, set()
+        moved = 0
+        for i, old in recent:
+            if old == level:
+                continue
+            samples = self._windows[i][old].pop_since(since_s)
+            if not samples:
+                continue
+            window = self._windows[i][level]
+            for t, value in samples:
+                window.add(t, value, load, self.settings.max_age_s, self.settings.min_samples)
+            self._dirty.add((i, old))
+            self._dirty.add((i, level))
+            moved += len(samples)
+        return moved
 
     def ratio(self, arch_id: str) -> float | None:
         return self._r_variant[self._index[arch_id]]
@@ -255,15 +347,37 @@ class LatencyEstimator:
             tails = self._tails[i]
             tail: float | None = None
             median: float | None = None
+            floor: float | None = None
             if len(times) >= min_samples:
                 tail, median = window.quantiles(s.quantile)
+            elif len(times) >= 2:
+                floor = window.recent_floor(s.max_age_s)
             self._medians[i][level] = median
+            if floor != self._floors[i][level]:
+                self._floors[i][level] = floor
+                changed = True
             mean_load = round(window.mean_load() / LEVEL_LOAD_STEP) * LEVEL_LOAD_STEP
             if tail != tails[level] or (tail is not None and mean_load != self._level_loads[i][level]):
                 tails[level] = tail
                 self._level_loads[i][level] = mean_load
                 changed = True
         dirty.clear()
+        oldest_s = now_s - s.max_age_s
+        last_floor = self._last_floor
+        span_s = s.floor_span_s
+        for i, last in enumerate(self._last):
+            floor_ms = 0.0
+            if span_s > 0:
+                if len(last) >= 2 and last[-1][0] >= oldest_s:
+                    since_s = last[-1][0] - span_s
+                    recent = sorted(v for t, v in last if t >= since_s)
+                    if len(recent) >= 2:
+                        floor_ms = recent[(len(recent) - 1) // 2]
+            elif len(last) >= 2 and last[0][0] >= oldest_s:
+                floor_ms = sorted(v for _, v in last)[(len(last) - 1) // 2]
+            if floor_ms != last_floor[i]:
+                last_floor[i] = floor_ms
+                changed = True
         if changed:
             self.measured_count = sum(any(t is not None for t in tails) for tails in self._tails)
             # The priors are tail latencies too, with the spread measured now.
@@ -294,14 +408,25 @@ class LatencyEstimator:
             self.version += 1
         return self.measured_count
 
-    def latencies(self, load_scale: float, load: float | None = None) -> tuple[list[float], list[float]]:
+    def latencies(self, load_scale: float, load: float | None = None,
+                  load_now: float | None = None) -> tuple[list[float], list[float]]:
         """Per variant (as of the last :meth:`refresh`), at outside load index ``load`` (None: the
         last one given): the tail latency to decide on, and its ratio to the load-scaled prediction
-        (energy is scaled by it). ``load_scale`` is the load model's ``1 + alpha * load``. Cached
-        per (version, load scale, level): the lists are shared, do not modify them."""
+        (energy is scaled by it). ``load_scale`` is the load model's ``1 + alpha * load``.
+
+        ``load_now`` (None: the last one given): the load measured now, when ``load`` is a
+        forecast that lags it. Where its level is busier than ``load``'s, a variant's estimate is
+        at least what it measured there (its p95, or the floor of a few samples): the forecast
+        smooths a step over several ticks, the requests at the new load show it at once. A rise
+        of the load index alone changes nothing; slow samples at that load do.
+
+        Cached per (version, load scale, levels): the lists are shared, do not modify them."""
         level = self._level if load is None else self.level_of(load)
         self._level = level
-        key = (self.version, load_scale, level)
+        if load_now is not None:
+            self._now_level = self.level_of(load_now)
+        now_level = self._now_level
+        key = (self.version, load_scale, level, now_level)
         if key == self._latency_key:
             return self._latency_value
         predicted = self.predicted_ms
@@ -315,10 +440,13 @@ class LatencyEstimator:
             prior_r = self._prior_r
             alpha = self.alpha_latency
             n_levels = self.settings.load_buckets
+            floors = self._floors
+            last_floor = self._last_floor
             for i, tails in enumerate(self._tails):
                 prior_ms = predicted[i] * load_scale
                 tail = tails[level]
                 source = SOURCE_MEASURED
+                floor = floors[i][level]
                 if tail is None:
                     # The nearest level measured; on a tie the busier one (the cautious side).
                     for d in range(1, n_levels):
@@ -331,15 +459,29 @@ class LatencyEstimator:
                                 break
                         if tail is not None:
                             break
-                if tail is not None:
-                    out.append(tail)
-                    ratios.append(tail / prior_ms)
-                    sources[i] = source
-                    continue
-                r = prior_r[i]
-                out.append(prior_ms * r * tail_factor)
-                ratios.append(r)
-                sources[i] = SOURCE_PRIOR
+                if tail is None:
+                    r = prior_r[i]
+                    tail = prior_ms * r * tail_factor
+                    source = SOURCE_PRIOR
+                if floor is not None and floor > tail:
+                    # Too few samples at this load for a p95, but enough to say the model is low.
+                    tail = floor
+                    source = SOURCE_FEW
+                if now_level > level:
+                    seen = tails[now_level]
+                    seen_source = SOURCE_MEASURED
+                    if seen is None:
+                        seen, seen_source = floors[i][now_level], SOURCE_FEW
+                    if seen is not None and seen > tail:
+                        tail, source = seen, seen_source
+                if last_floor[i] > tail:
+                    # Its newest requests, whatever load level they were filed under (the load
+                    # index of a 2-core machine jumps between levels from tick to tick right
+                    # after a step, so no level holds two of them): 2 of the last 3 this slow.
+                    tail, source = last_floor[i], SOURCE_FEW
+                out.append(tail)
+                ratios.append(tail / prior_ms if source != SOURCE_PRIOR else prior_r[i])
+                sources[i] = source
             value = out, ratios
         self._latency_key, self._latency_value = key, value
         return value
@@ -363,6 +505,11 @@ class LatencyEstimator:
         """Variants whose measured/predicted ratio is outside [r_min, r_max]: the measurement wins."""
         return {a: r for a, r in zip(self.arch_ids, self._r_variant, strict=True)
                 if r is not None and not self.r_min <= r <= self.r_max}
+
+    def measured_since(self, arch_id: str, since_s: float) -> bool:
+        """Whether ``arch_id`` has a sample taken at or after ``since_s`` (any load level)."""
+        last = self._last[self._index[arch_id]]
+        return bool(last) and last[-1][0] >= since_s
 
     def stale(self, arch_id: str, now_s: float) -> bool:
         """Whether ``arch_id`` lacks ``min_samples`` fresh samples at the current load level (a

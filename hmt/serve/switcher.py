@@ -15,6 +15,16 @@ Rules, applied to each :class:`~hmt.serve.optimizer.Decision` (one per tick):
   a variant reached that way which violated the budgets within two dwell times (a failed
   probe) needs twice the dwell before the next climb to it (up to the cap), until it holds.
 
+- the *home*: the variant the loop left on a violation (the first of a chain of them) is where
+  the hysteresis would have kept it had the load not come. When the decision offers it again
+  (:class:`~hmt.serve.decision.DecisionPath` does so once it is feasible and no variant beats it
+  by ``score_margin``) it is climbed back to like an improvement (patience and dwell), without
+  the margin: a switch on score, or reaching it, forgets it, and a return that violates again
+  within two dwell times is not tried again. Without this, a loop that left the
+  largest variant under load stayed on a variant eq. 3 now scores within the margin of it (a
+  falling battery), while the same loop unloaded stayed on the largest: the accuracy lost was
+  the path, not the load.
+
 Inputs that alternate between two states therefore never switch back and forth: each
 state resets the other's streak, and a budget violation that clears every other tick
 never reaches its patience (given patiences of 2 or more).
@@ -34,6 +44,7 @@ SWITCH_INITIAL = "initial"
 SWITCH_VIOLATION = "budget_violation"
 SWITCH_MISSES = "budget_violation_confirmed_by_misses"
 SWITCH_BETTER = "better_by_margin"
+SWITCH_HOME = "back_to_home"  # back to the variant left on a violation, once it fits again
 STAY_SAME = "same_variant"
 STAY_VIOLATION_PENDING = "violation_pending"
 STAY_IMPROVEMENT_PENDING = "improvement_pending"
@@ -68,6 +79,8 @@ class Switcher:
         # that failed right after an improvement switch to it.
         self._probe_dwell: dict[str, float] = {}
         self._entered_better = False
+        self.home: str | None = None  # the variant left on a violation (see the module docstring)
+        self._entered_home = False
 
     def _switch(self, decision: Decision | Choice, now_s: float, reason: str) -> SwitchResult:
         previous = self.active_arch_id
@@ -81,7 +94,18 @@ class Switcher:
                 self._probe_dwell[previous] = min(cap_s, 2 * max(dwell_s, self._probe_dwell.get(previous, dwell_s)))
             else:
                 self._probe_dwell.pop(previous, None)
-        self._entered_better = reason == SWITCH_BETTER
+        self._entered_better = reason in (SWITCH_BETTER, SWITCH_HOME)
+        if reason in (SWITCH_VIOLATION, SWITCH_MISSES):
+            # A way home that failed within two dwell times is not offered again: on a budget at
+            # the edge of the home variant the loop would go home and fall back every dwell.
+            failed_return = self._entered_home and now_s - self._since_s < 2 * self.policy.min_dwell_s
+            if self.home is None and not failed_return:
+                self.home = previous
+        elif reason != SWITCH_INITIAL:
+            self.home = None  # a choice on score, or home reached
+        if self.home == decision.arch_id:
+            self.home = None
+        self._entered_home = reason == SWITCH_HOME
         self.active_arch_id = decision.arch_id
         self._since_s = now_s
         self._violations = 0
@@ -126,7 +150,8 @@ class Switcher:
                 return self._switch(decision, now, SWITCH_MISSES)
             return self._stay(decision, STAY_VIOLATION_PENDING)
         self._violations = 0
-        if decision.score < decision.current_score + self.policy.score_margin:
+        home = decision.arch_id == self.home
+        if not home and decision.score < decision.current_score + self.policy.score_margin:
             self._candidate, self._candidate_streak = None, 0
             return self._stay(decision, STAY_BELOW_MARGIN)
         if decision.arch_id == self._candidate:
@@ -140,13 +165,15 @@ class Switcher:
             dwell_s = max(dwell_s, self._probe_dwell.get(decision.arch_id, 0.0))
         if now - self._since_s < dwell_s:
             return self._stay(decision, STAY_DWELL)
-        return self._switch(decision, now, SWITCH_BETTER)
+        return self._switch(decision, now, SWITCH_HOME if home else SWITCH_BETTER)
 
     def revert(self, result: SwitchResult) -> None:
         """Undo ``result`` (the new variant failed to load): the previous one keeps serving."""
         if not result.switched or result.active_arch_id != self.active_arch_id:
             raise UsageError("only the latest switch can be reverted")
         self.active_arch_id = result.previous_arch_id
+        if self.home == self.active_arch_id:
+            self.home = None
         self._violations = 0
         self._candidate, self._candidate_streak = None, 0
         if result.previous_arch_id is not None:

@@ -1,0 +1,41 @@
+"""The optimizer's table and load model of a bundle (split from :mod:`hmt.serve.controller`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from hmt.bundle import Bundle
+from hmt.errors import HmtError
+from hmt.serve.optimizer import DEFAULT_ALPHA, OptimizerConfig, Variant
+from hmt.serve.settings import ServeSettings
+
+
+def variants_of(bundle: Bundle) -> list[Variant]:
+    """The optimizer's table: each bundled variant at its own exit."""
+    return [Variant(v.arch_id, v.accuracy, v.latency_ms, v.energy, int(v.memory_mb * 1e6))
+            for v in bundle.spec.variants]
+
+
+def profile_alpha(bundle: Bundle) -> float | None:
+    """The load model's alpha that profile-device fitted (``models.load.alpha``), if the profile has one."""
+    try:
+        value = bundle.profile()["models"]["load"]["alpha"]
+        alpha = float(value["value"] if isinstance(value, dict) else value)
+    except (HmtError, KeyError, TypeError, ValueError):
+        return None
+    return alpha if math.isfinite(alpha) and alpha >= 0 else None
+
+
+def optimizer_config(bundle: Bundle, settings: ServeSettings) -> tuple[OptimizerConfig, str]:
+    """serve.json's optimizer settings with the load model resolved: serve.json's alpha when it
+    sets one, else the one profile-device fitted, else the default (and where it came from)."""
+    config = settings.optimizer
+    if config.alpha_latency is not None:
+        return config, "serve.json"
+    alpha = profile_alpha(bundle)
+    if alpha is None:
+        return (replace(config, alpha_latency=DEFAULT_ALPHA),
+                f"default {DEFAULT_ALPHA:g} (the profile has no load model)")
+    energy = alpha if config.alpha_energy is None else config.alpha_energy
+    return replace(config, alpha_latency=alpha, alpha_energy=energy), "profile models.load.alpha"
