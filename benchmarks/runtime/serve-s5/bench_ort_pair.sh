@@ -6,7 +6,7 @@
 set -x
 NAME=$1
 BUDGET=${2:-}
-W=/work/h-serve3
+W=${W:-$(git -C "$(dirname "$0")" rev-parse --show-toplevel)}  # the checkout under test
 date -u; uptime; git -C $W log --oneline | head -1
 rm -rf /tmp/serve3_base && mkdir /tmp/serve3_base && git -C $W archive 129e1e0 | tar -x -C /tmp/serve3_base
 cd $W
