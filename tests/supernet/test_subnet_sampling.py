@@ -63,3 +63,25 @@ def test_plain_recipe_replays_the_uniform_draws(net) -> None:  # type: ignore[no
 def test_config_refuses_bad_sampling(field: str, value: object) -> None:
     with pytest.raises(UsageError, match=field):
         TrainConfig(**{field: value}).validate()  # type: ignore[arg-type]
+
+
+def test_training_draws_with_the_configured_sampling(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The config's share and exits reach the sandwich step (not only the sampler's unit)."""
+    from hmt.supernet.train import phases, resolve_config, train_supernet
+
+    seen: list[SubnetSampling] = []
+    real_draw = SubnetSampling.draw
+
+    def spy(self, net, rng):  # type: ignore[no-untyped-def]
+        seen.append(self)
+        return real_draw(self, net, rng)
+
+    monkeypatch.setattr(phases.SubnetSampling, "draw", spy)
+    config = resolve_config(overrides={
+        "backbone": "cifar_resnet8", "operators": list(OPS), "batch_size": 32, "max_train_samples": 64,
+        "backbone_epochs": 1, "partition_epochs": 0, "distill_epochs": 0, "finetune_epochs": 1,
+        "eval_variants": 1, "finetune_random_subnets": 2, "finetune_structured_share": 1.0,
+        "finetune_exits": "late", "val_fraction": 0.05,
+    })
+    train_supernet(config, tmp_path / "s")
+    assert seen and set(seen) == {SubnetSampling(2, 1.0, "late")}
