@@ -304,7 +304,8 @@ def deploy_bundle(
     front = load_front(pareto_dir)
     lineage = check_lineage(fused, front.artifact)
     all_fused = read_fused_variants(fused)
-    variants, slower_notes = drop_slower_quantised(select_variants(all_fused, options.variants), all_fused)
+    variants, slower_notes = drop_slower_quantised(select_variants(all_fused, options.variants), all_fused,
+                                                   named=options.variants)
     points = front_points(front.doc, front.artifact.root)
     match_points(variants, points, fused_root=fused.root, pareto_root=front.artifact.root,
                  supernet_hint=supernet_hint(front.artifact))

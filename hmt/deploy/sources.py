@@ -118,9 +118,13 @@ def select_variants(fused: Sequence[FusedVariant], wanted: Sequence[str]) -> lis
     return chosen
 
 
-def drop_slower_quantised(chosen: Sequence[FusedVariant], fused: Sequence[FusedVariant]
-                          ) -> tuple[list[FusedVariant], list[str]]:
+def drop_slower_quantised(chosen: Sequence[FusedVariant], fused: Sequence[FusedVariant], *,
+                          named: Sequence[str] = ()) -> tuple[list[FusedVariant], list[str]]:
     """``chosen`` less every quantised variant that fuse measured no faster than its fp32 twin.
+
+    A variant the user named (``named``: deploy's ``--variant`` ids or names) is kept, with a
+    note saying what fuse measured: an explicit request is not second-guessed by a timing
+    that, on a tiny graph, is within the machine's noise.
 
     A quantised copy is worth bundling for its speed (pareto admits only copies it measured
     faster, ``hmt.pareto.precision``); where the fp32 twin was fused in the same run, both
@@ -140,9 +144,13 @@ def drop_slower_quantised(chosen: Sequence[FusedVariant], fused: Sequence[FusedV
         mine, theirs = variant.choice.get("median_ms"), twin.choice.get("median_ms") if twin else None
         if (precision != FP32 and isinstance(mine, int | float) and isinstance(theirs, int | float)
                 and mine >= theirs):
-            notes.append(f"variant {variant.arch_id} left out: fuse measured it no faster than its fp32 twin "
-                         f"{base} on the build host ({mine:.4g} ms vs {theirs:.4g} ms)")
-            continue
+            measured = f"fuse measured it no faster than its fp32 twin {base} on the build host " \
+                       f"({mine:.4g} ms vs {theirs:.4g} ms)"
+            if variant.arch_id in named or variant.name in named:
+                notes.append(f"variant {variant.arch_id} kept as asked (--variant), although {measured}")
+            else:
+                notes.append(f"variant {variant.arch_id} left out: {measured}")
+                continue
         kept.append(variant)
     if not kept:
         raise UsageError("no variant left to bundle: " + "; ".join(notes))

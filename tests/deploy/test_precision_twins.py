@@ -34,3 +34,10 @@ def test_int8_faster_or_without_a_twin_is_kept() -> None:
     assert drop_slower_quantised([lone], [lone]) == ([lone], [])
     unknown = _variant(f"{BASE}.int8", None)  # an older fused report without medians: nothing to compare
     assert drop_slower_quantised([fp32, unknown], [fp32, unknown]) == ([fp32, unknown], [])
+
+
+def test_a_named_int8_variant_is_kept_with_a_note() -> None:
+    fp32, int8 = _variant(BASE, 0.019), _variant(f"{BASE}.int8", 0.028)
+    kept, notes = drop_slower_quantised([fp32, int8], [fp32, int8], named=(f"{BASE}.int8",))
+    assert kept == [fp32, int8]
+    assert len(notes) == 1 and "kept as asked" in notes[0] and "0.028 ms vs 0.019 ms" in notes[0]

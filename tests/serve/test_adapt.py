@@ -106,8 +106,11 @@ def test_shifted_inputs_adopt_the_adapted_variant_then_reset_when_drift_passes(
     assert f'hmt_adapt_serving{{variant="{ARCH}{ADAPTED_SUFFIX}"}} 1' in text
     # The drift passes: back to the shipped variant, the adapted one unloaded.
     _send(client, _batches(x, 6, 3, shift=False))
-    adapt = _until(client, lambda a: a["counts"]["resets"] >= 1)
-    assert adapt["serving_adapted"] is None and not adapt["drifting"]
+    # Wait for the settled state, not the first reset: in one fresh-clone run on a loaded 2-core
+    # box the monitor re-entered drift once on the clean window right after the reset (a
+    # borderline score), so "resets >= 1" was read while drifting again.
+    adapt = _until(client, lambda a: a["counts"]["resets"] >= 1 and not a["drifting"])
+    assert adapt["serving_adapted"] is None
     assert set(_send(client, _batches(x, 1, 4, shift=False))) == {ARCH}
     assert ARCH + ADAPTED_SUFFIX not in client.status()["pool"]["loaded"]
     per_variant = client.status()["per_variant"]
