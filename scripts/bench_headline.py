@@ -141,7 +141,8 @@ def main() -> None:
 
     doc = {
         "original": {"arch_id": largest, "test_acc": original["test_acc"], "macs": original["macs"],
-                     "latency_ms": statistics.median(r["original_latency_ms"] for r in results) if results else None},
+                     "latency_ms": statistics.median(r["original_latency_ms"] for r in results) if results else None,
+                     "speedup": 1.0},
         "best_within_2pt": best(0.02),
         "best_within_1pt": best(0.01),
         "candidates": results,
