@@ -42,7 +42,7 @@ def test_late_exits_and_full_structured_share(net) -> None:  # type: ignore[no-u
     last = net.space.num_stages - 1
     exits = set()
     for _ in range(50):
-        archs = list(iter_finetune_archs(net, rng, sampling))
+        archs = list(iter_finetune_archs(net.space, rng, sampling))
         assert archs[0] == net.space.smallest() and len(archs) == 4
         for arch in archs[1:]:
             exits.add(arch.exit_stage)
@@ -54,7 +54,7 @@ def test_late_exits_and_full_structured_share(net) -> None:  # type: ignore[no-u
 
 def test_plain_recipe_replays_the_uniform_draws(net) -> None:  # type: ignore[no-untyped-def]
     sampling = SubnetSampling(random_subnets=5)
-    got = [a.arch_id for a in iter_finetune_archs(net, np.random.default_rng(7), sampling)][1:]
+    got = [a.arch_id for a in iter_finetune_archs(net.space, np.random.default_rng(7), sampling)][1:]
     rng = np.random.default_rng(7)
     assert got == [net.space.sample(rng).arch_id for _ in range(5)]
 
@@ -72,9 +72,9 @@ def test_training_draws_with_the_configured_sampling(tmp_path, monkeypatch) -> N
     seen: list[SubnetSampling] = []
     real_draw = SubnetSampling.draw
 
-    def spy(self, net, rng):  # type: ignore[no-untyped-def]
+    def spy(self, space, rng):  # type: ignore[no-untyped-def]
         seen.append(self)
-        return real_draw(self, net, rng)
+        return real_draw(self, space, rng)
 
     monkeypatch.setattr(phases.SubnetSampling, "draw", spy)
     config = resolve_config(overrides={

@@ -140,7 +140,9 @@ def _exit_step(net: ElastifiedSupernet, config: TrainConfig) -> Callable[..., to
 def _finetune_step(
     net: ElastifiedSupernet, config: TrainConfig, finetune_original: bool
 ) -> Callable[..., torch.Tensor]:
-    from hmt.supernet.train.phases import kd_loss
+    from hmt.supernet.train.phases import SubnetSampling, iter_finetune_archs, kd_loss
+
+    sampling = SubnetSampling.of(config)
 
     def step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
         largest = net.space.largest()
@@ -153,8 +155,7 @@ def _finetune_step(
             with torch.no_grad():
                 teacher = net(xb, largest)
             total = torch.zeros((), device=xb.device)
-        archs = [net.space.smallest()] + [net.space.sample(rng) for _ in range(config.finetune_random_subnets)]
-        for arch in archs:
+        for arch in iter_finetune_archs(net.space, rng, sampling):
             logits = net.forward_exits(xb, arch)
             loss = F.cross_entropy(logits[-1], yb, label_smoothing=config.label_smoothing)
             loss = loss + kd_loss(logits[-1], teacher, config.kd_temperature)

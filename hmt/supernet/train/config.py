@@ -128,7 +128,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # the original trained from scratch, then frozen; widths (inner and stream), low-rank and
     # depth as alternatives, in-place distilled from it, four subnets a step. Half the random
     # subnets are width levels and they leave at the last two exits: with 160 fine-tuning
-    # epochs this moved the best variant within 2 points from 4.2x to 5.4x faster (session 5).
+    # epochs this moved the best variant within 2 points from 4.2x to 5.9x faster (session 5,
+    # ONNX Runtime on the project's 2-core CI CPU).
     "cifar10": {
         "backbone": "resnet18",
         "operators": ("w75", "w50", "w25", "lr50", "skip", "sw75", "sw50", "sw25"),

@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from hmt.supernet.calibrate import frozen_bn_statistics
-from hmt.supernet.space import NOT_EXECUTED, WIDTH_KIND, ArchConfig
+from hmt.supernet.space import NOT_EXECUTED, WIDTH_KIND, ArchConfig, SearchSpace
 from hmt.supernet.supernet import Supernet
+from hmt.supernet.train.config import TrainConfig
 
 
 def partition_parameters(net: Supernet, stages: range) -> list[nn.Parameter]:
@@ -123,24 +124,29 @@ class SubnetSampling:
     structured_share: float = 0.0
     exits: str = "uniform"
 
-    def exit_stage(self, net: Supernet, rng: np.random.Generator) -> int | None:
+    @classmethod
+    def of(cls, config: TrainConfig) -> SubnetSampling:
+        return cls(config.finetune_random_subnets, config.finetune_structured_share, config.finetune_exits)
+
+    def exit_stage(self, space: SearchSpace, rng: np.random.Generator) -> int | None:
         if self.exits == "late":
-            return net.space.num_stages - 1 - int(rng.integers(min(2, net.space.num_stages)))
+            return space.num_stages - 1 - int(rng.integers(min(2, space.num_stages)))
         return None  # the space draws one uniformly
 
-    def draw(self, net: Supernet, rng: np.random.Generator) -> ArchConfig:
-        exit_stage = self.exit_stage(net, rng)
+    def draw(self, space: SearchSpace, rng: np.random.Generator) -> ArchConfig:
+        exit_stage = self.exit_stage(space, rng)
         # No extra draw when the share is 0, so runs of the plain recipe replay exactly.
         if self.structured_share > 0.0 and rng.random() < self.structured_share:
-            return net.space.sample_structured(rng, exit_stage=exit_stage)
-        return net.space.sample(rng, exit_stage=exit_stage)
+            return space.sample_structured(rng, exit_stage=exit_stage)
+        return space.sample(rng, exit_stage=exit_stage)
 
 
-def iter_finetune_archs(net: Supernet, rng: np.random.Generator, sampling: SubnetSampling) -> Iterator[ArchConfig]:
+def iter_finetune_archs(space: SearchSpace, rng: np.random.Generator, sampling: SubnetSampling
+                        ) -> Iterator[ArchConfig]:
     """The sandwich rule: smallest, then the random subnets (the largest runs first, separately)."""
-    yield net.space.smallest()
+    yield space.smallest()
     for _ in range(sampling.random_subnets):
-        yield sampling.draw(net, rng)
+        yield sampling.draw(space, rng)
 
 
 def step_finetune_frozen(
@@ -166,7 +172,7 @@ def step_finetune_frozen(
         loss = exit_loss_weight * exits_loss.sum()
         loss.backward()
         total = total + loss.detach()
-    for arch in iter_finetune_archs(net, rng, sampling):
+    for arch in iter_finetune_archs(net.space, rng, sampling):
         if all(c == NOT_EXECUTED for c in arch.choices) or arch == largest:
             continue
         with frozen_bn_statistics(net):
@@ -197,7 +203,7 @@ def step_finetune(
     loss.backward()
     teacher = logits[-1].detach()
     total = loss.detach()
-    for arch in iter_finetune_archs(net, rng, sampling):
+    for arch in iter_finetune_archs(net.space, rng, sampling):
         if all(c == NOT_EXECUTED for c in arch.choices):
             continue
         # Shared running statistics stay the largest network's; variants get their own

@@ -299,12 +299,6 @@ def train_supernet_model(
     return TrainedSupernet(net, data, (val.x, val.y), calibration_x, state, device, time.perf_counter() - started, ctx)
 
 
-def _sampling(config: TrainConfig) -> phases.SubnetSampling:
-    return phases.SubnetSampling(
-        config.finetune_random_subnets, config.finetune_structured_share, config.finetune_exits
-    )
-
-
 def _phase_setup(
     name: str, net: Supernet, config: TrainConfig
 ) -> tuple[list[torch.nn.Parameter], Callable[..., torch.Tensor]]:
@@ -360,7 +354,7 @@ def _phase_setup(
                 net,
                 xb,
                 rng,
-                sampling=_sampling(config),
+                sampling=phases.SubnetSampling.of(config),
                 exit_loss_weight=config.exit_loss_weight,
                 temperature=config.kd_temperature,
             )
@@ -375,7 +369,7 @@ def _phase_setup(
                 xb,
                 yb,
                 rng,
-                sampling=_sampling(config),
+                sampling=phases.SubnetSampling.of(config),
                 label_smoothing=config.label_smoothing,
                 exit_loss_weight=config.exit_loss_weight,
                 temperature=config.kd_temperature,
