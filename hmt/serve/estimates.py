@@ -324,31 +324,44 @@ class LatencyEstimator:
         """
         if not self.measure:
             return 0
-        s = self.settings
-        cutoff_s = now_s - s.memory_s
-        min_samples = s.min_samples
-        changed = False
-        dirty = self._dirty
         if now_s >= self._next_expiry_s:
-            # Some sample is past the memory: drop those, and find when the next one will be.
-            next_s = math.inf
-            for i, windows in enumerate(self._windows):
-                for level, window in enumerate(windows):
-                    times = window.times
-                    if times and times[0] < cutoff_s:
-                        window.expire(cutoff_s)
-                        dirty.add((i, level))
-                    if times:
-                        next_s = min(next_s, times[0] + s.memory_s)
-            self._next_expiry_s = next_s
-        for i, level in dirty:
+            self._expire(now_s - self.settings.memory_s)
+        changed = self._summarise_dirty()
+        changed = self._refresh_last_floors(now_s - self.settings.max_age_s) or changed
+        if changed:
+            self._refresh_tail_factor()
+        if self._r_changed:
+            changed = self._refresh_prior_r() or changed
+        if changed:
+            self.version += 1
+        return self.measured_count
+
+    def _expire(self, cutoff_s: float) -> None:
+        """Drop the samples past the memory, and find when the next one will be."""
+        memory_s = self.settings.memory_s
+        next_s = math.inf
+        for i, windows in enumerate(self._windows):
+            for level, window in enumerate(windows):
+                times = window.times
+                if times and times[0] < cutoff_s:
+                    window.expire(cutoff_s)
+                    self._dirty.add((i, level))
+                if times:
+                    next_s = min(next_s, times[0] + memory_s)
+        self._next_expiry_s = next_s
+
+    def _summarise_dirty(self) -> bool:
+        """Re-read the (variant, level) windows that changed: tail and median, or the floor of a few."""
+        s = self.settings
+        changed = False
+        for i, level in self._dirty:
             window = self._windows[i][level]
             times = window.times
             tails = self._tails[i]
             tail: float | None = None
             median: float | None = None
             floor: float | None = None
-            if len(times) >= min_samples:
+            if len(times) >= s.min_samples:
                 tail, median = window.quantiles(s.quantile)
             elif len(times) >= 2:
                 floor = window.recent_floor(s.max_age_s)
@@ -361,10 +374,14 @@ class LatencyEstimator:
                 tails[level] = tail
                 self._level_loads[i][level] = mean_load
                 changed = True
-        dirty.clear()
-        oldest_s = now_s - s.max_age_s
+        self._dirty.clear()
+        return changed
+
+    def _refresh_last_floors(self, oldest_s: float) -> bool:
+        """The floor from each variant's newest samples, whatever their level."""
         last_floor = self._last_floor
-        span_s = s.floor_span_s
+        span_s = self.settings.floor_span_s
+        changed = False
         for i, last in enumerate(self._last):
             floor_ms = 0.0
             if span_s > 0:
@@ -378,35 +395,38 @@ class LatencyEstimator:
             if floor_ms != last_floor[i]:
                 last_floor[i] = floor_ms
                 changed = True
-        if changed:
-            self.measured_count = sum(any(t is not None for t in tails) for tails in self._tails)
-            # The priors are tail latencies too, with the spread measured now.
-            spreads = [t / m for tails, medians in zip(self._tails, self._medians, strict=True)
-                       for t, m in zip(tails, medians, strict=True)
-                       if t is not None and m is not None and m > 0]
-            if spreads:
-                # Capped: right after a load step a window holds both regimes, and its p95/median
-                # (10 when the step is 10x) is the step, not the spread; r already follows the
-                # step, so an uncapped factor would price every prior at step x step.
-                self.tail_factor = min(MAX_TAIL_FACTOR, max(1.0, sum(spreads) / len(spreads)))
-        if self._r_changed:
-            self._r_changed = False
-            low, high = 1.0 - PRIOR_R_STEP, 1.0 + PRIOR_R_STEP
-            prior_r = self._prior_r
-            r_engines = self._r_engine
-            for i, rel in enumerate(self._rel):
-                r_engine = r_engines.get(self.engines[i])
-                if r_engine is None:
-                    r = self._r_variant[i] or 1.0
-                else:
-                    r = r_engine * (1.0 if rel is None else rel)
-                # Published when it moved by more than the step from what was published.
-                if not low <= r / prior_r[i] <= high:
-                    prior_r[i] = r
-                    changed = True
-        if changed:
-            self.version += 1
-        return self.measured_count
+        return changed
+
+    def _refresh_tail_factor(self) -> None:
+        self.measured_count = sum(any(t is not None for t in tails) for tails in self._tails)
+        # The priors are tail latencies too, with the spread measured now.
+        spreads = [t / m for tails, medians in zip(self._tails, self._medians, strict=True)
+                   for t, m in zip(tails, medians, strict=True)
+                   if t is not None and m is not None and m > 0]
+        if spreads:
+            # Capped: right after a load step a window holds both regimes, and its p95/median
+            # (10 when the step is 10x) is the step, not the spread; r already follows the
+            # step, so an uncapped factor would price every prior at step x step.
+            self.tail_factor = min(MAX_TAIL_FACTOR, max(1.0, sum(spreads) / len(spreads)))
+
+    def _refresh_prior_r(self) -> bool:
+        """The priors' r per variant (its engine's r times its relative factor), published when it
+        moved by more than the step from what was published."""
+        self._r_changed = False
+        low, high = 1.0 - PRIOR_R_STEP, 1.0 + PRIOR_R_STEP
+        prior_r = self._prior_r
+        r_engines = self._r_engine
+        changed = False
+        for i, rel in enumerate(self._rel):
+            r_engine = r_engines.get(self.engines[i])
+            if r_engine is None:
+                r = self._r_variant[i] or 1.0
+            else:
+                r = r_engine * (1.0 if rel is None else rel)
+            if not low <= r / prior_r[i] <= high:
+                prior_r[i] = r
+                changed = True
+        return changed
 
     def latencies(self, load_scale: float, load: float | None = None,
                   load_now: float | None = None) -> tuple[list[float], list[float]]:
