@@ -77,13 +77,8 @@ def train_standalone(
     )
     autocast = device.type == "cuda" and config.amp
     total = len(loader) * epochs
-    step = start_epoch = 0
     fingerprint = f"{arch.arch_id}:{epochs}:{lr}:{config.fingerprint()}"
-    saved = load_checkpoint(checkpoint_dir, config_fingerprint=fingerprint) if checkpoint_dir else None
-    if saved is not None:
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        start_epoch, step = int(saved["epoch"]), int(saved["step"])
+    start_epoch, step = _resume(checkpoint_dir, fingerprint, model, optimizer)
     for epoch in range(start_epoch, epochs):
         loader.set_epoch(epoch)
         for xb, yb in loader:
@@ -101,6 +96,24 @@ def train_standalone(
                 "config_fingerprint": fingerprint, "epoch": epoch + 1, "step": step,
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             })
+    return StandaloneResult(arch.arch_id, epochs, _test_accuracy(model, data, config, device, autocast),
+                            time.perf_counter() - started)
+
+
+def _resume(checkpoint_dir: Path | None, fingerprint: str, model: torch.nn.Module,
+            optimizer: torch.optim.Optimizer) -> tuple[int, int]:
+    """(first epoch, step) to continue from: a checkpoint of this very run, or (0, 0)."""
+    saved = load_checkpoint(checkpoint_dir, config_fingerprint=fingerprint) if checkpoint_dir else None
+    if saved is None:
+        return 0, 0
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    return int(saved["epoch"]), int(saved["step"])
+
+
+def _test_accuracy(model: torch.nn.Module, data: Dataset, config: TrainConfig, device: torch.device,
+                   autocast: bool) -> float:
+    channels_last = device.type == "cuda" and data.info.modality == "image"
     model.eval()
     test = eval_loader(
         data.test_x,
@@ -116,4 +129,4 @@ def train_standalone(
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
                 correct += int((model(xb).argmax(1) == yb).sum())
             seen += len(yb)
-    return StandaloneResult(arch.arch_id, epochs, correct / max(1, seen), time.perf_counter() - started)
+    return correct / max(1, seen)
