@@ -124,6 +124,8 @@ def convert_command(
             raise UsageError("--pareto, --max-variants and --min-accuracy go with --supernet")
         if (max_variants or min_accuracy is not None) and not pareto:
             raise UsageError("--max-variants and --min-accuracy go with --pareto")
+        if min_accuracy is not None and not 0.0 <= min_accuracy <= 100.0:
+            raise UsageError(f"--min-accuracy is a percentage in [0, 100], got {min_accuracy:g}")
         shapes = tuple(parse_shape(s) for s in input_shape) if input_shape else None
         source: TorchSource | OnnxSource | SupernetSource
         if model:

@@ -81,3 +81,10 @@ def test_accuracy_floor_leaves_out_points_below_it(tiny_supernet: Path, tmp_path
                     f"{100 * accuracies[-1] + 1:.2f}", "--out", str(tmp_path / "c"))
     assert result.exit_code != 0 and "no front point reaches" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "c").exists()
+
+
+def test_accuracy_floor_is_a_percentage(tiny_supernet: Path, tmp_path: Path) -> None:
+    result = invoke("convert", "--supernet", str(tiny_supernet), "--pareto", str(tmp_path / "p"), "--min-accuracy",
+                    "150", "--out", str(tmp_path / "c"))
+    assert result.exit_code != 0 and "--min-accuracy is a percentage in [0, 100], got 150" in result.output
+    assert not (tmp_path / "c").exists()
