@@ -35,15 +35,42 @@ class QuantContext:
 
     @classmethod
     def load(cls, supernet: Path, options: ConvertOptions) -> QuantContext:
+        from hmt.errors import ArtifactError, InputError
         from hmt.pareto.data import held_out_data
         from hmt.pareto.precision import calibration_array, held_out_arrays
         from hmt.supernet import load_supernet
 
         loaded = load_supernet(supernet)
-        data = held_out_data(loaded, data_path=options.data_path, max_samples=options.accuracy_samples,
-                             seed=options.seed)
+        try:
+            data = held_out_data(loaded, data_path=options.data_path, max_samples=options.accuracy_samples,
+                                 seed=options.seed)
+        except (InputError, ArtifactError):
+            # The supernet's own data is not on this machine (a shipped or moved supernet): the
+            # embedded CIFAR-10 test images were never trained on, so they check a CIFAR-10
+            # supernet's quantised copies as well. Other data still needs --data.
+            embedded = _embedded_held_out(loaded, options) if options.data_path is None else None
+            if embedded is None:
+                raise
+            data = embedded
         x, y = held_out_arrays(data)
         return cls(calibration_array(loaded), x, y, data.source)
+
+
+def _embedded_held_out(loaded: Any, options: ConvertOptions) -> Any:
+    """The embedded CIFAR-10 test images as held-out data, where they fit the supernet; else None."""
+    from dataclasses import replace
+
+    from hmt.data import DatasetInfo
+    from hmt.data.cifar import EMBEDDED_DIR
+    from hmt.pareto.data import held_out_data
+
+    info = DatasetInfo.from_json_dict(loaded.dataset_info)
+    if info.name != "cifar10" or not (EMBEDDED_DIR / "test.zip").is_file():
+        return None
+    data = held_out_data(loaded, data_path=EMBEDDED_DIR, split="test", max_samples=options.accuracy_samples,
+                         seed=options.seed)
+    return replace(data, source=data.source.replace(f"test split of {EMBEDDED_DIR}",
+                                                    "test split of the embedded CIFAR-10 subset"))
 
 
 def quantise_variant(writer: ArtifactWriter, variant: ConvertedVariant, context: QuantContext, *,

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# GPU job: strong originals trained or measured as a user would (benchmarks/supernet/originals.py),
+# then each elastified through the user path (train-supernet --model ... --weights ...).
+# Every job runs in the background in its own process session and skips what is done, so the
+# same command is rerun on the same warm machine until it prints "all done" (one command is
+# limited to 10 minutes):
+#   bash scripts/gpu_originals.sh BLOB WORKDIR [JOBS...]   (BLOB: scripts/gpu_pack_cifar.py pack output)
+# JOBS (default: all): r18 mbv2 r56-measure r56 r18-elastic mbv2-elastic r56-elastic
+# ELASTIC_CONFIG names the recipe of the elastic jobs (a train-supernet --config JSON).
+set -uo pipefail
+BLOB=$1; W=$2; shift 2
+JOBS=${*:-r18 mbv2 r56-measure r56 r18-elastic mbv2-elastic r56-elastic}
+M=benchmarks/supernet/models
+R56=${R56_TH:-.gpu/resnet56-4bfd9763.th}
+CFG=${ELASTIC_CONFIG:-benchmarks/supernet/configs/elastic-user.json}
+mkdir -p "$W"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+[ -d "$W/cifar" ] || python3 scripts/gpu_pack_cifar.py unpack "$BLOB" "$W/cifar"
+[ -f "$W/machine.txt" ] || { nvidia-smi -L > "$W/machine.txt"; lscpu | head -20 >> "$W/machine.txt"; }
+started() { [ -f "$W/$1.started" ]; }
+bg() {  # name, command...: start once, in its own session (it outlives this command's return)
+  local name=$1; shift
+  started "$name" && return
+  touch "$W/$name.started"
+  setsid nohup bash -c "$* > '$W/$name.log' 2>&1 && touch '$W/$name.done'" < /dev/null > /dev/null 2>&1 &
+}
+orig() {  # name, model, extra args
+  local name=$1 model=$2; shift 2
+  bg "$name" python3 -m benchmarks.supernet.originals --model "$M/$model" --data "$W/cifar" \
+      --cache-dir "$W/cache-$name" --out "$W/$name.json" --weights-out "$W/$name.safetensors" "$@"
+}
+elastic() {  # name, model, weights (waits for the weights' job)
+  local name=$1 model=$2 parent=$3
+  [ -f "$W/$parent.done" ] || return
+  bg "$name" python3 -m commands train-supernet --model "$M/$model" --weights "$W/$parent.safetensors" \
+      --input-shape 1,3,32,32 --data "$W/cifar" --config "$CFG" --cache-dir "$W/cache-$name" \
+      --out "$W/$name"
+}
+for job in $JOBS; do
+  case $job in
+    r18) orig r18 cifar_resnet18.py:build --epochs 200 --lr 0.2 ;;
+    mbv2) orig mbv2 cifar_mobilenetv2.py:build --epochs 200 --lr 0.2 ;;
+    r56-measure)
+      orig r56-pretrained cifar_resnet56.py:build --init "$R56" --epochs 0
+      orig r56-pretrained-imagenet-norm cifar_resnet56.py:build --init "$R56" --epochs 0 --input-norm imagenet ;;
+    r56) orig r56 cifar_resnet56.py:build --init "$R56" --epochs 30 --lr 0.02 ;;
+    r18-elastic) elastic r18-elastic cifar_resnet18.py:build r18 ;;
+    mbv2-elastic) elastic mbv2-elastic cifar_mobilenetv2.py:build mbv2 ;;
+    r56-elastic) elastic r56-elastic cifar_resnet56.py:build r56 ;;
+  esac
+done
+sleep "${POLL_S:-0}"
+for f in "$W"/*.log; do echo "== $(basename "$f"): $(tail -c 300 "$f" | tr '\r' '\n' | tail -n 2)"; done
+pending=0
+for job in $JOBS; do
+  name=$job; [ "$job" = r56-measure ] && name=r56-pretrained
+  [ -f "$W/$name.done" ] || pending=1
+done
+[ "$pending" = 0 ] && echo "all done"
