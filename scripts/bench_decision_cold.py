@@ -27,7 +27,7 @@ from serve_bundles import VariantDef, make_bundle
 
 from hmt.bundle import load_bundle
 from hmt.serve.controller import Controller
-from hmt.serve.monitor import ResourceSample
+from hmt.serve.deciding.monitor import ResourceSample
 from hmt.serve.settings import ServeSettings
 
 

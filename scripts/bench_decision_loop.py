@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(sys.argv[1]) / "tests" / "serve"))
 from serve_bundles import VariantDef, make_bundle
 from hmt.bundle import load_bundle
 from hmt.serve.controller import Controller
-from hmt.serve.monitor import ResourceSample
+from hmt.serve.deciding.monitor import ResourceSample
 from hmt.serve.settings import ServeSettings
 
 seconds, period_s, rate_hz = float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])

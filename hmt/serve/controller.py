@@ -9,7 +9,7 @@ variant's tail latency: **measured first** (the p95 of its recent compute times,
 served requests and from shadow runs of loaded idle variants), the profile's prediction
 only as a prior until measurements exist, scaled by the profile's load model
 (``1 + alpha * I``) and by ``r = measured / predicted`` kept per variant and per engine
-(:mod:`hmt.serve.estimates`). It chooses by CrowdHMTware eq. 3 within the latency,
+(:mod:`hmt.serve.deciding.estimates`). It chooses by CrowdHMTware eq. 3 within the latency,
 memory and energy budgets and offers the choice to the hysteresis switcher. When
 nothing is feasible it serves the fastest and says so. A switch to a variant that is not
 loaded loads it on the control thread while the old one keeps serving; a failed load
@@ -37,19 +37,19 @@ from hmt.bundle import Bundle
 from hmt.errors import DeviceError, HmtError, ModelError
 from hmt.runtime.chain import Runner
 from hmt.runtime.variant import bundle_providers
-from hmt.serve.decision import DecisionPath
-from hmt.serve.estimates import LatencyEstimator
-from hmt.serve.load_index import LoadForecaster, load_index_of
-from hmt.serve.monitor import ResourceMonitor, ResourceSample, Sampler
-from hmt.serve.optimizer import (
+from hmt.serve.deciding.decision import DecisionPath
+from hmt.serve.deciding.estimates import LatencyEstimator
+from hmt.serve.deciding.load_index import LoadForecaster, load_index_of
+from hmt.serve.deciding.monitor import ResourceMonitor, ResourceSample, Sampler
+from hmt.serve.deciding.optimizer import (
     Decision,
     Optimizer,
 )
-from hmt.serve.pool import Loader, VariantPool
-from hmt.serve.records import Prediction, Stats, TickRecord
+from hmt.serve.deciding.table import optimizer_config, variants_of
+from hmt.serve.reporting.records import Prediction, Stats, TickRecord
+from hmt.serve.running.pool import Loader, VariantPool
+from hmt.serve.running.switcher import STAY_VIOLATION_PENDING, Switcher
 from hmt.serve.settings import Budgets, ServeSettings
-from hmt.serve.switcher import STAY_VIOLATION_PENDING, Switcher
-from hmt.serve.table import optimizer_config, variants_of
 
 TRIGGER_INITIAL = "initial"
 TRIGGER_PERIODIC = "periodic"
@@ -103,7 +103,7 @@ class Controller:
                                           self.settings.estimates, smoothing=c.smoothing, r_min=c.r_min,
                                           r_max=c.r_max, alpha_latency=self.optimizer.alpha_latency)
         self._known_ids = frozenset(v.arch_id for v in table)  # the pool may also hold serve --adapt's variant
-        # The decision path, cached on what a choice depends on (hmt.serve.decision).
+        # The decision path, cached on what a choice depends on (hmt.serve.deciding.decision).
         self.decision = DecisionPath(self.optimizer, fixed_variant, self.settings.switch.score_margin)
         # Requests in a row over the budget on the active variant (the switcher's fast attack).
         self._miss_streak = 0
@@ -141,10 +141,10 @@ class Controller:
         self._probe_every = round(1.0 / share) if share > 0 else 0  # requests (see _probe)
         self._request_count = 0
         self._load_now = 0.0  # outside load index of the last tick (shadow runs wait for idle)
-        # serve --adapt (hmt.serve.adapt.AdaptSettings, canary): BN re-estimation off the request path.
+        # serve --adapt (hmt.serve.running.adapt.AdaptSettings, canary): BN re-estimation off the request path.
         self.adapt: Any = None
         if adapt is not None:
-            from hmt.serve.adapt import AdaptService
+            from hmt.serve.running.adapt import AdaptService
 
             settings_, canary = adapt
             self.adapt = AdaptService(bundle, self.pool, lambda: self.active_arch_id, settings_, canary, clock=clock)

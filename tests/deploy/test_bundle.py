@@ -161,7 +161,7 @@ def test_deploy_energy_budget_reaches_the_decision(fused_dir: Path, pareto_dir: 
     import time
 
     from hmt.serve.controller import Controller
-    from hmt.serve.monitor import ResourceSample
+    from hmt.serve.deciding.monitor import ResourceSample
 
     def sample() -> ResourceSample:
         return ResourceSample(time.monotonic(), 0.0, 8_000_000_000, 8_000_000_000)

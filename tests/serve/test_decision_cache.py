@@ -13,8 +13,8 @@ from serve_bundles import CLASSES, VariantDef, make_bundle
 from hmt.bundle import load_bundle
 from hmt.runtime.chain import ChainRunner
 from hmt.serve.controller import Controller
-from hmt.serve.monitor import ResourceSample
-from hmt.serve.optimizer import Optimizer, Variant
+from hmt.serve.deciding.monitor import ResourceSample
+from hmt.serve.deciding.optimizer import Optimizer, Variant
 from hmt.serve.settings import Budgets, ServeSettings
 
 X = np.zeros((1, 4), dtype=np.float32)
@@ -184,7 +184,7 @@ def test_incremental_windows_give_the_tail_of_the_fresh_samples() -> None:
     import math
 
     from hmt.runtime.settings import EstimatorSettings
-    from hmt.serve.estimates import LatencyEstimator
+    from hmt.serve.deciding.estimates import LatencyEstimator
 
     settings = EstimatorSettings(window=16, min_samples=3, max_age_s=1.0, memory_s=2.0)
     est = LatencyEstimator(["a"], [1.0], ["onnxruntime"], settings)
@@ -222,8 +222,8 @@ def test_a_failed_probe_backs_off_the_next_climb(backoff_max_s: float) -> None:
     at once on its measurements. With the probe backoff the next climb to it waits twice the
     dwell (then four times); without it the loop probes again after every dwell."""
     from hmt.runtime.settings import SwitchPolicy
-    from hmt.serve.optimizer import Choice
-    from hmt.serve.switcher import STAY_DWELL, SWITCH_BETTER, Switcher
+    from hmt.serve.deciding.optimizer import Choice
+    from hmt.serve.running.switcher import STAY_DWELL, SWITCH_BETTER, Switcher
 
     sw = Switcher(SwitchPolicy(min_dwell_s=1.0, improve_patience=1, violation_patience=1,
                                probe_backoff_max_s=backoff_max_s))

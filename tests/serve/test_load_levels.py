@@ -16,8 +16,8 @@ from hmt.errors import UsageError
 from hmt.runtime.chain import ChainResult, ChainRunner
 from hmt.runtime.settings import EstimatorSettings
 from hmt.serve.controller import Controller
-from hmt.serve.estimates import SOURCE_MEASURED, SOURCE_PRIOR, SOURCE_SCALED, LatencyEstimator
-from hmt.serve.monitor import ResourceSample
+from hmt.serve.deciding.estimates import SOURCE_MEASURED, SOURCE_PRIOR, SOURCE_SCALED, LatencyEstimator
+from hmt.serve.deciding.monitor import ResourceSample
 from hmt.serve.settings import ServeSettings
 
 X = np.zeros((1, 4), dtype=np.float32)

@@ -1,15 +1,15 @@
 """The inference API: a starlette app over a :class:`~hmt.serve.controller.Controller`.
 
-Endpoints (see :func:`hmt.serve.exposition.openapi_document`): ``POST /v1/predict``,
+Endpoints (see :func:`hmt.serve.reporting.exposition.openapi_document`): ``POST /v1/predict``,
 ``GET /v1/health/live``, ``GET /v1/health/ready``, ``GET /v1/status``, ``GET /metrics``,
 ``GET /openapi.json``. Every error is JSON ``{"error": {"code", "message"}}``; a 500 says
 only that it happened (with an id to find it in the log), never the exception's text.
 
-Guards, in request order (below the app, :mod:`hmt.serve.connections` caps connections
+Guards, in request order (below the app, :mod:`hmt.serve.http.connections` caps connections
 and bounds how long a request may take to arrive): the bearer token (when one is set, on
 every path but, with ``health_without_token``, ``/v1/health/*``; constant-time compare);
 readiness (503); the body bound (``Content-Length`` first, then the streamed bytes, 413);
-decoding (:mod:`hmt.serve.inputs`: .npy, JSON, JPEG/PNG, uint8 pixels, batches; 400/413/
+decoding (:mod:`hmt.serve.http.inputs`: .npy, JSON, JPEG/PNG, uint8 pixels, batches; 400/413/
 415/422); admission to a bounded queue (429 when full); then the inference runs on a
 thread pool (the event loop only parses and answers) under a per-request deadline (504; a
 request still waiting in the queue at its deadline is dropped without running).
@@ -49,10 +49,9 @@ from starlette.routing import Route
 
 from hmt.bundle import TensorSpec
 from hmt.errors import DeviceError, ModelError, UsageError
-from hmt.serve.connections import FIRST_BYTE_KEY, ConnectionStats
 from hmt.serve.controller import Controller, Prediction
-from hmt.serve.exposition import openapi_document, prometheus_text
-from hmt.serve.inputs import (
+from hmt.serve.http.connections import FIRST_BYTE_KEY, ConnectionStats
+from hmt.serve.http.inputs import (
     JSON_MEDIA_TYPE,
     NPY_MEDIA_TYPE,
     ApiError,
@@ -60,6 +59,7 @@ from hmt.serve.inputs import (
     as_items,
     decode,
 )
+from hmt.serve.reporting.exposition import openapi_document, prometheus_text
 
 __all__ = ["JSON_MEDIA_TYPE", "NPY_MEDIA_TYPE", "ApiError", "ApiOptions", "create_app"]
 
@@ -73,7 +73,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-logger = logging.getLogger("hmt.serve.api")
+logger = logging.getLogger("hmt.serve.http.api")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from hmt.bundle import Bundle
 from hmt.errors import HmtError
-from hmt.serve.optimizer import DEFAULT_ALPHA, OptimizerConfig, Variant
+from hmt.serve.deciding.optimizer import DEFAULT_ALPHA, OptimizerConfig, Variant
 from hmt.serve.settings import ServeSettings
 
 
