@@ -36,6 +36,7 @@ import numpy as np
 from hmt.bundle import Bundle
 from hmt.errors import DeviceError, HmtError, ModelError
 from hmt.runtime.chain import Runner
+from hmt.runtime.settings import Budgets, ServeSettings
 from hmt.runtime.variant import bundle_providers
 from hmt.serve.deciding.decision import DecisionPath
 from hmt.serve.deciding.estimates import LatencyEstimator
@@ -49,7 +50,6 @@ from hmt.serve.deciding.table import optimizer_config, variants_of
 from hmt.serve.reporting.records import Prediction, Stats, TickRecord
 from hmt.serve.running.pool import Loader, VariantPool
 from hmt.serve.running.switcher import STAY_VIOLATION_PENDING, Switcher
-from hmt.serve.settings import Budgets, ServeSettings
 
 TRIGGER_INITIAL = "initial"
 TRIGGER_PERIODIC = "periodic"

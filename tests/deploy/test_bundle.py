@@ -19,7 +19,7 @@ from hmt.deploy.archive import archive_path_for
 from hmt.deploy.sources import check_lineage
 from hmt.errors import ArtifactError, InputError, ModelError, UsageError
 from hmt.pareto.index import load_index
-from hmt.serve.settings import ServeSettings
+from hmt.runtime.settings import ServeSettings
 
 runner = CliRunner()
 

@@ -16,11 +16,10 @@ from serve_bundles import CLASSES, VariantDef, make_bundle
 
 from hmt.bundle import load_bundle
 from hmt.runtime.chain import ChainResult, ChainRunner
-from hmt.runtime.settings import EstimatorSettings
+from hmt.runtime.settings import EstimatorSettings, ServeSettings
 from hmt.serve.controller import Controller
 from hmt.serve.deciding.estimates import SOURCE_MEASURED, LatencyEstimator
 from hmt.serve.deciding.monitor import ResourceSample
-from hmt.serve.settings import ServeSettings
 
 X = np.zeros((1, 4), dtype=np.float32)
 COMPUTE_MS = {"big": (5.0, 14.0), "small": (2.0, 4.0)}  # (idle, loaded)

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 from hmt.bundle import Bundle
 from hmt.errors import HmtError
+from hmt.runtime.settings import ServeSettings
 from hmt.serve.deciding.optimizer import DEFAULT_ALPHA, OptimizerConfig, Variant
-from hmt.serve.settings import ServeSettings
 
 
 def variants_of(bundle: Bundle) -> list[Variant]:

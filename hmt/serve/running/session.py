@@ -21,6 +21,7 @@ import numpy as np
 
 from hmt.bundle import Bundle, load_checked_bundle
 from hmt.errors import HmtError, InputError, UsageError
+from hmt.runtime.settings import ENGINE_CHOICES, Budgets, EarlyExit, ServeSettings
 from hmt.serve.controller import Controller, TickRecord
 from hmt.serve.http.api import ApiOptions, create_app
 from hmt.serve.http.server import ApiServer, ServerOptions
@@ -39,7 +40,6 @@ from hmt.serve.running.scenario import (
     drive,
     http_sender,
 )
-from hmt.serve.settings import ENGINE_CHOICES, Budgets, EarlyExit, ServeSettings
 
 
 @dataclass(frozen=True)
