@@ -91,7 +91,7 @@ def test_unchanged_inputs_reuse_the_decision_and_a_changed_budget_does_not(tmp_p
     for _ in range(20):
         c.predict(X, queued_ms=5.0)
     assert c.tick(sample=sample()).proposed == "mid"
-    c._queue_waits.clear()
+    c.overhead.waits_ms.clear()
     # A budget that only mid meets: the cached "big" must not stand.
     c.set_budgets(latency_ms=3.0, memory_mb=None)
     ticks = [c.tick(sample=sample()) for _ in range(2)]
@@ -120,7 +120,7 @@ def test_cached_and_uncached_loops_choose_alike(tmp_path: Path) -> None:
             active = c.active_arch_id
             assert active is not None
             predicted = c.bundle.spec.variant(active).latency_ms
-            with c._state_lock:
+            with c.state_lock:
                 for _ in range(3):
                     c.estimator.observe(active, predicted * float(steps.uniform(1.0, 3.0)), predicted, c.now_s())
             record = c.tick(sample=sample(cpu=cpu, battery=battery))
