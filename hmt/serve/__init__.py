@@ -15,17 +15,10 @@ by module, so that ``import hmt.serve`` stays light:
 
 from __future__ import annotations
 
+from hmt.serve.deciding.costs import LatencyCorrector, Variant, mu_from_battery
 from hmt.serve.deciding.load_index import ARModel, LoadForecaster, LoadWeights, fit_ar, load_index, load_index_of
 from hmt.serve.deciding.monitor import PsutilSampler, ResourceMonitor, ResourceSample
-from hmt.serve.deciding.optimizer import (
-    Budgets,
-    Decision,
-    LatencyCorrector,
-    Optimizer,
-    OptimizerConfig,
-    Variant,
-    mu_from_battery,
-)
+from hmt.serve.deciding.optimizer import Budgets, Decision, Optimizer, OptimizerConfig
 from hmt.serve.running.switcher import Switcher, SwitchPolicy, SwitchResult
 
 __all__ = [

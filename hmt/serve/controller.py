@@ -1,20 +1,13 @@
 """The on-device adaptation loop: monitor -> load index -> measured estimates -> eq. 3 -> switch.
 
-One :class:`Controller` per served bundle. Its control thread takes a resource sample
-every ``monitor_period_s`` (and on demand: a request over its latency budget, a budget
-change, or a pending budget violation asks for a decision at most every
-``on_demand_min_interval_s``), computes the load index of the load *outside* serve
-(AdaScale eq. 2 minus serve's own CPU time) and its AR forecast, and estimates every
-variant's tail latency: **measured first** (the p95 of its recent compute times, from
-served requests and from shadow runs of loaded idle variants), the profile's prediction
-only as a prior until measurements exist, scaled by the profile's load model
-(``1 + alpha * I``) and by ``r = measured / predicted`` kept per variant and per engine
-(:mod:`hmt.serve.deciding.estimates`). It chooses by CrowdHMTware eq. 3 within the latency,
-memory and energy budgets and offers the choice to the hysteresis switcher. When
-nothing is feasible it serves the fastest and says so. A switch to a variant that is not
-loaded loads it on the control thread while the old one keeps serving; a failed load
-(a runtime error, or a graph whose sha256 no longer matches the manifest) is reverted,
-the old variant stays, and status says why.
+One :class:`Controller` per served bundle wires the parts. Each tick (on its
+:class:`~hmt.serve.running.loop.ControlThread`) takes a resource sample, the load outside
+serve and its forecast (:mod:`hmt.serve.deciding.load`), every variant's tail latency,
+measured first (:mod:`hmt.serve.deciding.estimates`), chooses by CrowdHMTware eq. 3 within
+the budgets (:mod:`hmt.serve.deciding.decision`) and offers the choice to the hysteresis
+switcher. When nothing is feasible it serves the fastest and says so. A switch to a variant
+that is not loaded loads it on the control thread while the old one keeps serving; a failed
+load is reverted, the old variant stays, and status says why.
 
 Requests call :meth:`Controller.predict` from any thread: it reads the active runner
 (one reference, swapped atomically), runs it, and records the measured time.
@@ -152,12 +145,9 @@ class Controller:
         self.tick(TRIGGER_INITIAL)
         if self._active is None:
             raise ModelError(f"no variant of {self.bundle.root} could be loaded: {self.last_error}")
-        order = [self._active.arch_id]
-        by_latency = sorted(self.bundle.spec.variants, key=lambda v: v.latency_ms)
-        order.append(by_latency[0].arch_id)  # the fallback when budgets tighten
-        order.extend(v.arch_id for v in sorted(self.bundle.spec.variants, key=lambda v: -v.accuracy))
         if self.fixed_variant is None:
-            self.pool.preload([a for a in dict.fromkeys(order) if a not in self.loads.failed], self.capacity_bytes())
+            order = self.pool.preload_order(self._active.arch_id)
+            self.pool.preload([a for a in order if a not in self.loads.failed], self.capacity_bytes())
             # The engine each preloaded variant really runs on: its prior takes that engine's r.
             # (Without this a variant never run kept the bundle's preferred engine, whose r nothing
             # measured under serve --engine tvm: its prior was the ORT profile's 0.6 ms for a

@@ -14,8 +14,9 @@ from hmt.bundle import load_bundle
 from hmt.runtime.chain import ChainRunner
 from hmt.runtime.settings import Budgets, ServeSettings
 from hmt.serve.controller import Controller
+from hmt.serve.deciding.costs import Variant
 from hmt.serve.deciding.monitor import ResourceSample
-from hmt.serve.deciding.optimizer import Optimizer, Variant
+from hmt.serve.deciding.optimizer import Optimizer
 
 X = np.zeros((1, 4), dtype=np.float32)
 VARIANTS = (VariantDef("big", 0.92, 4.0, 4.0, energy=40.0), VariantDef("mid", 0.88, 2.0, 2.0, energy=20.0),

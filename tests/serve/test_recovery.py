@@ -218,8 +218,9 @@ def test_the_loop_goes_back_home_after_a_violation_where_the_score_is_within_the
     (mu 0.4) it stays on small, as the unloaded loop would have moved there too. The code before
     stayed on small in both cases (below_margin)."""
     from hmt.runtime.settings import Budgets, SwitchPolicy
+    from hmt.serve.deciding.costs import Variant
     from hmt.serve.deciding.decision import DecisionPath
-    from hmt.serve.deciding.optimizer import Optimizer, Variant
+    from hmt.serve.deciding.optimizer import Optimizer
     from hmt.serve.running.switcher import Switcher
 
     opt = Optimizer([Variant("big", 0.92, 8.0, 2.0, 1), Variant("small", 0.80, 2.0, 1.0, 1)])
@@ -261,8 +262,9 @@ def test_a_way_home_that_fails_at_once_is_not_tried_again() -> None:
     unloaded). A return that violates within two dwell times forgets the home; the margin rules
     of the switcher apply again (small scores 0.02 over big: it stays)."""
     from hmt.runtime.settings import Budgets, SwitchPolicy
+    from hmt.serve.deciding.costs import Variant
     from hmt.serve.deciding.decision import DecisionPath
-    from hmt.serve.deciding.optimizer import Optimizer, Variant
+    from hmt.serve.deciding.optimizer import Optimizer
     from hmt.serve.running.switcher import Switcher
 
     opt = Optimizer([Variant("big", 0.92, 8.0, 2.0, 1), Variant("small", 0.80, 2.0, 1.0, 1)])

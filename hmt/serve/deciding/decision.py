@@ -21,8 +21,9 @@ from dataclasses import replace
 from typing import Any
 
 from hmt.runtime.settings import Budgets
+from hmt.serve.deciding.costs import mu_from_battery
 from hmt.serve.deciding.monitor import ResourceSample
-from hmt.serve.deciding.optimizer import REASON_BEST, Choice, Decision, Optimizer, mu_from_battery
+from hmt.serve.deciding.optimizer import REASON_BEST, Choice, Decision, Optimizer
 
 _CACHE_MAX_ENTRIES = 4096
 

@@ -8,8 +8,9 @@ from dataclasses import replace
 from hmt.bundle import Bundle
 from hmt.errors import HmtError
 from hmt.runtime.settings import ServeSettings
+from hmt.serve.deciding.costs import Variant
 from hmt.serve.deciding.estimates import LatencyEstimator
-from hmt.serve.deciding.optimizer import DEFAULT_ALPHA, Optimizer, OptimizerConfig, Variant
+from hmt.serve.deciding.optimizer import DEFAULT_ALPHA, Optimizer, OptimizerConfig
 
 
 def variants_of(bundle: Bundle) -> list[Variant]:

@@ -109,6 +109,13 @@ class VariantPool:
         with self._load_lock:
             self._loaded.pop(arch_id, None)
 
+    def preload_order(self, first: str) -> list[str]:
+        """``first``, the fastest variant (the fallback when budgets tighten), then the rest by accuracy."""
+        variants = self.bundle.spec.variants
+        order = [first, min(variants, key=lambda v: v.latency_ms).arch_id]
+        order.extend(v.arch_id for v in sorted(variants, key=lambda v: -v.accuracy))
+        return list(dict.fromkeys(order))
+
     def preload(self, order: Iterable[str], capacity_bytes: int | None) -> list[str]:
         """Load variants in ``order`` while the total stays within ``capacity_bytes``; failures are skipped."""
         done: list[str] = []
