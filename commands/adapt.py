@@ -97,8 +97,8 @@ def adapt_command(
     def body(output: Output) -> None:
         import torch
 
+        from hmt.adapt.engine import EngineOptions
         from hmt.adapt.guard import GuardPolicy
-        from hmt.adapt.memory import EngineOptions
         from hmt.adapt.offline import export_bn as do_export
         from hmt.adapt.offline import run_adapt
         from hmt.adapt.run import AdaptOptions

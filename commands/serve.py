@@ -193,7 +193,7 @@ def serve_command(
     def adapt_settings() -> Any:
         if not adapt:
             return None
-        from hmt.serve.adapt import AdaptSettings
+        from hmt.serve.running.adapt import AdaptSettings
 
         return AdaptSettings(window=adapt_window, adapt_after=adapt_after, max_share=adapt_max_share,
                              canary_tolerance=canary_tolerance)
@@ -203,10 +203,10 @@ def serve_command(
 
         from hmt.errors import UsageError
         from hmt.runtime.ort import parse_providers
-        from hmt.serve.api import ApiOptions
-        from hmt.serve.scenario import DriveOptions, Scenario
-        from hmt.serve.server import ServerOptions, resolve_token
-        from hmt.serve.session import SessionOptions, run_scenario, serve_forever
+        from hmt.serve.http.api import ApiOptions
+        from hmt.serve.http.server import ServerOptions, resolve_token
+        from hmt.serve.running.scenario import DriveOptions, Scenario
+        from hmt.serve.running.session import SessionOptions, run_scenario, serve_forever
 
         if role is RoleChoice.peer or peer is not None:
             from commands.serve_offload import run_device, run_peer

@@ -16,7 +16,7 @@ def run_peer(output: Output, bundle: Path, *, host: str, port: int, token: str |
     from hmt.errors import UsageError
     from hmt.offload.peer import PeerOptions
     from hmt.offload.server import TlsOptions, open_peer, serve_peer
-    from hmt.serve.server import resolve_token
+    from hmt.serve.http.server import resolve_token
 
     if (ssl_certfile is None) != (ssl_keyfile is None):
         raise UsageError("--ssl-certfile and --ssl-keyfile go together")

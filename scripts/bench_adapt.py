@@ -35,8 +35,9 @@ import numpy as np
 import torch
 
 from hmt.adapt.corruptions import NOISE_AND_BLUR, load_shift_set, set_name
+from hmt.adapt.engine import EngineOptions
 from hmt.adapt.guard import accuracy
-from hmt.adapt.memory import EngineOptions, as_chain, plan_checkpoints
+from hmt.adapt.memory import as_chain, plan_checkpoints
 from hmt.adapt.run import AdaptOptions, adapt_set, balanced_split, normalize, predict, training_peak_bytes
 from hmt.adapt.tent import TentOptions, configure_for_tent
 from hmt.errors import BudgetError

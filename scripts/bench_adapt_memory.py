@@ -50,7 +50,8 @@ def _proc_kib(field: str) -> int:
 def child(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from hmt.adapt.memory import EngineOptions, SavedTensorMeter, as_chain, peak_bytes, plan_checkpoints
+    from hmt.adapt.engine import EngineOptions
+    from hmt.adapt.memory import SavedTensorMeter, as_chain, peak_bytes, plan_checkpoints
     from hmt.adapt.tent import TentAdapter, TentOptions, configure_for_tent
     from hmt.supernet import load_supernet
 

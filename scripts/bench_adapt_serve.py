@@ -29,10 +29,10 @@ import numpy as np
 
 from hmt.adapt.corruptions import load_shift_set
 from hmt.client import HmtClient
-from hmt.serve.adapt import AdaptSettings
-from hmt.serve.api import ApiOptions, create_app
-from hmt.serve.server import ApiServer, ServerOptions
-from hmt.serve.session import SessionOptions, open_controller
+from hmt.serve.http.api import ApiOptions, create_app
+from hmt.serve.http.server import ApiServer, ServerOptions
+from hmt.serve.running.adapt import AdaptSettings
+from hmt.serve.running.session import SessionOptions, open_controller
 
 
 def run_once(bundle: Path, variant: str | None, phases: list[tuple[str, np.ndarray, np.ndarray]],

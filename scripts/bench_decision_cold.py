@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "serve"))
 from serve_bundles import VariantDef, make_bundle
 
 from hmt.bundle import load_bundle
+from hmt.runtime.settings import ServeSettings
 from hmt.serve.controller import Controller
-from hmt.serve.monitor import ResourceSample
-from hmt.serve.settings import ServeSettings
+from hmt.serve.deciding.monitor import ResourceSample
 
 
 def main() -> None:

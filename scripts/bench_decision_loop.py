@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(sys.argv[1]) / "tests" / "serve"))
 from serve_bundles import VariantDef, make_bundle
 from hmt.bundle import load_bundle
 from hmt.serve.controller import Controller
-from hmt.serve.monitor import ResourceSample
-from hmt.serve.settings import ServeSettings
+from hmt.serve.deciding.monitor import ResourceSample
+from hmt.runtime.settings import ServeSettings
 
 seconds, period_s, rate_hz = float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 variants = [VariantDef(f"v{i}", 0.80 + 0.03 * i, 0.05 * (i + 1), 1.0 + i, energy=10.0 + i, work=8 * i)

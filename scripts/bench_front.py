@@ -22,10 +22,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from hmt.data import load_dataset
+from hmt.data import eval_loader, load_dataset
 from hmt.supernet import load_supernet
 from hmt.supernet.space import WIDTH_KIND, ArchConfig, SearchSpace
-from hmt.supernet.train.evaluate import eval_loader, evaluate_variant
+from hmt.supernet.train.evaluate import evaluate_variant
 
 
 def count_macs(module: nn.Module, input_shape: tuple[int, ...]) -> tuple[int, int]:

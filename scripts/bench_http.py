@@ -83,9 +83,9 @@ def server_main(args: argparse.Namespace) -> None:
     """Serve ``args.bundle`` as ``fixed`` (ApiServer) or ``legacy`` (the old transport); print the port."""
     import uvicorn
 
-    from hmt.serve.api import ApiOptions, create_app
-    from hmt.serve.server import ApiServer, ServerOptions
-    from hmt.serve.session import SessionOptions, open_controller
+    from hmt.serve.http.api import ApiOptions, create_app
+    from hmt.serve.http.server import ApiServer, ServerOptions
+    from hmt.serve.running.session import SessionOptions, open_controller
 
     controller = open_controller(args.bundle, SessionOptions(threads=1))
     controller.start()
@@ -381,9 +381,9 @@ def _soak_client(port: int, body: bytes, seconds: float, rate_hz: float, out: An
 
 
 def soak(args: argparse.Namespace) -> dict[str, Any]:
-    from hmt.serve.api import ApiOptions, create_app
-    from hmt.serve.server import ApiServer, ServerOptions
-    from hmt.serve.session import SessionOptions, open_controller
+    from hmt.serve.http.api import ApiOptions, create_app
+    from hmt.serve.http.server import ApiServer, ServerOptions
+    from hmt.serve.running.session import SessionOptions, open_controller
 
     body = npy(sample_input(args.bundle))
     # Switch as soon as the budget says so (the point is switching under load, not hysteresis).

@@ -29,7 +29,7 @@ def measure(bundle: Path) -> dict[str, float]:
     import onnxruntime
 
     from hmt.offload.session import PeerLink, open_device
-    from hmt.serve.session import SessionOptions
+    from hmt.serve.running.session import SessionOptions
 
     before = proc.memory_info().rss
     wrapped = open_device(bundle, SessionOptions(), PeerLink("http://127.0.0.1:9"), deadline_ms=100.0)

@@ -1,6 +1,6 @@
 """Memory under pool churn (issue 17 item 9): N load/evict cycles of a bundle's variants, RSS sampled.
 
-Each cycle loads one variant into serve's :class:`~hmt.serve.pool.VariantPool` (verified
+Each cycle loads one variant into serve's :class:`~hmt.serve.running.pool.VariantPool` (verified
 graphs, real ONNX Runtime or TVM sessions, warm-up runs) and evicts it again, the way a
 memory cut and its release do. RSS is read every ``--every`` cycles; the report gives the
 growth per load, after the first ``--every`` cycles (runtime imports), over the first and
@@ -23,7 +23,7 @@ import numpy as np
 import psutil
 
 from hmt.bundle import load_bundle
-from hmt.serve.pool import VariantPool
+from hmt.serve.running.pool import VariantPool
 
 
 def churn(bundle_path: Path, cycles: int, every: int, engine: str, warmup_runs: int) -> dict[str, object]:

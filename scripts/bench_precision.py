@@ -102,8 +102,9 @@ def main() -> int:
     threads_list = args.threads or [0, 1]
 
     from hmt.pareto.data import held_out_data
-    from hmt.pareto.precision import calibration_array, held_out_arrays, read_chains
+    from hmt.pareto.precision import read_chains
     from hmt.precision.accuracy import chain_accuracy
+    from hmt.precision.calibration import calibration_array, held_out_arrays
     from hmt.precision.measure import time_chains
     from hmt.precision.quantize import QuantOptions, quantize_chain
     from hmt.supernet import load_supernet

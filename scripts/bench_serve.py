@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 
 from hmt.bundle import load_bundle
-from hmt.serve.api import ApiOptions
-from hmt.serve.scenario import DriveOptions, Scenario
-from hmt.serve.server import ServerOptions
-from hmt.serve.session import ScenarioResult, SessionOptions, run_scenario
+from hmt.serve.http.api import ApiOptions
+from hmt.serve.http.server import ServerOptions
+from hmt.serve.running.scenario import DriveOptions, Scenario
+from hmt.serve.running.session import ScenarioResult, SessionOptions, run_scenario
 
 SUMMARY_KEYS = ("requests", "ok", "failed", "failed_by_status", "latency_ms", "compute_ms", "client_ms",
                 "latency_over_budget", "judged", "deadline_misses", "deadline_miss_share", "accuracy", "labelled",

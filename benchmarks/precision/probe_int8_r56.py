@@ -120,7 +120,8 @@ def main() -> int:
 
     from hmt.fuse.engines.ort import merge_chain
     from hmt.fuse.engines.timing import measure_alternating
-    from hmt.pareto.precision import calibration_array, read_chains
+    from hmt.pareto.precision import read_chains
+    from hmt.precision.calibration import calibration_array
     from hmt.supernet import load_supernet
 
     p = argparse.ArgumentParser()

@@ -10,7 +10,7 @@ chain, and serve runs requests through it. When the drift passes, the statistics
 forgotten and ``active`` goes back to None (serve the bundled variant). While drifting it
 keeps re-estimating, and swaps in a fresher adapted chain every ``refresh_every`` inputs.
 
-Serve (``hmt.serve.adapt``) keeps one drift monitor for the input stream and one adapter
+Serve (``hmt.serve.running.adapt``) keeps one drift monitor for the input stream and one adapter
 for the variant serving: it passes the monitor in (``monitor=``), updates it itself, and
 hands each batch with the monitor's event to :meth:`OnlineBnAdapter.apply`.
 """

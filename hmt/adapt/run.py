@@ -20,8 +20,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from hmt.adapt.engine import EngineOptions
 from hmt.adapt.guard import GuardPolicy, accuracy, decide, entropy_np
-from hmt.adapt.memory import EngineOptions, peak_bytes
+from hmt.adapt.memory import peak_bytes
 from hmt.adapt.tent import TentAdapter, TentOptions, recalibrate_bn
 from hmt.errors import UsageError
 from hmt.progress import ProgressCallback, no_progress

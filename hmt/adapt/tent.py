@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from hmt.adapt.memory import EngineOptions, TrainingEngine
+from hmt.adapt.engine import EngineOptions, TrainingEngine
 from hmt.errors import UsageError
 
 OPTIMIZERS = ("adam", "sgd")

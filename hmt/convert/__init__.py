@@ -2,14 +2,8 @@
 
 from hmt.convert.export import EXPORTERS
 from hmt.convert.passes import FOLDERS
-from hmt.convert.pipeline import (
-    CONVERTED_KIND,
-    ConvertedVariant,
-    ConvertOptions,
-    ConvertResult,
-    convert_model,
-    load_converted,
-)
+from hmt.convert.pipeline import CONVERTED_KIND, convert_model, load_converted
+from hmt.convert.result import ConvertedVariant, ConvertOptions, ConvertResult
 from hmt.convert.sources import ModelSource, OnnxSource, SupernetSource, TorchSource, parse_shape
 
 __all__ = [

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from hmt.artifacts import ArtifactWriter
-    from hmt.convert.pipeline import ConvertedVariant, ConvertOptions
+    from hmt.convert.result import ConvertedVariant, ConvertOptions
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class QuantContext:
     def load(cls, supernet: Path, options: ConvertOptions) -> QuantContext:
         from hmt.errors import ArtifactError, InputError
         from hmt.pareto.data import held_out_data
-        from hmt.pareto.precision import calibration_array, held_out_arrays
+        from hmt.precision.calibration import calibration_array, held_out_arrays
         from hmt.supernet import load_supernet
 
         loaded = load_supernet(supernet)

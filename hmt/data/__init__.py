@@ -9,7 +9,7 @@ augments and normalises it there. Importing this package does not import torch.
 from hmt.data.audio import LOG_MEL, LogMelConfig, fit_clip, log_mel_features
 from hmt.data.cache import default_cache_dir
 from hmt.data.load import load_dataset
-from hmt.data.loader import BatchLoader
+from hmt.data.loader import BatchLoader, batches_of, eval_loader
 from hmt.data.split import split_train_val, stratified_indices
 from hmt.data.types import DATASET_KINDS, Dataset, DatasetInfo, Split
 
@@ -21,7 +21,9 @@ __all__ = [
     "DatasetInfo",
     "LogMelConfig",
     "Split",
+    "batches_of",
     "default_cache_dir",
+    "eval_loader",
     "fit_clip",
     "load_dataset",
     "log_mel_features",

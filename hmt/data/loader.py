@@ -252,3 +252,35 @@ class BatchLoader:
         shift = torch.randint(-limit, limit + 1, (batch, 1), generator=gen, device=self.device)
         steps = (torch.arange(length, device=self.device) + shift).clamp_(0, length - 1)
         return raw.gather(2, steps[:, None, :].expand(batch, channels, length))
+
+
+def eval_loader(
+    x: np.ndarray,
+    y: np.ndarray | None,
+    *,
+    info: DatasetInfo,
+    batch_size: int,
+    device: torch.device | str,
+    channels_last: bool,
+) -> BatchLoader:
+    """A loader for evaluation or calibration: in order, no augmentation (labels optional)."""
+    import torch
+
+    labels = np.zeros(len(x), dtype=np.int64) if y is None else y
+    return BatchLoader(
+        x,
+        labels,
+        info=info,
+        batch_size=batch_size,
+        device=device,
+        augment=False,
+        shuffle=False,
+        generator=torch.Generator().manual_seed(0),
+        channels_last=channels_last,
+    )
+
+
+def batches_of(loader: BatchLoader) -> list[torch.Tensor]:
+    """Every input batch of ``loader``'s first epoch, in order (labels dropped)."""
+    loader.set_epoch(0)
+    return [xb for xb, _ in loader]

@@ -1,7 +1,8 @@
 """fuse: fusion passes, memory plan and engine choice for converted graphs (CrowdHMTware III-C)."""
 
 from hmt.fuse.memory_plan import MemoryPlan, TensorLifetime, plan_arena, plan_memory, tensor_lifetimes
-from hmt.fuse.pipeline import ENGINES, FUSED_KIND, FusedVariant, FuseOptions, FuseResult, fuse_model
+from hmt.fuse.pipeline import ENGINES, FUSED_KIND, FuseOptions, fuse_model
+from hmt.fuse.result import FusedVariant, FuseResult
 
 __all__ = [
     "ENGINES",

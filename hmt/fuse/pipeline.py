@@ -12,7 +12,7 @@ Per variant (all its graphs: one model, or segments + exit heads):
    back per visit, the first ``timing_drop`` untimed: the rate serve runs a variant at
    under load (see :mod:`hmt.fuse.engines.timing`);
 4. the fastest verified candidate becomes the variant's runtime, candidates within the
-   measured noise of each other being tied (:func:`choose`); every timing and the
+   measured noise of each other being tied (:func:`hmt.fuse.choice.choose`); every timing and the
    choice go in the manifest. For segmented variants the timed path is the full chain
    (every segment, then the last exit head).
 """
@@ -20,7 +20,7 @@ Per variant (all its graphs: one model, or segments + exit heads):
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,28 +28,27 @@ from hmt.artifacts import ArtifactWriter
 from hmt.convert.pipeline import load_converted
 from hmt.convert.verify import compare
 from hmt.errors import HmtError, UsageError
+from hmt.fuse.choice import BASELINE, CHOICE_RULE, choice_margins, choose
 from hmt.fuse.engines import ort as ort_engine
 from hmt.fuse.engines.timing import (
     Timing,
     measure_alternating,
     measure_rounds,
-    paired_ratios,
-    ratio_noise,
     timing_mode,
 )
 from hmt.fuse.memory_plan import plan_memory
-from hmt.fuse.runtime import Step, chain, ort_step, tvm_step
+from hmt.fuse.result import FusedGraph, FusedVariant, FuseResult, chain_runner, timed_path
+from hmt.fuse.runtime import ort_step, tvm_step
 from hmt.graph.model import check_model, graph_inputs, load_onnx, save_onnx, seeded_inputs
 from hmt.graph.passes import apply_passes, fusion_pass_names, resolve_passes
 from hmt.progress import ProgressCallback, no_progress
 
 if TYPE_CHECKING:
-    import onnx
+    pass
 
 FUSED_KIND = "fused"
 REPORT_NAME = "report.json"
 ENGINES = ("ort", "tvm")
-BASELINE = "ort-default(converted)"
 
 
 @dataclass(frozen=True)
@@ -88,130 +87,7 @@ class FuseOptions:
     measure_rss: bool = False
 
 
-@dataclass
-class _Graph:
-    file: str
-    role: str
-    index: int
-    converted: onnx.ModelProto
-    fused: onnx.ModelProto
-    feeds: dict[str, Any]
-    reference: list[Any]
-    report: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class FusedVariant:
-    name: str
-    engine: str
-    latency_ms: float
-    baseline_ms: float
-    planned_peak_bytes: int
-    naive_bytes: int
-    lower_bound_bytes: int
-    fired: dict[str, int]
-    timings: dict[str, dict[str, Any]]
-
-    @property
-    def speedup_vs_ort_default(self) -> float:
-        return self.baseline_ms / self.latency_ms if self.latency_ms > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class FuseResult:
-    out_dir: Path
-    variants: tuple[FusedVariant, ...]
-    report: dict[str, Any]
-
-
-def _timed_path(graphs: list[_Graph]) -> list[_Graph]:
-    """The graphs run for one full-depth inference: the model, or every segment then the last exit."""
-    if len(graphs) == 1:
-        return graphs
-    segments = [g for g in graphs if g.role == "segment"]
-    exits = [g for g in graphs if g.role == "exit"]
-    return [*segments, exits[-1]] if exits else segments
-
-
-def _chain_runner(steps: list[Step], path: list[_Graph]) -> Callable[[], list[Any]]:
-    """Segment k+1 reads segment k's output, the exit reads the last segment's."""
-    return chain(steps, path[0].feeds, [next(iter(g.feeds)) for g in path[1:]])
-
-
-DEFAULT_LIKE = (BASELINE, "ort[all,threads=default](fused)")
-
-
-QUIET_QUANTILE = 0.1
-CHOICE_RULE = (
-    "eligible: ORT's defaults and the candidates whose p10 is within the tie threshold of the best default's; "
-    "the fastest eligible median of round medians, unless other candidates are tied with it (round-by-round ratio "
-    "median within max(tie_floor, half its inter-quartile range) of 1): then the tied candidate fastest at p10 "
-    "(the quiet machine's rate), ORT's defaults first among those within tie_floor of that p10")
-
-
-def _tie_threshold(candidate: Timing, reference: Timing, floor: float) -> tuple[float, float]:
-    """(median round-by-round ratio of candidate to reference, the ratio under which they are tied)."""
-    ratios = paired_ratios(candidate, reference)
-    ordered = sorted(ratios)
-    mid = len(ordered) // 2
-    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-    return median, 1.0 + max(floor, ratio_noise(ratios))
-
-
-def _tied(candidate: Timing, reference: Timing, floor: float) -> bool:
-    ratio, threshold = _tie_threshold(candidate, reference, floor)
-    return ratio <= threshold
-
-
-def choose(timings: dict[str, Timing], *, tie_floor: float = 0.02) -> Timing:
-    """The candidate fuse runs a variant with (the rule is ``CHOICE_RULE``).
-
-    1. Eligible: ORT's defaults, and other candidates not slower than the best default at
-       the fast end (the 10th percentile, the rate when the machine is quiet) by more than
-       the tie threshold. On a shared machine the median is the contended rate: one ORT
-       thread beat two there by 1.2x on ResNet-18 b1 while losing 2x whenever the other
-       core was free; this keeps such a candidate out.
-    2. The fastest eligible candidate by median of round medians.
-    3. Tied with it: every eligible candidate whose round-by-round ratio to it (the rounds
-       pair the two, so a slow spell of the machine hits both) has a median within
-       ``max(tie_floor, measured noise)`` of 1, the noise being half the inter-quartile
-       range of those ratios. Within that noise the median order is as likely as not to
-       flip on the next run, so a tie goes to the candidate fastest at the 10th percentile:
-       on a shared machine a two-thread candidate ties a one-thread one while the other
-       core is busy and wins by 1.4-1.8x whenever it is free (this VM, session 5); a
-       candidate that is never slower and sometimes faster is the safe pick. Candidates
-       within ``tie_floor`` of that p10 too are equal: ORT's defaults first, then the
-       fastest median.
-    """
-    defaults = [timings[k] for k in DEFAULT_LIKE if k in timings]
-    if not defaults:
-        return min(timings.values(), key=lambda t: t.median_ms)
-    best_default = min(defaults, key=lambda t: t.median_ms)
-    quiet = best_default.percentile_ms(QUIET_QUANTILE)
-    eligible = [t for t in timings.values() if t.name in DEFAULT_LIKE
-                or t.percentile_ms(QUIET_QUANTILE) <= quiet * _tie_threshold(t, best_default, tie_floor)[1]]
-    fastest = min(eligible, key=lambda t: t.median_ms)
-    tied = [fastest] + [t for t in eligible if t is not fastest and _tied(t, fastest, tie_floor)]
-    if len(tied) == 1:
-        return fastest
-    quietest = min(t.percentile_ms(QUIET_QUANTILE) for t in tied)
-    equal = [t for t in tied if t.percentile_ms(QUIET_QUANTILE) <= quietest * (1 + tie_floor)]
-    return min(equal, key=lambda t: (t.name not in DEFAULT_LIKE, t.median_ms))
-
-
-def choice_margins(timings: dict[str, Timing], chosen: Timing, *, tie_floor: float) -> dict[str, Any]:
-    """For the report: each candidate's round-by-round ratio to the chosen one and its tie threshold."""
-    out: dict[str, Any] = {}
-    for name, t in timings.items():
-        if t is chosen:
-            continue
-        ratio, threshold = _tie_threshold(t, chosen, tie_floor)
-        out[name] = {"median_ratio_to_choice": round(ratio, 4), "tie_threshold": round(threshold, 4),
-                     "tied": ratio <= threshold}
-    return out
-
-
-def _fuse_graph(graph: _Graph, options: FuseOptions) -> None:
+def _fuse_graph(graph: FusedGraph, options: FuseOptions) -> None:
     passes = resolve_passes(list(options.passes) if options.passes is not None else None, category="fusion")
     fused, reports = apply_passes(graph.converted, passes, seed=options.seed)
     check_model(fused, what=f"{graph.file} after fusion")
@@ -225,16 +101,16 @@ def _fuse_graph(graph: _Graph, options: FuseOptions) -> None:
 
 
 def _variant_engines(
-    writer: ArtifactWriter, name: str, graphs: list[_Graph], options: FuseOptions, progress: ProgressCallback,
+    writer: ArtifactWriter, name: str, graphs: list[FusedGraph], options: FuseOptions, progress: ProgressCallback,
 ) -> tuple[dict[str, Callable[[], list[Any]]], dict[str, Any], dict[str, str]]:
     """Build every candidate for one variant; returns (runners, per-candidate runtime config, failures)."""
-    path = _timed_path(graphs)
+    path = timed_path(graphs)
     runners: dict[str, Callable[[], list[Any]]] = {}
     runtime: dict[str, Any] = {}
     failures: dict[str, str] = {}
     # Baseline: ORT with its defaults on the converted graphs.
     base_cfg = ort_engine.OrtConfig()
-    runners[BASELINE] = _chain_runner([ort_step(g.converted.SerializeToString(), base_cfg, options.device)
+    runners[BASELINE] = chain_runner([ort_step(g.converted.SerializeToString(), base_cfg, options.device)
                                        for g in path], path)
     ort_device = ort_engine.effective_device(options.device)
     runtime[BASELINE] = {"engine": "ort", "graphs": "converted", "ort": base_cfg.to_json(), "ort_device": ort_device}
@@ -255,7 +131,7 @@ def _variant_engines(
         for cfg in configs:
             label = f"{cfg.name}(fused)"
             try:
-                runners[label] = _chain_runner([ort_step(g.report["_portable"].SerializeToString(), cfg,
+                runners[label] = chain_runner([ort_step(g.report["_portable"].SerializeToString(), cfg,
                                                          options.device) for g in path], path)
                 runtime[label] = {"engine": "ort", "graphs": "fused", "ort": cfg.to_json(), "ort_device": ort_device}
             except HmtError as exc:
@@ -270,7 +146,7 @@ def _variant_engines(
 
 
 def _add_host_cpu(
-    path: list[_Graph], configs: list[ort_engine.OrtConfig], runners: dict[str, Callable[[], list[Any]]],
+    path: list[FusedGraph], configs: list[ort_engine.OrtConfig], runners: dict[str, Callable[[], list[Any]]],
     runtime: dict[str, Any], failures: dict[str, str],
 ) -> None:
     """On a GPU device, ORT on the host's CPU as candidates too: small graphs at batch 1 run
@@ -278,14 +154,14 @@ def _add_host_cpu(
     for cfg in configs:
         label = f"{cfg.name}(fused)@cpu"
         try:
-            runners[label] = _chain_runner([ort_step(g.report["_portable"].SerializeToString(), cfg, "cpu")
+            runners[label] = chain_runner([ort_step(g.report["_portable"].SerializeToString(), cfg, "cpu")
                                             for g in path], path)
             runtime[label] = {"engine": "ort", "graphs": "fused", "ort": cfg.to_json(), "ort_device": "cpu"}
         except HmtError as exc:
             failures[label] = str(exc)
 
 
-def _parallel_configs(graphs: list[_Graph], path: list[_Graph]) -> list[ort_engine.OrtConfig]:
+def _parallel_configs(graphs: list[FusedGraph], path: list[FusedGraph]) -> list[ort_engine.OrtConfig]:
     """ORT's parallel mode, offered only where the timed path has parallel branches of heavy operators."""
     from hmt.convert.graph import cpu_count_physical
     from hmt.fuse.branches import parallel_width
@@ -299,7 +175,8 @@ def _parallel_configs(graphs: list[_Graph], path: list[_Graph]) -> list[ort_engi
 
 
 def _add_merged_chain(
-    writer: ArtifactWriter, name: str, path: list[_Graph], configs: list[ort_engine.OrtConfig], options: FuseOptions,
+    writer: ArtifactWriter, name: str, path: list[FusedGraph], configs: list[ort_engine.OrtConfig],
+    options: FuseOptions,
     runners: dict[str, Callable[[], list[Any]]], runtime: dict[str, Any], failures: dict[str, str], ort_device: str,
 ) -> None:
     """The timed path's fused graphs merged into one ONNX graph: one ORT call per inference."""
@@ -320,7 +197,7 @@ def _add_merged_chain(
             label = f"{cfg.name}(chain){suffix}"
             try:
                 step = ort_step(data, cfg, device)
-                runners[label] = _chain_runner([step], path[:1])
+                runners[label] = chain_runner([step], path[:1])
                 runtime[label] = {"engine": "ort", "graphs": "chain", "onnx": rel, "chain": [g.file for g in path],
                                   "ort": cfg.to_json(), "ort_device": where}
             except HmtError as exc:
@@ -328,7 +205,7 @@ def _add_merged_chain(
 
 
 def _add_tvm(
-    writer: ArtifactWriter, name: str, graphs: list[_Graph], path: list[_Graph], options: FuseOptions,
+    writer: ArtifactWriter, name: str, graphs: list[FusedGraph], path: list[FusedGraph], options: FuseOptions,
     runners: dict[str, Callable[[], list[Any]]], runtime: dict[str, Any], failures: dict[str, str],
     progress: ProgressCallback,
 ) -> None:
@@ -367,7 +244,7 @@ def _add_tvm(
                 tvm_step(writer.path(libraries[g.file]), next(iter(g.feeds)), options.device)
                 for g in path
             ]
-            runners[label] = _chain_runner(steps, path)
+            runners[label] = chain_runner(steps, path)
             runtime[label] = {"engine": "tvm", "target": target, "libraries": libraries,
                               "compile_s": round(compile_s, 2), "tuning": tuning or None}
         except HmtError as exc:
@@ -462,10 +339,10 @@ def fuse_model(
             for g in entry["graphs"]:
                 model = load_onnx(artifact.file(g["file"]))
                 feeds = seeded_inputs(graph_inputs(model), seed=options.seed)
-                graphs.append(_Graph(g["file"], g["role"], int(g["index"]), model, model, feeds, []))
+                graphs.append(FusedGraph(g["file"], g["role"], int(g["index"]), model, model, feeds, []))
             for graph in graphs:
                 _fuse_graph(graph, options)
-            path = _timed_path(graphs)
+            path = timed_path(graphs)
             runners, runtime, failures = _variant_engines(writer, name, graphs, options, progress)
             reference = runners[BASELINE]()
             checks = _verify_candidates(runners, reference, options)
@@ -528,7 +405,7 @@ def _precision_siblings(results: list[FusedVariant], entries: list[dict[str, Any
     return out
 
 
-def _variant_result(name: str, best: Timing, timings: dict[str, Timing], graphs: list[_Graph]) -> FusedVariant:
+def _variant_result(name: str, best: Timing, timings: dict[str, Timing], graphs: list[FusedGraph]) -> FusedVariant:
     fired: dict[str, int] = {}
     for graph in graphs:
         for r in graph.report["passes"]:
@@ -537,7 +414,7 @@ def _variant_result(name: str, best: Timing, timings: dict[str, Timing], graphs:
     # Variant level, over the graphs of one full-depth run (they run one after another, so
     # one arena of the largest graph's plan serves them all; naive gives every tensor of
     # every graph its own buffer).
-    plans = [graph.report["_plan"] for graph in _timed_path(graphs)]
+    plans = [graph.report["_plan"] for graph in timed_path(graphs)]
     return FusedVariant(
         name=name,
         engine=best.name,
@@ -551,7 +428,7 @@ def _variant_result(name: str, best: Timing, timings: dict[str, Timing], graphs:
     )
 
 
-def _variant_report(entry: dict[str, Any], name: str, graphs: list[_Graph], path: list[_Graph],
+def _variant_report(entry: dict[str, Any], name: str, graphs: list[FusedGraph], path: list[FusedGraph],
                     runtime: dict[str, Any], failures: dict[str, str], checks: dict[str, Any],
                     timings: dict[str, Timing], best: Timing, per_graph: Timing) -> dict[str, Any]:
     return {
@@ -578,4 +455,4 @@ def _variant_report(entry: dict[str, Any], name: str, graphs: list[_Graph], path
     }
 
 
-__all__ = ["ENGINES", "FUSED_KIND", "FuseOptions", "FuseResult", "FusedVariant", "fuse_model"]
+__all__ = ["ENGINES", "FUSED_KIND", "FuseOptions", "fuse_model"]

@@ -14,7 +14,7 @@ from hmt.bundle import load_bundle
 from hmt.errors import InputError, UsageError
 from hmt.offload.peer import PeerOptions, PeerService, create_peer_app
 from hmt.offload.plan import load_plan
-from hmt.serve.server import bind_socket
+from hmt.serve.http.server import bind_socket
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,10 @@ from hmt.offload.parts import SplitChain
 from hmt.offload.plan import load_plan
 from hmt.offload.planner import PlannerConfig
 from hmt.runtime.chain import Runner
-from hmt.serve.api import ApiOptions
 from hmt.serve.controller import Controller, Prediction
-from hmt.serve.server import ServerOptions
-from hmt.serve.session import SessionOptions, open_controller, run_until_stopped
+from hmt.serve.http.api import ApiOptions
+from hmt.serve.http.server import ServerOptions
+from hmt.serve.running.session import SessionOptions, open_controller, run_until_stopped
 
 PEER_TOKEN_ENV = "HMT_PEER_TOKEN"
 

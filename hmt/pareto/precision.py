@@ -80,24 +80,6 @@ def check_device(options: PrecisionOptions, device: str) -> None:
                              "measure them (install onnxruntime-gpu on a GPU host); use --precision int8 on CPUs")
 
 
-def held_out_arrays(data: Any) -> tuple[Any, Any]:
-    """A :class:`hmt.pareto.data.HeldOut` normalised as the supernet was trained: float32 inputs, labels."""
-    import numpy as np
-
-    from hmt.pareto.data import device_batches
-
-    batches = device_batches(data, batch_size=512)
-    return (np.concatenate([xb.numpy() for xb, _ in batches]).astype(np.float32),
-            np.concatenate([yb.numpy() for _, yb in batches]))
-
-
-def calibration_array(loaded: Any) -> Any:
-    """The supernet's stored calibration images, normalised, as one float32 array."""
-    import numpy as np
-
-    return np.concatenate([b.numpy() for b in loaded.calibration_batches()]).astype(np.float32)
-
-
 def read_chains(converted: Path) -> dict[str, tuple[list[Any], list[Any]]]:
     """Variant id -> (segment graphs, exit graphs), in chain order, of a converted artifact (verified load)."""
     from hmt.convert.graph import load_onnx
@@ -149,6 +131,7 @@ def expand_precisions(supernet: Path, result: SearchResult, data: Any, options: 
                       device: str = "cpu", progress: ProgressCallback = no_progress) -> PrecisionExpansion:
     """Quantised copies of the fp32 front's variants, measured; ``result`` gains them and a new front."""
     from hmt.precision.accuracy import chain_accuracy
+    from hmt.precision.calibration import calibration_array, held_out_arrays
     from hmt.precision.measure import time_chains
     from hmt.precision.quantize import QuantOptions, quantize_chain
     from hmt.supernet import load_supernet
@@ -214,5 +197,4 @@ def expand_precisions(supernet: Path, result: SearchResult, data: Any, options: 
     return expansion
 
 
-__all__ = ["PrecisionExpansion", "PrecisionOptions", "calibration_array", "check_device", "expand_precisions",
-           "held_out_arrays", "read_chains", "refusal"]
+__all__ = ["PrecisionExpansion", "PrecisionOptions", "check_device", "expand_precisions", "read_chains", "refusal"]

@@ -47,9 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from hmt.profile import timing
 from hmt.profile.parsers import spread
-from hmt.profile.timing import Conditions, Measurement
+from hmt.profile.timing import MAX_REPEATS, MIN_WINDOW_S, Conditions, Measurement, conditions_meter, utc_now
 
 DEFAULT_ROUNDS = 5
 GROUP_SIZE = 10
@@ -129,7 +128,7 @@ def time_interleaved(
         raise ValueError("nothing to time")
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
-    window_s = timing.MIN_WINDOW_S if min_window_s is None else min_window_s
+    window_s = MIN_WINDOW_S if min_window_s is None else min_window_s
     rounds = settings.rounds
 
     def timed(fn: Callable[[], object], count: int) -> list[float]:
@@ -145,7 +144,7 @@ def time_interleaved(
         count = math.ceil(repeats / rounds)
         if pilot > 0:
             count = max(count, math.ceil(window_s * 1e3 / rounds / pilot))
-        return max(1, min(count, timing.MAX_REPEATS // rounds))
+        return max(1, min(count, MAX_REPEATS // rounds))
 
     ref_count = per_round(reference)
     schedule = interleaved_schedule(n, rounds=rounds, group_size=settings.group_size, rng=rng)
@@ -162,7 +161,7 @@ def time_interleaved(
         for r, order in enumerate(orders):
             events: list[tuple[int, float]] = []  # (item or -1 for the reference, visit median)
             ref_samples: list[float] = []
-            with timing.conditions_meter() as cond:
+            with conditions_meter() as cond:
                 for k, i in enumerate([-1, *order, -1]):
                     if i < 0 or (k > 1 and (k - 1) % settings.ref_every == 0):
                         reference()  # re-warm after the previous variant
@@ -190,7 +189,7 @@ def time_interleaved(
             for i in items:
                 progress(i)
     level = reference_level(ref_rounds) if level_ms is None else level_ms
-    when = timing.utc_now()
+    when = utc_now()
     measurements = []
     for i in range(n):
         s = spread(samples[i])

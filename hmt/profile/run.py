@@ -15,9 +15,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import hmt.profile.benchmarks as bench
+import hmt.profile.stages as stages
 from hmt.errors import UsageError
-from hmt.profile import benchmarks as bench
-from hmt.profile import stages
 from hmt.profile.composition import MIN_CALIBRATION_VARIANTS
 from hmt.profile.devices import device_spec, shipped_profile
 from hmt.profile.document import (

@@ -1,29 +1,25 @@
-"""On-device serve stage: resource monitor, load index, variant optimizer and switcher.
+"""On-device serve stage, by what each part does.
 
 Everything here runs on the device, so it imports only the standard library, numpy and
-psutil (NVML through ``pynvml`` when it is importable); never torch. The rest of the
-stage is imported by module, so that ``import hmt.serve`` stays light: ``runner`` (a
-variant's chain of graphs on ONNX Runtime or TVM, early exit), ``pool`` (loaded variants
-within a memory budget), ``controller`` (the adaptation loop), ``api`` + ``exposition``
-(the starlette app, Prometheus text, OpenAPI), ``server`` (uvicorn, token, drain),
-``scenario`` + ``timeline`` (replay, load generation, summary, plot) and ``session``
-(what ``hmt serve`` runs).
+psutil (NVML through ``pynvml`` when it is importable); never torch. The parts are imported
+by module, so that ``import hmt.serve`` stays light:
+
+- ``deciding``: resource monitor, load index, measured latency estimates, the optimizer
+  (eq. 3), the bundle's variant table and the cached decision path;
+- ``running``: the variants' runners and pool, the hysteresis switcher, serve --adapt,
+  scenario replay and ``session`` (what ``hmt serve`` runs);
+- ``reporting``: tick and request records, Prometheus text and OpenAPI, a replay's timeline;
+- ``http``: the starlette app, body decoding, connection guards, uvicorn;
+- ``controller``: the adaptation loop that wires them for one bundle.
 """
 
 from __future__ import annotations
 
-from hmt.serve.load_index import ARModel, LoadForecaster, LoadWeights, fit_ar, load_index, load_index_of
-from hmt.serve.monitor import PsutilSampler, ResourceMonitor, ResourceSample
-from hmt.serve.optimizer import (
-    Budgets,
-    Decision,
-    LatencyCorrector,
-    Optimizer,
-    OptimizerConfig,
-    Variant,
-    mu_from_battery,
-)
-from hmt.serve.switcher import Switcher, SwitchPolicy, SwitchResult
+from hmt.serve.deciding.costs import LatencyCorrector, Variant, mu_from_battery
+from hmt.serve.deciding.load_index import ARModel, LoadForecaster, LoadWeights, fit_ar, load_index, load_index_of
+from hmt.serve.deciding.monitor import PsutilSampler, ResourceMonitor, ResourceSample
+from hmt.serve.deciding.optimizer import Budgets, Decision, Optimizer, OptimizerConfig
+from hmt.serve.running.switcher import Switcher, SwitchPolicy, SwitchResult
 
 __all__ = [
     "ARModel",

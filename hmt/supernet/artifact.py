@@ -37,8 +37,7 @@ class LoadedSupernet:
         import numpy as np
         import torch
 
-        from hmt.data import DatasetInfo
-        from hmt.supernet.train.evaluate import batches_of, eval_loader
+        from hmt.data import DatasetInfo, batches_of, eval_loader
 
         with np.load(self.artifact.file(CALIBRATION), allow_pickle=False) as blob:
             x = blob["x"]
@@ -100,7 +99,7 @@ def _elastified_net(artifact: Artifact, model_info: dict[str, Any]) -> Any:
     """A user model elastified by hmt.supernet.elastify (rebuilt from its stored source), else None."""
     if "elastify" not in model_info:
         return None
-    from hmt.supernet.elastify.train import rebuild
+    from hmt.supernet.elastify.rebuild import rebuild
 
     source = model_info["elastify"].get("source")
     return rebuild(model_info, artifact.file(source) if source else None)

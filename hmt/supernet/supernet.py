@@ -18,7 +18,8 @@ from torch import nn
 
 from hmt.errors import ModelError
 from hmt.supernet.backbones import BackboneDef, build_backbone_def
-from hmt.supernet.blocks import BLOCK_TYPES, SLIM_FULL, keep_statistics, width_channels
+from hmt.supernet.block_types import BLOCK_TYPES
+from hmt.supernet.blocks import SLIM_FULL, keep_statistics, width_channels
 from hmt.supernet.exits import ExitHead
 from hmt.supernet.slim import StreamWidthSlot, head_forward, seq_forward, slice_head, slice_seq
 from hmt.supernet.space import (

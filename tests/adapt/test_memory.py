@@ -7,10 +7,9 @@ import copy
 import pytest
 import torch
 
+from hmt.adapt.engine import EngineOptions, TrainingEngine
 from hmt.adapt.memory import (
-    EngineOptions,
     Int8SavedTensors,
-    TrainingEngine,
     as_chain,
     dequantize_u8,
     peak_bytes,

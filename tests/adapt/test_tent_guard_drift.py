@@ -41,7 +41,7 @@ def test_tent_lowers_entropy_on_shifted_data(tiny_trained: tuple[TinyVariant, to
 
 def test_tent_with_memory_saving_engine_follows_plain(
         tiny_trained: tuple[TinyVariant, torch.Tensor, torch.Tensor]) -> None:
-    from hmt.adapt.memory import EngineOptions
+    from hmt.adapt.engine import EngineOptions
 
     model, x, _ = tiny_trained
     shifted = _shift(x)

@@ -19,7 +19,7 @@ from hmt.deploy.archive import archive_path_for
 from hmt.deploy.sources import check_lineage
 from hmt.errors import ArtifactError, InputError, ModelError, UsageError
 from hmt.pareto.index import load_index
-from hmt.serve.settings import ServeSettings
+from hmt.runtime.settings import ServeSettings
 
 runner = CliRunner()
 
@@ -161,7 +161,7 @@ def test_deploy_energy_budget_reaches_the_decision(fused_dir: Path, pareto_dir: 
     import time
 
     from hmt.serve.controller import Controller
-    from hmt.serve.monitor import ResourceSample
+    from hmt.serve.deciding.monitor import ResourceSample
 
     def sample() -> ResourceSample:
         return ResourceSample(time.monotonic(), 0.0, 8_000_000_000, 8_000_000_000)

@@ -70,7 +70,7 @@ def test_bundle_records_fuses_choice(chain_bundle: tuple[Path, Path]) -> None:
 
 
 def test_serve_runs_the_merged_chain_fuse_chose(chain_bundle: tuple[Path, Path]) -> None:
-    from hmt.serve.session import SessionOptions, open_controller
+    from hmt.serve.running.session import SessionOptions, open_controller
 
     _, bundle_dir = chain_bundle
     controller = open_controller(bundle_dir, SessionOptions(no_early_exit=True))

@@ -106,8 +106,8 @@ def test_load_fused_runner_reproduces_the_choice(segmented_dir: Path, tmp_path: 
 
 
 def test_choice_needs_a_clear_win_to_leave_ort_defaults() -> None:
+    from hmt.fuse.choice import BASELINE, choose
     from hmt.fuse.engines.timing import Timing
-    from hmt.fuse.pipeline import BASELINE, choose
 
     def t(name: str, ms: float) -> Timing:
         return Timing(name, (ms, ms, ms))

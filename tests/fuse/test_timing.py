@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
+from hmt.fuse.choice import BASELINE, choose
 from hmt.fuse.engines.timing import Timing, measure_alternating, measure_rounds, paired_ratios, timing_mode
-from hmt.fuse.pipeline import BASELINE, choose
 
 
 def _spin(seconds: float) -> None:

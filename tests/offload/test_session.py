@@ -12,8 +12,8 @@ from starlette.testclient import TestClient
 from hmt.deploy.offload import OffloadBundles
 from hmt.offload.session import PeerLink, open_device
 from hmt.runtime.chain import ChainRunner
-from hmt.serve.api import ApiOptions, create_app
-from hmt.serve.session import SessionOptions
+from hmt.serve.http.api import ApiOptions, create_app
+from hmt.serve.running.session import SessionOptions
 
 
 def test_device_api_with_an_unreachable_peer_answers_every_request(offload_bundles: OffloadBundles,

@@ -45,7 +45,7 @@ def test_int8_gene_round_trips(tiny_supernet: Path, tmp_path: Path) -> None:
     from hmt.pareto import ParetoOptions, SearchOptions, find_front, load_front
     from hmt.pareto.precision import PrecisionOptions
     from hmt.precision import split_variant_id
-    from hmt.serve.runner import load_runner
+    from hmt.serve.running.runner import load_runner
 
     # A loose bound: the tiny supernet is barely trained (~10-20%), so a few of its 100
     # held-out images flipping is noise; the bound itself is tested in test_quantize.py.

@@ -10,7 +10,7 @@ import pytest
 from serve_bundles import make_bundle
 
 from hmt.bundle import load_bundle
-from hmt.serve.pool import VariantPool
+from hmt.serve.running.pool import VariantPool
 
 
 @pytest.mark.slow

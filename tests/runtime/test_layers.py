@@ -25,7 +25,7 @@ CODE = textwrap.dedent(
     sys.meta_path.insert(0, Block())
     import hmt.runtime, hmt.serve
     for package in (hmt.runtime, hmt.serve):
-        for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+        for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
             importlib.import_module(info.name)
     print("ok")
     """

@@ -95,8 +95,8 @@ def test_threads_override_and_serve_defaults(tmp_path: Path) -> None:
 
 
 def test_serve_runner_keeps_its_old_names(tmp_path: Path) -> None:
-    """Callers of hmt.serve.runner (offload's parts) keep working on the runtime layer."""
-    from hmt.serve.runner import ort_graph, softmax_confidence
+    """Callers of hmt.serve.running.runner (offload's parts) keep working on the runtime layer."""
+    from hmt.serve.running.runner import ort_graph, softmax_confidence
 
     bundle = load_bundle(make_bundle(tmp_path / "b"))
     logits = ort_graph(bundle.path("variants/big/exit_0.onnx"), 1)(np.array([[0, 0, 6, 0]], dtype=np.float32))

@@ -142,7 +142,7 @@ def sleepy_loader(bundle: Any, sleep_s: float) -> Any:
     """A pool loader whose runners sleep ``sleep_s`` in segment 0 (a slow model without big graphs)."""
     import time
 
-    from hmt.serve.runner import ChainRunner
+    from hmt.serve.running.runner import ChainRunner
 
     def load(arch_id: str) -> ChainRunner:
         variant = bundle.spec.variant(arch_id)

@@ -15,10 +15,10 @@ from adapt_bundle import ARCH, make_adaptable_bundle
 
 from hmt.client import HmtClient
 from hmt.errors import InputError, UsageError
-from hmt.serve.adapt import ADAPTED_SUFFIX, AdaptSettings, load_canary
-from hmt.serve.api import ApiOptions, create_app
-from hmt.serve.server import ApiServer, ServerOptions
-from hmt.serve.session import SessionOptions, open_controller
+from hmt.serve.http.api import ApiOptions, create_app
+from hmt.serve.http.server import ApiServer, ServerOptions
+from hmt.serve.running.adapt import ADAPTED_SUFFIX, AdaptSettings, load_canary
+from hmt.serve.running.session import SessionOptions, open_controller
 
 # Small windows so a test needs a few hundred inputs; the worker may use the whole core.
 FAST = AdaptSettings(window=32, leave=0.35, adapt_after=48, min_batch=16, queue_inputs=4096, max_share=1.0, nice=0)

@@ -16,10 +16,10 @@ from conftest import FAST_SWITCH
 from serve_bundles import VariantDef, make_bundle, npy_bytes, sleepy_loader
 
 from hmt.bundle import load_bundle
-from hmt.serve.api import ApiOptions, create_app
+from hmt.runtime.settings import ServeSettings
 from hmt.serve.controller import Controller
-from hmt.serve.server import ApiServer, ServerOptions
-from hmt.serve.settings import ServeSettings
+from hmt.serve.http.api import ApiOptions, create_app
+from hmt.serve.http.server import ApiServer, ServerOptions
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

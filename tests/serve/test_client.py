@@ -14,10 +14,10 @@ from serve_bundles import npy_bytes
 from hmt.bundle import load_bundle
 from hmt.client import HmtClient, ServeError
 from hmt.errors import UsageError
-from hmt.serve.api import ApiOptions, create_app
+from hmt.runtime.settings import ServeSettings
 from hmt.serve.controller import Controller
-from hmt.serve.server import ApiServer, ServerOptions
-from hmt.serve.settings import ServeSettings
+from hmt.serve.http.api import ApiOptions, create_app
+from hmt.serve.http.server import ApiServer, ServerOptions
 
 TOKEN = "c" * 24
 

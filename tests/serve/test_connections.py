@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from hmt.serve.connections import AcceptErrorLog, ConnectionGuard, ConnectionStats, GuardedListener
-from hmt.serve.server import ApiServer, ServerOptions, bind_socket, connection_cap, fd_budget, raise_fd_limit
+from hmt.serve.http.connections import AcceptErrorLog, ConnectionGuard, ConnectionStats, GuardedListener
+from hmt.serve.http.server import ApiServer, ServerOptions, bind_socket, connection_cap, fd_budget, raise_fd_limit
 
 
 async def tiny_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -219,7 +219,7 @@ def test_accept_errors_are_logged_at_most_once_a_second(caplog: pytest.LogCaptur
     handler = AcceptErrorLog(stats, clock=lambda: now[0])
     loop = asyncio.new_event_loop()
     try:
-        with caplog.at_level(logging.WARNING, logger="hmt.serve.connections"):
+        with caplog.at_level(logging.WARNING, logger="hmt.serve.http.connections"):
             for i in range(2000):  # what asyncio's accept loop does when out of descriptors
                 now[0] = i * 0.001
                 handler(loop, {"message": "socket.accept() out of system resource",

@@ -13,10 +13,10 @@ from serve_bundles import VariantDef, make_bundle, sleepy_loader
 
 from hmt.bundle import load_bundle
 from hmt.errors import UsageError
+from hmt.runtime.settings import ServeSettings
 from hmt.serve.controller import Controller
-from hmt.serve.estimates import PRIOR_R_STEP
-from hmt.serve.monitor import ResourceSample
-from hmt.serve.settings import ServeSettings
+from hmt.serve.deciding.estimates import PRIOR_R_STEP
+from hmt.serve.deciding.monitor import ResourceSample
 
 X = np.zeros((1, 4), dtype=np.float32)
 

@@ -12,10 +12,11 @@ from serve_bundles import CLASSES, VariantDef, make_bundle
 
 from hmt.bundle import load_bundle
 from hmt.runtime.chain import ChainRunner
+from hmt.runtime.settings import Budgets, ServeSettings
 from hmt.serve.controller import Controller
-from hmt.serve.monitor import ResourceSample
-from hmt.serve.optimizer import Optimizer, Variant
-from hmt.serve.settings import Budgets, ServeSettings
+from hmt.serve.deciding.costs import Variant
+from hmt.serve.deciding.monitor import ResourceSample
+from hmt.serve.deciding.optimizer import Optimizer
 
 X = np.zeros((1, 4), dtype=np.float32)
 VARIANTS = (VariantDef("big", 0.92, 4.0, 4.0, energy=40.0), VariantDef("mid", 0.88, 2.0, 2.0, energy=20.0),
@@ -91,7 +92,7 @@ def test_unchanged_inputs_reuse_the_decision_and_a_changed_budget_does_not(tmp_p
     for _ in range(20):
         c.predict(X, queued_ms=5.0)
     assert c.tick(sample=sample()).proposed == "mid"
-    c._queue_waits.clear()
+    c.overhead.waits_ms.clear()
     # A budget that only mid meets: the cached "big" must not stand.
     c.set_budgets(latency_ms=3.0, memory_mb=None)
     ticks = [c.tick(sample=sample()) for _ in range(2)]
@@ -120,7 +121,7 @@ def test_cached_and_uncached_loops_choose_alike(tmp_path: Path) -> None:
             active = c.active_arch_id
             assert active is not None
             predicted = c.bundle.spec.variant(active).latency_ms
-            with c._state_lock:
+            with c.state_lock:
                 for _ in range(3):
                     c.estimator.observe(active, predicted * float(steps.uniform(1.0, 3.0)), predicted, c.now_s())
             record = c.tick(sample=sample(cpu=cpu, battery=battery))
@@ -184,7 +185,7 @@ def test_incremental_windows_give_the_tail_of_the_fresh_samples() -> None:
     import math
 
     from hmt.runtime.settings import EstimatorSettings
-    from hmt.serve.estimates import LatencyEstimator
+    from hmt.serve.deciding.estimates import LatencyEstimator
 
     settings = EstimatorSettings(window=16, min_samples=3, max_age_s=1.0, memory_s=2.0)
     est = LatencyEstimator(["a"], [1.0], ["onnxruntime"], settings)
@@ -222,8 +223,8 @@ def test_a_failed_probe_backs_off_the_next_climb(backoff_max_s: float) -> None:
     at once on its measurements. With the probe backoff the next climb to it waits twice the
     dwell (then four times); without it the loop probes again after every dwell."""
     from hmt.runtime.settings import SwitchPolicy
-    from hmt.serve.optimizer import Choice
-    from hmt.serve.switcher import STAY_DWELL, SWITCH_BETTER, Switcher
+    from hmt.serve.deciding.optimizer import Choice
+    from hmt.serve.running.switcher import STAY_DWELL, SWITCH_BETTER, Switcher
 
     sw = Switcher(SwitchPolicy(min_dwell_s=1.0, improve_patience=1, violation_patience=1,
                                probe_backoff_max_s=backoff_max_s))

@@ -20,10 +20,10 @@ from hmt.artifacts import ArtifactWriter
 from hmt.bundle import BundleSpec, Preprocess, TensorSpec, load_bundle
 from hmt.errors import ArtifactError
 from hmt.pareto.index import FrontIndex, IndexEntry
-from hmt.serve.api import ApiOptions, create_app
+from hmt.runtime.settings import ServeSettings
 from hmt.serve.controller import Controller
-from hmt.serve.inputs import ApiError, InputSpec, decode
-from hmt.serve.settings import ServeSettings
+from hmt.serve.http.api import ApiOptions, create_app
+from hmt.serve.http.inputs import ApiError, InputSpec, decode
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -14,11 +14,10 @@ from serve_bundles import CLASSES, VariantDef, make_bundle
 from hmt.bundle import load_bundle
 from hmt.errors import UsageError
 from hmt.runtime.chain import ChainResult, ChainRunner
-from hmt.runtime.settings import EstimatorSettings
+from hmt.runtime.settings import EstimatorSettings, ServeSettings
 from hmt.serve.controller import Controller
-from hmt.serve.estimates import SOURCE_MEASURED, SOURCE_PRIOR, SOURCE_SCALED, LatencyEstimator
-from hmt.serve.monitor import ResourceSample
-from hmt.serve.settings import ServeSettings
+from hmt.serve.deciding.estimates import SOURCE_MEASURED, SOURCE_PRIOR, SOURCE_SCALED, LatencyEstimator
+from hmt.serve.deciding.monitor import ResourceSample
 
 X = np.zeros((1, 4), dtype=np.float32)
 

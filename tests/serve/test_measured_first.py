@@ -13,12 +13,12 @@ from serve_bundles import CLASSES, VariantDef, make_bundle
 
 from hmt.bundle import load_bundle
 from hmt.runtime.chain import ChainRunner
+from hmt.runtime.settings import ServeSettings
 from hmt.serve.controller import Controller
-from hmt.serve.estimates import PRIOR_R_STEP
-from hmt.serve.exposition import prometheus_text
-from hmt.serve.monitor import PsutilSampler, ResourceSample
-from hmt.serve.optimizer import REASON_MEASURED_FASTEST
-from hmt.serve.settings import ServeSettings
+from hmt.serve.deciding.estimates import PRIOR_R_STEP
+from hmt.serve.deciding.monitor import PsutilSampler, ResourceSample
+from hmt.serve.deciding.optimizer import REASON_MEASURED_FASTEST
+from hmt.serve.reporting.exposition import prometheus_text
 
 X = np.zeros((1, 4), dtype=np.float32)
 

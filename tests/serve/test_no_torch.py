@@ -47,9 +47,9 @@ SERVE_CODE = textwrap.dedent(
 
     import http.client, io, json
     import numpy as np
-    from hmt.serve.api import ApiOptions, create_app
-    from hmt.serve.server import ApiServer, ServerOptions
-    from hmt.serve.session import SessionOptions, open_controller
+    from hmt.serve.http.api import ApiOptions, create_app
+    from hmt.serve.http.server import ApiServer, ServerOptions
+    from hmt.serve.running.session import SessionOptions, open_controller
 
     controller = open_controller(sys.argv[1], SessionOptions(engine="auto"))
     controller.start()

@@ -9,7 +9,7 @@ import pytest
 
 from hmt.errors import InputError, UsageError
 from hmt.serve import Budgets, LatencyCorrector, Optimizer, OptimizerConfig, Variant, mu_from_battery
-from hmt.serve.optimizer import REASON_BEST, REASON_FASTEST, REASON_SMALLEST
+from hmt.serve.deciding.optimizer import REASON_BEST, REASON_FASTEST, REASON_SMALLEST
 
 MB = 1_000_000
 # big: most accurate, slowest, hungriest; small: the reverse; mid in between.

@@ -16,11 +16,10 @@ from serve_bundles import CLASSES, VariantDef, make_bundle
 
 from hmt.bundle import load_bundle
 from hmt.runtime.chain import ChainResult, ChainRunner
-from hmt.runtime.settings import EstimatorSettings
+from hmt.runtime.settings import EstimatorSettings, ServeSettings
 from hmt.serve.controller import Controller
-from hmt.serve.estimates import SOURCE_MEASURED, LatencyEstimator
-from hmt.serve.monitor import ResourceSample
-from hmt.serve.settings import ServeSettings
+from hmt.serve.deciding.estimates import SOURCE_MEASURED, LatencyEstimator
+from hmt.serve.deciding.monitor import ResourceSample
 
 X = np.zeros((1, 4), dtype=np.float32)
 COMPUTE_MS = {"big": (5.0, 14.0), "small": (2.0, 4.0)}  # (idle, loaded)
@@ -219,9 +218,10 @@ def test_the_loop_goes_back_home_after_a_violation_where_the_score_is_within_the
     (mu 0.4) it stays on small, as the unloaded loop would have moved there too. The code before
     stayed on small in both cases (below_margin)."""
     from hmt.runtime.settings import Budgets, SwitchPolicy
-    from hmt.serve.decision import DecisionPath
-    from hmt.serve.optimizer import Optimizer, Variant
-    from hmt.serve.switcher import Switcher
+    from hmt.serve.deciding.costs import Variant
+    from hmt.serve.deciding.decision import DecisionPath
+    from hmt.serve.deciding.optimizer import Optimizer
+    from hmt.serve.running.switcher import Switcher
 
     opt = Optimizer([Variant("big", 0.92, 8.0, 2.0, 1), Variant("small", 0.80, 2.0, 1.0, 1)])
     path = DecisionPath(opt)
@@ -262,9 +262,10 @@ def test_a_way_home_that_fails_at_once_is_not_tried_again() -> None:
     unloaded). A return that violates within two dwell times forgets the home; the margin rules
     of the switcher apply again (small scores 0.02 over big: it stays)."""
     from hmt.runtime.settings import Budgets, SwitchPolicy
-    from hmt.serve.decision import DecisionPath
-    from hmt.serve.optimizer import Optimizer, Variant
-    from hmt.serve.switcher import Switcher
+    from hmt.serve.deciding.costs import Variant
+    from hmt.serve.deciding.decision import DecisionPath
+    from hmt.serve.deciding.optimizer import Optimizer
+    from hmt.serve.running.switcher import Switcher
 
     opt = Optimizer([Variant("big", 0.92, 8.0, 2.0, 1), Variant("small", 0.80, 2.0, 1.0, 1)])
     path = DecisionPath(opt)

@@ -10,7 +10,7 @@ from serve_bundles import VariantDef, make_bundle
 
 from hmt.bundle import load_bundle
 from hmt.errors import ModelError, UsageError
-from hmt.serve.runner import load_runner, resolve_engine, softmax_confidence
+from hmt.serve.running.runner import load_runner, resolve_engine, softmax_confidence
 
 CONFIDENT = np.array([[8.0, 0.0, 0.0, 0.0]], dtype=np.float32)
 UNSURE = np.zeros((1, 4), dtype=np.float32)

@@ -12,9 +12,9 @@ import pytest
 from serve_bundles import CLASSES
 
 from hmt.errors import InputError
-from hmt.serve.scenario import DriveOptions, LoadGenerator, RequestRecord, Scenario
-from hmt.serve.session import SessionOptions, run_scenario
-from hmt.serve.timeline import recovery
+from hmt.serve.reporting.timeline import recovery
+from hmt.serve.running.scenario import DriveOptions, LoadGenerator, RequestRecord, Scenario
+from hmt.serve.running.session import SessionOptions, run_scenario
 
 
 def test_scenario_parsing_and_lookup() -> None:
@@ -59,8 +59,8 @@ def test_recovery_is_the_end_of_the_last_bad_window_and_the_first_clean_one() ->
 
 @pytest.mark.parametrize("via_api", [False, True])
 def test_short_replay_writes_a_timeline(bundle_dir: Path, tmp_path: Path, via_api: bool) -> None:
-    from hmt.serve.api import ApiOptions
-    from hmt.serve.server import ServerOptions
+    from hmt.serve.http.api import ApiOptions
+    from hmt.serve.http.server import ServerOptions
 
     scenario = Scenario.from_text("time_s,cpu_load,latency_budget_ms,battery_pct,memory_budget_mb\n"
                                   "0,,5,90,\n0.6,0.8,5,50,\n1.2,,1.5,20,1.5\n")

@@ -19,7 +19,7 @@ import pytest
 from serve_bundles import VariantDef, make_bundle, npy_bytes
 
 from hmt.errors import UsageError
-from hmt.serve.server import TOKEN_ENV, is_loopback, resolve_token
+from hmt.serve.http.server import TOKEN_ENV, is_loopback, resolve_token
 
 TOKEN = "s" * 20
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from hmt.data import load_dataset
+from hmt.data import eval_loader, load_dataset
 from hmt.errors import ArtifactError
 from hmt.supernet import load_supernet
-from hmt.supernet.train.evaluate import eval_loader, evaluate_variant
+from hmt.supernet.train.evaluate import evaluate_variant
 
 SHIPPED = Path(__file__).resolve().parents[2] / "hmt" / "data" / "embedded" / "supernet-cifar-resnet56"
 

@@ -37,8 +37,9 @@ def main() -> int:
     logging.disable(logging.WARNING)  # the quantiser's pre-processing advice at every call
 
     from hmt.pareto.data import held_out_data
-    from hmt.pareto.precision import PrecisionOptions, calibration_array, held_out_arrays, read_chains, refusal
+    from hmt.pareto.precision import PrecisionOptions, read_chains, refusal
     from hmt.precision.accuracy import chain_accuracy
+    from hmt.precision.calibration import calibration_array, held_out_arrays
     from hmt.precision.measure import time_chains
     from hmt.precision.quantize import QuantOptions, quantize_chain
     from hmt.supernet import load_supernet

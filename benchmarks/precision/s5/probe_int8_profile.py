@@ -156,7 +156,8 @@ def main() -> int:
     from hmt.fuse.engines.ort import merge_chain
     from hmt.fuse.engines.timing import measure_rounds
     from hmt.pareto.data import held_out_data
-    from hmt.pareto.precision import calibration_array, held_out_arrays, read_chains
+    from hmt.pareto.precision import read_chains
+    from hmt.precision.calibration import calibration_array, held_out_arrays
     from hmt.precision.pad import pad_channels
     from hmt.precision.quantize import QuantOptions, quantize_chain
     from hmt.supernet import load_supernet

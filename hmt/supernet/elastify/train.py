@@ -243,10 +243,10 @@ def elastify_supernet(
     """Elastify ``config.extra['elastify']``'s model on ``config.dataset`` and write the
     supernet artifact to ``out_dir`` (atomically). A checkpoint after every phase (in
     ``checkpoint_dir``, default OUT.ckpt) lets a killed run resume at the next phase."""
+    from hmt.data import eval_loader
     from hmt.supernet.train import default_checkpoint_dir
     from hmt.supernet.train.checkpoint import load_checkpoint, save_checkpoint
     from hmt.supernet.train.distributed import DistContext
-    from hmt.supernet.train.evaluate import eval_loader
     from hmt.supernet.train.trainer import _prepare_data, calibration_subset, derive_seed, resolve_device
 
     started = time.perf_counter()
@@ -363,7 +363,7 @@ def _evaluate(
     progress: ProgressCallback,
 ) -> tuple[float, Any]:
     """The original's test accuracy and the variant table (largest, smallest, random)."""
-    from hmt.supernet.train.evaluate import batches_of
+    from hmt.data import batches_of
     from hmt.supernet.train.report import pick_variants, variant_table
     from hmt.supernet.train.trainer import derive_seed
 
@@ -482,14 +482,3 @@ def _write(out_dir: Path, config: TrainConfig, net: ElastifiedSupernet, spec: Mo
         plot_curves(history, writer.path(CURVES))
         writer.metrics.update(metrics)
 
-
-def rebuild(model_info: dict[str, Any], source_file: Path | None) -> ElastifiedSupernet:
-    """The supernet of an artifact, without weights (``load_supernet`` loads them next)."""
-    info = model_info["elastify"]
-    spec = ModelSpec.from_json_dict(info["model"])
-    model = build_model(spec, file_override=source_file)
-    operators = model_info.get("operators")
-    # The seed and init only shape fresh weights, which the artifact's weights replace.
-    return ElastifiedSupernet(model, name=spec.torchvision or str(spec.factory),
-                              input_shape=tuple(spec.input_shape[1:]), leaves=spec.leaves,
-                              operators=tuple(operators) if operators is not None else None, seed=0, init=False)

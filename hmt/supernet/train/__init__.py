@@ -49,7 +49,7 @@ def train_supernet(
     """
     from safetensors.torch import save_file
 
-    from hmt.supernet.train.evaluate import batches_of, eval_loader
+    from hmt.data import batches_of, eval_loader
     from hmt.supernet.train.report import loader_epoch_s, pick_variants, plot_curves, variant_table
 
     out_dir = Path(out_dir)

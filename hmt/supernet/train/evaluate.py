@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import numpy as np
 import torch
 
-from hmt.data import BatchLoader, DatasetInfo
+from hmt.data import BatchLoader
 from hmt.supernet.calibrate import recalibrate_bn
 from hmt.supernet.space import ArchConfig
 from hmt.supernet.supernet import Supernet, VariantModule
@@ -54,32 +53,3 @@ def evaluate_variant(variant: VariantModule, loader: BatchLoader, *, autocast: b
             correct[i] += (out.argmax(1) == yb).sum()
         seen += len(yb)
     return [float(c) / max(1, seen) for c in correct.tolist()]
-
-
-def eval_loader(
-    x: np.ndarray,
-    y: np.ndarray | None,
-    *,
-    info: DatasetInfo,
-    batch_size: int,
-    device: torch.device,
-    channels_last: bool,
-) -> BatchLoader:
-    """A loader for evaluation or calibration: in order, no augmentation (labels optional)."""
-    labels = np.zeros(len(x), dtype=np.int64) if y is None else y
-    return BatchLoader(
-        x,
-        labels,
-        info=info,
-        batch_size=batch_size,
-        device=device,
-        augment=False,
-        shuffle=False,
-        generator=torch.Generator().manual_seed(0),
-        channels_last=channels_last,
-    )
-
-
-def batches_of(loader: BatchLoader) -> list[torch.Tensor]:
-    loader.set_epoch(0)
-    return [xb for xb, _ in loader]

@@ -11,12 +11,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hmt.data import BatchLoader, Dataset, split_train_val
+from hmt.data import BatchLoader, Dataset, eval_loader, split_train_val
 from hmt.supernet.space import ArchConfig
 from hmt.supernet.supernet import VariantModule, build_supernet
 from hmt.supernet.train.checkpoint import load_checkpoint, save_checkpoint
 from hmt.supernet.train.config import TrainConfig
-from hmt.supernet.train.evaluate import eval_loader
 from hmt.supernet.train.trainer import derive_seed, lr_at
 
 

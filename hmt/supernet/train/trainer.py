@@ -18,20 +18,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from hmt.data import BatchLoader, Dataset, load_dataset, split_train_val
+from hmt.data import BatchLoader, Dataset, batches_of, eval_loader, load_dataset, split_train_val
 from hmt.errors import UsageError
 from hmt.progress import ProgressCallback, no_progress
 from hmt.supernet.supernet import Supernet, build_supernet
-from hmt.supernet.train import phases
 from hmt.supernet.train.checkpoint import load_checkpoint, save_checkpoint
 from hmt.supernet.train.config import TrainConfig
 from hmt.supernet.train.distributed import DistContext, all_reduce_gradients, barrier, broadcast_state, init_distributed
-from hmt.supernet.train.evaluate import (
-    batches_of,
-    calibrated_variant,
-    eval_loader,
-    evaluate_exits,
-    evaluate_variant,
+from hmt.supernet.train.evaluate import calibrated_variant, evaluate_exits, evaluate_variant
+from hmt.supernet.train.phases import (
+    SubnetSampling,
+    exit_arch,
+    exit_head_parameters,
+    freeze_earlier_partitions,
+    partition_parameters,
+    step_distill,
+    step_finetune,
+    step_finetune_frozen,
+    step_supervised,
 )
 
 
@@ -310,7 +314,7 @@ def _phase_setup(
         params = [p for p in params if id(p) not in head_ids]
 
         def backbone_step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-            loss = phases.step_supervised(net, largest, xb, yb, config.label_smoothing)
+            loss = step_supervised(net, largest, xb, yb, config.label_smoothing)
             loss.backward()
             return loss
 
@@ -319,19 +323,19 @@ def _phase_setup(
         stage = int(name.removeprefix("partition"))
         stages = range(stage, stage + 1) if config.partition_mode == "freeze" else range(stage + 1)
         if config.finetune_original:
-            params = phases.partition_parameters(net, stages)
+            params = partition_parameters(net, stages)
             if config.partition_mode == "update-if-better":
                 params += [p for s in range(stage) for p in net.exits[s].parameters()]
         else:
             # The original is frozen: each partition trains its exit head on its features.
-            params = phases.exit_head_parameters(net, range(stage, stage + 1))
-        arch = phases.exit_arch(net, stage)
+            params = exit_head_parameters(net, range(stage, stage + 1))
+        arch = exit_arch(net, stage)
         freeze_earlier = config.partition_mode == "freeze"
 
         def partition_step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
             if freeze_earlier:
-                phases.freeze_earlier_partitions(net, stage)
-            loss = phases.step_supervised(net, arch, xb, yb, config.label_smoothing)
+                freeze_earlier_partitions(net, stage)
+            loss = step_supervised(net, arch, xb, yb, config.label_smoothing)
             if loss.requires_grad:
                 loss.backward()
             return loss
@@ -341,20 +345,20 @@ def _phase_setup(
         params = list(net.alternative_parameters())
 
         def distill_step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-            loss = phases.step_distill(net, xb, rng)
+            loss = step_distill(net, xb, rng)
             loss.backward()
             return loss
 
         return params, distill_step
     if name == "finetune" and not config.finetune_original:
-        params = list(net.alternative_parameters()) + phases.exit_head_parameters(net, range(net.space.num_stages))
+        params = list(net.alternative_parameters()) + exit_head_parameters(net, range(net.space.num_stages))
 
         def frozen_finetune_step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-            return phases.step_finetune_frozen(
+            return step_finetune_frozen(
                 net,
                 xb,
                 rng,
-                sampling=phases.SubnetSampling.of(config),
+                sampling=SubnetSampling.of(config),
                 exit_loss_weight=config.exit_loss_weight,
                 temperature=config.kd_temperature,
             )
@@ -364,12 +368,12 @@ def _phase_setup(
         params = list(net.parameters())
 
         def finetune_step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-            return phases.step_finetune(
+            return step_finetune(
                 net,
                 xb,
                 yb,
                 rng,
-                sampling=phases.SubnetSampling.of(config),
+                sampling=SubnetSampling.of(config),
                 label_smoothing=config.label_smoothing,
                 exit_loss_weight=config.exit_loss_weight,
                 temperature=config.kd_temperature,
@@ -386,7 +390,7 @@ def _phase_eval(
         return {}
     if name.startswith("partition"):
         stage = int(name.removeprefix("partition"))
-        acc = evaluate_exits(net, phases.exit_arch(net, stage), val_loader, autocast=autocast)
+        acc = evaluate_exits(net, exit_arch(net, stage), val_loader, autocast=autocast)
         return {"val_acc": acc[-1], "exit": stage}
     largest = net.space.largest()
     acc = evaluate_exits(net, largest, val_loader, autocast=autocast)
@@ -418,7 +422,7 @@ def _finish_partition(
     stage = int(name.removeprefix("partition"))
     if config.partition_mode == "update-if-better" and stage > 0 and snapshot is not None:
         previous = f"partition{stage - 1}"
-        new_acc = evaluate_exits(net, phases.exit_arch(net, stage - 1), val_loader, autocast=autocast)[-1]
+        new_acc = evaluate_exits(net, exit_arch(net, stage - 1), val_loader, autocast=autocast)[-1]
         if previous in state.partition_acc and new_acc <= state.partition_acc[previous]:
             net.load_state_dict(snapshot, strict=False)
             state.history.append(
@@ -432,7 +436,7 @@ def _finish_partition(
             )
         else:
             state.partition_acc[previous] = new_acc
-    state.partition_acc[name] = evaluate_exits(net, phases.exit_arch(net, stage), val_loader, autocast=autocast)[-1]
+    state.partition_acc[name] = evaluate_exits(net, exit_arch(net, stage), val_loader, autocast=autocast)[-1]
     return None
 
 

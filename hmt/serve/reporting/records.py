@@ -71,3 +71,12 @@ class Stats:
     shadow_runs: int = 0
     shadow_s: float = 0.0
     infeasible_ticks: int = 0
+
+    def add_request(self, latency_ms: float, miss: bool, exit_index: int, arch_id: str) -> None:
+        """Count one answered request (the caller holds the controller's state lock)."""
+        self.requests += 1
+        self.deadline_misses += miss
+        self.per_exit[exit_index] += 1
+        self.per_variant[arch_id] += 1
+        self.latency_ms.append(latency_ms)
+        self.latency_sum_ms += latency_ms

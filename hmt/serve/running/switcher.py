@@ -1,6 +1,6 @@
 """Hysteresis between the optimizer's proposals and the variant actually serving.
 
-Rules, applied to each :class:`~hmt.serve.optimizer.Decision` (one per tick):
+Rules, applied to each :class:`~hmt.serve.deciding.optimizer.Decision` (one per tick):
 
 - nothing is active yet: adopt the proposal;
 - the active variant violates the budgets (``current_feasible`` is False) for
@@ -17,7 +17,7 @@ Rules, applied to each :class:`~hmt.serve.optimizer.Decision` (one per tick):
 
 - the *home*: the variant the loop left on a violation (the first of a chain of them) is where
   the hysteresis would have kept it had the load not come. When the decision offers it again
-  (:class:`~hmt.serve.decision.DecisionPath` does so once it is feasible and no variant beats it
+  (:class:`~hmt.serve.deciding.decision.DecisionPath` does so once it is feasible and no variant beats it
   by ``score_margin``) it is climbed back to like an improvement (patience and dwell), without
   the margin: a switch on score, or reaching it, forgets it, and a return that violates again
   within two dwell times is not tried again. Without this, a loop that left the
@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 from hmt.errors import UsageError
 from hmt.runtime.settings import SwitchPolicy
-from hmt.serve.optimizer import Choice, Decision
+from hmt.serve.deciding.optimizer import Choice, Decision
 
 SWITCH_INITIAL = "initial"
 SWITCH_VIOLATION = "budget_violation"

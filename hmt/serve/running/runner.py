@@ -1,4 +1,4 @@
-"""serve's names for the runtime layer (kept for callers of ``hmt.serve.runner``).
+"""serve's names for the runtime layer (kept for callers of ``hmt.serve.running.runner``).
 
 Loading, verification, sessions and the chain runners live in :mod:`hmt.runtime`;
 :func:`load_runner` is :func:`hmt.runtime.variant.load_variant`.

@@ -22,6 +22,8 @@ from hmt.runtime.chain import Runner
 from hmt.runtime.variant import example_input, load_variant
 
 Loader = Callable[[str], Runner]
+# A variant that failed to load is not tried again for this long (each try costs a load).
+LOAD_RETRY_S = 30.0
 
 
 class VariantPool:
@@ -107,6 +109,13 @@ class VariantPool:
         with self._load_lock:
             self._loaded.pop(arch_id, None)
 
+    def preload_order(self, first: str) -> list[str]:
+        """``first``, the fastest variant (the fallback when budgets tighten), then the rest by accuracy."""
+        variants = self.bundle.spec.variants
+        order = [first, min(variants, key=lambda v: v.latency_ms).arch_id]
+        order.extend(v.arch_id for v in sorted(variants, key=lambda v: -v.accuracy))
+        return list(dict.fromkeys(order))
+
     def preload(self, order: Iterable[str], capacity_bytes: int | None) -> list[str]:
         """Load variants in ``order`` while the total stays within ``capacity_bytes``; failures are skipped."""
         done: list[str] = []
@@ -141,3 +150,27 @@ class VariantPool:
             evicted.append(arch_id)
         self.evictions += len(evicted)
         return evicted
+
+
+class LoadBackoff:
+    """Loads through ``pool``; a variant that failed to load is not tried again for ``retry_s``
+    (each try costs a load), and a call in that time fails at once, saying so."""
+
+    def __init__(self, pool: VariantPool, clock: Callable[[], float], retry_s: float = LOAD_RETRY_S) -> None:
+        self.pool = pool
+        self._clock = clock
+        self.retry_s = retry_s
+        self.failed: dict[str, float] = {}  # arch id -> when its last real try failed, on ``clock``
+
+    def load(self, arch_id: str) -> Runner:
+        failed_at = self.failed.get(arch_id)
+        if failed_at is not None and self._clock() - failed_at < self.retry_s:
+            raise ModelError(f"variant {arch_id!r} failed to load {self._clock() - failed_at:.1f} s ago; "
+                             f"retrying after {self.retry_s:g} s")
+        try:
+            runner = self.pool.load(arch_id)
+        except ModelError:
+            self.failed[arch_id] = self._clock()
+            raise
+        self.failed.pop(arch_id, None)
+        return runner

@@ -1,4 +1,4 @@
-"""The optimizer's table and load model of a bundle (split from :mod:`hmt.serve.controller`)."""
+"""The optimizer's table and load model of a bundle, and the latency estimator over that table."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from dataclasses import replace
 
 from hmt.bundle import Bundle
 from hmt.errors import HmtError
-from hmt.serve.optimizer import DEFAULT_ALPHA, OptimizerConfig, Variant
-from hmt.serve.settings import ServeSettings
+from hmt.runtime.settings import ServeSettings
+from hmt.serve.deciding.costs import Variant
+from hmt.serve.deciding.estimates import LatencyEstimator
+from hmt.serve.deciding.optimizer import DEFAULT_ALPHA, Optimizer, OptimizerConfig
 
 
 def variants_of(bundle: Bundle) -> list[Variant]:
@@ -39,3 +41,14 @@ def optimizer_config(bundle: Bundle, settings: ServeSettings) -> tuple[Optimizer
                 f"default {DEFAULT_ALPHA:g} (the profile has no load model)")
     energy = alpha if config.alpha_energy is None else config.alpha_energy
     return replace(config, alpha_latency=alpha, alpha_energy=energy), "profile models.load.alpha"
+
+
+def estimator_for(bundle: Bundle, optimizer: Optimizer, settings: ServeSettings) -> LatencyEstimator:
+    """The latency estimator of ``optimizer``'s table: each variant's prediction as its prior, on the
+    bundle's preferred engine until it runs, with serve.json's estimate and correction settings."""
+    table = optimizer.variants
+    c = settings.correction
+    engines = [bundle.spec.variant(v.arch_id).preferred_engine for v in table]
+    return LatencyEstimator([v.arch_id for v in table], [v.latency_ms for v in table], engines, settings.estimates,
+                            smoothing=c.smoothing, r_min=c.r_min, r_max=c.r_max,
+                            alpha_latency=optimizer.alpha_latency)

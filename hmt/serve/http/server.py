@@ -1,6 +1,6 @@
 """Run the API under uvicorn: loopback by default, a bearer token for anything else, a drain on SIGTERM.
 
-Connections are guarded below the app (:mod:`hmt.serve.connections`): a cap at accept
+Connections are guarded below the app (:mod:`hmt.serve.http.connections`): a cap at accept
 time, a receipt deadline for headers and body, TCP_NODELAY, a bounded shutdown. At start
 the soft file-descriptor limit is raised to the hard one, and the cap is kept below it.
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hmt.errors import DeviceError, UsageError
-from hmt.serve.connections import (
+from hmt.serve.http.connections import (
     AcceptErrorLog,
     ConnectionGuard,
     ConnectionStats,

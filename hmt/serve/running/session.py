@@ -21,10 +21,13 @@ import numpy as np
 
 from hmt.bundle import Bundle, load_checked_bundle
 from hmt.errors import HmtError, InputError, UsageError
-from hmt.serve.api import ApiOptions, create_app
+from hmt.runtime.settings import ENGINE_CHOICES, Budgets, EarlyExit, ServeSettings
 from hmt.serve.controller import Controller, TickRecord
-from hmt.serve.runner import numpy_dtype
-from hmt.serve.scenario import (
+from hmt.serve.http.api import ApiOptions, create_app
+from hmt.serve.http.server import ApiServer, ServerOptions
+from hmt.serve.reporting.timeline import plot_timeline, summarize, write_csv
+from hmt.serve.running.runner import numpy_dtype
+from hmt.serve.running.scenario import (
     DriveOptions,
     Inputs,
     LoadGenerator,
@@ -37,9 +40,6 @@ from hmt.serve.scenario import (
     drive,
     http_sender,
 )
-from hmt.serve.server import ApiServer, ServerOptions
-from hmt.serve.settings import ENGINE_CHOICES, Budgets, EarlyExit, ServeSettings
-from hmt.serve.timeline import plot_timeline, summarize, write_csv
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class SessionOptions:
     trusted_key: Path | None = None
     # ORT execution providers in order (serve --providers); None: the bundle target's list.
     providers: tuple[str, ...] | None = None
-    # serve --adapt (hmt.serve.adapt.AdaptSettings) and its optional labelled canary set.
+    # serve --adapt (hmt.serve.running.adapt.AdaptSettings) and its optional labelled canary set.
     adapt: Any = None
     canary: Path | None = None
 
@@ -98,7 +98,7 @@ def open_controller(bundle_path: Path | str, options: SessionOptions, **kwargs: 
     bundle = load_checked_bundle(bundle_path, trusted_key=options.trusted_key)
     settings = settings_for(bundle, options)
     if options.adapt is not None:
-        from hmt.serve.adapt import load_canary
+        from hmt.serve.running.adapt import load_canary
 
         canary = load_canary(Path(options.canary), bundle) if options.canary is not None else None
         kwargs["adapt"] = (options.adapt, canary)

@@ -21,7 +21,7 @@ import numpy as np
 
 from hmt.errors import UsageError
 from hmt.runtime.settings import LoadWeights
-from hmt.serve.monitor import ResourceSample
+from hmt.serve.deciding.monitor import ResourceSample
 
 
 def load_index(

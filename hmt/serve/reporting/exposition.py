@@ -86,7 +86,7 @@ def prometheus_text(controller: Controller, http_counts: Mapping[tuple[str, int]
 
 
 def _adapt_metrics(lines: list[str], adapt: Mapping[str, Any]) -> None:
-    """serve --adapt (hmt.serve.adapt): drift, the adapted variant, the guard and the worker's cost."""
+    """serve --adapt (hmt.serve.running.adapt): drift, the adapted variant, the guard and the worker's cost."""
     _metric(lines, "hmt_adapt_drifting", "gauge", "1 while the input statistics drift from the source data.",
             [({}, float(bool(adapt["drifting"])))])
     _metric(lines, "hmt_adapt_drift_score", "gauge", "Largest standardised distance of recent input statistics "
@@ -171,7 +171,7 @@ def openapi_document(spec: TensorSpec, body_limit_bytes: int, auth: bool) -> dic
                                 "schema": {"type": "number", "exclusiveMinimum": True, "minimum": 0}}],
                 "requestBody": {"required": True, "content": {
                     "application/x-npy": {"schema": {"type": "string", "format": "binary"}},
-                    # hmt.serve.inputs: .npy also as octet-stream (float tensor, uint8 pixels [H, W, C],
+                    # hmt.serve.http.inputs: .npy also as octet-stream (float tensor, uint8 pixels [H, W, C],
                     # or a batch [N, ...]); encoded images, normalised with the bundle's preprocessing.
                     "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
                     "image/jpeg": {"schema": {"type": "string", "format": "binary"}},

@@ -52,7 +52,7 @@ FIRST_BYTE_KEY = "hmt.first_byte_s"
 _ACCEPT_ERROR = "socket.accept() out of system resource"
 _REASONS = {408: b"Request Timeout", 503: b"Service Unavailable"}
 
-logger = logging.getLogger("hmt.serve.connections")
+logger = logging.getLogger("hmt.serve.http.connections")
 
 
 @dataclass

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hmt.bundle import BundleSpec, Preprocess, TensorSpec
-from hmt.serve.runner import numpy_dtype
+from hmt.serve.running.runner import numpy_dtype
 
 NPY_MEDIA_TYPE = "application/x-npy"
 OCTET_MEDIA_TYPE = "application/octet-stream"

@@ -1,15 +1,15 @@
 """The inference API: a starlette app over a :class:`~hmt.serve.controller.Controller`.
 
-Endpoints (see :func:`hmt.serve.exposition.openapi_document`): ``POST /v1/predict``,
+Endpoints (see :func:`hmt.serve.reporting.exposition.openapi_document`): ``POST /v1/predict``,
 ``GET /v1/health/live``, ``GET /v1/health/ready``, ``GET /v1/status``, ``GET /metrics``,
 ``GET /openapi.json``. Every error is JSON ``{"error": {"code", "message"}}``; a 500 says
 only that it happened (with an id to find it in the log), never the exception's text.
 
-Guards, in request order (below the app, :mod:`hmt.serve.connections` caps connections
+Guards, in request order (below the app, :mod:`hmt.serve.http.connections` caps connections
 and bounds how long a request may take to arrive): the bearer token (when one is set, on
 every path but, with ``health_without_token``, ``/v1/health/*``; constant-time compare);
 readiness (503); the body bound (``Content-Length`` first, then the streamed bytes, 413);
-decoding (:mod:`hmt.serve.inputs`: .npy, JSON, JPEG/PNG, uint8 pixels, batches; 400/413/
+decoding (:mod:`hmt.serve.http.inputs`: .npy, JSON, JPEG/PNG, uint8 pixels, batches; 400/413/
 415/422); admission to a bounded queue (429 when full); then the inference runs on a
 thread pool (the event loop only parses and answers) under a per-request deadline (504; a
 request still waiting in the queue at its deadline is dropped without running).
@@ -34,8 +34,8 @@ import math
 import secrets
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from collections import Counter
+from collections.abc import Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -49,10 +49,9 @@ from starlette.routing import Route
 
 from hmt.bundle import TensorSpec
 from hmt.errors import DeviceError, ModelError, UsageError
-from hmt.serve.connections import FIRST_BYTE_KEY, ConnectionStats
 from hmt.serve.controller import Controller, Prediction
-from hmt.serve.exposition import openapi_document, prometheus_text
-from hmt.serve.inputs import (
+from hmt.serve.http.connections import FIRST_BYTE_KEY, ConnectionStats
+from hmt.serve.http.inputs import (
     JSON_MEDIA_TYPE,
     NPY_MEDIA_TYPE,
     ApiError,
@@ -60,20 +59,21 @@ from hmt.serve.inputs import (
     as_items,
     decode,
 )
+from hmt.serve.reporting.exposition import openapi_document, prometheus_text
+from hmt.serve.reporting.http_metrics import LatencyWindow, http_metrics
 
 __all__ = ["JSON_MEDIA_TYPE", "NPY_MEDIA_TYPE", "ApiError", "ApiOptions", "create_app"]
 
 DEADLINE_HEADER = "x-deadline-ms"
 CLIENT_LATENCY_HEADER = "x-hmt-client-latency-ms"
 HEALTH_PREFIX = "/v1/health/"
-_WINDOW = 2048
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-logger = logging.getLogger("hmt.serve.api")
+logger = logging.getLogger("hmt.serve.http.api")
 
 
 @dataclass(frozen=True)
@@ -236,31 +236,6 @@ class InferenceService:
         self._executor.shutdown(wait=True)
 
 
-class LatencyWindow:
-    """Recent values (ms) and their running count/sum, thread-safe, for status and metrics."""
-
-    def __init__(self, size: int = _WINDOW) -> None:
-        self._values: deque[float] = deque(maxlen=size)
-        self._lock = threading.Lock()
-        self.count = 0
-        self.sum_ms = 0.0
-
-    def add(self, value_ms: float) -> None:
-        with self._lock:
-            self._values.append(value_ms)
-            self.count += 1
-            self.sum_ms += value_ms
-
-    def summary(self) -> dict[str, float] | None:
-        with self._lock:
-            values = np.array(self._values, dtype=np.float64)
-            count, total = self.count, self.sum_ms
-        if not values.size:
-            return None
-        return {"p50": float(np.percentile(values, 50)), "p95": float(np.percentile(values, 95)),
-                "p99": float(np.percentile(values, 99)), "count": count, "sum": total}
-
-
 # -- the app ---------------------------------------------------------------------------------
 
 
@@ -331,40 +306,6 @@ def _prediction_json(p: Prediction, class_names: tuple[str, ...] | None) -> dict
         "compute_ms": p.compute_ms,
         "over_budget": p.deadline_miss,
     }
-
-
-def _http_metrics(stats: ConnectionStats, spans: LatencyWindow, client: LatencyWindow) -> str:
-    """Prometheus lines of the HTTP and connection layers (appended to the controller's)."""
-    lines: list[str] = []
-
-    def metric(name: str, kind: str, help_text: str, samples: Iterable[tuple[Mapping[str, str], float]]) -> None:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            suffix = "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""
-            lines.append(f"{name}{suffix} {float(value):.9g}")
-
-    metric("hmt_connections_open", "gauge", "Open HTTP connections.", [({}, stats.open)])
-    metric("hmt_connections_max", "gauge", "Connection cap (accept time).", [({}, stats.max_connections)])
-    metric("hmt_connection_events_total", "counter",
-           "Connections accepted, evicted for a new one, refused at the cap, cut at the receipt deadline or "
-           "at shutdown, and accept() failures.",
-           [({"event": e}, getattr(stats, f)) for e, f in (
-               ("accepted", "accepted"), ("evicted", "evicted"), ("refused_full", "refused_full"),
-               ("receipt_timeout", "receipt_timeouts"), ("shutdown_cut", "shutdown_cut"),
-               ("accept_error", "accept_errors"))])
-    for name, window, help_text in (
-            ("hmt_request_span_ms", spans, "Whole server-side span of answered predictions, first byte in to "
-                                           "last byte out (recent window)."),
-            ("hmt_client_latency_ms", client, "Latency clients reported for their previous request "
-                                              "(X-HMT-Client-Latency-Ms, recent window).")):
-        summary = window.summary()
-        quantiles = [({"quantile": q}, summary[k]) for q, k in (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"))] \
-            if summary else []
-        metric(name, "summary", help_text, quantiles)
-        lines.append(f"{name}_sum {window.sum_ms:.9g}")
-        lines.append(f"{name}_count {window.count}")
-    return "\n".join(lines) + "\n"
 
 
 def create_app(controller: Controller, options: ApiOptions | None = None,
@@ -453,7 +394,7 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
     @guarded
     async def metrics(request: Request) -> Response:
         text = prometheus_text(controller, dict(counts), service.admitted, opts.max_queue)
-        text += _http_metrics(guard.connection_stats, spans, client_latency)
+        text += http_metrics(guard.connection_stats, spans, client_latency)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @guarded

@@ -3,15 +3,15 @@
 A tick has two timed stages (``estimate_us`` and ``decision_us`` in its record):
 
 - :meth:`DecisionPath.feasible`: the estimates (kept up to date on each measurement by
-  :class:`~hmt.serve.estimates.LatencyEstimator`) against the budgets give the *feasible set*
+  :class:`~hmt.serve.deciding.estimates.LatencyEstimator`) against the budgets give the *feasible set*
   (a bit mask over the table) and the fallback when it is empty
-  (:meth:`~hmt.serve.optimizer.Optimizer.feasible_mask`); recomputed only when the estimates,
+  (:meth:`~hmt.serve.deciding.optimizer.Optimizer.feasible_mask`); recomputed only when the estimates,
   the load bucket, the compute budget or a budget changed;
 - :meth:`DecisionPath.choose`: eq. 3 over the feasible set. A choice depends only on (feasible
   set, mu, active variant), so it is computed once per such triple and then looked up.
 
 Everything else the tick records (:meth:`DecisionPath.record`: the full
-:class:`~hmt.serve.optimizer.Decision` with its predictions) is built after the timed part.
+:class:`~hmt.serve.deciding.optimizer.Decision` with its predictions) is built after the timed part.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from dataclasses import replace
 from typing import Any
 
 from hmt.runtime.settings import Budgets
-from hmt.serve.monitor import ResourceSample
-from hmt.serve.optimizer import REASON_BEST, Choice, Decision, Optimizer, mu_from_battery
+from hmt.serve.deciding.costs import mu_from_battery
+from hmt.serve.deciding.monitor import ResourceSample
+from hmt.serve.deciding.optimizer import REASON_BEST, Choice, Decision, Optimizer
 
 _CACHE_MAX_ENTRIES = 4096
 

@@ -83,7 +83,7 @@ def load_canary(path: Path, bundle: Bundle) -> tuple[np.ndarray, np.ndarray]:
     directory: one sub-folder per class (its name in the bundle's class names, or the class
     index), JPEG/PNG images inside.
     """
-    from hmt.serve.inputs import InputSpec, decode_image, normalise
+    from hmt.serve.http.inputs import InputSpec, decode_image, normalise
 
     spec = InputSpec.of_bundle(bundle.spec)
     shape = tuple(bundle.spec.input.shape)

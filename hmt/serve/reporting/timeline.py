@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from hmt.serve.controller import TickRecord
-from hmt.serve.scenario import RequestRecord
+from hmt.serve.running.scenario import RequestRecord
 
 WINDOW_S = 0.5
 MAX_MISS_SHARE = 0.05

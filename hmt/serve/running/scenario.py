@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from hmt.errors import DeviceError, InputError, UsageError
-from hmt.serve.monitor import PsutilSampler, ResourceSample, Sampler
+from hmt.serve.deciding.monitor import PsutilSampler, ResourceSample, Sampler
 
 COLUMNS = ("time_s", "cpu_load", "memory_budget_mb", "battery_pct", "latency_budget_ms",
            # the link between device and peer, read by the offload proxy (hmt.offload.proxy); serve ignores them

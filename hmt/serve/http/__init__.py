@@ -1,0 +1,1 @@
+"""The HTTP face: the starlette app, request-body decoding, connection guards and the uvicorn server."""

@@ -1,0 +1,108 @@
+"""Measuring the variants that are not serving (issue 14 item 1), so their estimates stay measured.
+
+- shadow runs: between decisions, a stale, loaded, idle variant runs on a recent input, while
+  the device is idle and within a bounded share of the wall time;
+- probes: every ``1 / estimates.probe_share``-th request is served by the nearest faster
+  variant not measured lately, whose measurement calibrates its prior.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from hmt.errors import HmtError
+from hmt.runtime.chain import Runner
+from hmt.runtime.settings import ServeSettings
+from hmt.serve.deciding.estimates import LatencyEstimator
+from hmt.serve.deciding.optimizer import Optimizer
+from hmt.serve.reporting.records import Stats
+from hmt.serve.running.pool import VariantPool
+
+
+class ShadowRuns:
+    """Shadow runs and probes of one controller's variants (``fixed``: one variant only, none)."""
+
+    def __init__(self, pool: VariantPool, estimator: LatencyEstimator, settings: ServeSettings, stats: Stats,
+                 state_lock: threading.Lock, known_ids: frozenset[str], *, fixed: bool,
+                 now_s: Callable[[], float]) -> None:
+        self.pool = pool
+        self.estimator = estimator
+        self.settings = settings
+        self.stats = stats
+        self._state_lock = state_lock
+        self._known_ids = known_ids  # the pool may also hold serve --adapt's variant
+        self._fixed = fixed
+        self._now_s = now_s
+        self.last_input: np.ndarray | None = None  # the latest request's input, run by shadow runs
+        self._next = 0
+        share = settings.estimates.probe_share
+        self._probe_every = round(1.0 / share) if share > 0 else 0  # requests (see probe)
+        self._request_count = 0
+
+    def _candidates(self, active_arch_id: str | None) -> list[str]:
+        if self._fixed or not self.estimator.measure or self.last_input is None:
+            return []
+        now = self._now_s()
+        known = self._known_ids
+        return [a for a in self.pool.loaded_ids()
+                if a != active_arch_id and a in known and self.estimator.stale(a, now)]
+
+    def wanted(self, active_arch_id: str | None, load_now: float) -> bool:
+        estimates = self.settings.estimates
+        share = estimates.shadow_share
+        return share > 0 and load_now < estimates.shadow_max_load and bool(self._candidates(active_arch_id)) \
+            and self.stats.shadow_s <= share * max(self._now_s(), 1e-3)
+
+    def run(self, active_arch_id: str | None, load_now: float, load_scale: float) -> tuple[bool, str | None]:
+        """Run one stale, loaded, idle variant on a recent input and record its time; (whether a run
+        happened, the error of a failed one).
+
+        Only while the device is idle (outside load index below ``estimates.shadow_max_load``)
+        and the shadow time so far is within ``estimates.shadow_share`` of the wall time:
+        measurements of the alternatives must not cost the requests being served (on busy cores
+        the priors follow the engine's r instead). The caller checks no request is in flight.
+        """
+        if not self.wanted(active_arch_id, load_now):
+            return False, None
+        candidates = self._candidates(active_arch_id)
+        arch_id = candidates[self._next % len(candidates)]
+        self._next += 1
+        runner = self.pool.get(arch_id)
+        x = self.last_input
+        if runner is None or x is None or not runner.warm:
+            return False, None
+        early = self.settings.early_exit
+        start = time.perf_counter()
+        try:
+            result = runner.run(x, early.confidence if early.enabled else None)
+        except HmtError as exc:
+            return False, f"shadow run of {arch_id!r} failed: {exc}"
+        spent_s = time.perf_counter() - start
+        predicted_ms = runner.variant.latency_ms * load_scale * result.predicted_share
+        with self._state_lock:
+            self.estimator.observe(arch_id, result.compute_ms, predicted_ms, self._now_s(), load_now)
+            self.stats.shadow_runs += 1
+            self.stats.shadow_s += spent_s
+        return True, None
+
+    def probe(self, base: Runner, optimizer: Optimizer) -> Runner | None:
+        """Every ``1 / estimates.probe_share``-th request: the nearest variant faster than ``base``
+        (by the profile's order) with no measurement within ``estimates.memory_s``, loaded and
+        warm, to serve it instead (its measurement calibrates the variant's prior); else None."""
+        every = self._probe_every
+        if not every or self._fixed or not self.estimator.measure:
+            return None
+        self._request_count += 1
+        if self._request_count % every:
+            return None
+        since_s = self._now_s() - self.settings.estimates.memory_s
+        for variant in reversed(optimizer.variants[:optimizer.position(base.arch_id)]):
+            if not self.estimator.measured_since(variant.arch_id, since_s):
+                runner = self.pool.get(variant.arch_id)
+                if runner is not None and runner.warm:
+                    return runner
+        return None

@@ -1,0 +1,26 @@
+"""An elastified supernet rebuilt from its artifact's record (no training code).
+
+``hmt.supernet.artifact.load_supernet`` calls :func:`rebuild` for an artifact whose model
+info carries an ``elastify`` record; training (``hmt.supernet.elastify.train``) writes that
+record and depends on the artifact module, never the other way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hmt.supernet.elastify.source import ModelSpec, build_model
+from hmt.supernet.elastify.supernet import ElastifiedSupernet
+
+
+def rebuild(model_info: dict[str, Any], source_file: Path | None) -> ElastifiedSupernet:
+    """The supernet of an artifact, without weights (``load_supernet`` loads them next)."""
+    info = model_info["elastify"]
+    spec = ModelSpec.from_json_dict(info["model"])
+    model = build_model(spec, file_override=source_file)
+    operators = model_info.get("operators")
+    # The seed and init only shape fresh weights, which the artifact's weights replace.
+    return ElastifiedSupernet(model, name=spec.torchvision or str(spec.factory),
+                              input_shape=tuple(spec.input_shape[1:]), leaves=spec.leaves,
+                              operators=tuple(operators) if operators is not None else None, seed=0, init=False)
