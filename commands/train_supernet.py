@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from commands._options import DebugOpt, JsonOpt, QuietOpt
+from commands._options import DebugOpt, ForceOpt, JsonOpt, QuietOpt
 from commands._output import Output
 from commands.app import app, run_command
 
@@ -114,6 +114,7 @@ def train_supernet_command(
         typer.Option("--leaf", help="Keep this submodule (e.g. layer2.0.gate) as one opaque, unchanged block; "
                      "the way out for code torch.fx cannot trace. Repeatable."),
     ] = None,
+    force: ForceOpt = False,
     json_mode: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -153,7 +154,7 @@ def train_supernet_command(
             overrides["extra"] = _elastify_extra(model, torchvision_name, weights, input_shape, leaf or [],
                                                  bool(finetune_original))
             resolved = resolve_config(preset=preset, config_file=config, overrides=overrides)
-            _elastify(output, resolved, out, cache_dir, checkpoint_dir, restart, keep_checkpoint)
+            _elastify(output, resolved, out, cache_dir, checkpoint_dir, restart, keep_checkpoint, force)
             return
         if weights is not None or leaf or input_shape is not None:
             from hmt.errors import UsageError
@@ -173,6 +174,8 @@ def train_supernet_command(
                 keep_checkpoint=keep_checkpoint,
                 cache_dir=cache_dir,
                 progress=progress,
+                force=force,
+                notify=output.note,
             )
         if result is None:
             return
@@ -224,7 +227,7 @@ def _elastify_extra(
 
 def _elastify(
     output: Output, resolved: Any, out: Path, cache_dir: Path | None, checkpoint_dir: Path | None, restart: bool,
-    keep_checkpoint: bool,
+    keep_checkpoint: bool, force: bool,
 ) -> None:
     from hmt.supernet.elastify.train import elastify_supernet
 
@@ -233,7 +236,8 @@ def _elastify(
     output.note(f"elastifying {what} on {resolved.dataset} ({resolved.data_path or 'embedded subset'}) -> {out}")
     with output.progress() as progress:
         result = elastify_supernet(resolved, out, cache_dir=cache_dir, progress=progress,
-                                   checkpoint_dir=checkpoint_dir, restart=restart, keep_checkpoint=keep_checkpoint)
+                                   checkpoint_dir=checkpoint_dir, restart=restart, keep_checkpoint=keep_checkpoint,
+                                   force=force, notify=output.note)
     m, report = result.metrics, result.report
     rows = [[b["name"], _modules_label(b), b["kind"], " ".join(b["choices"])] for b in report["blocks"]]
     output.table("blocks (choices offered; notes in elastify.json)", ["block", "module", "kind", "choices"], rows)

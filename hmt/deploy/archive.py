@@ -326,3 +326,16 @@ def extract_archive(archive: Path, dest: Path, *, max_total_bytes: int = MAX_TOT
         if only.is_dir():
             return only
     return dest
+
+
+def is_bundle_archive(path: Path) -> bool:
+    """Whether ``path`` is an hmt bundle archive (as deploy writes it: a folder, then its
+    ``manifest.json`` first); read from the start only, so a large archive costs nothing."""
+    try:
+        with tarfile.open(path, mode="r:gz") as tar:
+            first, second = tar.next(), tar.next()
+    except (OSError, tarfile.TarError, EOFError):
+        return False
+    if first is None or second is None or not first.isdir():
+        return False
+    return second.name == f"{first.name}/{MANIFEST_NAME}" and second.isfile()

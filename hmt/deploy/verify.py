@@ -76,8 +76,12 @@ def opened_bundle(path: Path | str) -> Iterator[Path]:
     if path.is_dir():
         yield path
         return
+    if not path.exists():
+        raise InputError(f"{path}: does not exist; expected a bundle directory (hmt deploy --out) or its .tar.gz")
     if not is_archive(path):
-        raise InputError(f"{path}: not a bundle directory or a .tar.gz archive")
+        kind = f"a {path.suffix} file" if path.suffix else "a file"
+        raise InputError(f"{path}: is {kind}, not a bundle; expected a bundle directory (hmt deploy --out) or its "
+                         ".tar.gz archive")
     with tempfile.TemporaryDirectory(prefix="hmt-verify-") as tmp:
         root = extract_archive(path, Path(tmp))
         try:

@@ -160,7 +160,7 @@ def test_key_files_are_checked(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no such public key file; create one with"):
         load_public_key(tmp_path / "absent.pub")
     private, _ = _keys(tmp_path)
-    with pytest.raises(InputError, match="exists; refusing to overwrite"):
+    with pytest.raises(InputError, match="already exists; hmt never overwrites it"):
         generate_key_pair(private)
 
 

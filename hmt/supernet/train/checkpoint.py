@@ -14,9 +14,25 @@ from typing import Any
 import torch
 
 from hmt.artifacts import atomic_write_bytes
+from hmt.artifacts.outputs import check_owned_folder, remove_owned_files
 from hmt.errors import ArtifactError, UsageError
 
 CHECKPOINT_NAME = "checkpoint.pt"
+
+
+def claim_checkpoint_dir(directory: Path, *, inputs: tuple[Path | str, ...] = ()) -> Path:
+    """Refuse a checkpoint folder holding anything but hmt's checkpoint (it is emptied after success)."""
+    return check_owned_folder(directory, names=(CHECKPOINT_NAME,), what="--checkpoint-dir", inputs=inputs)
+
+
+def release_checkpoint_dir(directory: Path) -> None:
+    """Remove the checkpoint, and the folder if nothing else is in it."""
+    remove_owned_files(directory, names=(CHECKPOINT_NAME,))
+
+
+def resume_message(directory: Path, epochs_done: int, where: str) -> str:
+    """The line a resumed run reports: which epoch it goes on from, and from which checkpoint."""
+    return f"resuming from epoch {epochs_done + 1} ({where}), checkpoint {directory / CHECKPOINT_NAME}"
 
 
 def save_checkpoint(directory: Path, state: dict[str, Any]) -> None:

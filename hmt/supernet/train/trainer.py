@@ -23,7 +23,13 @@ from hmt.errors import UsageError
 from hmt.progress import ProgressCallback, no_progress
 from hmt.supernet.supernet import Supernet, build_supernet
 from hmt.supernet.train import phases
-from hmt.supernet.train.checkpoint import load_checkpoint, save_checkpoint
+from hmt.supernet.train.checkpoint import (
+    CHECKPOINT_NAME,
+    claim_checkpoint_dir,
+    load_checkpoint,
+    resume_message,
+    save_checkpoint,
+)
 from hmt.supernet.train.config import TrainConfig
 from hmt.supernet.train.distributed import DistContext, all_reduce_gradients, barrier, broadcast_state, init_distributed
 from hmt.supernet.train.evaluate import (
@@ -136,6 +142,7 @@ def train_supernet_model(
     cache_dir: Path | None = None,
     progress: ProgressCallback = no_progress,
     stop_after_epochs: int | None = None,
+    notify: Callable[[str], None] = lambda message: None,
 ) -> TrainedSupernet:
     """Run (or resume) every phase; returns the trained network and what is needed to
     evaluate it. ``stop_after_epochs`` stops after that many epochs of this invocation,
@@ -162,9 +169,10 @@ def train_supernet_model(
     if config.pretrained:
         net.load_pretrained(Path(config.pretrained))
     state = TrainingState()
+    claim_checkpoint_dir(checkpoint_dir)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     if restart:
-        (checkpoint_dir / "checkpoint.pt").unlink(missing_ok=True)
+        (checkpoint_dir / CHECKPOINT_NAME).unlink(missing_ok=True)
     saved = load_checkpoint(checkpoint_dir, config_fingerprint=config.fingerprint())
     optimizer_state = None
     if saved is not None:
@@ -179,6 +187,9 @@ def train_supernet_model(
         )
         optimizer_state = saved.get("optimizer")
         snapshot = saved.get("partition_snapshot")
+        epochs_done = sum(1 for h in state.history if "epoch_s" in h)
+        notify(resume_message(checkpoint_dir, epochs_done, f"phase {state.phase_index + 1}, its epoch "
+                                                           f"{state.epoch + 1}"))
     else:
         snapshot = None
     net.to(device)
