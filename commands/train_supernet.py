@@ -130,7 +130,7 @@ def train_supernet_command(
 
             output.result({"backbones": sorted(BACKBONES)}, "\n".join(sorted(BACKBONES)))
             return
-        from hmt.supernet.train import resolve_config, train_supernet
+        from hmt.supernet.train import check_training_outputs, default_checkpoint_dir, resolve_config, train_supernet
 
         overrides: dict[str, Any] = {
             "backbone": backbone,
@@ -161,6 +161,7 @@ def train_supernet_command(
 
             raise UsageError("--weights, --input-shape and --leaf go with --model or --torchvision")
         resolved = resolve_config(preset=preset, config_file=config, overrides=overrides)
+        check_training_outputs(resolved, out, checkpoint_dir or default_checkpoint_dir(out), force=force)
         output.note(
             f"training {resolved.backbone} supernet on {resolved.dataset} "
             f"({resolved.data_path or 'embedded subset'}) -> {out}"

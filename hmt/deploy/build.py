@@ -16,6 +16,7 @@ whole bundle fails instead and nothing is written.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -347,7 +348,9 @@ def deploy_bundle(
         "target": target.name,
         "fused": relative_to_artifact(fused.root, out_dir),
         "pareto": relative_to_artifact(front.artifact.root, out_dir),
-        "profile": relative_to_artifact(profile_path, out_dir) if options.profile is not None else profile_path.name,
+        # A profile directory is an artifact (recorded relative to this one); a file, by name and sha256.
+        "profile": relative_to_artifact(profile_path, out_dir) if profile_path.is_dir() else profile_path.name,
+        "profile_sha256": hashlib.sha256(profile_bytes).hexdigest(),
         "variants": [v.arch_id for v in variants],
         "engines": list(options.engines),
         "strict": options.strict,

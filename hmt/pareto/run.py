@@ -289,7 +289,9 @@ def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions
                             + ", ".join(f"{m} +{100 * e:.1f}%" for m, e in answer.closest["excess"].items()) + ")"
                             if answer.closest else ""))
 
-    profile_record: dict[str, Any] = {**predictor.describe(), "path": relative_to_artifact(profile, out)}
+    # A profile directory is an artifact (recorded relative to this one); a file, by name (and sha256 below).
+    profile_where = relative_to_artifact(profile, out) if profile.is_dir() else profile.name
+    profile_record: dict[str, Any] = {**predictor.describe(), "path": profile_where}
     parents: list[Any] = [loaded.artifact]
     if profile.is_dir():
         from hmt.artifacts import load_artifact
@@ -347,8 +349,7 @@ def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions
         title=f"{loaded.space.tag} on {device_profile.name} ({options.search.method}, "
               f"{result.evaluations} evaluations)",
     )
-    config = options.to_json_dict(out) | {"supernet": relative_to_artifact(supernet, out),
-                                          "profile": relative_to_artifact(profile, out)}
+    config = options.to_json_dict(out) | {"supernet": relative_to_artifact(supernet, out), "profile": profile_where}
     metrics["total_wall_s"] = time.perf_counter() - start
     write_pareto_artifact(out, front_doc=front_doc, index=index, archive_rows=archive_rows, plot_png=plot,
                           config=config, parents=parents, metrics=metrics, force=force,

@@ -470,7 +470,7 @@ def _write(out_dir: Path, config: TrainConfig, net: ElastifiedSupernet, spec: Mo
         "num_classes": net.space.num_classes,
         "input_shape": list(net.space.input_shape),
         "operators": list(config.operators) if config.operators is not None else None,
-        "dataset": data.info.to_json_dict(),
+        "dataset": data.info.to_artifact_dict(),
         "elastify": {
             "model": {**spec.to_json_dict(), "num_classes": net.space.num_classes, "weights": None,
                       "file": Path(spec.file).name if spec.file else None},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ class TrainResult:
 
 
 def default_checkpoint_dir(out_dir: Path) -> Path:
+    out_dir = Path(os.path.abspath(out_dir))  # "." has no name to derive the folder's from
     return out_dir.with_name(out_dir.name + ".ckpt")
 
 
@@ -151,7 +153,7 @@ def train_supernet(
                 data.info.num_classes,
                 data.info.input_shape,
                 config.operators,
-                data.info.to_json_dict(),
+                data.info.to_artifact_dict(),
             ).encode(),
         )
         table.to_csv(writer.path(VARIANTS), index=False)
