@@ -156,7 +156,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 def _recover_interrupted_swap(out_dir: Path) -> None:
     out_dir = Path(os.path.abspath(out_dir))  # "." has no name to derive the backup's from
     backup = out_dir.with_name(out_dir.name + _BACKUP_SUFFIX)
-    if backup.exists():
+    if backup.exists() and (backup / MANIFEST_NAME).is_file():  # only a previous artifact hmt moved aside
         if out_dir.exists():
             shutil.rmtree(backup, ignore_errors=True)
         else:

@@ -119,8 +119,12 @@ def write_archive(bundle_dir: Path, archive: Path | None = None, *, root_name: s
     ``hmt deploy`` does not call this after the build: it commits the archive together with
     the directory (:meth:`hmt.artifacts.ArtifactWriter.companion`).
     """
+    from hmt.artifacts.outputs import check_output_file
+
     bundle_dir = Path(os.path.abspath(bundle_dir))
     archive = archive_path_for(bundle_dir) if archive is None else Path(os.path.abspath(archive))
+    check_output_file(archive, recognise=is_bundle_archive, description="an hmt bundle archive",
+                      inputs=[bundle_dir], what="archive")
     fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(archive.name), suffix=".tmp", dir=archive.parent)
     try:
         with os.fdopen(fd, "wb") as raw:
