@@ -204,7 +204,7 @@ def serve_command(
 
     def body(output: Output) -> None:
         from commands._checks import check_budget_flags
-        from hmt.deploy.verify import opened_bundle
+        from hmt.deploy.verify import check_archive_binding, opened_bundle
 
         check_budget_flags(latency_ms=latency_ms, memory_mb=memory_mb)
         if timeline_out is not None:
@@ -214,6 +214,7 @@ def serve_command(
         # An archive is extracted (with verify's bounds) into a private folder removed on exit.
         with opened_bundle(bundle) as root:
             if root != bundle:
+                check_archive_binding(bundle, root)  # as verify: not a stale archive beside a rebuilt bundle
                 output.note(f"extracted {bundle} to a temporary folder; it is removed when serve stops")
             serve(output, root)
 

@@ -44,7 +44,7 @@ def load_sets(path: Path, *, names: Sequence[str] | None, limit: int | None) -> 
     from hmt.data.cifar import CIFAR10_MEAN, CIFAR10_STD
 
     if not path.exists():
-        raise InputError(f"{path}: no such data directory")
+        raise InputError(f"{path}: does not exist; expected a data directory")
     if (path / "manifest.json").is_file():
         from hmt.artifacts import load_artifact
 

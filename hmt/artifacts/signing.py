@@ -45,7 +45,7 @@ def _read_key_file(path: Path, what: str) -> bytes:
             raise InputError(f"{path}: {size} bytes; expected a small PEM {what}")
         return path.read_bytes()
     except FileNotFoundError:
-        raise InputError(f"{path}: no such {what} file; {_OPENSSL_HINT}") from None
+        raise InputError(f"{path}: does not exist; expected a {what} file; {_OPENSSL_HINT}") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read the {what} ({exc})") from exc
 

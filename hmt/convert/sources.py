@@ -108,7 +108,7 @@ def load_state_dict(path: Path) -> dict[str, Any]:
     import torch
 
     if not path.is_file():
-        raise InputError(f"{path}: no such weights file")
+        raise InputError(f"{path}: does not exist; expected a weights file")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 

@@ -307,7 +307,7 @@ def extract_archive(archive: Path, dest: Path, *, max_total_bytes: int = MAX_TOT
     """
     archive = Path(archive)
     if not archive.is_file():
-        raise InputError(f"{archive}: no such archive")
+        raise InputError(f"{archive}: does not exist; expected a bundle archive (.tar.gz)")
     dest.mkdir(parents=True, exist_ok=True)
     try:
         with tarfile.open(archive, mode="r:*") as tar:

@@ -399,7 +399,7 @@ def deploy_bundle(
             from hmt.deploy.adaptable import add_adaptable
 
             progress("adaptable", 0, len(bundled), None)
-            bundled, adapt_notes = add_adaptable(writer, bundled, front.doc, options.supernet)
+            bundled, adapt_notes = add_adaptable(writer, bundled, front, options.supernet)
             notes.extend(adapt_notes)
             notes.append("variants with extra.adaptable carry BN-adaptable graphs (variants/<arch_id>/adapt): "
                          "hmt serve --adapt re-estimates their BN statistics on recent inputs without torch")

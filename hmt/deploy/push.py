@@ -93,7 +93,7 @@ def push_bundle(bundle_dir: Path | str, destination: str, *, port: int | None = 
             raise UsageError(f"--ssh-option {option!r}: expected KEY=VALUE (passed to ssh as -o KEY=VALUE)")
     dest = parse_destination(destination)
     if identity is not None and not Path(identity).is_file():
-        raise UsageError(f"--ssh-identity {identity}: no such key file")
+        raise UsageError(f"--ssh-identity {identity}: does not exist; expected an ssh key file")
     ssh = _ssh_command(port=port, identity=identity, options=ssh_options)
     use = tool if tool != "auto" else ("rsync" if shutil.which("rsync") else "scp")
     remote_dir = f"{dest.path.rstrip('/')}/{bundle_dir.name}"

@@ -427,8 +427,6 @@ def fuse_model(
     from hmt.artifacts.paths import relative_to_artifact
 
     options = options or FuseOptions()
-    inputs = [converted_dir]
-    check_output_dir(out_dir, kind=FUSED_KIND, inputs=inputs, force=force)
     unknown = [e for e in options.engines if e not in ENGINES]
     if unknown:
         raise UsageError(f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(ENGINES)}")
@@ -447,6 +445,8 @@ def fuse_model(
     passes = list(options.passes) if options.passes is not None else fusion_pass_names()
     resolve_passes(passes, category="fusion")
     artifact, converted = load_converted(converted_dir)
+    inputs = [converted_dir]
+    check_output_dir(out_dir, kind=FUSED_KIND, inputs=inputs, force=force)
     config = {
         "passes": passes, "engines": list(options.engines), "device": options.device,
         "tune_trials": options.tune_trials,

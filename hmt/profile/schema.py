@@ -274,7 +274,8 @@ def read_profile_json(path: Path) -> DeviceProfile:
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError as exc:
-        raise InputError(f"{path}: no such profile file") from exc
+        raise InputError(f"{path}: does not exist; expected a profile-device artifact directory or a profiles/*.json "
+                         "file") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: not valid JSON ({exc})") from exc
     return profile_from_doc(doc, source=str(path), base_dir=path.parent)

@@ -30,6 +30,7 @@ def invoke(*args: str) -> tuple[int, str]:
 def _artifact(path: Path, kind: str) -> Path:
     with ArtifactWriter(path, kind=kind, config={}) as writer:
         writer.write_json("a.json", {"kind": kind})
+        writer.write_json("report.json", {"variants": []})  # what fuse reads of a converted artifact first
     return path
 
 

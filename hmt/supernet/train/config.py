@@ -249,7 +249,7 @@ def resolve_config(
         try:
             loaded = json.loads(Path(config_file).read_text())
         except FileNotFoundError as exc:
-            raise InputError(f"{config_file}: no such config file") from exc
+            raise InputError(f"{config_file}: does not exist; expected a JSON config file") from exc
         except json.JSONDecodeError as exc:
             raise InputError(f"{config_file}: not valid JSON ({exc})") from exc
         if not isinstance(loaded, dict):
