@@ -231,8 +231,11 @@ def _elastify(
     keep_checkpoint: bool, force: bool,
 ) -> None:
     from hmt.supernet.elastify.train import elastify_supernet
+    from hmt.supernet.train import check_training_outputs, default_checkpoint_dir
 
     spec = resolved.extra["elastify"]
+    check_training_outputs(resolved, out, checkpoint_dir or default_checkpoint_dir(out), force=force,
+                           inputs=(spec.get("file"), spec.get("weights")))
     what = spec["torchvision"] or f"{spec['file']}:{spec['factory']}"
     output.note(f"elastifying {what} on {resolved.dataset} ({resolved.data_path or 'embedded subset'}) -> {out}")
     with output.progress() as progress:
