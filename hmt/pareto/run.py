@@ -148,6 +148,10 @@ def check_inputs(supernet: Path | str, profile: Path | str, out: Path | str, opt
     from hmt.profile.schema import ARTIFACT_KIND
     from hmt.supernet.artifact import KIND as SUPERNET_KIND
 
+    if options.precision.extra:  # a usage error first: fp16 needs a GPU provider to be timed
+        from hmt.pareto.precision import check_device
+
+        check_device(options.precision, options.device)
     load_artifact(supernet, kind=SUPERNET_KIND, verify_checksums=False)
     profile = Path(profile)
     if not profile.exists():
