@@ -53,14 +53,14 @@ def load_sets(path: Path, *, names: Sequence[str] | None, limit: int | None) -> 
         if kind != SHIFT_SET_KIND:
             raise InputError(f"{path}: is a {kind} artifact; --data expects a shift set or a CIFAR-10 source")
         shift = load_shift_set(path, names=names)
-        sets, labels, source = shift.sets, shift.labels, str(path)
+        sets, labels, source = shift.sets, shift.labels, path.name  # by name: no path of this machine
     else:
         from hmt.data import load_dataset
 
         if names and list(names) != ["test"]:
             raise UsageError(f"{path}: a CIFAR-10 source has one set, 'test'; got --set {', '.join(names)}")
         data = load_dataset("cifar10", path)
-        sets, labels, source = {"test": data.test_x}, data.test_y, data.info.source
+        sets, labels, source = {"test": data.test_x}, data.test_y, Path(data.info.source).name or data.info.source
     if limit is not None:
         keep = balanced_split(labels, limit)[0]
         sets = {k: v[keep] for k, v in sets.items()}
