@@ -83,6 +83,16 @@ def _list_targets(output: Output) -> None:
     output.result({"targets": [t.to_json_dict() for t in targets]})
 
 
+def _gen_key(output: Output, path: Path) -> None:
+    from hmt.artifacts.signing import generate_key_pair, load_public_key, public_key_id
+
+    private_path, public_path = generate_key_pair(path)
+    key_id = public_key_id(load_public_key(public_path))
+    output.result({"private_key": str(private_path), "public_key": str(public_path), "key_sha256": key_id},
+                  f"wrote {private_path} (keep it secret) and {public_path} (give it to verify/serve "
+                  f"as --trusted-key); key {key_id[:16]}...")
+
+
 def _show_verify(output: Output, report: Any) -> None:
     output.table(f"verify {report.source} (target {report.target})", ["check", "status", "detail"],
                  [[c.name, c.status, c.detail] for c in report.checks])
@@ -189,13 +199,7 @@ def deploy_command(
             _list_targets(output)
             return
         if gen_key is not None:
-            from hmt.artifacts.signing import generate_key_pair, load_public_key, public_key_id
-
-            private_path, public_path = generate_key_pair(gen_key)
-            key_id = public_key_id(load_public_key(public_path))
-            output.result({"private_key": str(private_path), "public_key": str(public_path), "key_sha256": key_id},
-                          f"wrote {private_path} (keep it secret) and {public_path} (give it to verify/serve "
-                          f"as --trusted-key); key {key_id[:16]}...")
+            _gen_key(output, gen_key)
             return
         if supernet is not None and not adaptable:
             raise UsageError("--supernet goes with --adaptable")

@@ -126,9 +126,7 @@ def train_supernet_command(
 
     def body(output: Output) -> None:
         if list_backbones:
-            from hmt.supernet.backbones import BACKBONES
-
-            output.result({"backbones": sorted(BACKBONES)}, "\n".join(sorted(BACKBONES)))
+            _list_backbones(output)
             return
         from hmt.supernet.train import check_training_outputs, default_checkpoint_dir, resolve_config, train_supernet
 
@@ -207,6 +205,12 @@ def train_supernet_command(
         )
 
     run_command(body, json_mode=json_mode, quiet=quiet, debug=debug)
+
+
+def _list_backbones(output: Output) -> None:
+    from hmt.supernet.backbones import BACKBONES
+
+    output.result({"backbones": sorted(BACKBONES)}, "\n".join(sorted(BACKBONES)))
 
 
 def _elastify_extra(

@@ -377,18 +377,6 @@ def _fp32_id(vid: str) -> str:
     return split_variant_id(vid)[0]
 
 
-def _source_inputs(source: ModelSource, options: ConvertOptions) -> list[Path | str]:
-    """The files and folders a conversion reads (never replaced by its output)."""
-    found: list[Path | str | None] = [options.data_path]
-    if isinstance(source, TorchSource):
-        found += [source.factory.rpartition(":")[0] or None, source.weights]
-    elif isinstance(source, OnnxSource):
-        found.append(source.path)
-    else:
-        found += [source.artifact_dir, source.pareto_dir]
-    return [p for p in found if p]
-
-
 def convert_model(
     source: ModelSource,
     out_dir: Path | str,
@@ -401,9 +389,10 @@ def convert_model(
     """Convert ``source`` into a verified "converted" artifact at ``out_dir`` (atomically)."""
     from hmt.artifacts.outputs import check_output_dir
     from hmt.artifacts.paths import relative_to_artifact
+    from hmt.convert.sources import source_inputs
 
     options = options or ConvertOptions()
-    inputs = _source_inputs(source, options)
+    inputs = [p for p in (*source_inputs(source), options.data_path) if p]
     check_output_dir(out_dir, kind=CONVERTED_KIND, inputs=inputs, force=force)
 
     def where(path: Path | str | None) -> str | None:

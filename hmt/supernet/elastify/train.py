@@ -246,13 +246,7 @@ def elastify_supernet(
     supernet artifact to ``out_dir`` (atomically). A checkpoint after every phase (in
     ``checkpoint_dir``, default OUT.ckpt) lets a killed run resume at the next phase."""
     from hmt.supernet.train import check_training_outputs, default_checkpoint_dir
-    from hmt.supernet.train.checkpoint import (
-        CHECKPOINT_NAME,
-        load_checkpoint,
-        release_checkpoint_dir,
-        resume_message,
-        save_checkpoint,
-    )
+    from hmt.supernet.train.checkpoint import open_checkpoint, release_checkpoint_dir, resume_message, save_checkpoint
     from hmt.supernet.train.distributed import DistContext
     from hmt.supernet.train.evaluate import eval_loader
     from hmt.supernet.train.trainer import _prepare_data, calibration_subset, derive_seed, resolve_device
@@ -277,13 +271,9 @@ def elastify_supernet(
         return eval_loader(x, y, info=data.info, batch_size=config.eval_batch_size, device=device,
                            channels_last=channels_last)
 
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    if restart:
-        (checkpoint_dir / CHECKPOINT_NAME).unlink(missing_ok=True)
-    saved = load_checkpoint(checkpoint_dir, config_fingerprint=config.fingerprint()) or {}
+    saved = open_checkpoint(checkpoint_dir, config_fingerprint=config.fingerprint(), restart=restart) or {}
     if saved:
-        epochs_done = sum(1 for h in saved.get("history", []) if "epoch_s" in h)
-        notify(resume_message(checkpoint_dir, epochs_done, "phases done: " + ", ".join(saved.get("phases", []))))
+        notify(resume_message(checkpoint_dir, saved.get("history", []), "done: " + ", ".join(saved.get("phases", []))))
     history: list[dict[str, Any]] = list(saved.get("history", []))
     trained_original = spec.weights is None and config.backbone_epochs > 0
     if "original" in saved:

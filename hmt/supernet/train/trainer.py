@@ -23,13 +23,7 @@ from hmt.errors import UsageError
 from hmt.progress import ProgressCallback, no_progress
 from hmt.supernet.supernet import Supernet, build_supernet
 from hmt.supernet.train import phases
-from hmt.supernet.train.checkpoint import (
-    CHECKPOINT_NAME,
-    claim_checkpoint_dir,
-    load_checkpoint,
-    resume_message,
-    save_checkpoint,
-)
+from hmt.supernet.train.checkpoint import claim_checkpoint_dir, open_checkpoint, resume_message, save_checkpoint
 from hmt.supernet.train.config import TrainConfig
 from hmt.supernet.train.distributed import DistContext, all_reduce_gradients, barrier, broadcast_state, init_distributed
 from hmt.supernet.train.evaluate import (
@@ -170,10 +164,7 @@ def train_supernet_model(
         net.load_pretrained(Path(config.pretrained))
     state = TrainingState()
     claim_checkpoint_dir(checkpoint_dir)
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    if restart:
-        (checkpoint_dir / CHECKPOINT_NAME).unlink(missing_ok=True)
-    saved = load_checkpoint(checkpoint_dir, config_fingerprint=config.fingerprint())
+    saved = open_checkpoint(checkpoint_dir, config_fingerprint=config.fingerprint(), restart=restart)
     optimizer_state = None
     if saved is not None:
         net.load_state_dict(saved["model"])
@@ -187,9 +178,8 @@ def train_supernet_model(
         )
         optimizer_state = saved.get("optimizer")
         snapshot = saved.get("partition_snapshot")
-        epochs_done = sum(1 for h in state.history if "epoch_s" in h)
-        notify(resume_message(checkpoint_dir, epochs_done, f"phase {state.phase_index + 1}, its epoch "
-                                                           f"{state.epoch + 1}"))
+        notify(resume_message(checkpoint_dir, state.history, f"phase {state.phase_index + 1}, its epoch "
+                                                             f"{state.epoch + 1}"))
     else:
         snapshot = None
     net.to(device)
