@@ -11,4 +11,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document o
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print only errors.")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors (or set HMT_DEBUG=1).")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of every random generator the command uses.")]
+ForceOpt = Annotated[bool, typer.Option(
+    "--force", help="Replace an existing hmt artifact of another kind at the output path (never a folder that "
+                    "is not an hmt artifact, nor an input).")]
 OutDirOpt = Annotated[Path, typer.Option("--out", "-o", help="Output artifact directory (replaced atomically).")]

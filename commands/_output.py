@@ -2,6 +2,10 @@
 
 In --json mode nothing but the final JSON document goes to stdout; progress and notes go
 to stderr so that CI scripts can pipe stdout straight into ``jq``.
+
+Text is printed as given: rich markup is never interpreted in messages, table cells or
+progress labels (a path or hint holding ``[offline]`` or ``[/b]`` prints verbatim); styles
+are applied with :func:`styled` instead.
 """
 
 from __future__ import annotations
@@ -22,8 +26,19 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from hmt.progress import ProgressCallback
+
+
+def styled(label: str, style: str, message: str) -> Text:
+    """``label`` in ``style``, a space, then ``message`` exactly as given (no markup)."""
+    return Text.assemble((label, style), " ", message)
+
+
+def verbatim(value: Any) -> Text:
+    """A value printed verbatim, brackets included."""
+    return Text(str(value))
 
 
 class Output:
@@ -37,19 +52,19 @@ class Output:
         """A line of human information (stderr in --json mode)."""
         if self.quiet:
             return
-        (self.err if self.json_mode else self.out).print(message)
+        (self.err if self.json_mode else self.out).print(verbatim(message))
 
     def warn(self, message: str) -> None:
-        self.err.print(f"[yellow]warning:[/yellow] {message}")
+        self.err.print(styled("warning:", "yellow", message))
 
     def table(self, title: str, columns: list[str], rows: list[list[Any]]) -> None:
         if self.quiet or self.json_mode:
             return
-        table = Table(title=title)
+        table = Table(title=verbatim(title))
         for column in columns:
-            table.add_column(column, overflow="fold")
+            table.add_column(verbatim(column), overflow="fold")
         for row in rows:
-            table.add_row(*[_fmt(cell) for cell in row])
+            table.add_row(*[verbatim(_fmt(cell)) for cell in row])
         self.out.print(table)
 
     def result(self, document: dict[str, Any], human: str | None = None) -> None:
@@ -58,7 +73,7 @@ class Output:
             sys.stdout.write(json.dumps(document, indent=2, sort_keys=True, default=str) + "\n")
             sys.stdout.flush()
         elif human and not self.quiet:
-            self.out.print(human)
+            self.out.print(verbatim(human))
 
     @contextmanager
     def progress(self) -> Iterator[ProgressCallback]:
@@ -76,15 +91,15 @@ class Output:
                 if done == total or done - last.get(task, -step) >= step:
                     last[task] = done
                     suffix = f" {info}" if info else ""
-                    console.print(f"{task}: {done}/{total if total else '?'}{suffix}")
+                    console.print(verbatim(f"{task}: {done}/{total if total else '?'}{suffix}"))
 
             yield plain
             return
         bars = Progress(
-            TextColumn("[bold]{task.description}"),
+            TextColumn("{task.description}", style="bold", markup=False),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
+            TextColumn("{task.fields[info]}", markup=False),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
             console=console,

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from commands._options import DebugOpt, JsonOpt, QuietOpt, SeedOpt
+from commands._options import DebugOpt, ForceOpt, JsonOpt, QuietOpt, SeedOpt
 from commands._output import Output
 from commands.app import app, run_command
 
@@ -85,6 +85,7 @@ def adapt_command(
         "--threads", help="Torch intra-op threads (1 on a shared machine avoids oversubscription).")] = None,
     export_bn: Annotated[Path | None, typer.Option(
         "--export-bn", help="Instead of adapting: write the variant's BN-adaptable graphs here.")] = None,
+    force: ForceOpt = False,
     seed: SeedOpt = 0,
     json_mode: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -109,7 +110,7 @@ def adapt_command(
         if threads is not None:
             torch.set_num_threads(threads)
         if export_bn is not None:
-            spec = do_export(model, export_bn, arch=arch)
+            spec = do_export(model, export_bn, arch=arch, force=force)
             layers = sum(len(g["layers"]) for g in spec["graphs"])
             output.result({"out": str(export_bn), "graphs": len(spec["graphs"]), "bn_layers": layers},
                           f"wrote {export_bn}: {len(spec['graphs'])} graph(s), {layers} BN layer(s)")
@@ -130,7 +131,7 @@ def adapt_command(
             raise UsageError("--canary-only needs a canary: give --canary-size N")
         with output.progress() as progress:
             report = run_adapt(model, data, out, arch=arch, method=method.value, names=sets, limit=limit,
-                               options=options, progress=progress)
+                               options=options, progress=progress, force=force)
         rows = [[r["name"], r["images"], f"{100 * r['accuracy_before']:.2f}", f"{100 * r['accuracy_after']:.2f}",
                  f"{r['entropy_before']:.3f} -> {r['entropy_after']:.3f}", f"{r['adapt_ms_per_batch']:.0f}",
                  "kept" if r["accepted"] else "refused"] for r in report["sets"]]

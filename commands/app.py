@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 
-from commands._output import Output
+from commands._output import Output, styled
 from hmt import __version__
 from hmt.errors import HmtError
 
@@ -64,7 +64,7 @@ def run_command(body: Callable[[Output], T], *, json_mode: bool, quiet: bool = F
     except HmtError as exc:
         if show_trace:
             traceback.print_exc()
-        err.print(f"[bold red]error:[/bold red] {exc}", markup=True, highlight=False)
+        err.print(styled("error:", "bold red", str(exc)))
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         err.print("interrupted")
@@ -74,10 +74,8 @@ def run_command(body: Callable[[Output], T], *, json_mode: bool, quiet: bool = F
     except Exception as exc:  # noqa: BLE001 - the one place unexpected errors are reported
         if show_trace:
             traceback.print_exc()
-        err.print(
-            f"[bold red]internal error:[/bold red] {type(exc).__name__}: {exc}\n"
-            "rerun with --debug for the traceback, and report it",
-        )
+        err.print(styled("internal error:", "bold red", f"{type(exc).__name__}: {exc}\n"
+                         "rerun with --debug for the traceback, and report it"))
         raise typer.Exit(INTERNAL_ERROR_EXIT) from None
 
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from commands._options import DebugOpt, JsonOpt, QuietOpt, SeedOpt
+from commands._options import DebugOpt, ForceOpt, JsonOpt, QuietOpt, SeedOpt
 from commands._output import Output
 from commands.app import app, run_command
 
@@ -96,6 +96,7 @@ def convert_command(
         "--data", help="Held-out data for the quantised variants' accuracy check (a dataset folder, e.g. "
         "../shared/datasets/cifar10-jpeg; its test split), when the supernet's training data is not on this "
         "machine.")] = None,
+    force: ForceOpt = False,
     seed: SeedOpt = 0,
     json_mode: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -146,7 +147,7 @@ def convert_command(
                                  accuracy_samples=accuracy_samples, data_path=data)
         with output.progress() as progress:
             result = convert_model(source, out, options=options, onnx_input_shapes=shapes if onnx_file else None,
-                                   progress=progress)
+                                   progress=progress, force=force)
         rows = []
         for v in result.variants:
             doc = v.to_json()

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from commands._options import DebugOpt, JsonOpt, QuietOpt, SeedOpt
+from commands._options import DebugOpt, ForceOpt, JsonOpt, QuietOpt, SeedOpt
 from commands._output import Output
 from commands.app import app, run_command
 
@@ -70,7 +70,7 @@ def _list_targets(output: Output) -> None:
     targets = list_targets()
     for t in targets:
         tvm = t.tvm_target
-        output.note(f"[bold]{t.name}[/bold]: {t.description}")
+        output.note(f"{t.name}: {t.description}")
         output.note(f"  CPU {t.arch}: TVM target {tvm.get('mtriple')} mcpu={tvm.get('mcpu')} "
                     f"mattr={','.join(tvm.get('mattr', [])) or '-'}; compiler {t.cross_compiler or 'host g++'}"
                     + (f" (apt-get install -y {t.cross_compiler_package})" if t.cross_compiler_package else ""))
@@ -81,6 +81,16 @@ def _list_targets(output: Output) -> None:
         for note in t.notes:
             output.note(f"  note: {note}")
     output.result({"targets": [t.to_json_dict() for t in targets]})
+
+
+def _gen_key(output: Output, path: Path) -> None:
+    from hmt.artifacts.signing import generate_key_pair, load_public_key, public_key_id
+
+    private_path, public_path = generate_key_pair(path)
+    key_id = public_key_id(load_public_key(public_path))
+    output.result({"private_key": str(private_path), "public_key": str(public_path), "key_sha256": key_id},
+                  f"wrote {private_path} (keep it secret) and {public_path} (give it to verify/serve "
+                  f"as --trusted-key); key {key_id[:16]}...")
 
 
 def _show_verify(output: Output, report: Any) -> None:
@@ -139,6 +149,10 @@ def deploy_command(
                               "(every segment + the heads and tails of the cuts) for `hmt serve --peer`, OUT/peer "
                               "(the tails) for `hmt serve --role peer`; each cut verified against the whole "
                               "(<= 1e-5).")] = None,
+    no_preprocess: Annotated[bool, typer.Option(
+        "--no-preprocess", help="Build the bundle even when the input's preprocessing (normalisation) and class "
+                                "names cannot be found; serve then normalises with defaults.")] = False,
+    force: ForceOpt = False,
     seed: SeedOpt = 0,
     json_mode: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -168,7 +182,7 @@ def deploy_command(
 
         with output.progress() as progress:
             split = write_offload_bundles(bundle_dir, offload_out / "device", offload_out / "peer", seed=seed,
-                                          progress=progress)
+                                          progress=progress, force=force)
         output.note(f"offload: {split.cuts} cuts ({split.inner_cuts} inside segments, worst head+tail error "
                     f"{split.max_rel_error:.2g}) -> {split.device} and {split.peer}")
         return {"device": str(split.device), "peer": str(split.peer), "cuts": split.cuts,
@@ -176,19 +190,16 @@ def deploy_command(
                 "plan": split.plan.to_json_dict()}
 
     def body(output: Output) -> None:
+        from commands._checks import check_budget_flags
         from hmt.errors import UsageError
+
+        check_budget_flags(latency_ms=latency_ms, memory_mb=memory_mb, energy=energy)
 
         if list_targets:
             _list_targets(output)
             return
         if gen_key is not None:
-            from hmt.artifacts.signing import generate_key_pair, load_public_key, public_key_id
-
-            private_path, public_path = generate_key_pair(gen_key)
-            key_id = public_key_id(load_public_key(public_path))
-            output.result({"private_key": str(private_path), "public_key": str(public_path), "key_sha256": key_id},
-                          f"wrote {private_path} (keep it secret) and {public_path} (give it to verify/serve "
-                          f"as --trusted-key); key {key_id[:16]}...")
+            _gen_key(output, gen_key)
             return
         if supernet is not None and not adaptable:
             raise UsageError("--supernet goes with --adaptable")
@@ -221,10 +232,10 @@ def deploy_command(
             target=target, profile=profile, variants=tuple(variants or ()),
             engines=tuple(e.value for e in engines) if engines else ("onnxruntime", "tvm"),
             strict=strict, latency_ms=latency_ms, memory_mb=memory_mb, energy=energy, sign_key=sign_key,
-            adaptable=adaptable, supernet=supernet,
+            adaptable=adaptable, supernet=supernet, allow_missing_preprocess=no_preprocess,
         )
         with output.progress() as progress:
-            result = deploy_bundle(fused, pareto, out_dir, options=options, progress=progress)
+            result = deploy_bundle(fused, pareto, out_dir, options=options, progress=progress, force=force)
         output.table(
             f"bundle {out_dir} for {result.target.name} (profile {result.profile_id})",
             ["variant", "engines", "preferred", "graphs", "compile s", "KiB", "TVM error"],

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from commands._options import DebugOpt, JsonOpt, QuietOpt, SeedOpt
+from commands._options import DebugOpt, ForceOpt, JsonOpt, QuietOpt, SeedOpt
 from commands._output import Output
 from commands.app import app, run_command
 
@@ -87,6 +87,7 @@ def fuse_command(
     measure_rss: Annotated[bool, typer.Option(
         "--measure-rss", help="Measure each variant's peak RSS in fresh processes with ORT's memory plan "
         "(memory pattern + arena) on and off; hmt's own plan is a prediction, reported beside it.")] = False,
+    force: ForceOpt = False,
     seed: SeedOpt = 0,
     json_mode: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -102,8 +103,6 @@ def fuse_command(
 
         # TVM's idle workers otherwise spin and slow the candidate timed after them.
         os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
-        from rich.markup import escape
-
         from hmt.fuse import FuseOptions, fuse_model
 
         options = FuseOptions(
@@ -121,12 +120,12 @@ def fuse_command(
             measure_rss=measure_rss,
         )
         with output.progress() as progress:
-            result = fuse_model(converted, out, options=options, progress=progress)
+            result = fuse_model(converted, out, options=options, progress=progress, force=force)
         rows = []
         for v in result.variants:
             fired = ", ".join(f"{k} x{n}" for k, n in v.fired.items()) or "none"
-            # Candidate labels hold brackets ("ort[all,threads=1](chain)") that rich reads as markup.
-            rows.append([v.name, escape(v.engine), f"{v.latency_ms:.3f}", f"{v.speedup_vs_ort_default:.2f}x",
+            # Candidate labels hold brackets ("ort[all,threads=1](chain)"): printed verbatim (no markup).
+            rows.append([v.name, v.engine, f"{v.latency_ms:.3f}", f"{v.speedup_vs_ort_default:.2f}x",
                          f"{v.planned_peak_bytes / 1024:.0f}/{v.naive_bytes / 1024:.0f}", fired])
         output.table("fused (ms: median here; memory: hmt's planned/naive KiB, a prediction)",
                      ["variant", "chosen engine", "ms", "vs ORT default", "memory", "fusions fired"], rows)

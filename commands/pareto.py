@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from commands._options import DebugOpt, JsonOpt, QuietOpt
+from commands._options import DebugOpt, ForceOpt, JsonOpt, QuietOpt
 from commands._output import Output
 from commands.app import app, run_command
 
@@ -116,6 +116,7 @@ def pareto_command(
              "[,CODEC]] (e.g. 20,5,4,int8: 20 Mbit/s, 5 ms, a peer 4x faster). Latency = device part + RTT + "
              "bytes/bandwidth + peer part; the front's points carry offload_cut.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the search and of the data subset.")] = 0,
+    force: ForceOpt = False,
     json_mode: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -126,11 +127,14 @@ def pareto_command(
     runtime index, the archive and a plot."""
 
     def body(output: Output) -> None:
+        from commands._checks import check_budget_flags
         from hmt.errors import UsageError
         from hmt.pareto import BudgetSweep, ParetoOptions, SearchOptions, find_front
         from hmt.pareto.budgets import describe
         from hmt.pareto.precision import PrecisionOptions
+        from hmt.pareto.run import check_inputs
 
+        check_budget_flags(latency_ms=latency_ms, energy_mj=energy_mj, memory_mb=memory_mb)
         if greedy_drop < 0:
             raise UsageError(f"--greedy-drop must be >= 0 accuracy points, got {greedy_drop}")
         options = ParetoOptions(
@@ -146,10 +150,11 @@ def pareto_command(
                                        max_accuracy_drop=max_accuracy_drop / 100.0,
                                        max_candidates=precision_candidates),
         ).validate()
+        check_inputs(supernet, profile, out, options, force=force)
         output.note(f"searching {supernet} for {profile} ({method.value}, {evaluations} evaluations, "
                     f"{describe(options.budgets.limits(), 'mJ')}) -> {out}")
         with output.progress() as progress:
-            run = find_front(supernet, profile, out, options, progress=progress)
+            run = find_front(supernet, profile, out, options, progress=progress, force=force)
         unit = run.energy_unit
         rows: list[list[Any]] = [
             [p["arch_id"], p["exit_stage"], f"{100 * p['accuracy']:.2f}", f"{p['latency_ms']:.3f}",

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from commands._options import DebugOpt, JsonOpt, QuietOpt, SeedOpt
+from commands._options import DebugOpt, ForceOpt, JsonOpt, QuietOpt, SeedOpt
 from commands._output import Output
 from commands.app import app, run_command
 
@@ -119,6 +119,7 @@ def profile_device_command(
     export_json: Annotated[Path | None, typer.Option(
         "--export-json", help="Also write the single-file profile (tables inline), as profiles/ ships them.")
     ] = None,
+    force: ForceOpt = False,
     seed: SeedOpt = 0,
     json_mode: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -153,11 +154,11 @@ def profile_device_command(
             drift_normalise=drift_normalise,
         )
         with output.progress() as progress:
-            result = profile_device(out, options, progress=progress)
+            result = profile_device(out, options, progress=progress, force=force)
         if export_json is not None:
             from hmt.profile.schema import write_profile_json
 
-            write_profile_json(result.profile, export_json)
+            write_profile_json(result.profile, export_json, inputs=[p for p in (supernet, power_trace) if p])
             output.note(f"single-file profile: {export_json}")
         for note in result.notes:
             output.note(f"note: {note}")

@@ -83,9 +83,13 @@ class LoadChoice(str, Enum):
     burn = "burn"
 
 
+TIMELINE_FILES = ("timeline.csv", "requests.csv", "timeline.png", "summary.json")
+
+
 @app.command("serve", epilog=_EPILOG)
 def serve_command(
-    bundle: Annotated[Path, typer.Argument(help="Deploy bundle directory (hmt deploy); verified before serving.")],
+    bundle: Annotated[Path, typer.Argument(
+        help="Deploy bundle: its directory or its .tar.gz (hmt deploy); verified before serving.")],
     host: Annotated[str, typer.Option(help="Address to listen on; anything but loopback needs a token.")] = (
         "127.0.0.1"),
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8000,
@@ -199,6 +203,22 @@ def serve_command(
                              canary_tolerance=canary_tolerance)
 
     def body(output: Output) -> None:
+        from commands._checks import check_budget_flags
+        from hmt.deploy.verify import check_archive_binding, opened_bundle
+
+        check_budget_flags(latency_ms=latency_ms, memory_mb=memory_mb)
+        if timeline_out is not None:
+            from hmt.artifacts.outputs import check_owned_folder
+
+            check_owned_folder(timeline_out, names=TIMELINE_FILES, what="--timeline-out", inputs=[bundle])
+        # An archive is extracted (with verify's bounds) into a private folder removed on exit.
+        with opened_bundle(bundle) as root:
+            if root != bundle:
+                check_archive_binding(bundle, root)  # as verify: not a stale archive beside a rebuilt bundle
+                output.note(f"extracted {bundle} to a temporary folder; it is removed when serve stops")
+            serve(output, root)
+
+    def serve(output: Output, bundle: Path) -> None:
         import numpy as np
 
         from hmt.errors import UsageError

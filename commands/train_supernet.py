@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from commands._options import DebugOpt, JsonOpt, QuietOpt
+from commands._options import DebugOpt, ForceOpt, JsonOpt, QuietOpt
 from commands._output import Output
 from commands.app import app, run_command
 
@@ -114,6 +114,7 @@ def train_supernet_command(
         typer.Option("--leaf", help="Keep this submodule (e.g. layer2.0.gate) as one opaque, unchanged block; "
                      "the way out for code torch.fx cannot trace. Repeatable."),
     ] = None,
+    force: ForceOpt = False,
     json_mode: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -125,11 +126,9 @@ def train_supernet_command(
 
     def body(output: Output) -> None:
         if list_backbones:
-            from hmt.supernet.backbones import BACKBONES
-
-            output.result({"backbones": sorted(BACKBONES)}, "\n".join(sorted(BACKBONES)))
+            _list_backbones(output)
             return
-        from hmt.supernet.train import resolve_config, train_supernet
+        from hmt.supernet.train import check_training_outputs, default_checkpoint_dir, resolve_config, train_supernet
 
         overrides: dict[str, Any] = {
             "backbone": backbone,
@@ -153,13 +152,14 @@ def train_supernet_command(
             overrides["extra"] = _elastify_extra(model, torchvision_name, weights, input_shape, leaf or [],
                                                  bool(finetune_original))
             resolved = resolve_config(preset=preset, config_file=config, overrides=overrides)
-            _elastify(output, resolved, out, cache_dir, checkpoint_dir, restart, keep_checkpoint)
+            _elastify(output, resolved, out, cache_dir, checkpoint_dir, restart, keep_checkpoint, force)
             return
         if weights is not None or leaf or input_shape is not None:
             from hmt.errors import UsageError
 
             raise UsageError("--weights, --input-shape and --leaf go with --model or --torchvision")
         resolved = resolve_config(preset=preset, config_file=config, overrides=overrides)
+        check_training_outputs(resolved, out, checkpoint_dir or default_checkpoint_dir(out), force=force)
         output.note(
             f"training {resolved.backbone} supernet on {resolved.dataset} "
             f"({resolved.data_path or 'embedded subset'}) -> {out}"
@@ -173,6 +173,8 @@ def train_supernet_command(
                 keep_checkpoint=keep_checkpoint,
                 cache_dir=cache_dir,
                 progress=progress,
+                force=force,
+                notify=output.note,
             )
         if result is None:
             return
@@ -205,6 +207,12 @@ def train_supernet_command(
     run_command(body, json_mode=json_mode, quiet=quiet, debug=debug)
 
 
+def _list_backbones(output: Output) -> None:
+    from hmt.supernet.backbones import BACKBONES
+
+    output.result({"backbones": sorted(BACKBONES)}, "\n".join(sorted(BACKBONES)))
+
+
 def _elastify_extra(
     model: str | None, torchvision_name: str | None, weights: Path | None, input_shape: str | None,
     leaves: list[str], finetune_original: bool,
@@ -224,16 +232,20 @@ def _elastify_extra(
 
 def _elastify(
     output: Output, resolved: Any, out: Path, cache_dir: Path | None, checkpoint_dir: Path | None, restart: bool,
-    keep_checkpoint: bool,
+    keep_checkpoint: bool, force: bool,
 ) -> None:
     from hmt.supernet.elastify.train import elastify_supernet
+    from hmt.supernet.train import check_training_outputs, default_checkpoint_dir
 
     spec = resolved.extra["elastify"]
+    check_training_outputs(resolved, out, checkpoint_dir or default_checkpoint_dir(out), force=force,
+                           inputs=(spec.get("file"), spec.get("weights")))
     what = spec["torchvision"] or f"{spec['file']}:{spec['factory']}"
     output.note(f"elastifying {what} on {resolved.dataset} ({resolved.data_path or 'embedded subset'}) -> {out}")
     with output.progress() as progress:
         result = elastify_supernet(resolved, out, cache_dir=cache_dir, progress=progress,
-                                   checkpoint_dir=checkpoint_dir, restart=restart, keep_checkpoint=keep_checkpoint)
+                                   checkpoint_dir=checkpoint_dir, restart=restart, keep_checkpoint=keep_checkpoint,
+                                   force=force, notify=output.note)
     m, report = result.metrics, result.report
     rows = [[b["name"], _modules_label(b), b["kind"], " ".join(b["choices"])] for b in report["blocks"]]
     output.table("blocks (choices offered; notes in elastify.json)", ["block", "module", "kind", "choices"], rows)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Install hmt and everything its offline half needs into the current Python.
-# CPU torch first and pinned, so that no resolver pulls a multi-GB CUDA build.
+# CPU torch first and pinned (from PyTorch's CPU wheel index where it is reachable, see
+# scripts/setup_torch.sh), so that no resolver pulls a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "torch==2.13.0"
+bash scripts/setup_torch.sh
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "torch==2.13.0" -e ".[offline,dev,tune]"
 # deploy cross-compiles TVM libraries for the Arm targets with Debian's aarch64 gcc. Best
 # effort: installed only where apt works (root, or sudo without a password); setup never

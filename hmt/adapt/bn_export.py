@@ -170,7 +170,8 @@ def graphs_of(model: nn.Module) -> list[tuple[str, nn.Module, int | None]]:
 @torch.no_grad()
 def export_bn_adaptable(model: nn.Module, example: torch.Tensor, out: Path | str, *,
                         parents: tuple[Any, ...] = (), config: dict[str, Any] | None = None,
-                        source_inputs: torch.Tensor | None = None) -> dict[str, Any]:
+                        source_inputs: torch.Tensor | None = None, force: bool = False,
+                        what: str = "--out") -> dict[str, Any]:
     """Write the stats and inference graphs of ``model`` (eval mode, unchanged) to ``out``.
 
     ``example`` is one input batch (its batch size does not matter: the axis is dynamic).
@@ -186,7 +187,8 @@ def export_bn_adaptable(model: nn.Module, example: torch.Tensor, out: Path | str
         from hmt.adapt.drift import DriftReference
 
         spec["drift_reference"] = DriftReference.from_inputs(source_inputs.numpy()).to_json_dict()
-    with ArtifactWriter(out, kind=BN_ADAPTABLE_KIND, config=config or {}, parents=parents) as writer:
+    with ArtifactWriter(out, kind=BN_ADAPTABLE_KIND, config=config or {}, parents=parents, force=force,
+                        what=what) as writer:
         h = example
         segment_out: dict[int, torch.Tensor] = {}
         for name, module, reads in graphs_of(model):

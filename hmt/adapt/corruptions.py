@@ -17,7 +17,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import numpy as np
 
@@ -168,7 +168,9 @@ def write_shift_set(
     pairs = [(c, s) for c in corruptions for s in severities]
     children = np.random.SeedSequence(seed).spawn(len(CORRUPTIONS) * len(SEVERITIES))
     names = []
-    config = {"seed": seed, "corruptions": corruptions, "severities": severities, "source": source,
+    # The source's dataset by name (with its sha256): a path of this machine means nothing elsewhere.
+    named = {**source, "dataset": PurePath(source["dataset"]).name} if "dataset" in source else dict(source)
+    config = {"seed": seed, "corruptions": corruptions, "severities": severities, "source": named,
               "count": len(labels)}
     with ArtifactWriter(out, kind=SHIFT_SET_KIND, config=config) as writer:
         np.save(writer.path(LABELS_NAME), labels.astype(np.int64), allow_pickle=False)

@@ -44,7 +44,7 @@ def load_sets(path: Path, *, names: Sequence[str] | None, limit: int | None) -> 
     from hmt.data.cifar import CIFAR10_MEAN, CIFAR10_STD
 
     if not path.exists():
-        raise InputError(f"{path}: no such data directory")
+        raise InputError(f"{path}: does not exist; expected a data directory")
     if (path / "manifest.json").is_file():
         from hmt.artifacts import load_artifact
 
@@ -53,14 +53,14 @@ def load_sets(path: Path, *, names: Sequence[str] | None, limit: int | None) -> 
         if kind != SHIFT_SET_KIND:
             raise InputError(f"{path}: is a {kind} artifact; --data expects a shift set or a CIFAR-10 source")
         shift = load_shift_set(path, names=names)
-        sets, labels, source = shift.sets, shift.labels, str(path)
+        sets, labels, source = shift.sets, shift.labels, path.name  # by name: no path of this machine
     else:
         from hmt.data import load_dataset
 
         if names and list(names) != ["test"]:
             raise UsageError(f"{path}: a CIFAR-10 source has one set, 'test'; got --set {', '.join(names)}")
         data = load_dataset("cifar10", path)
-        sets, labels, source = {"test": data.test_x}, data.test_y, data.info.source
+        sets, labels, source = {"test": data.test_x}, data.test_y, Path(data.info.source).name or data.info.source
     if limit is not None:
         keep = balanced_split(labels, limit)[0]
         sets = {k: v[keep] for k, v in sets.items()}
@@ -110,17 +110,20 @@ def adapt_runtime(bn_path: Any, data: DataSets, *, batch_size: int, guard: Guard
 
 def run_adapt(model_path: Path, data_path: Path, out: Path, *, arch: str | None, method: str,
               names: Sequence[str] | None, limit: int | None, options: Any,
-              progress: ProgressCallback = no_progress) -> dict[str, Any]:
+              progress: ProgressCallback = no_progress, force: bool = False) -> dict[str, Any]:
     """Adapt and write the ``adapted`` artifact; returns its report."""
     from hmt.artifacts import ArtifactWriter, load_artifact
+    from hmt.artifacts.outputs import check_output_dir
+    from hmt.artifacts.paths import relative_to_artifact
 
+    check_output_dir(out, kind=ADAPTED_KIND, inputs=[model_path, data_path], force=force)
     kind = load_artifact(model_path, kind=("supernet", "bn-adaptable", "bundle"), verify_checksums=False).kind
     data = load_sets(data_path, names=names, limit=limit)
     if kind == "bundle":
         return _run_bundle(model_path, data, out, arch=arch, method=method, limit=limit, options=options,
-                           progress=progress)
-    config = {"model": str(model_path), "data": data.source, "arch": arch, "method": method, "limit": limit,
-              "sets": list(data.sets), "batch_size": options.batch_size}
+                           progress=progress, force=force)
+    config = {"model": relative_to_artifact(model_path, out), "data": data.source, "arch": arch, "method": method,
+              "limit": limit, "sets": list(data.sets), "batch_size": options.batch_size}
     if kind == "bn-adaptable":
         if method != "bn":
             raise UsageError(f"{model_path}: a bn-adaptable graph adapts by BN re-estimation only (--method bn)")
@@ -128,15 +131,16 @@ def run_adapt(model_path: Path, data_path: Path, out: Path, *, arch: str | None,
         rows = adapt_runtime(model_path, data, batch_size=options.batch_size, guard=options.guard,
                              seed=options.seed, progress=progress)
         report = {"config": config, "sets": rows}
-        with ArtifactWriter(out, kind=ADAPTED_KIND, config=config, parents=[parent]) as writer:
+        with ArtifactWriter(out, kind=ADAPTED_KIND, config=config, parents=[parent], force=force) as writer:
             writer.write_json(REPORT_NAME, report)
             writer.metrics.update(_headline(rows))
         return report
-    return _run_torch(model_path, data, out, arch=arch, config=config, options=options, progress=progress)
+    return _run_torch(model_path, data, out, arch=arch, config=config, options=options, progress=progress,
+                      force=force)
 
 
 def _run_bundle(path: Path, data: DataSets, out: Path, *, arch: str | None, method: str, limit: int | None,
-                options: Any, progress: ProgressCallback) -> dict[str, Any]:
+                options: Any, progress: ProgressCallback, force: bool) -> dict[str, Any]:
     """BN re-estimation on a bundle's adaptable graphs (``hmt deploy --adaptable``), as serve --adapt runs it."""
     from hmt.adapt.bn_runtime import bn_source_in
     from hmt.artifacts import ArtifactWriter
@@ -161,10 +165,12 @@ def _run_bundle(path: Path, data: DataSets, out: Path, *, arch: str | None, meth
     source = bn_source_in(bundle.artifact, str(variant.extra["adaptable"]["dir"]))
     rows = adapt_runtime(source, data, batch_size=options.batch_size, guard=options.guard, seed=options.seed,
                          progress=progress)
-    config = {"model": str(path), "data": data.source, "arch": variant.arch_id, "method": method, "limit": limit,
-              "sets": list(data.sets), "batch_size": options.batch_size}
+    from hmt.artifacts.paths import relative_to_artifact
+
+    config = {"model": relative_to_artifact(path, out), "data": data.source, "arch": variant.arch_id,
+              "method": method, "limit": limit, "sets": list(data.sets), "batch_size": options.batch_size}
     report = {"config": config, "sets": rows}
-    with ArtifactWriter(out, kind=ADAPTED_KIND, config=config, parents=[bundle.artifact]) as writer:
+    with ArtifactWriter(out, kind=ADAPTED_KIND, config=config, parents=[bundle.artifact], force=force) as writer:
         writer.write_json(REPORT_NAME, report)
         writer.metrics.update(_headline(rows))
     return report
@@ -176,7 +182,7 @@ def _headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _run_torch(model_path: Path, data: DataSets, out: Path, *, arch: str | None, config: dict[str, Any],
-               options: Any, progress: ProgressCallback) -> dict[str, Any]:
+               options: Any, progress: ProgressCallback, force: bool) -> dict[str, Any]:
     from safetensors.torch import save_file
 
     from hmt.adapt.run import adapt_sets, normalize
@@ -198,7 +204,7 @@ def _run_torch(model_path: Path, data: DataSets, out: Path, *, arch: str | None,
     results, variants = adapt_sets(model, sets, options, progress=progress)
     rows = [r.to_json_dict() for r in results]
     report = {"config": config, "sets": rows}
-    with ArtifactWriter(out, kind=ADAPTED_KIND, config=config, parents=[loaded.artifact]) as writer:
+    with ArtifactWriter(out, kind=ADAPTED_KIND, config=config, parents=[loaded.artifact], force=force) as writer:
         writer.write_json(REPORT_NAME, report)
         for name, variant in variants.items():
             names = {id(m) for m in batch_norms(variant)}
@@ -214,13 +220,16 @@ def _owner(model: Any, key: str) -> int:
     return id(module)
 
 
-def export_bn(model_path: Path, out: Path, *, arch: str | None) -> dict[str, Any]:
+def export_bn(model_path: Path, out: Path, *, arch: str | None, force: bool = False) -> dict[str, Any]:
     """Export a supernet variant as a ``bn-adaptable`` artifact for the torch-free runtime."""
     import torch
 
-    from hmt.adapt.bn_export import export_bn_adaptable
+    from hmt.adapt.bn_export import BN_ADAPTABLE_KIND, export_bn_adaptable
+    from hmt.artifacts.outputs import check_output_dir
+    from hmt.artifacts.paths import relative_to_artifact
     from hmt.supernet import load_supernet
 
+    check_output_dir(out, kind=BN_ADAPTABLE_KIND, inputs=[model_path], force=force, what="--export-bn")
     loaded = load_supernet(model_path)
     arch_config = (loaded.space.largest() if arch in (None, "largest") else
                    loaded.space.smallest() if arch == "smallest" else loaded.space.parse(arch))
@@ -228,5 +237,5 @@ def export_bn(model_path: Path, out: Path, *, arch: str | None) -> dict[str, Any
     example = torch.zeros(2, *tuple(loaded.model_info["input_shape"]))
     calibration = torch.cat(loaded.calibration_batches())
     return export_bn_adaptable(model, example, out, parents=(loaded.artifact,),
-                               config={"supernet": str(model_path), "arch": arch_config.arch_id},
-                               source_inputs=calibration)
+                               config={"supernet": relative_to_artifact(model_path, out), "arch": arch_config.arch_id},
+                               source_inputs=calibration, force=force, what="--export-bn")

@@ -27,3 +27,19 @@ def safe_join(root: Path, relative: str, *, what: str = "path") -> Path:
     if resolved != root_resolved and root_resolved not in resolved.parents:
         raise UnsafePathError(f"{what} {relative!r} resolves to {resolved}, outside {root_resolved}")
     return candidate
+
+
+def relative_to_artifact(path: str | os.PathLike[str], artifact_dir: str | os.PathLike[str]) -> str:
+    """``path`` (absolute, or relative to the working directory) relative to ``artifact_dir``.
+
+    What artifacts record of their inputs: never an absolute path of the machine that wrote
+    them, and still found when the artifact moves together with its inputs.
+    """
+    where = os.path.relpath(os.path.abspath(path), os.path.abspath(artifact_dir))
+    return PurePosixPath(*Path(where).parts).as_posix()
+
+
+def resolve_recorded(recorded: str, artifact_dir: str | os.PathLike[str]) -> Path:
+    """A path an artifact recorded with :func:`relative_to_artifact`, as a path here."""
+    path = Path(recorded)
+    return path if path.is_absolute() else Path(artifact_dir) / path

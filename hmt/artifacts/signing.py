@@ -45,7 +45,7 @@ def _read_key_file(path: Path, what: str) -> bytes:
             raise InputError(f"{path}: {size} bytes; expected a small PEM {what}")
         return path.read_bytes()
     except FileNotFoundError:
-        raise InputError(f"{path}: no such {what} file; {_OPENSSL_HINT}") from None
+        raise InputError(f"{path}: does not exist; expected a {what} file; {_OPENSSL_HINT}") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read the {what} ({exc})") from exc
 
@@ -98,9 +98,10 @@ def generate_key_pair(private_path: Path | str) -> tuple[Path, Path]:
 
     private_path = Path(private_path)
     public_path = private_path.with_name(private_path.name + ".pub")
+    from hmt.artifacts.outputs import check_new_file
+
     for path in (private_path, public_path):
-        if path.exists():
-            raise InputError(f"{path}: exists; refusing to overwrite a key")
+        check_new_file(path, what="--gen-key")  # a key, a link or anything else there is never replaced
     key = Ed25519PrivateKey.generate()
     private_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                     serialization.NoEncryption())
@@ -111,7 +112,9 @@ def generate_key_pair(private_path: Path | str) -> tuple[Path, Path]:
     fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as handle:
         handle.write(private_pem)
-    public_path.write_bytes(public_pem)
+    fd = os.open(public_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(public_pem)
     return private_path, public_path
 
 

@@ -36,6 +36,7 @@ from hmt.artifacts.manifest import (
     environment_record,
     media_type_for,
 )
+from hmt.artifacts.outputs import check_output_dir, check_output_file
 from hmt.artifacts.paths import safe_join
 from hmt.errors import ArtifactError, InputError
 
@@ -155,7 +156,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 def _recover_interrupted_swap(out_dir: Path) -> None:
     out_dir = Path(os.path.abspath(out_dir))  # "." has no name to derive the backup's from
     backup = out_dir.with_name(out_dir.name + _BACKUP_SUFFIX)
-    if backup.exists():
+    if backup.exists() and (backup / MANIFEST_NAME).is_file():  # only a previous artifact hmt moved aside
         if out_dir.exists():
             shutil.rmtree(backup, ignore_errors=True)
         else:
@@ -202,7 +203,11 @@ def load_artifact(path: Path | str, *, kind: str | Iterable[str], verify_checksu
     kinds = {kind} if isinstance(kind, str) else set(kind)
     manifest_path = root / MANIFEST_NAME
     if not root.is_dir():
-        raise InputError(f"{root}: no such artifact directory")
+        expected = " or ".join(sorted(kinds))
+        if not os.path.lexists(root):
+            raise InputError(f"{root}: does not exist; expected a {expected} artifact directory")
+        raise InputError(f"{root}: is a file, not a directory; expected a {expected} artifact directory "
+                         f"(a folder holding {MANIFEST_NAME})")
     if not manifest_path.is_file():
         raise ArtifactError(f"{manifest_path}: missing; {root} is not an hmt artifact")
     raw = manifest_path.read_bytes()
@@ -240,6 +245,10 @@ class ArtifactWriter:
             w.metrics["largest_top1"] = 0.91
 
     If the block raises, the temporary directory is removed and ``out_dir`` is untouched.
+    An existing ``out_dir`` is replaced only as :func:`hmt.artifacts.outputs.check_output_dir`
+    allows (an artifact of ``kind``, or of any kind with ``force``); ``inputs`` (and the roots of
+    ``parents`` given as loaded artifacts) are never replaced nor written into. Parents are
+    recorded relative to ``out_dir``, so the lineage survives moving the artifacts together.
 
     :meth:`before_commit` adds files that depend on the finished manifest (a signature);
     :meth:`companion` commits a file beside ``out_dir`` together with it (the deploy
@@ -253,9 +262,17 @@ class ArtifactWriter:
         kind: str,
         config: dict[str, Any],
         parents: Iterable[Artifact | ParentRecord] = (),
+        inputs: Iterable[Path | str] = (),
+        force: bool = False,
+        what: str = "--out",
     ) -> None:
+        self.given = Path(out_dir)
         self.out_dir = Path(os.path.abspath(out_dir))
         self.kind = kind
+        parents = tuple(parents)
+        self.inputs = (*inputs, *(p.root for p in parents if isinstance(p, Artifact)))
+        self.force = force
+        self.what = what
         self.config = config
         self.parents = tuple(p.as_parent() if isinstance(p, Artifact) else p for p in parents)
         self.metrics: dict[str, Any] = {}
@@ -265,6 +282,10 @@ class ArtifactWriter:
         self._hooks: list[Callable[[Path, str], object]] = []
         self._companions: list[tuple[Path, Callable[[Path, Path], None]]] = []
 
+    def check_output(self) -> None:
+        """Refuse the output path now, before any work (see :func:`check_output_dir`)."""
+        check_output_dir(self.given, kind=self.kind, inputs=self.inputs, force=self.force, what=self.what)
+
     @property
     def tmp_dir(self) -> Path:
         if self._tmp is None:
@@ -273,10 +294,9 @@ class ArtifactWriter:
 
     def __enter__(self) -> ArtifactWriter:
         parent_dir = self.out_dir.parent
-        parent_dir.mkdir(parents=True, exist_ok=True)
-        if self.out_dir.exists() and not self.out_dir.is_dir():
-            raise InputError(f"{self.out_dir}: exists and is not a directory")
         _recover_interrupted_swap(self.out_dir)
+        self.check_output()
+        parent_dir.mkdir(parents=True, exist_ok=True)
         self._tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(self.out_dir.name), suffix=".partial",
                                           dir=parent_dir))
         return self
@@ -286,8 +306,12 @@ class ArtifactWriter:
         committed. Files it adds are not in the manifest (e.g. a signature over it)."""
         self._hooks.append(hook)
 
-    def companion(self, path: Path | str, build: Callable[[Path, Path], None]) -> None:
+    def companion(self, path: Path | str, build: Callable[[Path, Path], None], *,
+                  recognise: Callable[[Path], bool], description: str) -> None:
         """Commit the file ``path`` (outside the artifact) with the artifact.
+
+        An existing ``path`` is replaced only if ``recognise(path)`` says it is one of hmt's
+        (``description`` names what was expected in the refusal).
 
         ``build(tmp_dir, tmp_file)`` writes it from the finished artifact (after the
         :meth:`before_commit` hooks) into a temporary file. The previous ``path`` is removed
@@ -295,6 +319,8 @@ class ArtifactWriter:
         any point never leaves a ``path`` from another build beside ``out_dir``: at worst
         ``path`` is missing until the next successful run.
         """
+        check_output_file(path, recognise=recognise, description=description, inputs=self.inputs,
+                          what=f"{self.what} (beside it)")
         self._companions.append((Path(os.path.abspath(path)), build))
 
     def path(self, name: str) -> Path:
@@ -349,7 +375,7 @@ class ArtifactWriter:
                 tool_version=__version__,
                 created_utc=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                 config=self.config,
-                parents=self.parents,
+                parents=tuple(self._relative_parent(p) for p in self.parents),
                 files=self._records(),
                 environment=environment_record(),
                 metrics=self.metrics,
@@ -374,6 +400,13 @@ class ArtifactWriter:
         for path, _ in staged:
             clean_stale_temporaries(path.parent, path.name)
 
+    def _relative_parent(self, parent: ParentRecord) -> ParentRecord:
+        """``parent`` with its path relative to this artifact (given relative to the working directory)."""
+        if parent.path == "":
+            return parent
+        where = os.path.relpath(os.path.abspath(parent.path), self.out_dir)
+        return ParentRecord(kind=parent.kind, path=Path(where).as_posix(), manifest_sha256=parent.manifest_sha256)
+
     def _stage_companion(self, path: Path, build: Callable[[Path, Path], None]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=temp_prefix(path.name), suffix=".tmp", dir=path.parent)
@@ -389,6 +422,7 @@ class ArtifactWriter:
         return staged
 
     def _commit(self, staged: list[tuple[Path, Path]]) -> None:
+        self.check_output()  # again: files may have been put there while this stage ran
         # Old companions go first: from here until the last rename, a kill leaves no
         # companion rather than one that belongs to another build than the directory.
         for path, _ in staged:

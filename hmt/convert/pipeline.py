@@ -280,9 +280,20 @@ def convert_model(
     options: ConvertOptions | None = None,
     onnx_input_shapes: tuple[tuple[int, ...], ...] | None = None,
     progress: ProgressCallback = no_progress,
+    force: bool = False,
 ) -> ConvertResult:
     """Convert ``source`` into a verified "converted" artifact at ``out_dir`` (atomically)."""
+    from hmt.artifacts.outputs import check_output_dir
+    from hmt.artifacts.paths import relative_to_artifact
+    from hmt.convert.sources import source_inputs
+
     options = options or ConvertOptions()
+    inputs = [p for p in (*source_inputs(source), options.data_path) if p]
+    check_output_dir(out_dir, kind=CONVERTED_KIND, inputs=inputs, force=force)
+
+    def where(path: Path | str | None) -> str | None:
+        return relative_to_artifact(path, out_dir) if path else None
+
     if not 0.0 <= options.max_accuracy_drop <= 1.0:
         raise UsageError(f"--max-accuracy-drop must be 0-100 points, got {100 * options.max_accuracy_drop:g}")
     if options.accuracy_samples is not None and options.accuracy_samples < 1:
@@ -299,21 +310,23 @@ def convert_model(
     variants: list[ConvertedVariant] = []
     notes: list[str] = []
     if isinstance(source, TorchSource):
-        config["source"] = {"type": "torch", "factory": source.factory,
-                            "weights": str(source.weights) if source.weights else None,
+        file, _, function = source.factory.rpartition(":")
+        config["source"] = {"type": "torch", "factory": f"{where(file)}:{function}" if file else source.factory,
+                            "weights": where(source.weights),
                             "input_shapes": [list(s) for s in source.input_shapes]}
     elif isinstance(source, OnnxSource):
-        config["source"] = {"type": "onnx", "path": str(source.path),
+        config["source"] = {"type": "onnx", "path": where(source.path),
                             "input_shapes": [list(s) for s in onnx_input_shapes] if onnx_input_shapes else None}
     else:
-        config["source"] = {"type": "supernet", "artifact": str(source.artifact_dir),
+        config["source"] = {"type": "supernet", "artifact": where(source.artifact_dir),
                             "variants": list(source.variant_ids), "batch": source.batch,
-                            "pareto": str(source.pareto_dir) if source.pareto_dir else None,
+                            "pareto": where(source.pareto_dir),
                             "max_variants": source.max_variants,
                             "min_accuracy": source.min_accuracy,
                             "max_accuracy_drop": options.max_accuracy_drop,
                             "accuracy_samples": options.accuracy_samples}
-    with ArtifactWriter(out_dir, kind=CONVERTED_KIND, config=config, parents=parents) as writer:
+    with ArtifactWriter(out_dir, kind=CONVERTED_KIND, config=config, parents=parents, inputs=inputs,
+                        force=force) as writer:
         if isinstance(source, TorchSource):
             progress("convert", 0, 1, source.name)
             net = load_factory_module(source.factory)

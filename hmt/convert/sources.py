@@ -51,6 +51,17 @@ class SupernetSource:
 ModelSource = TorchSource | OnnxSource | SupernetSource
 
 
+def source_inputs(source: ModelSource) -> list[Path | str]:
+    """The files and folders a conversion of ``source`` reads (never replaced by its output)."""
+    if isinstance(source, TorchSource):
+        found: list[Path | str | None] = [source.factory.rpartition(":")[0] or None, source.weights]
+    elif isinstance(source, OnnxSource):
+        found = [source.path]
+    else:
+        found = [source.artifact_dir, source.pareto_dir]
+    return [p for p in found if p]
+
+
 def parse_shape(text: str) -> tuple[int, ...]:
     """``"1,3,32,32"`` -> ``(1, 3, 32, 32)``; UsageError on anything else."""
     parts = [p.strip() for p in re.split(r"[,x]", text.strip())]
@@ -108,7 +119,7 @@ def load_state_dict(path: Path) -> dict[str, Any]:
     import torch
 
     if not path.is_file():
-        raise InputError(f"{path}: no such weights file")
+        raise InputError(f"{path}: does not exist; expected a weights file")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import PurePath
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -55,6 +56,13 @@ class DatasetInfo:
 
     def to_json_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def to_artifact_dict(self) -> dict[str, Any]:
+        """As an artifact records it: the source by its name (and ``source_sha256``), never a path
+        of the machine that read it."""
+        data = asdict(self)
+        data["source"] = PurePath(self.source).name or self.source
+        return data
 
     @classmethod
     def from_json_dict(cls, data: dict[str, Any]) -> DatasetInfo:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,20 +39,23 @@ def adapt_folder(variant_folder: str) -> str:
     return f"{variant_folder}/{ADAPT_DIR}"
 
 
-def supernet_of(front_doc: Mapping[str, Any], override: Path | None) -> Any:
-    """The loaded supernet the front's variants come from (``--supernet`` or the front's record)."""
+def supernet_of(front: Any, override: Path | None) -> Any:
+    """The loaded supernet the front's variants come from: ``--supernet``, or the one the front
+    was searched on (recorded relative to the front, found by its manifest sha256)."""
+    from hmt.artifacts.lineage import find_parent
     from hmt.supernet import load_supernet
 
-    record = front_doc.get("supernet") or {}
-    path = override if override is not None else record.get("path")
-    if not path:
+    if override is not None:
+        return load_supernet(override)
+    record = next((p for p in front.artifact.manifest.parents if p.kind == "supernet"), None)
+    if record is None:
         raise UsageError("--adaptable needs the supernet the variants come from: the pareto front records none; "
                          "pass --supernet PATH")
-    loaded = load_supernet(path)
-    if override is None and record.get("manifest_sha256") not in (None, loaded.artifact.manifest_sha256):
-        raise UsageError(f"--adaptable: supernet {path} was rebuilt after the pareto search; pass --supernet PATH "
-                         "to use it anyway")
-    return loaded
+    found = find_parent(front.artifact, record, verify_checksums=False)
+    if found is None:
+        raise UsageError(f"--adaptable: the supernet the front was searched on ({record.path}, relative to "
+                         f"{front.artifact.root}) is gone or was rebuilt after the search; pass --supernet PATH")
+    return load_supernet(found.root)
 
 
 def write_adaptable(writer: ArtifactWriter, folder: str, model: Any, example: Any, calibration: Any,
@@ -78,7 +80,7 @@ def write_adaptable(writer: ArtifactWriter, folder: str, model: Any, example: An
             "drift_reference": "drift_reference" in spec}
 
 
-def add_adaptable(writer: ArtifactWriter, bundled: list[Any], front_doc: Mapping[str, Any],
+def add_adaptable(writer: ArtifactWriter, bundled: list[Any], front: Any,
                   supernet: Path | None) -> tuple[list[Any], list[str]]:
     """Adaptable graphs for every fp32 variant of ``bundled`` (BundleVariant); the variants with
     ``extra.adaptable`` set, and notes for those left out."""
@@ -88,7 +90,7 @@ def add_adaptable(writer: ArtifactWriter, bundled: list[Any], front_doc: Mapping
 
     from hmt.bundle import variant_dir
 
-    loaded = supernet_of(front_doc, supernet)
+    loaded = supernet_of(front, supernet)
     calibration = torch.cat(loaded.calibration_batches())
     example = calibration[:2]
     out, notes = [], []

@@ -119,8 +119,12 @@ def write_archive(bundle_dir: Path, archive: Path | None = None, *, root_name: s
     ``hmt deploy`` does not call this after the build: it commits the archive together with
     the directory (:meth:`hmt.artifacts.ArtifactWriter.companion`).
     """
+    from hmt.artifacts.outputs import check_output_file
+
     bundle_dir = Path(os.path.abspath(bundle_dir))
     archive = archive_path_for(bundle_dir) if archive is None else Path(os.path.abspath(archive))
+    check_output_file(archive, recognise=is_bundle_archive, description="an hmt bundle archive",
+                      inputs=[bundle_dir], what="archive")
     fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(archive.name), suffix=".tmp", dir=archive.parent)
     try:
         with os.fdopen(fd, "wb") as raw:
@@ -303,7 +307,7 @@ def extract_archive(archive: Path, dest: Path, *, max_total_bytes: int = MAX_TOT
     """
     archive = Path(archive)
     if not archive.is_file():
-        raise InputError(f"{archive}: no such archive")
+        raise InputError(f"{archive}: does not exist; expected a bundle archive (.tar.gz)")
     dest.mkdir(parents=True, exist_ok=True)
     try:
         with tarfile.open(archive, mode="r:*") as tar:
@@ -326,3 +330,16 @@ def extract_archive(archive: Path, dest: Path, *, max_total_bytes: int = MAX_TOT
         if only.is_dir():
             return only
     return dest
+
+
+def is_bundle_archive(path: Path) -> bool:
+    """Whether ``path`` is an hmt bundle archive (as deploy writes it: a folder, then its
+    ``manifest.json`` first); read from the start only, so a large archive costs nothing."""
+    try:
+        with tarfile.open(path, mode="r:gz") as tar:
+            first, second = tar.next(), tar.next()
+    except (OSError, tarfile.TarError, EOFError):
+        return False
+    if first is None or second is None or not first.isdir():
+        return False
+    return second.name == f"{first.name}/{MANIFEST_NAME}" and second.isfile()

@@ -16,6 +16,7 @@ whole bundle fails instead and nothing is written.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -42,7 +43,7 @@ from hmt.bundle import (
     Preprocess,
     variant_dir,
 )
-from hmt.deploy.archive import archive_path_for, build_archive_file
+from hmt.deploy.archive import archive_path_for, build_archive_file, is_bundle_archive
 from hmt.deploy.sources import (
     FUSED_KIND,
     FusedVariant,
@@ -58,7 +59,7 @@ from hmt.deploy.sources import (
     supernet_hint,
 )
 from hmt.deploy.targets import Target, default_profile_path, get_target
-from hmt.errors import ModelError, UsageError
+from hmt.errors import InputError, ModelError, UsageError
 from hmt.progress import ProgressCallback, no_progress
 
 
@@ -78,6 +79,9 @@ class DeployOptions:
     # supernet is the front's unless given.
     adaptable: bool = False
     supernet: Path | None = None
+    # A bundle whose input preprocessing is unknown is refused (serve would normalise images
+    # with defaults: wrong answers, silently) unless this says the user accepts it.
+    allow_missing_preprocess: bool = False
 
 
 @dataclass(frozen=True)
@@ -133,28 +137,37 @@ def _compiler_version(target: Target) -> str | None:
     return lines[0] if lines else None
 
 
-def _input_meta(front_doc: Mapping[str, Any]) -> tuple[Preprocess | None, tuple[str, ...] | None, str | None]:
-    """The input's preprocessing and class names from the supernet's dataset record (pareto's
-    front names the supernet); (None, None, note) when it cannot be read: serve then assumes
-    CIFAR-10's normalisation for a 3-channel image input and answers class indices only."""
+def _dataset_meta(dataset: Mapping[str, Any]) -> tuple[Preprocess | None, tuple[str, ...] | None]:
+    names = None if dataset.get("class_names") is None else tuple(str(n) for n in dataset["class_names"])
+    if dataset.get("modality") != "image":
+        return None, names
+    return Preprocess(mean=tuple(float(v) for v in dataset["mean"]), std=tuple(float(v) for v in dataset["std"]),
+                      layout="NCHW", pixel_scale=255.0), names
+
+
+def _input_meta(front: Any) -> tuple[Preprocess | None, tuple[str, ...] | None, str | None, bool]:
+    """The input's preprocessing and class names: from the front's dataset record, else from the
+    supernet it was searched on (found relative to the front and checked by manifest sha256).
+
+    Returns (preprocess, class names, note, known): ``known`` is False when neither could be
+    read; serve would then assume CIFAR-10's normalisation for a 3-channel image input."""
+    from hmt.artifacts.lineage import find_parent
     from hmt.errors import HmtError
 
-    record = front_doc.get("supernet") or {}
-    path = record.get("path")
-    if not path:
-        return None, None, "no supernet recorded: the bundle carries no preprocessing or class names"
+    doc = front.doc
     try:
-        supernet = load_artifact(path, kind="supernet")
-        if record.get("manifest_sha256") not in (None, supernet.manifest_sha256):
-            raise HmtError(f"{path} was rebuilt after the pareto search")
-        dataset = supernet.read_json("supernet.json")["dataset"]
-        names = tuple(str(n) for n in dataset["class_names"])
-        if dataset.get("modality") != "image":
-            return None, names, None
-        return Preprocess(mean=tuple(float(v) for v in dataset["mean"]), std=tuple(float(v) for v in dataset["std"]),
-                          layout="NCHW", pixel_scale=255.0), names, None
+        if isinstance(doc.get("dataset"), Mapping):
+            return (*_dataset_meta(doc["dataset"]), None, True)
+        record = next((p for p in front.artifact.manifest.parents if p.kind == "supernet"), None)
+        if record is None:
+            return None, None, "no supernet recorded: the bundle carries no preprocessing or class names", False
+        supernet = find_parent(front.artifact, record)
+        if supernet is None:
+            return None, None, (f"the supernet the front was searched on ({record.path}, relative to "
+                                f"{front.artifact.root}) was not found: no preprocessing or class names"), False
+        return (*_dataset_meta(supernet.read_json("supernet.json")["dataset"]), None, True)
     except (HmtError, KeyError, TypeError, ValueError) as exc:
-        return None, None, f"dataset record of supernet {path} unreadable ({exc}): no preprocessing or class names"
+        return None, None, f"dataset record of the front's supernet unreadable ({exc}): no preprocessing", False
 
 
 def _notes(target: Target, engines: tuple[str, ...], pareto_profile: str | None, profile_id: str) -> list[str]:
@@ -288,8 +301,13 @@ def deploy_bundle(
     *,
     options: DeployOptions,
     progress: ProgressCallback = no_progress,
+    force: bool = False,
 ) -> DeployResult:
-    """Build the bundle for ``options.target`` in ``out_dir`` (atomically) and ``<out>.tar.gz``."""
+    """Build the bundle for ``options.target`` in ``out_dir`` (atomically) and ``<out>.tar.gz``.
+
+    ``out_dir`` and the archive are checked before any work (:mod:`hmt.artifacts.outputs`)."""
+    from hmt.artifacts.outputs import check_output_dir, check_output_file
+    from hmt.artifacts.paths import relative_to_artifact
     from hmt.pareto.artifact import load_front
     from hmt.pareto.index import FrontIndex
     from hmt.runtime.settings import Budgets, ServeSettings
@@ -297,6 +315,13 @@ def deploy_bundle(
     start = time.perf_counter()
     target = get_target(options.target)
     _check_options(options, target)
+    inputs = [p for p in (fused_dir, pareto_dir, options.profile, options.sign_key, options.supernet) if p]
+    check_output_dir(out_dir, kind=BUNDLE_KIND, inputs=inputs, force=force)
+    out_abs = Path(os.path.abspath(out_dir))
+    archive = archive_path_for(out_abs) if options.archive else None
+    if archive is not None:
+        check_output_file(archive, recognise=is_bundle_archive, description="an hmt bundle archive", inputs=inputs,
+                          what="--out (its archive)")
     signing_key = load_private_key(options.sign_key) if options.sign_key is not None else None
     serve = ServeSettings(budgets=Budgets(latency_ms=options.latency_ms, memory_mb=options.memory_mb,
                                           energy=options.energy))
@@ -321,9 +346,11 @@ def deploy_bundle(
                              f"{variants[0].arch_id}; a bundle serves one input and one set of classes")
     config = {
         "target": target.name,
-        "fused": str(fused.root),
-        "pareto": str(front.artifact.root),
-        "profile": str(profile_path),
+        "fused": relative_to_artifact(fused.root, out_dir),
+        "pareto": relative_to_artifact(front.artifact.root, out_dir),
+        # A profile directory is an artifact (recorded relative to this one); a file, by name and sha256.
+        "profile": relative_to_artifact(profile_path, out_dir) if profile_path.is_dir() else profile_path.name,
+        "profile_sha256": hashlib.sha256(profile_bytes).hexdigest(),
         "variants": [v.arch_id for v in variants],
         "engines": list(options.engines),
         "strict": options.strict,
@@ -339,14 +366,19 @@ def deploy_bundle(
     bundled: list[BundleVariant] = []
     notes = _notes(target, options.engines, pareto_profile, profile_id)
     notes.extend(slower_notes)
-    out_abs = Path(os.path.abspath(out_dir))
-    archive = archive_path_for(out_abs) if options.archive else None
     sessions = _ort_sessions(fused)
-    with ArtifactWriter(out_dir, kind=BUNDLE_KIND, config=config, parents=parents) as writer:
+    preprocess, class_names, meta_note, meta_known = _input_meta(front)
+    if not meta_known and not options.allow_missing_preprocess:
+        raise InputError(f"{meta_note}; serve would normalise inputs with defaults and answer without class "
+                         "names. Search the front with this hmt (pareto records the dataset), keep the supernet "
+                         "beside it, or pass --no-preprocess to build the bundle anyway")
+    with ArtifactWriter(out_dir, kind=BUNDLE_KIND, config=config, parents=parents, inputs=inputs,
+                        force=force) as writer:
         if signing_key is not None:
             writer.before_commit(partial(sign_artifact_dir, private_key=signing_key))
         if archive is not None:
-            writer.companion(archive, partial(build_archive_file, root_name=out_abs.name))
+            writer.companion(archive, partial(build_archive_file, root_name=out_abs.name),
+                             recognise=is_bundle_archive, description="an hmt bundle archive")
         for variant in variants:
             bundle_variant, build = _build_variant(
                 writer, variant, points[variant.arch_id], fused=fused, target=target, engines=options.engines,
@@ -367,12 +399,11 @@ def deploy_bundle(
             from hmt.deploy.adaptable import add_adaptable
 
             progress("adaptable", 0, len(bundled), None)
-            bundled, adapt_notes = add_adaptable(writer, bundled, front.doc, options.supernet)
+            bundled, adapt_notes = add_adaptable(writer, bundled, front, options.supernet)
             notes.extend(adapt_notes)
             notes.append("variants with extra.adaptable carry BN-adaptable graphs (variants/<arch_id>/adapt): "
                          "hmt serve --adapt re-estimates their BN statistics on recent inputs without torch")
             progress("adaptable", len(bundled), len(bundled), None)
-        preprocess, class_names, meta_note = _input_meta(front.doc)
         if meta_note is not None:
             notes.append(meta_note)
         if class_names is not None and len(class_names) != int(classes):

@@ -78,8 +78,15 @@ def _copy_bundle(writer: ArtifactWriter, bundle: Bundle) -> None:
 
 def write_offload_bundles(bundle_path: Path | str, device_out: Path | str, peer_out: Path | str, *,
                           seed: int = 0, max_inner_per_segment: int = 2,
-                          progress: ProgressCallback = no_progress) -> OffloadBundles:
-    """Split ``bundle_path`` into a device bundle and a peer bundle (see the module docstring)."""
+                          progress: ProgressCallback = no_progress, force: bool = False) -> OffloadBundles:
+    """Split ``bundle_path`` into a device bundle and a peer bundle (see the module docstring).
+
+    Both outputs are checked before any work: each is new, empty, or a bundle (any artifact
+    with ``force``) holding only what its manifest lists; neither may be or hold the source."""
+    from hmt.artifacts.outputs import check_output_dir
+
+    for out in (device_out, peer_out):
+        check_output_dir(out, kind=BUNDLE_KIND, inputs=[bundle_path], force=force, what="--offload-out")
     bundle = load_bundle(bundle_path)
     plan_cuts: dict[str, tuple[Cut, ...]] = {}
     heads: dict[str, bytes] = {}
@@ -101,7 +108,7 @@ def write_offload_bundles(bundle_path: Path | str, device_out: Path | str, peer_
                                                       "max_inner_per_segment": max_inner_per_segment}
     for out, role, parts in ((device_out, "device", heads | tails), (peer_out, "peer", tails)):
         with ArtifactWriter(out, kind=BUNDLE_KIND, config=config | {"role": role},
-                            parents=[bundle.artifact]) as writer:
+                            parents=[bundle.artifact], force=force, what="--offload-out") as writer:
             _copy_bundle(writer, bundle)
             for name, data in parts.items():
                 writer.write_bytes(name, data)

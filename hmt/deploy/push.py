@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hmt.errors import DeviceError, UsageError
+from hmt.errors import DeviceError, InputError, UsageError
 
 # [user@]host:path, where host is a name, an IPv4 address or a [bracketed] IPv6 address.
 _DESTINATION = re.compile(r"^(?:(?P<user>[A-Za-z0-9._][A-Za-z0-9._-]*)@)?"
@@ -80,6 +80,31 @@ def _run(command: list[str], what: str, timeout_s: float) -> None:
         raise DeviceError(f"{what} failed (exit {done.returncode}): {tail or 'no message'}")
 
 
+_REFUSED = "hmt-push-refused"
+
+
+def _check_remote(ssh: list[str], dest: Destination, remote_dir: str, destination: str, timeout_s: float) -> None:
+    """``mkdir -p`` the destination; refuse (exit 3) a ``remote_dir`` that exists, is not empty and
+    holds no hmt bundle manifest (or is a link), touching nothing there."""
+    target = shlex.quote(remote_dir)
+    script = (f"mkdir -p -- {shlex.quote(dest.path)} || exit 1; "
+              f"if [ -L {target} ] || {{ [ -e {target} ] && [ -n \"$(ls -A -- {target})\" ] && "
+              f"! grep -qs '\"kind\": \"bundle\"' {target}/manifest.json; }}; then echo {_REFUSED}; fi")
+    try:
+        done = subprocess.run([*ssh, "--", dest.login, script], capture_output=True, text=True, timeout=timeout_s,
+                              check=False, stdin=subprocess.DEVNULL)
+    except FileNotFoundError as exc:
+        raise DeviceError(f"ssh {dest.login}: ssh is not installed here") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise DeviceError(f"ssh {dest.login}: no answer within {timeout_s:.0f} s") from exc
+    if done.returncode != 0:
+        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-_TAIL_LINES:])
+        raise DeviceError(f"ssh {dest.login} failed (exit {done.returncode}): {tail or 'no message'}")
+    if _REFUSED in done.stdout:
+        raise InputError(f"--push {destination}: {remote_dir} on {dest.host} is a folder that is not an hmt bundle; "
+                         "the copy would replace what is in it. Choose another remote path, or move it")
+
+
 def push_bundle(bundle_dir: Path | str, destination: str, *, port: int | None = None, identity: Path | None = None,
                 ssh_options: Sequence[str] = (), tool: str = "auto", timeout_s: float = 600.0) -> PushResult:
     """Copy the bundle directory to ``destination`` ([user@]host:/path) with rsync or scp."""
@@ -93,13 +118,14 @@ def push_bundle(bundle_dir: Path | str, destination: str, *, port: int | None = 
             raise UsageError(f"--ssh-option {option!r}: expected KEY=VALUE (passed to ssh as -o KEY=VALUE)")
     dest = parse_destination(destination)
     if identity is not None and not Path(identity).is_file():
-        raise UsageError(f"--ssh-identity {identity}: no such key file")
+        raise UsageError(f"--ssh-identity {identity}: does not exist; expected an ssh key file")
     ssh = _ssh_command(port=port, identity=identity, options=ssh_options)
     use = tool if tool != "auto" else ("rsync" if shutil.which("rsync") else "scp")
     remote_dir = f"{dest.path.rstrip('/')}/{bundle_dir.name}"
     start = time.perf_counter()
-    # Create the parent first: it checks login with a clear message, and rsync/scp need it.
-    _run([*ssh, "--", dest.login, f"mkdir -p -- {shlex.quote(dest.path)}"], f"ssh {dest.login}", timeout_s)
+    # Create the parent first: it checks login with a clear message, and rsync/scp need it. The
+    # same call refuses a remote folder that is not an hmt bundle: rsync --delete would empty it.
+    _check_remote(ssh, dest, remote_dir, destination, timeout_s)
     if use == "rsync":
         _run(["rsync", "-rt", "--delete", "--chmod=D755,F644", "-e", shlex.join(ssh), f"{bundle_dir}/",
               f"{dest.login}:{remote_dir}/"], f"rsync to {dest}", timeout_s)

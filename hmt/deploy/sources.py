@@ -16,7 +16,7 @@ from typing import Any
 
 from hmt.artifacts import Artifact, load_artifact
 from hmt.bundle import GraphSpec, TensorSpec
-from hmt.errors import ArtifactError, HmtError, InputError, UsageError
+from hmt.errors import ArtifactError, InputError, UsageError
 
 FUSED_KIND = "fused"
 FUSED_REPORT = "report.json"
@@ -198,12 +198,12 @@ def check_lineage(fused: Artifact, pareto: Artifact) -> str:
     converted_ref = _parent(fused, "converted")
     if converted_ref is None:
         return "not checked: the fused manifest records no converted parent"
-    try:
-        converted = load_artifact(converted_ref.path, kind="converted", verify_checksums=False)
-    except HmtError:
-        return f"not checked: the converted artifact {converted_ref.path} named by the fused manifest is gone"
-    if converted.manifest_sha256 != converted_ref.manifest_sha256:
-        return f"not checked: {converted_ref.path} was rebuilt after fuse read it (manifest sha256 differs)"
+    from hmt.artifacts.lineage import find_parent
+
+    converted = find_parent(fused, converted_ref, verify_checksums=False)
+    if converted is None:
+        return (f"not checked: the converted artifact {converted_ref.path} (relative to {fused.root}) named by the "
+                "fused manifest is gone or was rebuilt after fuse read it (manifest sha256 differs)")
     ours, theirs = _parent(converted, "supernet"), _parent(pareto, "supernet")
     if ours is None or theirs is None:
         side = "converted" if ours is None else "pareto"

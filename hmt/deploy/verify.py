@@ -76,8 +76,12 @@ def opened_bundle(path: Path | str) -> Iterator[Path]:
     if path.is_dir():
         yield path
         return
+    if not path.exists():
+        raise InputError(f"{path}: does not exist; expected a bundle directory (hmt deploy --out) or its .tar.gz")
     if not is_archive(path):
-        raise InputError(f"{path}: not a bundle directory or a .tar.gz archive")
+        kind = f"a {path.suffix} file" if path.suffix else "a file"
+        raise InputError(f"{path}: is {kind}, not a bundle; expected a bundle directory (hmt deploy --out) or its "
+                         ".tar.gz archive")
     with tempfile.TemporaryDirectory(prefix="hmt-verify-") as tmp:
         root = extract_archive(path, Path(tmp))
         try:
@@ -88,7 +92,7 @@ def opened_bundle(path: Path | str) -> Iterator[Path]:
             raise type(exc)(message) from exc
 
 
-def _check_archive_binding(archive: Path, root: Path) -> str | None:
+def check_archive_binding(archive: Path, root: Path) -> str | None:
     """Refuse ``OUT.tar.gz`` whose manifest is not the one of the directory ``OUT`` beside it.
 
     ``hmt deploy`` commits the two together, but an archive from an older hmt, or one
@@ -197,7 +201,7 @@ def verify_bundle(path: Path | str, *, expected_target: str | None = None, run_m
     makes a missing or non-matching signature a failure."""
     path = Path(path)
     with opened_bundle(path) as root:
-        bound_to = _check_archive_binding(path, root) if root != path else None
+        bound_to = check_archive_binding(path, root) if root != path else None
         bundle = load_bundle(root)
         report = VerifyReport(path, "", [v.arch_id for v in bundle.spec.variants])
         checks = check_bundle(bundle, expected_target=expected_target, trusted_key=trusted_key)

@@ -297,8 +297,12 @@ def fuse_model(
     *,
     options: FuseOptions | None = None,
     progress: ProgressCallback = no_progress,
+    force: bool = False,
 ) -> FuseResult:
     """Fuse, plan, compile and choose an engine for every variant of a converted artifact."""
+    from hmt.artifacts.outputs import check_output_dir
+    from hmt.artifacts.paths import relative_to_artifact
+
     options = options or FuseOptions()
     unknown = [e for e in options.engines if e not in ENGINES]
     if unknown:
@@ -318,9 +322,12 @@ def fuse_model(
     passes = list(options.passes) if options.passes is not None else fusion_pass_names()
     resolve_passes(passes, category="fusion")
     artifact, converted = load_converted(converted_dir)
+    inputs = [converted_dir]
+    check_output_dir(out_dir, kind=FUSED_KIND, inputs=inputs, force=force)
     config = {
         "passes": passes, "engines": list(options.engines), "device": options.device,
-        "tune_trials": options.tune_trials, "tuning_dir": str(options.tuning_dir) if options.tuning_dir else None,
+        "tune_trials": options.tune_trials,
+        "tuning_dir": relative_to_artifact(options.tuning_dir, out_dir) if options.tuning_dir else None,
         "warmup": options.warmup, "repeats": options.repeats, "seed": options.seed,
         "tie_floor": options.tie_floor,
         "choice_rule": CHOICE_RULE,
@@ -331,7 +338,8 @@ def fuse_model(
     results: list[FusedVariant] = []
     report_variants: list[dict[str, Any]] = []
     total = len(converted["variants"])
-    with ArtifactWriter(out_dir, kind=FUSED_KIND, config=config, parents=[artifact]) as writer:
+    with ArtifactWriter(out_dir, kind=FUSED_KIND, config=config, parents=[artifact], inputs=inputs,
+                        force=force) as writer:
         for vi, entry in enumerate(converted["variants"]):
             name = str(entry["name"])
             progress("fuse", vi, total, name)

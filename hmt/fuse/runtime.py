@@ -68,11 +68,28 @@ def load_fused_runner(
         # The whole path merged into one graph (hmt.fuse.engines.ort.merge_chain): one call.
         return chain([ort_step(str(artifact.file(spec["onnx"])), ort_options, device)], feeds, [])
     steps: list[Step] = []
+    parent_root: Path | None = None
     for file in path:
         if spec["engine"] == "ort":
             onnx_file = graphs[file]["onnx"]["file"] if spec["graphs"] == "fused" else file
-            root = artifact.root if spec["graphs"] == "fused" else Path(artifact.manifest.parents[0].path)
+            if spec["graphs"] != "fused" and parent_root is None:
+                parent_root = _converted_root(artifact, fused_dir)
+            root = artifact.root if spec["graphs"] == "fused" else parent_root
+            assert root is not None
             steps.append(ort_step(str(root / onnx_file), ort_options, device))
         else:
             steps.append(tvm_step(artifact.file(spec["libraries"][file]), graphs[file]["input_name"], device))
     return chain(steps, feeds, inputs[1:])
+
+
+def _converted_root(artifact: Any, fused_dir: Path | str) -> Path:
+    """The converted artifact the fused one was built from (its graphs run unfused), found
+    relative to the fused artifact and checked by manifest sha256."""
+    from hmt.artifacts.lineage import find_parent
+
+    record = artifact.manifest.parents[0]
+    found = find_parent(artifact, record)
+    if found is None:
+        raise InputError(f"{fused_dir}: the converted artifact it was fused from ({record.path}, relative to it) "
+                         "is gone or was rebuilt; this choice runs its unfused graphs")
+    return Path(found.root)

@@ -70,7 +70,7 @@ def load_onnx(path: Path | str) -> onnx.ModelProto:
 
     path = Path(path)
     if not path.is_file():
-        raise InputError(f"{path}: no such ONNX file")
+        raise InputError(f"{path}: does not exist; expected an ONNX file")
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:

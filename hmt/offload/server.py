@@ -28,7 +28,7 @@ class TlsOptions:
     def __post_init__(self) -> None:
         for name, path in (("--ssl-certfile", self.certfile), ("--ssl-keyfile", self.keyfile)):
             if not Path(path).is_file():
-                raise InputError(f"{name} {path}: no such file (expected a PEM file)")
+                raise InputError(f"{name} {path}: does not exist; expected a PEM file")
 
 
 def open_peer(bundle_path: Path | str, options: PeerOptions, threads: int | None = 1,

@@ -44,7 +44,8 @@ class LoadedFront:
 
 def write_pareto_artifact(out: Path, *, front_doc: Mapping[str, Any], index: FrontIndex,
                           archive_rows: Iterable[Mapping[str, Any]], plot_png: bytes, config: dict[str, Any],
-                          parents: Iterable[Artifact | ParentRecord], metrics: Mapping[str, Any]) -> Path:
+                          parents: Iterable[Artifact | ParentRecord], metrics: Mapping[str, Any],
+                          force: bool = False, inputs: Iterable[Path | str] = ()) -> Path:
     import csv
 
     rows = list(archive_rows)
@@ -53,7 +54,7 @@ def write_pareto_artifact(out: Path, *, front_doc: Mapping[str, Any], index: Fro
         writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
-    with ArtifactWriter(out, kind=KIND, config=config, parents=parents) as w:
+    with ArtifactWriter(out, kind=KIND, config=config, parents=parents, force=force, inputs=inputs) as w:
         w.write_json(FRONT, dict(front_doc))
         w.write_json(INDEX, index.to_json_dict())
         w.write_bytes(ARCHIVE, buffer.getvalue().encode())

@@ -51,11 +51,13 @@ def held_out_data(loaded: Any, *, data_path: Path | None = None, split: str = "t
     if max_samples is not None and max_samples < 1:
         raise UsageError(f"max eval samples must be >= 1, got {max_samples}")
     if data_path is None:
+        from hmt.artifacts.paths import resolve_recorded
         from hmt.supernet.train.trainer import derive_seed
 
         recorded = config.get("data_path")
         try:
-            data = load_dataset(kind, Path(recorded) if recorded else None, cache_dir=cache_dir)
+            data = load_dataset(kind, resolve_recorded(recorded, loaded.artifact.root) if recorded else None,
+                                cache_dir=cache_dir)
         except InputError as exc:
             raise InputError(f"cannot reload the supernet's training data to rebuild its validation split "
                              f"({exc}); pass --data with held-out data") from exc
@@ -70,8 +72,8 @@ def held_out_data(loaded: Any, *, data_path: Path | None = None, split: str = "t
             raise ArtifactError(f"{loaded.artifact.root}: manifest config lacks val_fraction/seed ({exc})") from exc
         _, val = split_train_val(data, fraction, np.random.default_rng(derive_seed(train_seed, 1)))
         x, y = val.x, val.y
-        source = f"validation split of the supernet's data ({recorded or 'embedded subset'}, {fraction:g}, " \
-                 f"seed {train_seed})"
+        named = Path(recorded).name if recorded else "embedded subset"
+        source = f"validation split of the supernet's data ({named}, {fraction:g}, seed {train_seed})"
     else:
         data = load_dataset(kind, data_path, cache_dir=cache_dir)
         mismatch = []
@@ -86,7 +88,7 @@ def held_out_data(loaded: Any, *, data_path: Path | None = None, split: str = "t
         parts = {"test": [data.test], "train": [data.train], "all": [data.train, data.test]}[split]
         x = np.concatenate([p.x for p in parts])
         y = np.concatenate([p.y for p in parts])
-        source = f"{split} split of {data_path}"
+        source = f"{split} split of the {kind} data given (sha256 {data.info.source_sha256[:12]})"
     if len(y) == 0:
         raise InputError(f"no held-out samples in the {source}")
     if max_samples is not None and max_samples < len(y):

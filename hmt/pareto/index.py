@@ -296,7 +296,7 @@ def load_index(path: Path | str) -> FrontIndex:
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError as exc:
-        raise InputError(f"{path}: no such index file") from exc
+        raise InputError(f"{path}: does not exist; expected a runtime index file") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: not valid JSON ({exc})") from exc
     return FrontIndex.from_json_dict(doc, source=str(path))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hmt.errors import BudgetError, UsageError
+from hmt.errors import BudgetError, InputError, UsageError
 from hmt.pareto.budgets import BudgetSweep, describe
 from hmt.pareto.front import budget_excess, closest_to_budgets, hypervolume
 from hmt.pareto.index import FrontIndex, IndexEntry
@@ -58,13 +58,21 @@ class ParetoOptions:
             OffloadCostModel.parse_link(self.offload_link)  # refuse a bad link before loading anything
         return self
 
-    def to_json_dict(self) -> dict[str, Any]:
+    def to_json_dict(self, out_dir: Path | str | None = None) -> dict[str, Any]:
+        """As a manifest records them; with ``out_dir``, paths relative to it (no path of this machine)."""
+        from hmt.artifacts.paths import relative_to_artifact
+
+        def where(path: Path | None) -> str | None:
+            if path is None:
+                return None
+            return relative_to_artifact(path, out_dir) if out_dir is not None else str(path)
+
         data = dataclasses.asdict(self)
         data["budgets"] = self.budgets.to_json_dict()
         data["search"] = dataclasses.asdict(self.search) | {"objectives": list(self.search.objectives)}
         data["precision"] = dataclasses.asdict(self.precision) | {"precisions": list(self.precision.precisions)}
-        data["data_path"] = str(self.data_path) if self.data_path else None
-        data["cache_dir"] = str(self.cache_dir) if self.cache_dir else None
+        data["data_path"] = where(self.data_path)
+        data["cache_dir"] = where(self.cache_dir)
         return data
 
 
@@ -131,23 +139,49 @@ def precheck_budgets(encoding: Any, costs: Any, budgets: BudgetSweep) -> None:
                                             values, {metric: limit}, costs.energy_unit))
 
 
+def check_inputs(supernet: Path | str, profile: Path | str, out: Path | str, options: ParetoOptions, *,
+                 force: bool = False) -> None:
+    """Refuse, before any work, a missing or wrong input and an output path that is not hmt's to replace."""
+    from hmt.artifacts import load_artifact
+    from hmt.artifacts.outputs import check_output_dir
+    from hmt.pareto.artifact import KIND
+    from hmt.profile.schema import ARTIFACT_KIND
+    from hmt.supernet.artifact import KIND as SUPERNET_KIND
+
+    if options.precision.extra:  # a usage error first: fp16 needs a GPU provider to be timed
+        from hmt.pareto.precision import check_device
+
+        check_device(options.precision, options.device)
+    load_artifact(supernet, kind=SUPERNET_KIND, verify_checksums=False)
+    profile = Path(profile)
+    if not profile.exists():
+        raise InputError(f"--profile {profile}: does not exist; expected a profile-device artifact directory or a "
+                         "profiles/*.json file")
+    if profile.is_dir():
+        load_artifact(profile, kind=ARTIFACT_KIND, verify_checksums=False)
+    inputs = [p for p in (supernet, profile, options.data_path) if p]
+    check_output_dir(out, kind=KIND, inputs=inputs, force=force)
+
+
 def find_front(supernet: Path | str, profile: Path | str, out: Path | str, options: ParetoOptions | None = None,
-               *, progress: ProgressCallback = no_progress) -> ParetoRun:
+               *, progress: ProgressCallback = no_progress, force: bool = False) -> ParetoRun:
     """Search the supernet for its accuracy / latency / energy / memory front on a device."""
     import torch
 
     options = (options or ParetoOptions()).validate()
+    check_inputs(supernet, profile, out, options, force=force)
     threads_before = torch.get_num_threads()
     if options.threads is not None:
         torch.set_num_threads(options.threads)
     try:
-        return _find_front(Path(supernet), Path(profile), Path(out), options, progress)
+        return _find_front(Path(supernet), Path(profile), Path(out), options, progress, force)
     finally:
         torch.set_num_threads(threads_before)
 
 
 def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions,
-                progress: ProgressCallback) -> ParetoRun:
+                progress: ProgressCallback, force: bool) -> ParetoRun:
+    from hmt.artifacts.paths import relative_to_artifact
     from hmt.pareto.data import calibration_batches, device_batches, held_out_data
     from hmt.pareto.encoding import Encoding
     from hmt.pareto.evaluate import PrefixEvaluator
@@ -259,7 +293,9 @@ def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions
                             + ", ".join(f"{m} +{100 * e:.1f}%" for m, e in answer.closest["excess"].items()) + ")"
                             if answer.closest else ""))
 
-    profile_record: dict[str, Any] = {**predictor.describe(), "path": str(profile)}
+    # A profile directory is an artifact (recorded relative to this one); a file, by name (and sha256 below).
+    profile_where = relative_to_artifact(profile, out) if profile.is_dir() else profile.name
+    profile_record: dict[str, Any] = {**predictor.describe(), "path": profile_where}
     parents: list[Any] = [loaded.artifact]
     if profile.is_dir():
         from hmt.artifacts import load_artifact
@@ -276,8 +312,11 @@ def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions
     sorted_points = sorted(points, key=lambda p: (p["latency_ms"], -p["accuracy"]))
     front_doc = {
         "schema": FRONT_SCHEMA, "schema_version": FRONT_SCHEMA_VERSION,
-        "supernet": {"path": str(supernet), "manifest_sha256": loaded.artifact.manifest_sha256,
+        "supernet": {"path": relative_to_artifact(supernet, out), "manifest_sha256": loaded.artifact.manifest_sha256,
                      "space_tag": loaded.space.tag, "backbone": loaded.space.backbone},
+        # What a bundle needs of the data, carried here so deploy does not depend on finding the supernet.
+        "dataset": {k: loaded.dataset_info.get(k) for k in ("name", "modality", "input_shape", "num_classes",
+                                                            "class_names", "mean", "std", "source_sha256")},
         "profile": profile_record, "data": data.describe(),
         "bn_statistics": ("re-estimated per variant on the supernet's calibration set "
                           f"({sum(len(b) for b in calibration)} samples)" if calibration is not None
@@ -314,8 +353,9 @@ def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions
         title=f"{loaded.space.tag} on {device_profile.name} ({options.search.method}, "
               f"{result.evaluations} evaluations)",
     )
-    config = options.to_json_dict() | {"supernet": str(supernet), "profile": str(profile)}
+    config = options.to_json_dict(out) | {"supernet": relative_to_artifact(supernet, out), "profile": profile_where}
     metrics["total_wall_s"] = time.perf_counter() - start
     write_pareto_artifact(out, front_doc=front_doc, index=index, archive_rows=archive_rows, plot_png=plot,
-                          config=config, parents=parents, metrics=metrics)
+                          config=config, parents=parents, metrics=metrics, force=force,
+                          inputs=[p for p in (profile, options.data_path) if p])
     return ParetoRun(out, sorted_points, answers, result, metrics, costs.energy_unit, notes)

@@ -175,12 +175,27 @@ def render(f: Figures) -> bytes:
     return profile_to_json_files(build(f), inline=True)["profile.json"]
 
 
+def _is_profile_schema(path: Path) -> bool:
+    data = json.loads(path.read_bytes())
+    return isinstance(data, dict) and data.get("title") == "hmt device profile"
+
+
 def main(argv: list[str]) -> int:
+    from hmt.artifacts import atomic_write_bytes
+    from hmt.artifacts.outputs import check_output_file
+    from hmt.profile.schema import is_profile_json
+
     out = Path(argv[0]) if argv else Path("profiles")
-    out.mkdir(parents=True, exist_ok=True)
-    for figures in DEVICES:
-        (out / f"{figures.name}.json").write_bytes(render(figures))
-    (out / "schema.json").write_text(json.dumps(json.loads(SCHEMA_JSON.replace("\n    ", " ")), indent=2) + "\n")
+    files = {f"{figures.name}.json": render(figures) for figures in DEVICES}
+    schema = (json.dumps(json.loads(SCHEMA_JSON.replace("\n    ", " ")), indent=2) + "\n").encode()
+    # Only profiles (and the schema) written before are replaced: nothing else in OUT is touched.
+    for name in files:
+        check_output_file(out / name, recognise=is_profile_json, description="an hmt device profile", what="OUT")
+    check_output_file(out / "schema.json", recognise=_is_profile_schema, description="hmt's profile schema",
+                      what="OUT")
+    for name, data in {**files, "schema.json": schema}.items():
+        atomic_write_bytes(out / name, data)
+        (out / name).chmod(0o644)  # files to share, not the 0600 of the temporary they were written as
     return 0
 
 

@@ -192,9 +192,17 @@ def _probe_fits(d: _Doc, options: ProfileOptions, runner: Any, curve: HitRateCur
 
 
 def profile_device(out_dir: Path | str, options: ProfileOptions, *, power_source: PowerSource | None = None,
-                   progress: ProgressCallback = no_progress) -> ProfileRun:
-    """Profile a device and write the profile artifact to ``out_dir`` (atomically)."""
+                   progress: ProgressCallback = no_progress, force: bool = False) -> ProfileRun:
+    """Profile a device and write the profile artifact to ``out_dir`` (atomically).
+
+    ``out_dir`` is checked first (:func:`hmt.artifacts.outputs.check_output_dir`; ``force``
+    replaces an artifact of another kind)."""
+    from hmt.artifacts.outputs import check_output_dir
+    from hmt.profile.schema import ARTIFACT_KIND
+
     out_dir = Path(out_dir)
+    inputs = [p for p in (options.supernet, options.power_options.get("path")) if p]
+    check_output_dir(out_dir, kind=ARTIFACT_KIND, inputs=inputs, force=force)
     spec = device_spec(options.device)
     if options.engine not in ENGINES:
         raise UsageError(f"unknown engine {options.engine!r}; choose from {', '.join(ENGINES)}")
@@ -219,7 +227,7 @@ def profile_device(out_dir: Path | str, options: ProfileOptions, *, power_source
         if options.supernet is not None or options.power is not None or power_source is not None:
             raise UsageError(f"{spec.name} is not this machine: measuring it (block table, energy) needs "
                              "--rpc host:port --key NAME; without --rpc its estimated profile is written as is")
-        return stages.write_estimated(out_dir, shipped_profile(spec.name), options)
+        return stages.write_estimated(out_dir, shipped_profile(spec.name), options, force=force)
     if spec.name == "host" and options.rpc is not None:
         raise UsageError("--rpc profiles a remote device: name it with --device (e.g. raspberry-pi-4b)")
     if options.rpc is not None and options.power and options.power != "trace":
@@ -260,7 +268,7 @@ def profile_device(out_dir: Path | str, options: ProfileOptions, *, power_source
     if drift is not None:
         stages.drift_section(d, options, drift)
     summary = stages.summary(d.profile)
-    stages.write_measured(out_dir, d.profile, options, loaded, validation, summary)
+    stages.write_measured(out_dir, d.profile, options, loaded, validation, summary, force=force)
     return ProfileRun(out_dir, d.profile, summary, list(d.doc["notes"]), validation)
 
 

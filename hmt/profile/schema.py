@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -274,7 +274,8 @@ def read_profile_json(path: Path) -> DeviceProfile:
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError as exc:
-        raise InputError(f"{path}: no such profile file") from exc
+        raise InputError(f"{path}: does not exist; expected a profile-device artifact directory or a profiles/*.json "
+                         "file") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: not valid JSON ({exc})") from exc
     return profile_from_doc(doc, source=str(path), base_dir=path.parent)
@@ -298,9 +299,24 @@ def load_profile(path: Path | str) -> DeviceProfile:
     raise InputError(f"{path}: not a profile directory or .json file")
 
 
-def write_profile_json(profile: DeviceProfile, path: Path) -> Path:
-    """The single-file form (every table inline), written atomically: what ``profiles/`` ships."""
+def is_profile_json(path: Path) -> bool:
+    """Whether ``path`` holds a single-file hmt device profile (what :func:`write_profile_json` writes)."""
+    if path.stat().st_size > 64 << 20:
+        return False
+    data = json.loads(path.read_bytes())
+    return isinstance(data, dict) and isinstance(data.get("device"), dict) and all(
+        key in data for key in _TOP_LEVEL_REQUIRED)
+
+
+def write_profile_json(profile: DeviceProfile, path: Path, *, inputs: Sequence[Path | str] = ()) -> Path:
+    """The single-file form (every table inline), written atomically: what ``profiles/`` ships.
+
+    An existing ``path`` is replaced only if it is such a profile."""
     from hmt.artifacts import atomic_write_bytes
+    from hmt.artifacts.outputs import check_output_file
+
+    check_output_file(path, recognise=is_profile_json, description="an hmt device profile (.json)", inputs=inputs,
+                      what="--export-json")
 
     atomic_write_bytes(Path(path), profile_to_json_files(profile, inline=True)[PROFILE_FILE])
     Path(path).chmod(0o644)  # a file to share, not the 0600 of the temporary it was written as
@@ -315,12 +331,15 @@ def write_profile_artifact(
     parents: tuple[Any, ...] = (),
     extra_files: Mapping[str, bytes] | None = None,
     metrics: Mapping[str, Any] | None = None,
+    force: bool = False,
+    inputs: Sequence[Path | str] = (),
 ) -> Path:
     """Write the profile atomically as an hmt artifact; a failure leaves ``out_dir`` untouched."""
     from hmt.artifacts import ArtifactWriter
 
     files = profile_to_json_files(profile, inline=False)
-    with ArtifactWriter(out_dir, kind=ARTIFACT_KIND, config=config, parents=parents) as writer:
+    with ArtifactWriter(out_dir, kind=ARTIFACT_KIND, config=config, parents=parents, force=force,
+                        inputs=inputs) as writer:
         for name, data in files.items():
             writer.write_bytes(name, data)
         for name, data in (extra_files or {}).items():

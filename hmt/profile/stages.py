@@ -392,25 +392,29 @@ def summary(profile: DeviceProfile) -> dict[str, Any]:
     return out
 
 
-def _config(options: ProfileOptions) -> dict[str, Any]:
+def _config(options: ProfileOptions, out_dir: Path) -> dict[str, Any]:
+    from hmt.artifacts.paths import relative_to_artifact
+
     config = dataclasses.asdict(options)
-    config["supernet"] = str(options.supernet) if options.supernet else None
-    config["power_options"] = {k: str(v) for k, v in options.power_options.items()}
+    config["supernet"] = relative_to_artifact(options.supernet, out_dir) if options.supernet else None
+    config["power_options"] = {k: relative_to_artifact(v, out_dir) if k == "path" and v else str(v)
+                               for k, v in options.power_options.items()}
     config["batches"] = list(options.batches)
     return config
 
 
 def write_measured(out_dir: Path, profile: DeviceProfile, options: ProfileOptions, loaded: Any,
-                   validation: Any, metrics: dict[str, Any]) -> None:
+                   validation: Any, metrics: dict[str, Any], *, force: bool = False) -> None:
     extra = {"validation.png": validation.plot_png} if validation is not None else {}
     parents = (loaded.artifact,) if loaded is not None else ()
-    write_profile_artifact(profile, out_dir, config=_config(options), parents=parents, extra_files=extra,
-                           metrics=metrics)
+    write_profile_artifact(profile, out_dir, config=_config(options, out_dir), parents=parents, extra_files=extra,
+                           metrics=metrics, force=force, inputs=[p for p in (options.power_options.get("path"),) if p])
 
 
-def write_estimated(out_dir: Path, profile: DeviceProfile, options: ProfileOptions) -> ProfileRun:
+def write_estimated(out_dir: Path, profile: DeviceProfile, options: ProfileOptions, *,
+                    force: bool = False) -> ProfileRun:
     info = summary(profile)
-    write_profile_artifact(profile, out_dir, config=_config(options), metrics=info)
+    write_profile_artifact(profile, out_dir, config=_config(options, out_dir), metrics=info, force=force)
     notes = [f"{profile.name}: estimated profile from profiles/ (datasheet and published figures, cited inside); "
              "nothing was measured; pass --rpc host:port --key NAME to measure the device"]
     return ProfileRun(out_dir, profile, info, notes)

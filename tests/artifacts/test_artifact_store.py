@@ -99,7 +99,7 @@ def test_manifest_entry_escaping_directory_refused(tmp_path: Path) -> None:
 
 
 def test_missing_directory_and_manifest(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="no such artifact"):
+    with pytest.raises(InputError, match="does not exist; expected a demo artifact directory"):
         load_artifact(tmp_path / "nope", kind="demo")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ArtifactError, match="manifest.json: missing"):

@@ -43,7 +43,7 @@ def test_convert_then_fuse_json(model_file: Path, tmp_path: Path) -> None:
         (["--model", "x.py:f"], 2, "--input-shape"),
         (["--model", "{file}:broken", "--input-shape", "1,3,8,8"], 5, "factory exploded"),
         (["--model", "{file}:tiny", "--input-shape", "1,x,8"], 2, "comma-separated"),
-        (["--onnx", "{dir}/missing.onnx"], 3, "no such ONNX file"),
+        (["--onnx", "{dir}/missing.onnx"], 3, "missing.onnx: does not exist; expected an ONNX file"),
         (["--model", "{file}:tiny", "--onnx", "a.onnx", "--input-shape", "1,3,8,8"], 2, "exactly one"),
     ],
 )

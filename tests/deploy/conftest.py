@@ -49,12 +49,20 @@ def point(arch_id: str, *, accuracy: float = 0.6, latency_ms: float = 1.5) -> di
             "predicted_for": "amd-epyc-2c-cpu_onnxruntime1.32", "macs": 1000, "params": 100}
 
 
-def make_pareto(out: Path, points: Sequence[dict[str, Any]], *, parents: Sequence[ParentRecord] = ()) -> Path:
+# What pareto records of the supernet's data (deploy carries it into the bundle).
+DATASET = {"name": "cifar10", "modality": "image", "input_shape": [3, 32, 32], "num_classes": 10,
+           "class_names": None, "mean": [0.49, 0.48, 0.45], "std": [0.25, 0.24, 0.26], "source_sha256": "0" * 64}
+
+
+def make_pareto(out: Path, points: Sequence[dict[str, Any]], *, parents: Sequence[ParentRecord] = (),
+                dataset: dict[str, Any] | None = DATASET) -> Path:
     from hmt.pareto.artifact import FRONT_SCHEMA, FRONT_SCHEMA_VERSION, write_pareto_artifact
     from hmt.pareto.index import FrontIndex, IndexEntry
 
     doc = {"schema": FRONT_SCHEMA, "schema_version": FRONT_SCHEMA_VERSION, "points": list(points),
            "profile": {"id": "amd-epyc-2c-cpu_onnxruntime1.32"}}
+    if dataset is not None:
+        doc["dataset"] = dataset
     index = FrontIndex([IndexEntry.from_json_dict(p) for p in points], meta={"space_tag": "test"})
     return write_pareto_artifact(out, front_doc=doc, index=index, archive_rows=[], plot_png=b"", config={},
                                  parents=parents, metrics={})

@@ -113,3 +113,16 @@ def test_push_with_unknown_host_key_fails_without_prompting(sshd: Sshd, x86_bund
                     identity=sshd.identity, timeout_s=30,
                     ssh_options=(f"UserKnownHostsFile={tmp_path / 'empty_known_hosts'}", "StrictHostKeyChecking=yes"))
     assert not sshd.remote.exists()
+
+
+@pytest.mark.slow
+def test_push_never_replaces_a_remote_folder_that_is_not_a_bundle(sshd: Sshd, x86_bundle: Path) -> None:
+    from hmt.errors import InputError
+
+    mine = sshd.remote / x86_bundle.name
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("precious")
+    with pytest.raises(InputError, match="is a folder that is not an hmt bundle"):
+        push_bundle(x86_bundle, f"{getpass.getuser()}@127.0.0.1:{sshd.remote}", port=sshd.port,
+                    identity=sshd.identity, ssh_options=sshd.options, tool="scp")
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]

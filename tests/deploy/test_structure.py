@@ -157,10 +157,10 @@ def test_key_files_are_checked(tmp_path: Path) -> None:
     (tmp_path / "rsa.txt").write_text("-----BEGIN PUBLIC KEY-----\nnope\n-----END PUBLIC KEY-----\n")
     with pytest.raises(InputError, match="rsa.txt: not a PEM public key"):
         load_public_key(tmp_path / "rsa.txt")
-    with pytest.raises(InputError, match="no such public key file; create one with"):
+    with pytest.raises(InputError, match="does not exist; expected a public key file; create one with"):
         load_public_key(tmp_path / "absent.pub")
     private, _ = _keys(tmp_path)
-    with pytest.raises(InputError, match="exists; refusing to overwrite"):
+    with pytest.raises(InputError, match="already exists; hmt never overwrites it"):
         generate_key_pair(private)
 
 

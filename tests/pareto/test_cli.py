@@ -47,7 +47,11 @@ def test_exit_codes(tiny_supernet: Path, tmp_path: Path) -> None:
     assert invoke(*base, "--method", "annealing").exit_code == 2
     assert invoke(*base, "--objectives", "latency_ms").exit_code == 2
     missing = invoke("pareto", "--supernet", str(tmp_path / "nope"), "--profile", str(NANO))
-    assert missing.exit_code == 3 and "no such artifact directory" in missing.output
+    assert missing.exit_code == 3 and "does not exist" in missing.output
+    assert "searching" not in missing.output  # inputs are checked before the banner
+    no_profile = invoke("pareto", "--supernet", str(tiny_supernet), "--profile", str(tmp_path / "nope.json"))
+    assert no_profile.exit_code == 3 and "--profile" in no_profile.output and "does not exist" in no_profile.output
+    assert "searching" not in no_profile.output
     wrong_kind = invoke("pareto", "--supernet", str(tiny_supernet), "--profile", str(tiny_supernet),
                         "--out", str(tmp_path / "o"))
     assert wrong_kind.exit_code == 4 and "expected device-profile" in wrong_kind.output

@@ -86,7 +86,7 @@ def test_bad_documents_and_queries(tmp_path: Path) -> None:
         make([(0.5, math.nan, 1, 1)])
     with pytest.raises(UsageError, match="unknown metric"):
         make([]).within("power")
-    with pytest.raises(InputError, match="no such index"):
+    with pytest.raises(InputError, match="does not exist; expected a runtime index"):
         load_index(tmp_path / "missing.json")
     (tmp_path / "index.json").write_text("{not json")
     with pytest.raises(InputError, match="not valid JSON"):

@@ -178,9 +178,9 @@ def test_budgets_met_alone_but_not_together(tiny_supernet: Path, tiny_loaded, ti
 
 def test_bad_inputs(tiny_supernet: Path, tmp_path: Path) -> None:
     options = ParetoOptions(search=SearchOptions(evaluations=2, population=2), max_eval_samples=8)
-    with pytest.raises(InputError, match="no such artifact"):
+    with pytest.raises(InputError, match="does not exist"):
         find_front(tmp_path / "missing", NANO, tmp_path / "o", options)
-    with pytest.raises(InputError, match="no such profile"):
+    with pytest.raises(InputError, match="missing.json: does not exist"):
         find_front(tiny_supernet, tmp_path / "missing.json", tmp_path / "o", options)
     with pytest.raises(ArtifactError, match="kind is 'supernet'"):  # a supernet passed as the profile
         find_front(tiny_supernet, tiny_supernet, tmp_path / "o", options)

@@ -36,7 +36,7 @@ def test_cli_two_power_sources_and_missing_trace(tmp_path: Path) -> None:
     assert both.exit_code == 2 and "choose one power source" in both.output
     missing = runner.invoke(app, ["profile-device", "--power-trace", str(tmp_path / "none.csv"), "--out",
                                   str(tmp_path / "p")])
-    assert missing.exit_code == 3 and "no such power trace" in missing.output
+    assert missing.exit_code == 3 and "does not exist; expected a power trace" in missing.output
     assert not (tmp_path / "p").exists()
 
 

@@ -193,7 +193,7 @@ def test_malformed_profile_files(tmp_path: Path) -> None:
     (tmp_path / "big.csv").write_text("size_bytes,other\n1,2\n")
     with pytest.raises(InputError, match="columns"):
         load_profile(tmp_path / "profile.json")
-    with pytest.raises(InputError, match="no such"):
+    with pytest.raises(InputError, match="missing.json: does not exist"):
         load_profile(tmp_path / "missing.json")
 
 

@@ -220,11 +220,23 @@ def test_deploy_takes_preprocessing_and_class_names_from_the_supernet(tmp_path: 
                "class_names": ["a", "b", "c"], "mean": [0.1, 0.2, 0.3], "std": [0.4, 0.5, 0.6]}
     with ArtifactWriter(tmp_path / "supernet", kind="supernet", config={}) as writer:
         writer.write_json("supernet.json", {"dataset": dataset})
-    from hmt.artifacts import load_artifact
+    from types import SimpleNamespace
 
-    sha = load_artifact(tmp_path / "supernet", kind="supernet").manifest_sha256
-    pre, names, note = _input_meta({"supernet": {"path": str(tmp_path / "supernet"), "manifest_sha256": sha}})
-    assert pre == Preprocess(mean=(0.1, 0.2, 0.3), std=(0.4, 0.5, 0.6)) and names == ("a", "b", "c") and note is None
-    pre, names, note = _input_meta({"supernet": {"path": str(tmp_path / "supernet"), "manifest_sha256": "0" * 64}})
-    assert pre is None and names is None and note and "rebuilt" in note
-    assert _input_meta({})[2] == "no supernet recorded: the bundle carries no preprocessing or class names"
+    from hmt.artifacts import ParentRecord, load_artifact
+
+    supernet = load_artifact(tmp_path / "supernet", kind="supernet")
+
+    def front(name: str, parents: list[ParentRecord], doc: dict) -> SimpleNamespace:  # type: ignore[type-arg]
+        with ArtifactWriter(tmp_path / name, kind="pareto", config={}, parents=parents) as writer:
+            writer.write_json("front.json", doc)
+        return SimpleNamespace(doc=doc, artifact=load_artifact(tmp_path / name, kind="pareto"))
+
+    expected = Preprocess(mean=(0.1, 0.2, 0.3), std=(0.4, 0.5, 0.6))
+    # The front's own dataset record (what pareto writes), else the supernet it names, by sha256.
+    assert _input_meta(front("carried", [], {"dataset": dataset})) == (expected, ("a", "b", "c"), None, True)
+    assert _input_meta(front("named", [supernet.as_parent()], {})) == (expected, ("a", "b", "c"), None, True)
+    rebuilt = ParentRecord(kind="supernet", path=str(tmp_path / "supernet"), manifest_sha256="0" * 64)
+    pre, names, note, known = _input_meta(front("rebuilt", [rebuilt], {}))
+    assert pre is None and names is None and not known and note and "was not found" in note
+    assert _input_meta(front("none", [], {}))[2:] == (
+        "no supernet recorded: the bundle carries no preprocessing or class names", False)

@@ -120,8 +120,14 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path: Path, mode: st
 
 def test_resume_with_another_config_is_refused(tmp_path: Path) -> None:
     config = resolve_config(overrides=FAST)
+    notes: list[str] = []
     with pytest.raises(TrainingInterrupted):
-        train_supernet(config, tmp_path / "c", stop_after_epochs=1)
+        train_supernet(config, tmp_path / "c", stop_after_epochs=1, notify=notes.append)
+    assert notes == []  # a fresh start says nothing about resuming
+    with pytest.raises(TrainingInterrupted):
+        train_supernet(config, tmp_path / "c", stop_after_epochs=1, notify=notes.append)
+    assert len(notes) == 1 and notes[0].startswith("resuming from epoch 2 (phase 1, its epoch 2)"), notes
+    assert str(tmp_path / "c.ckpt" / "checkpoint.pt") in notes[0]
     other = resolve_config(overrides={**FAST, "seed": 1})
     with pytest.raises(UsageError, match="another training config"):
         train_supernet(other, tmp_path / "c")

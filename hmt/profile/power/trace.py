@@ -172,7 +172,7 @@ class TraceSource(PowerSource):
         self.start_epoch_s = start_epoch_s
         self._windows: list[Window] = []
         if not self.path.is_file():
-            raise InputError(f"{self.path}: no such power trace file")
+            raise InputError(f"{self.path}: does not exist; expected a power trace (CSV)")
 
     def start(self) -> None:
         self._windows = []

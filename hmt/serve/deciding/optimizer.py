@@ -157,7 +157,8 @@ class Optimizer:
         try:
             return self._position[arch_id]
         except KeyError as exc:
-            raise UsageError(f"unknown variant {arch_id!r}") from exc
+            raise UsageError(f"unknown variant {arch_id!r}; this bundle's variants: "
+                             f"{', '.join(v.arch_id for v in self.variants)}") from exc
 
     def __len__(self) -> int:
         return len(self.variants)
@@ -166,7 +167,8 @@ class Optimizer:
         try:
             return self.variants[self._position[arch_id]]
         except KeyError as exc:
-            raise UsageError(f"unknown variant {arch_id!r}") from exc
+            raise UsageError(f"unknown variant {arch_id!r}; this bundle's variants: "
+                             f"{', '.join(v.arch_id for v in self.variants)}") from exc
 
     def latency_scale(self, load_index: float, latency_ratio: float = 1.0) -> float:
         return (1.0 + self.alpha_latency * load_index) * latency_ratio

@@ -219,13 +219,13 @@ def _provenance(spec: ModelSpec) -> dict[str, Any]:
     """What the manifest records about the model: source sha256, factory, weights sha256."""
     out: dict[str, Any] = {"factory": spec.factory, "torchvision": spec.torchvision}
     if spec.file is not None:
-        out["source_file"] = str(spec.file)
+        out["source_file"] = Path(spec.file).name  # by name and sha256: no path of this machine
         out["source_sha256"] = sha256_file(spec.file)
     if spec.torchvision is not None:
         from hmt.supernet.elastify.source import import_torchvision
 
         out["torchvision_version"] = str(import_torchvision().__version__)
-    out["weights_file"] = spec.weights
+    out["weights_file"] = Path(spec.weights).name if spec.weights else None
     out["weights_sha256"] = sha256_file(spec.weights) if spec.weights else None
     return out
 
@@ -239,13 +239,15 @@ def elastify_supernet(
     checkpoint_dir: Path | None = None,
     restart: bool = False,
     keep_checkpoint: bool = False,
+    force: bool = False,
+    notify: Callable[[str], None] = lambda message: None,
 ) -> ElastifyResult:
     """Elastify ``config.extra['elastify']``'s model on ``config.dataset`` and write the
     supernet artifact to ``out_dir`` (atomically). A checkpoint after every phase (in
     ``checkpoint_dir``, default OUT.ckpt) lets a killed run resume at the next phase."""
     from hmt.data import eval_loader
-    from hmt.supernet.train import default_checkpoint_dir
-    from hmt.supernet.train.checkpoint import load_checkpoint, save_checkpoint
+    from hmt.supernet.train import check_training_outputs, default_checkpoint_dir
+    from hmt.supernet.train.checkpoint import open_checkpoint, release_checkpoint_dir, resume_message, save_checkpoint
     from hmt.supernet.train.distributed import DistContext
     from hmt.supernet.train.trainer import _prepare_data, calibration_subset, derive_seed, resolve_device
 
@@ -253,6 +255,8 @@ def elastify_supernet(
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UsageError("elastification runs on one device for now; start it without torchrun")
     spec = spec_from_config(config)
+    checkpoint_dir = Path(checkpoint_dir or default_checkpoint_dir(Path(out_dir)))
+    check_training_outputs(config, Path(out_dir), checkpoint_dir, force=force, inputs=(spec.file, spec.weights))
     finetune_original = bool(config.extra.get("finetune_original", False))
     device = resolve_device(config.device, DistContext(rank=0, world_size=1, local_rank=0))
     data, train, val = _prepare_data(config, cache_dir, progress)
@@ -267,11 +271,9 @@ def elastify_supernet(
         return eval_loader(x, y, info=data.info, batch_size=config.eval_batch_size, device=device,
                            channels_last=channels_last)
 
-    checkpoint_dir = Path(checkpoint_dir or default_checkpoint_dir(Path(out_dir)))
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    if restart:
-        (checkpoint_dir / "checkpoint.pt").unlink(missing_ok=True)
-    saved = load_checkpoint(checkpoint_dir, config_fingerprint=config.fingerprint()) or {}
+    saved = open_checkpoint(checkpoint_dir, config_fingerprint=config.fingerprint(), restart=restart) or {}
+    if saved:
+        notify(resume_message(checkpoint_dir, saved.get("history", []), "done: " + ", ".join(saved.get("phases", []))))
     history: list[dict[str, Any]] = list(saved.get("history", []))
     trained_original = spec.weights is None and config.backbone_epochs > 0
     if "original" in saved:
@@ -341,11 +343,9 @@ def elastify_supernet(
     }
     report = {**net.report(), "provenance": provenance, "exactness": {
         "atol": EXACT_ATOL, "before_training": error_before, "after_training": error_after}}
-    _write(out_dir, config, net, spec, data, table, calibration_x, history, metrics, report)
+    _write(out_dir, config, net, spec, data, table, calibration_x, history, metrics, report, force=force)
     if not keep_checkpoint:
-        import shutil
-
-        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+        release_checkpoint_dir(checkpoint_dir)
     return ElastifyResult(out_dir=out_dir, metrics=metrics, variants=table, report=report)
 
 
@@ -448,7 +448,7 @@ def _train_elastic(net: ElastifiedSupernet, loader: BatchLoader, config: TrainCo
 
 def _write(out_dir: Path, config: TrainConfig, net: ElastifiedSupernet, spec: ModelSpec, data: Any, table: Any,
            calibration_x: np.ndarray, history: list[dict[str, Any]], metrics: dict[str, Any],
-           report: dict[str, Any]) -> None:
+           report: dict[str, Any], *, force: bool = False) -> None:
     from safetensors.torch import save_file
 
     from hmt.artifacts import ArtifactWriter
@@ -460,15 +460,20 @@ def _write(out_dir: Path, config: TrainConfig, net: ElastifiedSupernet, spec: Mo
         "num_classes": net.space.num_classes,
         "input_shape": list(net.space.input_shape),
         "operators": list(config.operators) if config.operators is not None else None,
-        "dataset": data.info.to_json_dict(),
+        "dataset": data.info.to_artifact_dict(),
         "elastify": {
-            "model": {**spec.to_json_dict(), "num_classes": net.space.num_classes, "weights": None},
+            "model": {**spec.to_json_dict(), "num_classes": net.space.num_classes, "weights": None,
+                      "file": Path(spec.file).name if spec.file else None},
             "source": SOURCE_COPY if spec.file is not None else None,
         },
     }
-    config_json = config.to_json_dict()
+    from hmt.supernet.train.config import portable_config
+
+    config_json = portable_config(config.to_json_dict(), out_dir)
     config_json["extra"] = {**config_json.get("extra", {}), "provenance": report["provenance"]}
-    with ArtifactWriter(Path(out_dir), kind=KIND, config=config_json) as writer:
+    with ArtifactWriter(Path(out_dir), kind=KIND, config=config_json, force=force,
+                        inputs=[p for p in (config.data_path, config.pretrained, spec.file, spec.weights) if p]
+                        ) as writer:
         state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
         save_file(state, str(writer.path(WEIGHTS)))
         writer.write_json(SPACE, net.space.to_json_dict())

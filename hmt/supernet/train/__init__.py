@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import shutil
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,8 @@ from hmt.artifacts import ArtifactWriter
 from hmt.data import BatchLoader
 from hmt.progress import ProgressCallback, no_progress
 from hmt.supernet.artifact import CALIBRATION, CURVES, HISTORY, KIND, MODEL, SPACE, VARIANTS, WEIGHTS, write_model_info
-from hmt.supernet.train.config import PRESETS, TrainConfig, resolve_config
+from hmt.supernet.train.checkpoint import release_checkpoint_dir
+from hmt.supernet.train.config import PRESETS, TrainConfig, portable_config, resolve_config
 from hmt.supernet.train.trainer import TrainingInterrupted, derive_seed, train_supernet_model
 
 __all__ = ["PRESETS", "TrainConfig", "TrainResult", "TrainingInterrupted", "resolve_config", "train_supernet"]
@@ -28,7 +30,19 @@ class TrainResult:
 
 
 def default_checkpoint_dir(out_dir: Path) -> Path:
+    out_dir = Path(os.path.abspath(out_dir))  # "." has no name to derive the folder's from
     return out_dir.with_name(out_dir.name + ".ckpt")
+
+
+def check_training_outputs(config: TrainConfig, out_dir: Path, checkpoint_dir: Path, *, force: bool = False,
+                           inputs: tuple[str | Path | None, ...] = ()) -> None:
+    """Refuse, before any training, an output or checkpoint folder that is not hmt's to replace."""
+    from hmt.artifacts.outputs import check_output_dir
+    from hmt.supernet.train.checkpoint import claim_checkpoint_dir
+
+    given = tuple(p for p in (config.data_path, config.pretrained, *inputs) if p)
+    check_output_dir(out_dir, kind=KIND, inputs=given, force=force)
+    claim_checkpoint_dir(checkpoint_dir, inputs=(*given, out_dir))
 
 
 def train_supernet(
@@ -41,6 +55,8 @@ def train_supernet(
     cache_dir: Path | None = None,
     progress: ProgressCallback = no_progress,
     stop_after_epochs: int | None = None,
+    force: bool = False,
+    notify: Callable[[str], None] = lambda message: None,
 ) -> TrainResult | None:
     """Train every phase (resuming from ``checkpoint_dir`` if a checkpoint of the same
     config exists), evaluate the variant table and write the artifact atomically.
@@ -54,6 +70,7 @@ def train_supernet(
 
     out_dir = Path(out_dir)
     checkpoint_dir = checkpoint_dir or default_checkpoint_dir(out_dir)
+    check_training_outputs(config, out_dir, checkpoint_dir, force=force)
     trained = train_supernet_model(
         config,
         checkpoint_dir=checkpoint_dir,
@@ -61,6 +78,7 @@ def train_supernet(
         cache_dir=cache_dir,
         progress=progress,
         stop_after_epochs=stop_after_epochs,
+        notify=notify,
     )
     if not trained.ctx.is_main:
         return None
@@ -123,7 +141,8 @@ def train_supernet(
         "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
         "world_size": trained.ctx.world_size,
     }
-    with ArtifactWriter(out_dir, kind=KIND, config=config.to_json_dict()) as writer:
+    with ArtifactWriter(out_dir, kind=KIND, config=portable_config(config.to_json_dict(), out_dir),
+                        inputs=[p for p in (config.data_path, config.pretrained) if p], force=force) as writer:
         state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
         save_file(state, str(writer.path(WEIGHTS)))
         writer.write_json(SPACE, net.space.to_json_dict())
@@ -134,7 +153,7 @@ def train_supernet(
                 data.info.num_classes,
                 data.info.input_shape,
                 config.operators,
-                data.info.to_json_dict(),
+                data.info.to_artifact_dict(),
             ).encode(),
         )
         table.to_csv(writer.path(VARIANTS), index=False)
@@ -143,5 +162,5 @@ def train_supernet(
         plot_curves(history, writer.path(CURVES))
         writer.metrics.update(metrics)
     if not keep_checkpoint:
-        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+        release_checkpoint_dir(checkpoint_dir)
     return TrainResult(out_dir=out_dir, metrics=metrics, variants=table)

@@ -14,9 +14,35 @@ from typing import Any
 import torch
 
 from hmt.artifacts import atomic_write_bytes
+from hmt.artifacts.outputs import check_owned_folder, remove_owned_files
 from hmt.errors import ArtifactError, UsageError
 
 CHECKPOINT_NAME = "checkpoint.pt"
+
+
+def claim_checkpoint_dir(directory: Path, *, inputs: tuple[Path | str, ...] = ()) -> Path:
+    """Refuse a checkpoint folder holding anything but hmt's checkpoint (it is emptied after success)."""
+    return check_owned_folder(directory, names=(CHECKPOINT_NAME,), what="--checkpoint-dir", inputs=inputs)
+
+
+def release_checkpoint_dir(directory: Path) -> None:
+    """Remove the checkpoint, and the folder if nothing else is in it."""
+    remove_owned_files(directory, names=(CHECKPOINT_NAME,))
+
+
+def resume_message(directory: Path, history: list[dict[str, Any]], where: str) -> str:
+    """The line a resumed run reports: which epoch it goes on from (after the epochs in the saved
+    ``history``), and from which checkpoint."""
+    done = sum(1 for entry in history if "epoch_s" in entry)
+    return f"resuming from epoch {done + 1} ({where}), checkpoint {directory / CHECKPOINT_NAME}"
+
+
+def open_checkpoint(directory: Path, *, config_fingerprint: str, restart: bool) -> dict[str, Any] | None:
+    """Create ``directory``, drop its checkpoint with ``restart``, and return the saved state (None: start)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if restart:
+        (directory / CHECKPOINT_NAME).unlink(missing_ok=True)
+    return load_checkpoint(directory, config_fingerprint=config_fingerprint)
 
 
 def save_checkpoint(directory: Path, state: dict[str, Any]) -> None:

@@ -110,6 +110,25 @@ class TrainConfig:
         return hashlib.sha256(json.dumps(self.to_json_dict(), sort_keys=True).encode()).hexdigest()[:16]
 
 
+def portable_config(data: dict[str, Any], out_dir: Path | str) -> dict[str, Any]:
+    """``data`` (a ``to_json_dict``) as an artifact records it: input paths relative to ``out_dir``."""
+    from hmt.artifacts.paths import relative_to_artifact
+
+    out = dict(data)
+    for key in ("data_path", "pretrained"):
+        if out.get(key):
+            out[key] = relative_to_artifact(out[key], out_dir)
+    extra = dict(out.get("extra") or {})
+    if isinstance(extra.get("elastify"), dict):
+        spec = dict(extra["elastify"])
+        for key in ("file", "weights"):
+            if spec.get(key):
+                spec[key] = relative_to_artifact(spec[key], out_dir)
+        extra["elastify"] = spec
+        out["extra"] = extra
+    return out
+
+
 PRESETS: dict[str, dict[str, Any]] = {
     # Minutes on a laptop CPU, on the embedded CIFAR-10 subset: shows every phase working.
     "tiny": {
@@ -230,7 +249,7 @@ def resolve_config(
         try:
             loaded = json.loads(Path(config_file).read_text())
         except FileNotFoundError as exc:
-            raise InputError(f"{config_file}: no such config file") from exc
+            raise InputError(f"{config_file}: does not exist; expected a JSON config file") from exc
         except json.JSONDecodeError as exc:
             raise InputError(f"{config_file}: not valid JSON ({exc})") from exc
         if not isinstance(loaded, dict):

@@ -22,7 +22,7 @@ from hmt.data import BatchLoader, Dataset, batches_of, eval_loader, load_dataset
 from hmt.errors import UsageError
 from hmt.progress import ProgressCallback, no_progress
 from hmt.supernet.supernet import Supernet, build_supernet
-from hmt.supernet.train.checkpoint import load_checkpoint, save_checkpoint
+from hmt.supernet.train.checkpoint import claim_checkpoint_dir, open_checkpoint, resume_message, save_checkpoint
 from hmt.supernet.train.config import TrainConfig
 from hmt.supernet.train.distributed import DistContext, all_reduce_gradients, barrier, broadcast_state, init_distributed
 from hmt.supernet.train.evaluate import calibrated_variant, evaluate_exits, evaluate_variant
@@ -140,6 +140,7 @@ def train_supernet_model(
     cache_dir: Path | None = None,
     progress: ProgressCallback = no_progress,
     stop_after_epochs: int | None = None,
+    notify: Callable[[str], None] = lambda message: None,
 ) -> TrainedSupernet:
     """Run (or resume) every phase; returns the trained network and what is needed to
     evaluate it. ``stop_after_epochs`` stops after that many epochs of this invocation,
@@ -166,10 +167,8 @@ def train_supernet_model(
     if config.pretrained:
         net.load_pretrained(Path(config.pretrained))
     state = TrainingState()
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    if restart:
-        (checkpoint_dir / "checkpoint.pt").unlink(missing_ok=True)
-    saved = load_checkpoint(checkpoint_dir, config_fingerprint=config.fingerprint())
+    claim_checkpoint_dir(checkpoint_dir)
+    saved = open_checkpoint(checkpoint_dir, config_fingerprint=config.fingerprint(), restart=restart)
     optimizer_state = None
     if saved is not None:
         net.load_state_dict(saved["model"])
@@ -183,6 +182,8 @@ def train_supernet_model(
         )
         optimizer_state = saved.get("optimizer")
         snapshot = saved.get("partition_snapshot")
+        notify(resume_message(checkpoint_dir, state.history, f"phase {state.phase_index + 1}, its epoch "
+                                                             f"{state.epoch + 1}"))
     else:
         snapshot = None
     net.to(device)

@@ -1,0 +1,91 @@
+"""What ``hmt serve`` says about what the user typed, and the archive ``hmt deploy --verify`` takes."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+
+def _invoke(*args: str) -> tuple[int, str]:
+    from commands.app import _register, app
+
+    _register()
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+def test_a_file_or_a_missing_path_says_what_it_is(tmp_path: Path) -> None:
+    image = tmp_path / "cat.jpg"
+    image.write_bytes(b"\xff\xd8\xff")
+    code, output = _invoke("serve", str(image), "--port", "0")
+    assert code == 3 and f"{image}: is a .jpg file, not a bundle; expected a bundle directory" in output
+    code, output = _invoke("serve", str(tmp_path / "nope"), "--port", "0")
+    assert code == 3 and f"{tmp_path / 'nope'}: does not exist" in output
+
+
+def test_budget_flags_are_named_as_typed(bundle_dir: Path) -> None:
+    code, output = _invoke("serve", str(bundle_dir), "--latency-ms", "-5")
+    assert code == 2 and "--latency-ms -5: expected a finite number > 0" in output
+    code, output = _invoke("serve", str(bundle_dir), "--memory-mb", "nan")
+    assert code == 2 and "--memory-mb nan" in output
+    code, output = _invoke("deploy", "--fused", "f", "--pareto", "p", "--target", "x86-64", "--latency-ms", "0")
+    assert code == 2 and "--latency-ms 0: expected" in output
+
+
+def test_unknown_variant_lists_the_variants(bundle_dir: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "commands.app", "serve", str(bundle_dir), "--port", "0",
+                           "--variant", "nope"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "unknown variant 'nope'; this bundle's variants: " in done.stderr
+    assert "big" in done.stderr.split("variants: ")[1]
+
+
+def test_serve_takes_the_archive_and_removes_what_it_extracted(bundle_dir: Path, tmp_path: Path) -> None:
+    from hmt.deploy.archive import write_archive
+
+    archive = write_archive(bundle_dir, tmp_path / "bundle.tar.gz")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "commands.app", "serve", str(archive), "--port", "0", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(scratch)})
+    try:
+        assert proc.stderr is not None
+        match, seen = None, []
+        for _ in range(50):
+            seen.append(proc.stderr.readline())
+            match = re.search(r"http://127\.0\.0\.1:(\d+)", seen[-1])
+            if match or not seen[-1]:
+                break
+        assert match, seen
+        assert any("extracted" in line for line in seen)
+        assert [p.name for p in scratch.iterdir() if p.name.startswith("hmt-")]  # served from a private folder
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", int(match.group(1)), timeout=5)
+                conn.request("GET", "/v1/health/ready")
+                if conn.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "server never became ready"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert json.loads(out)["stopped"] is True
+        assert [p.name for p in scratch.iterdir() if p.name.startswith("hmt-")] == []  # cleaned up on exit
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
