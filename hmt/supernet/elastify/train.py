@@ -1,5 +1,6 @@
-"""Elastification end to end: load the user's model, (train it if it has no weights),
-build the supernet, train what was added, check the original stayed exact, write the
+"""Elastification end to end: load the user's model (kept exactly as the factory or
+``--weights`` gives it; trained here first only when asked, ``train_original``), build the
+supernet, train what was added, check the original stayed exact, write the
 ordinary supernet artifact (plus the model source and an elastification report).
 
 Recipe (AdaptiveNet 4.2, with early exits): the original is frozen; (1) the early exits
@@ -45,6 +46,30 @@ class ElastifyResult:
     metrics: dict[str, Any]
     variants: Any  # pandas DataFrame
     report: dict[str, Any]
+
+
+def train_original_of(config: TrainConfig, spec: ModelSpec) -> bool:
+    """Whether the original is trained here first (``--train-original``, for
+    ``backbone_epochs``). Without the option the user's model is the original, exactly as
+    given; a torchvision architecture without ``--weights`` has no trained weights to give,
+    so it needs the option."""
+    train_original = bool(config.extra.get("train_original", False))
+    if train_original and config.backbone_epochs < 1:
+        raise UsageError("--train-original needs --backbone-epochs >= 1 (the length of the original's training)")
+    if not train_original and spec.torchvision is not None and spec.weights is None:
+        raise UsageError(f"--torchvision {spec.torchvision} without --weights has untrained weights: give --weights "
+                         "FILE, or --train-original to train it here first (--backbone-epochs epochs)")
+    return train_original
+
+
+def original_note(trained: bool, config: TrainConfig, spec: ModelSpec) -> str:
+    """One line saying where the original's weights came from."""
+    if trained:
+        start = f"from --weights {Path(spec.weights).name}" if spec.weights else "from its initial weights"
+        return f"trained here for {config.backbone_epochs} epoch(s) (--train-original, {start})"
+    if spec.weights:
+        return f"as given: --weights {Path(spec.weights).name}, unchanged"
+    return f"as given: the model factory {spec.factory} returned, unchanged"
 
 
 def spec_from_config(config: TrainConfig) -> ModelSpec:
@@ -253,11 +278,13 @@ def elastify_supernet(
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UsageError("elastification runs on one device for now; start it without torchrun")
     spec = spec_from_config(config)
+    trained_original = train_original_of(config, spec)
     finetune_original = bool(config.extra.get("finetune_original", False))
     device = resolve_device(config.device, DistContext(rank=0, world_size=1, local_rank=0))
     data, train, val = _prepare_data(config, cache_dir, progress)
     _check_data(spec, data.info)
-    provenance = _provenance(spec)
+    provenance = {**_provenance(spec), "original_trained_here": trained_original,
+                  "original_weights": original_note(trained_original, config, spec)}
     model = _user_model(spec, config, data.info.num_classes)
     channels_last = device.type == "cuda" and data.info.modality == "image"
     autocast = device.type == "cuda" and config.amp
@@ -273,7 +300,6 @@ def elastify_supernet(
         (checkpoint_dir / "checkpoint.pt").unlink(missing_ok=True)
     saved = load_checkpoint(checkpoint_dir, config_fingerprint=config.fingerprint()) or {}
     history: list[dict[str, Any]] = list(saved.get("history", []))
-    trained_original = spec.weights is None and config.backbone_epochs > 0
     if "original" in saved:
         model.load_state_dict(saved["original"])
     elif trained_original:
@@ -327,6 +353,7 @@ def elastify_supernet(
         "largest_vs_original_max_abs_before": error_before,
         "largest_vs_original_max_abs_after": error_after,
         "original_trained_here": trained_original,
+        "original_weights": original_note(trained_original, config, spec),
         "finetune_original": finetune_original,
         "variants_evaluated": len(table),
         "space_size": net.space.size(),

@@ -147,3 +147,16 @@ class Untraceable(nn.Module):
 
 def untraceable() -> nn.Module:
     return Untraceable()
+
+
+def trained_user_net() -> nn.Module:
+    """A factory that returns the network with weights of its own (as one loading its
+    checkpoint would): seeded weights and non-trivial BN statistics."""
+    with torch.random.fork_rng():
+        torch.manual_seed(11)
+        net = UserNet()
+        for m in net.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+    return net.eval()
