@@ -29,6 +29,7 @@ from torch import nn
 from hmt.data import BatchLoader
 from hmt.errors import UsageError, VerificationError
 from hmt.progress import ProgressCallback, no_progress
+from hmt.supernet.elastify.distill import FRESH
 from hmt.supernet.elastify.source import ModelSpec, build_model, sha256_file
 from hmt.supernet.elastify.supernet import ElastifiedSupernet, largest_error
 from hmt.supernet.elastify.trace import trace_model
@@ -193,11 +194,11 @@ def _finetune_step(
     return step
 
 
-def _distill_step(net: ElastifiedSupernet) -> Callable[..., torch.Tensor]:
-    from hmt.supernet.train.phases import step_distill
+def _distill_step(net: ElastifiedSupernet, *, fresh_only: bool = False) -> Callable[..., torch.Tensor]:
+    from hmt.supernet.elastify.distill import distill_loss
 
     def step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-        loss = step_distill(net, xb, rng)  # the Supernet vocabulary (duck-typed)
+        loss = distill_loss(net, xb, rng, fresh_only=fresh_only)
         loss.backward()
         return loss
 
@@ -357,7 +358,7 @@ def elastify_supernet(
         "finetune_original": finetune_original,
         "variants_evaluated": len(table),
         "space_size": net.space.size(),
-        "blocks": len(net.space.positions),
+        "blocks": len(net.space.block_positions()),
         "blocks_kept_unchanged": net.report()["blocks_kept"],
         "analysis_s": analysis_s,
         "elastic_train_s": train_s,
@@ -453,7 +454,8 @@ def _train_elastic(net: ElastifiedSupernet, loader: BatchLoader, config: TrainCo
                    done: set[str], phase_done: Callable[[str], None]) -> None:
     """The three phases in order, skipping those a checkpoint says are done."""
     exit_params = [p for head in list(net.exits)[:-1] for p in head.parameters()]
-    block_alt_params = [p for b in net.blocks for p in b.alts.parameters()]
+    block_alt_params = net.elastic_parameters()
+    fresh_params = [p for b in net.blocks for c in FRESH if c in b.alts for p in b.alts[c].parameters()]
     params = block_alt_params + exit_params
     if finetune_original:
         params += list(net.base_parameters())
@@ -461,11 +463,16 @@ def _train_elastic(net: ElastifiedSupernet, loader: BatchLoader, config: TrainCo
         ("exits", config.partition_epochs, config.partition_lr, exit_params, _exit_step(net, config),
          config.weight_decay),
         ("distill", config.distill_epochs, config.distill_lr, block_alt_params, _distill_step(net), 0.0),
+        # Operators that start from random weights (dws) need longer than those sliced
+        # or factored from the original's: extra epochs that distill only them.
+        ("distill_fresh", config.distill_fresh_epochs, config.distill_lr, fresh_params,
+         _distill_step(net, fresh_only=True), 0.0),
         ("finetune", config.finetune_epochs, config.finetune_lr, params,
          _finetune_step(net, config, finetune_original), config.weight_decay),
     ]
     net.train()
     for word, (name, epochs, lr, group, step, decay) in enumerate(phases, start=2):
+        word = 7 if name == "distill_fresh" else word if word < 4 else word - 1  # seeds of the older phases stay
         if name in done:
             continue
         _run_epochs(name, epochs, lr, group, step, loader, config, history, progress, weight_decay=decay,
