@@ -87,6 +87,17 @@ def _is_flatten(gm: fx.GraphModule, node: fx.Node) -> bool:
     return shape is not None and all(int(d) == 1 for d in shape[2:])
 
 
+def _is_spatial_mean(node: fx.Node) -> bool:
+    """A mean (or amax) over spatial dimensions only, keeping channel i at position i."""
+    fn = (node.op == "call_method" and node.target in ("mean", "amax")) or (
+        node.op == "call_function" and node.target in (torch.mean, torch.amax))
+    if not fn:
+        return False
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    dims = dims if isinstance(dims, list | tuple) else (dims,)
+    return all(isinstance(d, int) and d >= 2 for d in dims)
+
+
 def _set(table: dict[str, str | None], path: str, group: str | None) -> None:
     if table.get(path, group) != group:
         raise ValueError(f"{path} is in two channel groups")
@@ -113,7 +124,7 @@ def _walk_input(gm: fx.GraphModule, plan: SlicePlan) -> None:
                     raise ValueError(f"{user.target} reads the input as a non-input argument")
                 _set(plan.in_of, str(user.target), "in")
                 plan.in_readers.append(str(user.target))
-            elif _is_depthwise(m) or _passes(gm, user) or _is_flatten(gm, user):
+            elif _is_depthwise(m) or _passes(gm, user) or _is_flatten(gm, user) or _is_spatial_mean(user):
                 if isinstance(m, _BatchNorm | FrozenBatchNorm):
                     plan.norms[str(user.target)] = "in"
                 elif _is_depthwise(m):

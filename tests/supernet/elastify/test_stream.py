@@ -107,3 +107,21 @@ def test_distillation_reaches_slim_units_and_leaves_the_original(resnet: tuple) 
     assert any(k.startswith("stream.parents.") for k in moved)
     assert not any(k.startswith(("stem.", "exits.2.")) or ".base." in k for k in moved)
     assert largest_error(net.eval(), model, seed=1) == 0.0
+
+
+def test_a_1d_model_narrows_and_a_concatenating_one_says_why_not() -> None:
+    models = _models()
+    model = models.net_1d()  # type: ignore[attr-defined]
+    net = ElastifiedSupernet(copy.deepcopy(model), name="n1d", input_shape=(6, 64),
+                             operators=("w50", "skip", "sw50")).eval()
+    assert net.space.has_stream_widths and largest_error(net, model, seed=0) == 0.0
+    x = torch.randn(2, 6, 64)
+    arch = net.space.make(["w50" if "w50" in p.choices else "base" for p in net.space.positions])
+    assert net.space.stage_widths(arch) == ["w50", "w50"]
+    with torch.no_grad():
+        assert torch.allclose(net.materialize(arch)(x), net(x, arch), atol=1e-5, rtol=0)
+    branches = ElastifiedSupernet(models.user_net(), name="u", input_shape=(3, 32, 32),  # type: ignore[attr-defined]
+                                  operators=("sw50",))
+    assert not branches.space.has_stream_widths
+    assert branches.report()["stream_widths"].startswith("no stream widths: ") and "cat" in \
+        branches.report()["stream_widths"]
