@@ -63,7 +63,8 @@ def train_supernet_command(
     device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N.")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Training batch size per device.")] = None,
     backbone_epochs: Annotated[
-        int | None, typer.Option(help="Epochs of phase 1 (backbone / pretrained fine-tuning).")
+        int | None, typer.Option(help="Epochs of phase 1 (backbone / pretrained fine-tuning; for "
+                                 "--model/--torchvision only with --train-original).")
     ] = None,
     partition_epochs: Annotated[
         int | None, typer.Option(help="Epochs per partition of phase 2 (AdaScale Alg. 1).")
