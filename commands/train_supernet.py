@@ -24,9 +24,11 @@ Examples:
   hmt train-supernet --model net.py:build --weights net.safetensors --input-shape 1,3,32,32 \\
       --data ../shared/datasets/cifar10-jpeg --out runs/mine
 
-  # a torchvision architecture (no download: --weights, or it is trained first)
-  hmt train-supernet --torchvision mobilenet_v2 --input-shape 1,3,32,32 --data ../shared/datasets/cifar10-jpeg \\
-      --out runs/mbv2
+  # a torchvision architecture with your weights (no download), or trained here first on request
+  hmt train-supernet --torchvision mobilenet_v2 --weights mbv2.safetensors --input-shape 1,3,32,32 \\
+      --data ../shared/datasets/cifar10-jpeg --out runs/mbv2
+  hmt train-supernet --torchvision mobilenet_v2 --train-original --backbone-epochs 30 --input-shape 1,3,32,32 \\
+      --data ../shared/datasets/cifar10-jpeg --out runs/mbv2
 
   # ResNet-56 elastified from its pretrained weights
   hmt train-supernet --backbone cifar_resnet56 --pretrained ../shared/models/resnet-cifar10/resnet56-4bfd9763.th \\
@@ -61,7 +63,8 @@ def train_supernet_command(
     device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N.")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Training batch size per device.")] = None,
     backbone_epochs: Annotated[
-        int | None, typer.Option(help="Epochs of phase 1 (backbone / pretrained fine-tuning).")
+        int | None, typer.Option(help="Epochs of phase 1 (backbone / pretrained fine-tuning; for "
+                                 "--model/--torchvision only with --train-original).")
     ] = None,
     partition_epochs: Annotated[
         int | None, typer.Option(help="Epochs per partition of phase 2 (AdaScale Alg. 1).")
@@ -103,9 +106,15 @@ def train_supernet_command(
     ] = None,
     weights: Annotated[
         Path | None,
-        typer.Option(help="Weights of --model/--torchvision (.safetensors or torch.save state dict, weights-only); "
-                     "without them the original is trained first (--backbone-epochs)."),
+        typer.Option(help="Weights of --model/--torchvision (.safetensors or torch.save state dict, weights-only), "
+                     "kept exactly as given; without them the model is kept as the factory returns it."),
     ] = None,
+    train_original: Annotated[
+        bool,
+        typer.Option("--train-original", help="Train the --model/--torchvision network here first, for "
+                     "--backbone-epochs epochs (from --weights if given), then elastify it. Without it your "
+                     "weights are the original, unchanged; --torchvision without --weights needs it."),
+    ] = False,
     input_shape: Annotated[
         str | None, typer.Option(help="Input shape with batch for --model/--torchvision: 1,3,32,32 or 1,C,L (1-D).")
     ] = None,
@@ -150,14 +159,14 @@ def train_supernet_command(
         }
         if model is not None or torchvision_name is not None:
             overrides["extra"] = _elastify_extra(model, torchvision_name, weights, input_shape, leaf or [],
-                                                 bool(finetune_original))
+                                                 bool(finetune_original), train_original)
             resolved = resolve_config(preset=preset, config_file=config, overrides=overrides)
             _elastify(output, resolved, out, cache_dir, checkpoint_dir, restart, keep_checkpoint, force)
             return
-        if weights is not None or leaf or input_shape is not None:
+        if weights is not None or leaf or input_shape is not None or train_original:
             from hmt.errors import UsageError
 
-            raise UsageError("--weights, --input-shape and --leaf go with --model or --torchvision")
+            raise UsageError("--weights, --input-shape, --leaf and --train-original go with --model or --torchvision")
         resolved = resolve_config(preset=preset, config_file=config, overrides=overrides)
         check_training_outputs(resolved, out, checkpoint_dir or default_checkpoint_dir(out), force=force)
         output.note(
@@ -215,7 +224,7 @@ def _list_backbones(output: Output) -> None:
 
 def _elastify_extra(
     model: str | None, torchvision_name: str | None, weights: Path | None, input_shape: str | None,
-    leaves: list[str], finetune_original: bool,
+    leaves: list[str], finetune_original: bool, train_original: bool,
 ) -> dict[str, Any]:
     from hmt.convert.sources import parse_shape
     from hmt.errors import UsageError
@@ -227,7 +236,8 @@ def _elastify_extra(
     file, factory = parse_model_option(model) if model is not None else (None, None)
     spec = ModelSpec(input_shape=parse_shape(input_shape), file=file, factory=factory, torchvision=torchvision_name,
                      weights=str(weights) if weights else None, leaves=tuple(leaves)).validate()
-    return {"elastify": spec.to_json_dict(), "finetune_original": finetune_original}
+    return {"elastify": spec.to_json_dict(), "finetune_original": finetune_original,
+            "train_original": train_original}
 
 
 def _elastify(
@@ -242,6 +252,11 @@ def _elastify(
                            inputs=(spec.get("file"), spec.get("weights")))
     what = spec["torchvision"] or f"{spec['file']}:{spec['factory']}"
     output.note(f"elastifying {what} on {resolved.dataset} ({resolved.data_path or 'embedded subset'}) -> {out}")
+    from hmt.supernet.elastify.source import ModelSpec
+    from hmt.supernet.elastify.train import original_note, train_original_of
+
+    model_spec = ModelSpec.from_json_dict(spec)
+    output.note("the original: " + original_note(train_original_of(resolved, model_spec), resolved, model_spec))
     with output.progress() as progress:
         result = elastify_supernet(resolved, out, cache_dir=cache_dir, progress=progress,
                                    checkpoint_dir=checkpoint_dir, restart=restart, keep_checkpoint=keep_checkpoint,
@@ -251,7 +266,8 @@ def _elastify(
     output.table("blocks (choices offered; notes in elastify.json)", ["block", "module", "kind", "choices"], rows)
     output.result(
         {"out": str(out), "metrics": m, "report": report},
-        f"wrote {out}: original {100 * m['original_test_acc']:.2f}% test = largest {100 * m['largest_test_acc']:.2f}% "
+        f"wrote {out}: original ({m['original_weights']}) {100 * m['original_test_acc']:.2f}% test = "
+        f"largest {100 * m['largest_test_acc']:.2f}% "
         f"(max abs {m['largest_vs_original_max_abs_after']:.1e}), smallest {100 * m['smallest_test_acc']:.2f}%; "
         f"{m['blocks']} blocks ({m['blocks_kept_unchanged']} kept unchanged), elastified in {m['elastify_s']:.0f} s",
     )

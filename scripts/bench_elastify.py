@@ -125,7 +125,8 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "max_train_samples": args.max_train_samples,
         "calibration_samples": args.calibration_samples,
         "extra": {"elastify": {"torchvision": name, "input_shape": [1, 3, 32, 32],
-                               "weights": str(weights) if weights else None}},
+                               "weights": str(weights) if weights else None},
+                  "train_original": weights is None},
     }
     config = resolve_config(overrides=overrides)
     started = time.perf_counter()

@@ -203,13 +203,13 @@ class SearchSpace:
     def largest(self) -> ArchConfig:
         return self.make(["base"] * len(self.positions))
 
-    def smallest(self) -> ArchConfig:
-        """The cheapest config: exit 0, and in stage 0 the cheapest choice of each block."""
+    def smallest(self, exit_stage: int = 0) -> ArchConfig:
+        """The cheapest config: exit 0 (or ``exit_stage``), and the cheapest choice of each block."""
         preference = ("skip", "w25", "lr25", "k1", "dws", "ghost", "fire", "w50", "lr50", "w75", "base")
         picks = []
         for pos in self.positions:
             picks.append(next((c for c in preference if c in pos.choices), "base"))
-        return self.make(picks, 0)
+        return self.make(picks, exit_stage)
 
     def sample(self, rng: np.random.Generator, *, exit_stage: int | None = None) -> ArchConfig:
         """A uniformly random choice per block; a random exit unless one is given."""

@@ -15,7 +15,7 @@ import copy
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import fx, nn
@@ -24,9 +24,11 @@ from hmt.errors import ModelError
 from hmt.supernet.elastify import alternatives as alt_ops
 from hmt.supernet.elastify.frozen import freeze
 from hmt.supernet.elastify.graph import ModelPlan, plan_model, submodule_of
+from hmt.supernet.elastify.stream import INNER_WIDTHS, exit_forward, stream_levels
 from hmt.supernet.elastify.trace import propagate_shapes, trace_model
+from hmt.supernet.elastify.widths import StreamUnavailable, StreamWidths, WidthSlot
 from hmt.supernet.exits import ExitHead
-from hmt.supernet.space import NOT_EXECUTED, ArchConfig, BlockPosition, SearchSpace
+from hmt.supernet.space import NOT_EXECUTED, WIDTH_KIND, ArchConfig, BlockPosition, SearchSpace
 from hmt.supernet.supernet import BlockChoiceRef, VariantModule, materialize_units
 
 # The order choices appear in a position (and so in the space JSON).
@@ -134,7 +136,6 @@ class ElastifiedSupernet(nn.Module):
                         choices=choices,
                     )
                 )
-            self.blocks = nn.ModuleList(blocks)
             num_stages = plan.num_stages
             self.entries = nn.ModuleList([nn.Identity() for _ in range(num_stages)])
             exits: list[nn.Module] = []
@@ -143,7 +144,17 @@ class ElastifiedSupernet(nn.Module):
                 exits.append(ExitHead(plan.dims, int(plan.blocks[last].out_shape[1]), num_classes))
             exits.append(submodule_of(gm, plan.head, "Head"))
             self.exits = nn.ModuleList(exits)
-        self.stage_of = list(plan.stages)
+        self.stream: StreamWidths | None = None
+        self.stream_note = ""
+        levels = stream_levels(operators)
+        if levels:
+            self.stream, self.stream_note = self._stream_widths(plan, blocks, positions, levels, init)
+        if self.stream is not None:
+            modules, positions = _with_width_slots(blocks, positions, plan, levels)
+        else:
+            modules = list(blocks)
+        self.blocks = nn.ModuleList(modules)
+        self.stage_of = [pos.stage for pos in positions]
         self.space = SearchSpace(
             backbone=_tag(name),
             num_classes=num_classes,
@@ -216,6 +227,27 @@ class ElastifiedSupernet(nn.Module):
         report.choices = choices
         return tuple(choices), alts, report
 
+    def _stream_widths(self, plan: ModelPlan, blocks: list[nn.Module], positions: list[BlockPosition],
+                       levels: tuple[str, ...], init: bool) -> tuple[StreamWidths | None, str]:
+        """Stream widths per stage, or None and why not."""
+        if isinstance(self.stem, nn.Identity):
+            return None, "no stream widths: the model has no stem to narrow the stream from"
+        # Positions once a width slot heads every stage: block i moves down by its stage + 1.
+        moved = {i: i + plan.stages[i] + 1 for i in range(len(blocks))}
+        try:
+            stream = StreamWidths(
+                self.stem,
+                {moved[i]: cast(fx.GraphModule, b.base) for i, b in enumerate(blocks)},
+                self.exits[-1],
+                {moved[i]: plan.stages[i] for i in range(len(blocks))},
+                {s: levels for s in range(plan.num_stages)},
+                {moved[i]: tuple(c for c in INNER_WIDTHS if c in positions[i].choices) for i in range(len(blocks))},
+                init=init,
+            )
+        except StreamUnavailable as exc:
+            return None, f"no stream widths: {exc}"
+        return stream, f"stream widths {', '.join(levels)} in every stage"
+
     # -- the original path -------------------------------------------------------------
 
     def original_modules(self) -> list[nn.Module]:
@@ -245,10 +277,14 @@ class ElastifiedSupernet(nn.Module):
                     seen.add(id(param))
                     yield param
 
+    def elastic_parameters(self) -> list[nn.Parameter]:
+        """Every block's alternatives and the stream widths' parents and private BNs."""
+        params = [p for block in self.blocks for p in block.alts.parameters()]
+        return params + (list(self.stream.parameters()) if self.stream is not None else [])
+
     def alternative_parameters(self) -> Iterator[nn.Parameter]:
         """Alternatives and the early exits: what elastification trains."""
-        for block in self.blocks:
-            yield from block.alts.parameters()
+        yield from self.elastic_parameters()
         for head in list(self.exits)[:-1]:
             yield from head.parameters()
 
@@ -267,24 +303,43 @@ class ElastifiedSupernet(nn.Module):
 
     def forward_stage_features(self, x: torch.Tensor, arch: ArchConfig) -> list[torch.Tensor]:
         self._check(arch)
-        h = self.stem(x)
+        widths = self.space.stage_widths(arch)
+        h = self.stem(x) if widths[0] == "base" or self.stream is None else self.stream.stem_units[widths[0]](x)
         features = []
+        in_w = widths[0]
         for s in range(arch.exit_stage + 1):
             h = self.entries[s](h)
             for p in self._stage_positions(s):
-                if arch.choices[p] != NOT_EXECUTED:
-                    h = self.blocks[p](h, arch.choices[p])
+                if arch.choices[p] != NOT_EXECUTED and self.space.positions[p].kind != WIDTH_KIND:
+                    h = self.run_block(p, h, arch.choices[p], in_w, widths[s])
+                    in_w = widths[s]
             features.append(h)
         return features
 
+    def run_block(self, p: int, h: torch.Tensor, choice: str, in_w: str = "base", out_w: str = "base"
+                  ) -> torch.Tensor:
+        """Block position ``p`` running ``choice`` on a stream of width ``in_w`` into ``out_w``."""
+        if (in_w, out_w) == ("base", "base") or self.stream is None:
+            return self.blocks[p](h, choice)
+        return h if choice == "skip" else self.stream.unit(p, choice, in_w, out_w)(h)
+
+    def run_exit(self, stage: int, h: torch.Tensor, width: str = "base") -> torch.Tensor:
+        """Exit ``stage``'s head on the stream at ``width``."""
+        if width == "base" or self.stream is None:
+            return self.exits[stage](h)
+        if stage == len(self.exits) - 1:
+            return self.stream.head_units[width](h)
+        return exit_forward(self.exits[stage], h, self.stream.index(self._stage_positions(stage)[-1], width))
+
     def forward_exits(self, x: torch.Tensor, arch: ArchConfig) -> list[torch.Tensor]:
         feats = self.forward_stage_features(x, arch)
-        return [self.exits[s](f) for s, f in enumerate(feats)]
+        widths = self.space.stage_widths(arch)
+        return [self.run_exit(s, f, widths[s]) for s, f in enumerate(feats)]
 
     def forward(self, x: torch.Tensor, arch: ArchConfig | None = None) -> torch.Tensor:
         arch = arch or self.space.largest()
         feats = self.forward_stage_features(x, arch)
-        return self.exits[arch.exit_stage](feats[-1])
+        return self.run_exit(arch.exit_stage, feats[-1], self.space.stage_widths(arch)[arch.exit_stage])
 
     # -- materialising and enumerating --------------------------------------------------
 
@@ -311,53 +366,37 @@ class ElastifiedSupernet(nn.Module):
         return self._input_shapes
 
     def iter_block_choices(self) -> Iterator[BlockChoiceRef]:
-        shapes = self.block_input_shapes()
-        yield BlockChoiceRef("stem", "base", copy.deepcopy(self.stem).eval(), shapes["stem"])
-        for s in range(self.space.num_stages):
-            for p in self._stage_positions(s):
-                pos = self.space.positions[p]
-                for choice in pos.choices:
-                    yield BlockChoiceRef(pos.name, choice, self.blocks[p].materialize(choice), shapes[pos.name])
-            yield BlockChoiceRef(f"exit{s}", "base", copy.deepcopy(self.exits[s]).eval(), shapes[f"exit{s}"])
+        """Every unit any variant can run, at its real input shape (stream widths in keys)."""
+        from hmt.supernet.elastify.units import iter_units
+
+        for unit, shape in iter_units(self):
+            yield BlockChoiceRef(self.unit_name(unit), unit[2], self.unit_module(unit), shape)
+
+    def unit_name(self, unit: tuple[str, int, str]) -> str:
+        kind, index, _ = unit
+        if kind == "block":
+            return self.space.positions[index].name
+        return {"stem": "stem", "entry": f"s{index}.entry", "exit": f"exit{index}"}[kind]
 
     def variant_blocks(self, arch: ArchConfig) -> list[tuple[str, str]]:
-        self._check(arch)
-        out = [("stem", "base")]
-        for s in range(arch.exit_stage + 1):
-            for p in self._stage_positions(s):
-                if arch.choices[p] != NOT_EXECUTED:
-                    out.append((self.space.positions[p].name, arch.choices[p]))
-        out.append((f"exit{arch.exit_stage}", "base"))
-        return out
+        """(position, key) pairs ``arch`` executes, in order (its final exit only)."""
+        units, _, exits = self.variant_units(arch)
+        return [(self.unit_name(u), u[2]) for u in [*units, exits[arch.exit_stage]]]
 
     def variant_units(
         self, arch: ArchConfig
     ) -> tuple[list[tuple[str, int, str]], dict[int, int], dict[int, tuple[str, int, str]]]:
         """What pareto's prefix evaluation runs (``Supernet.variant_units``): the units in
         order, {stage: units done when it ends}, every stage's exit unit."""
+        from hmt.supernet.elastify.units import variant_units
+
         self._check(arch)
-        units: list[tuple[str, int, str]] = [("stem", 0, "base")]
-        stage_end: dict[int, int] = {}
-        exits: dict[int, tuple[str, int, str]] = {}
-        for s in range(arch.exit_stage + 1):
-            if not isinstance(self.entries[s], nn.Identity):
-                units.append(("entry", s, "base"))
-            for p in self._stage_positions(s):
-                if arch.choices[p] != NOT_EXECUTED:
-                    units.append(("block", p, arch.choices[p]))
-            stage_end[s] = len(units)
-            exits[s] = ("exit", s, "base")
-        return units, stage_end, exits
+        return variant_units(self, arch)
 
     def unit_module(self, unit: tuple[str, int, str]) -> nn.Module:
-        kind, index, key = unit
-        if kind == "stem":
-            return copy.deepcopy(self.stem).eval()
-        if kind == "entry":
-            return copy.deepcopy(self.entries[index]).eval()
-        if kind == "exit":
-            return copy.deepcopy(self.exits[index]).eval()
-        return self.blocks[index].materialize(key).eval()
+        from hmt.supernet.elastify.units import unit_module
+
+        return unit_module(self, unit)
 
     def report(self) -> dict[str, Any]:
         """The elastification report: stem, head, every block with its choices and notes."""
@@ -370,7 +409,27 @@ class ElastifiedSupernet(nn.Module):
             "blocks_elastified": offered,
             "blocks_kept": len(self.reports) - offered,
             "space_size": self.space.size(),
+            "stream_widths": self.stream_note or "not asked for (operators sw75, sw50, sw25)",
         }
+
+
+def _with_width_slots(blocks: list[nn.Module], positions: list[BlockPosition], plan: ModelPlan,
+                      levels: tuple[str, ...]) -> tuple[list[nn.Module], list[BlockPosition]]:
+    """A stream-width position (and its WidthSlot) at the head of every stage."""
+    out_blocks: list[nn.Module] = []
+    out_positions: list[BlockPosition] = []
+    for i, (block, pos) in enumerate(zip(blocks, positions, strict=True)):
+        if i == 0 or plan.stages[i] != plan.stages[i - 1]:
+            s = plan.stages[i]
+            last = max(q for q in range(len(blocks)) if plan.stages[q] == s)
+            channels = positions[last].out_channels
+            out_positions.append(BlockPosition(name=f"s{s}.width", stage=s, index=-1, kind=WIDTH_KIND,
+                                               in_channels=channels, out_channels=channels, stride=1,
+                                               choices=("base", *levels)))
+            out_blocks.append(WidthSlot())
+        out_blocks.append(block)
+        out_positions.append(pos)
+    return out_blocks, out_positions
 
 
 @torch.no_grad()

@@ -1,5 +1,6 @@
-"""Elastification end to end: load the user's model, (train it if it has no weights),
-build the supernet, train what was added, check the original stayed exact, write the
+"""Elastification end to end: load the user's model (kept exactly as the factory or
+``--weights`` gives it; trained here first only when asked, ``train_original``), build the
+supernet, train what was added, check the original stayed exact, write the
 ordinary supernet artifact (plus the model source and an elastification report).
 
 Recipe (AdaptiveNet 4.2, with early exits): the original is frozen; (1) the early exits
@@ -15,7 +16,7 @@ import copy
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,12 @@ from torch import nn
 from hmt.data import BatchLoader
 from hmt.errors import UsageError, VerificationError
 from hmt.progress import ProgressCallback, no_progress
+from hmt.supernet.elastify.distill import FRESH
+from hmt.supernet.elastify.evaluate import evaluate, table_metrics
 from hmt.supernet.elastify.source import ModelSpec, build_model, sha256_file
 from hmt.supernet.elastify.supernet import ElastifiedSupernet, largest_error
 from hmt.supernet.elastify.trace import trace_model
+from hmt.supernet.space import ArchConfig
 from hmt.supernet.train.config import TrainConfig
 
 # The largest variant must reproduce the user's model to this max abs error (eval mode).
@@ -45,6 +49,30 @@ class ElastifyResult:
     metrics: dict[str, Any]
     variants: Any  # pandas DataFrame
     report: dict[str, Any]
+
+
+def train_original_of(config: TrainConfig, spec: ModelSpec) -> bool:
+    """Whether the original is trained here first (``--train-original``, for
+    ``backbone_epochs``). Without the option the user's model is the original, exactly as
+    given; a torchvision architecture without ``--weights`` has no trained weights to give,
+    so it needs the option."""
+    train_original = bool(config.extra.get("train_original", False))
+    if train_original and config.backbone_epochs < 1:
+        raise UsageError("--train-original needs --backbone-epochs >= 1 (the length of the original's training)")
+    if not train_original and spec.torchvision is not None and spec.weights is None:
+        raise UsageError(f"--torchvision {spec.torchvision} without --weights has untrained weights: give --weights "
+                         "FILE, or --train-original to train it here first (--backbone-epochs epochs)")
+    return train_original
+
+
+def original_note(trained: bool, config: TrainConfig, spec: ModelSpec) -> str:
+    """One line saying where the original's weights came from."""
+    if trained:
+        start = f"from --weights {Path(spec.weights).name}" if spec.weights else "from its initial weights"
+        return f"trained here for {config.backbone_epochs} epoch(s) (--train-original, {start})"
+    if spec.weights:
+        return f"as given: --weights {Path(spec.weights).name}, unchanged"
+    return f"as given: the model factory {spec.factory} returned, unchanged"
 
 
 def spec_from_config(config: TrainConfig) -> ModelSpec:
@@ -143,6 +171,14 @@ def _finetune_step(
     from hmt.supernet.train.phases import SubnetSampling, iter_finetune_archs, kd_loss
 
     sampling = SubnetSampling.of(config)
+    space = net.space
+    # With "late" exits the sandwich's lower bound leaves late too: the smallest subnet of
+    # the exits a front is made of, not a stem-and-one-stage network no front keeps.
+    late_smallest = space.smallest(space.num_stages - 1) if sampling.exits == "late" else None
+
+    def archs(rng: np.random.Generator) -> Iterator[ArchConfig]:
+        for i, arch in enumerate(iter_finetune_archs(space, rng, sampling)):
+            yield late_smallest if (i == 0 and late_smallest is not None) else arch
 
     def step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
         largest = net.space.largest()
@@ -155,7 +191,7 @@ def _finetune_step(
             with torch.no_grad():
                 teacher = net(xb, largest)
             total = torch.zeros((), device=xb.device)
-        for arch in iter_finetune_archs(net.space, rng, sampling):
+        for arch in archs(rng):
             logits = net.forward_exits(xb, arch)
             loss = F.cross_entropy(logits[-1], yb, label_smoothing=config.label_smoothing)
             loss = loss + kd_loss(logits[-1], teacher, config.kd_temperature)
@@ -168,28 +204,15 @@ def _finetune_step(
     return step
 
 
-def _distill_step(net: ElastifiedSupernet) -> Callable[..., torch.Tensor]:
-    from hmt.supernet.train.phases import step_distill
+def _distill_step(net: ElastifiedSupernet, *, fresh_only: bool = False) -> Callable[..., torch.Tensor]:
+    from hmt.supernet.elastify.distill import distill_loss
 
     def step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-        loss = step_distill(net, xb, rng)  # the Supernet vocabulary (duck-typed)
+        loss = distill_loss(net, xb, rng, fresh_only=fresh_only)
         loss.backward()
         return loss
 
     return step
-
-
-@torch.no_grad()
-def accuracy(fn: Callable[[torch.Tensor], torch.Tensor], loader: BatchLoader, *, autocast: bool = False) -> float:
-    """Top-1 accuracy, under the same autocast the variant table uses (hmt.supernet.train.evaluate)."""
-    correct, seen = 0, 0
-    loader.set_epoch(0)
-    for xb, yb in loader:
-        with torch.autocast(device_type=xb.device.type, dtype=torch.bfloat16, enabled=autocast):
-            logits = fn(xb)
-        correct += int((logits.argmax(1) == yb).sum())
-        seen += len(yb)
-    return correct / max(1, seen)
 
 
 @torch.no_grad()
@@ -257,11 +280,13 @@ def elastify_supernet(
     spec = spec_from_config(config)
     checkpoint_dir = Path(checkpoint_dir or default_checkpoint_dir(Path(out_dir)))
     check_training_outputs(config, Path(out_dir), checkpoint_dir, force=force, inputs=(spec.file, spec.weights))
+    trained_original = train_original_of(config, spec)
     finetune_original = bool(config.extra.get("finetune_original", False))
     device = resolve_device(config.device, DistContext(rank=0, world_size=1, local_rank=0))
     data, train, val = _prepare_data(config, cache_dir, progress)
     _check_data(spec, data.info)
-    provenance = _provenance(spec)
+    provenance = {**_provenance(spec), "original_trained_here": trained_original,
+                  "original_weights": original_note(trained_original, config, spec)}
     model = _user_model(spec, config, data.info.num_classes)
     channels_last = device.type == "cuda" and data.info.modality == "image"
     autocast = device.type == "cuda" and config.amp
@@ -275,7 +300,6 @@ def elastify_supernet(
     if saved:
         notify(resume_message(checkpoint_dir, saved.get("history", []), "done: " + ", ".join(saved.get("phases", []))))
     history: list[dict[str, Any]] = list(saved.get("history", []))
-    trained_original = spec.weights is None and config.backbone_epochs > 0
     if "original" in saved:
         model.load_state_dict(saved["original"])
     elif trained_original:
@@ -320,19 +344,20 @@ def elastify_supernet(
     net.eval()
     error_after = _check_largest(net, model, seed=config.seed + 1, when="after training")
     calibration_x = calibration_subset(train.x, config)
-    original_test_acc, table = _evaluate(net, model, evaluation, (val.x, val.y), (data.test_x, data.test_y),
+    original_test_acc, table = evaluate(net, model, evaluation, (val.x, val.y), (data.test_x, data.test_y),
                                          calibration_x, config, channels_last=channels_last, autocast=autocast,
                                          progress=progress)
     metrics = {
-        **_table_metrics(table),
+        **table_metrics(table),
         "original_test_acc": original_test_acc,
         "largest_vs_original_max_abs_before": error_before,
         "largest_vs_original_max_abs_after": error_after,
         "original_trained_here": trained_original,
+        "original_weights": original_note(trained_original, config, spec),
         "finetune_original": finetune_original,
         "variants_evaluated": len(table),
         "space_size": net.space.size(),
-        "blocks": len(net.space.positions),
+        "blocks": len(net.space.block_positions()),
         "blocks_kept_unchanged": net.report()["blocks_kept"],
         "analysis_s": analysis_s,
         "elastic_train_s": train_s,
@@ -347,52 +372,6 @@ def elastify_supernet(
     if not keep_checkpoint:
         release_checkpoint_dir(checkpoint_dir)
     return ElastifyResult(out_dir=out_dir, metrics=metrics, variants=table, report=report)
-
-
-def _evaluate(
-    net: ElastifiedSupernet,
-    model: nn.Module,
-    evaluation: Callable[[np.ndarray, np.ndarray | None], BatchLoader],
-    val: tuple[np.ndarray, np.ndarray],
-    test: tuple[np.ndarray, np.ndarray],
-    calibration_x: np.ndarray,
-    config: TrainConfig,
-    *,
-    channels_last: bool,
-    autocast: bool,
-    progress: ProgressCallback,
-) -> tuple[float, Any]:
-    """The original's test accuracy and the variant table (largest, smallest, random)."""
-    from hmt.data import batches_of
-    from hmt.supernet.train.report import pick_variants, variant_table
-    from hmt.supernet.train.trainer import derive_seed
-
-    test_loader = evaluation(*test)
-    # The original runs as the table's largest variant runs (device, memory format, autocast),
-    # so that equal weights give equal predictions, not merely close ones.
-    model.to(next(net.parameters()).device)
-    if channels_last:
-        model.to(memory_format=torch.channels_last)
-    original_test_acc = accuracy(model, test_loader, autocast=autocast)
-    variants = pick_variants(net, config.eval_variants,
-                             np.random.default_rng(derive_seed(config.seed, 6)))
-    table = variant_table(net, variants, val_loader=evaluation(*val), test_loader=test_loader,
-                          calibration=batches_of(evaluation(calibration_x, None)), autocast=autocast,
-                          progress=progress)
-    return original_test_acc, table
-
-
-def _table_metrics(table: Any) -> dict[str, Any]:
-    largest = table[table.role == "largest"].iloc[0]
-    smallest = table[table.role == "smallest"].iloc[0]
-    return {
-        "largest_val_acc": float(largest.val_acc),
-        "largest_test_acc": float(largest.test_acc),
-        "smallest_val_acc": float(smallest.val_acc),
-        "smallest_test_acc": float(smallest.test_acc),
-        "largest_params": int(largest.params),
-        "smallest_params": int(smallest.params),
-    }
 
 
 def _check_largest(net: ElastifiedSupernet, model: nn.Module, *, seed: int, when: str) -> float:
@@ -426,19 +405,26 @@ def _train_elastic(net: ElastifiedSupernet, loader: BatchLoader, config: TrainCo
                    done: set[str], phase_done: Callable[[str], None]) -> None:
     """The three phases in order, skipping those a checkpoint says are done."""
     exit_params = [p for head in list(net.exits)[:-1] for p in head.parameters()]
-    block_alt_params = [p for b in net.blocks for p in b.alts.parameters()]
+    block_alt_params = net.elastic_parameters()
+    fresh_params = [p for b in net.blocks for c in FRESH if c in b.alts for p in b.alts[c].parameters()]
     params = block_alt_params + exit_params
     if finetune_original:
         params += list(net.base_parameters())
+    # (name, seed word, epochs, lr, parameters, step, weight decay); the seed words keep
+    # the draws of runs made before the fresh-operator phase existed.
     phases = [
-        ("exits", config.partition_epochs, config.partition_lr, exit_params, _exit_step(net, config),
+        ("exits", 2, config.partition_epochs, config.partition_lr, exit_params, _exit_step(net, config),
          config.weight_decay),
-        ("distill", config.distill_epochs, config.distill_lr, block_alt_params, _distill_step(net), 0.0),
-        ("finetune", config.finetune_epochs, config.finetune_lr, params,
+        ("distill", 3, config.distill_epochs, config.distill_lr, block_alt_params, _distill_step(net), 0.0),
+        # Operators that start from random weights (dws) need longer than those sliced
+        # or factored from the original's: extra epochs that distill only them.
+        ("distill_fresh", 7, config.distill_fresh_epochs, config.distill_lr, fresh_params,
+         _distill_step(net, fresh_only=True), 0.0),
+        ("finetune", 4, config.finetune_epochs, config.finetune_lr, params,
          _finetune_step(net, config, finetune_original), config.weight_decay),
     ]
     net.train()
-    for word, (name, epochs, lr, group, step, decay) in enumerate(phases, start=2):
+    for name, word, epochs, lr, group, step, decay in phases:
         if name in done:
             continue
         _run_epochs(name, epochs, lr, group, step, loader, config, history, progress, weight_decay=decay,

@@ -45,6 +45,10 @@ class TrainConfig:
     # Phase 3: branch-wise feature distillation of every alternative (AdaptiveNet eq. 1).
     distill_epochs: int = 1
     distill_lr: float = 0.05
+    # Elastified models only: more distillation epochs, after phase 3, for the operators
+    # that start from random weights (dws), which phase 3's shared epochs leave behind.
+    # 0 (the default) adds none; about distill_epochs is a reasonable length.
+    distill_fresh_epochs: int = 0
     # Phase 4: sampled-subnet fine-tuning (largest + smallest + random; the largest teaches).
     finetune_epochs: int = 1
     finetune_lr: float = 0.02
@@ -82,6 +86,7 @@ class TrainConfig:
             "backbone_epochs",
             "partition_epochs",
             "distill_epochs",
+            "distill_fresh_epochs",
             "finetune_epochs",
             "eval_variants",
             "finetune_random_subnets",

@@ -147,3 +147,66 @@ class Untraceable(nn.Module):
 
 def untraceable() -> nn.Module:
     return Untraceable()
+
+
+def trained_user_net() -> nn.Module:
+    """A factory that returns the network with weights of its own (as one loading its
+    checkpoint would): seeded weights and non-trivial BN statistics."""
+    with torch.random.fork_rng():
+        torch.manual_seed(11)
+        net = UserNet()
+        for m in net.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+    return net.eval()
+
+
+class BasicBlock(nn.Module):
+    """A CIFAR ResNet basic block: identity shortcut, or 1x1 conv + BN where the shape changes."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class TinyResNet(nn.Module):
+    """A CIFAR ResNet-18 in miniature: 3x3 stem, two basic blocks per stage, widths 8-16-32."""
+
+    def __init__(self, num_classes: int = 10, widths: tuple[int, ...] = (8, 16, 32)) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, padding=1, bias=False), nn.BatchNorm2d(widths[0]),
+                                  nn.ReLU())
+        layers, cin = [], widths[0]
+        for i, w in enumerate(widths):
+            layers += [BasicBlock(cin, w, 1 if i == 0 else 2), BasicBlock(w, w, 1)]
+            cin = w
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layers(self.stem(x))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def tiny_resnet() -> nn.Module:
+    """A tiny ResNet with weights of its own (seeded; non-trivial BN statistics)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        net = TinyResNet()
+        for m in net.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.3, 0.3)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.data.uniform_(0.2, 1.5)
+    return net.eval()

@@ -1,0 +1,127 @@
+"""Stream widths for elastified models: the residual stream narrows per stage, sliced from
+the original's weights by importance; the original stays exact, every variant
+materialises to a plain module computing what the supernet computes, and an artifact
+rebuilt without the original's weights gets the same index sets back."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hmt.supernet.elastify.distill import distill_loss
+from hmt.supernet.elastify.supernet import ElastifiedSupernet, largest_error
+from hmt.supernet.space import WIDTH_KIND
+
+HERE = Path(__file__).resolve().parent
+OPERATORS = ("w50", "w25", "skip", "sw75", "sw50", "sw25")
+
+
+def _models() -> object:
+    spec = importlib.util.spec_from_file_location("elastify_models_stream", HERE / "models.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def resnet() -> tuple[torch.nn.Module, ElastifiedSupernet]:
+    model = _models().tiny_resnet()  # type: ignore[attr-defined]
+    return model, ElastifiedSupernet(copy.deepcopy(model), name="tiny", input_shape=(3, 32, 32),
+                                     operators=OPERATORS).eval()
+
+
+def test_every_stage_gets_a_stream_width_and_the_original_stays_exact(resnet: tuple) -> None:
+    model, net = resnet
+    widths = [p for p in net.space.positions if p.kind == WIDTH_KIND]
+    assert [p.name for p in widths] == ["s0.width", "s1.width", "s2.width"]
+    assert all(p.choices == ("base", "w75", "w50", "w25") for p in widths)
+    assert largest_error(net, model, seed=0) == 0.0
+    # Without the sw operators the space is the one it always was.
+    plain = ElastifiedSupernet(copy.deepcopy(model), name="tiny", input_shape=(3, 32, 32), operators=("w50",))
+    assert not plain.space.has_stream_widths and plain.stream is None
+
+
+def test_slim_variants_materialise_to_what_the_supernet_computes(resnet: tuple) -> None:
+    _, net = resnet
+    rng = np.random.default_rng(0)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    half = net.space.make(["w50"] * len(net.space.positions))  # 50% streams, 50% inner widths
+    archs = [net.space.smallest(), half, *[net.space.sample_structured(rng) for _ in range(3)],
+             *[net.space.sample(rng) for _ in range(3)]]
+    assert any(w != "base" for a in archs for w in net.space.stage_widths(a))
+    with torch.no_grad():
+        for arch in archs:
+            variant = net.materialize(arch)
+            assert torch.allclose(variant(x), net(x, arch), atol=1e-5, rtol=0), arch.arch_id
+    # A 50% stream everywhere halves every conv of the stream: a quarter of the MACs or so.
+    full_params = sum(p.numel() for p in net.materialize(net.space.largest()).parameters())
+    half_params = sum(p.numel() for p in net.materialize(half).parameters())
+    assert half_params < 0.35 * full_params
+
+
+def test_identity_shortcuts_tie_a_stage_to_one_channel_ranking(resnet: tuple) -> None:
+    _, net = resnet
+    stream = net.stream
+    blocks = net.space.block_positions()
+    groups = [stream.group_of[p] for p in blocks]
+    # stem -> s0.b0 -> s0.b1 share the stem's channels; each later stage starts a group
+    # at its projection block that its identity block joins.
+    assert groups[0] == groups[1] == stream.group_of[-1]
+    assert groups[2] == groups[3] != groups[1] and groups[4] == groups[5] != groups[3]
+    kept = stream.index(blocks[1], "w50")
+    assert kept is not None and len(kept) == 4 and len(set(kept.tolist())) == 4
+
+
+@pytest.mark.slow
+def test_rebuilt_without_weights_gets_the_index_sets_back(resnet: tuple) -> None:
+    _, net = resnet
+    fresh = _models().TinyResNet()  # type: ignore[attr-defined]
+    rebuilt = ElastifiedSupernet(fresh, name="tiny", input_shape=(3, 32, 32), operators=OPERATORS, init=False)
+    rebuilt.load_state_dict(net.state_dict())
+    rebuilt.eval()
+    x = torch.randn(2, 3, 32, 32)
+    arch = net.space.smallest()
+    with torch.no_grad():
+        assert torch.equal(rebuilt(x, arch), net(x, arch))
+
+
+@pytest.mark.slow
+def test_distillation_reaches_slim_units_and_leaves_the_original(resnet: tuple) -> None:
+    model, net = resnet
+    net = copy.deepcopy(net).train()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    rng = np.random.default_rng(3)
+    optimizer = torch.optim.SGD(net.elastic_parameters(), lr=0.05)
+    for _ in range(3):
+        optimizer.zero_grad()
+        distill_loss(net, torch.randn(4, 3, 32, 32), rng).backward()
+        optimizer.step()
+    after = net.state_dict()
+    moved = [k for k in before if not torch.equal(before[k], after[k])]
+    assert any(k.startswith("stream.parents.") for k in moved)
+    assert not any(k.startswith(("stem.", "exits.2.")) or ".base." in k for k in moved)
+    assert largest_error(net.eval(), model, seed=1) == 0.0
+
+
+def test_a_1d_model_narrows_and_a_concatenating_one_says_why_not() -> None:
+    models = _models()
+    model = models.net_1d()  # type: ignore[attr-defined]
+    net = ElastifiedSupernet(copy.deepcopy(model), name="n1d", input_shape=(6, 64),
+                             operators=("w50", "skip", "sw50")).eval()
+    assert net.space.has_stream_widths and largest_error(net, model, seed=0) == 0.0
+    x = torch.randn(2, 6, 64)
+    arch = net.space.make(["w50" if "w50" in p.choices else "base" for p in net.space.positions])
+    assert net.space.stage_widths(arch) == ["w50", "w50"]
+    with torch.no_grad():
+        assert torch.allclose(net.materialize(arch)(x), net(x, arch), atol=1e-5, rtol=0)
+    branches = ElastifiedSupernet(models.user_net(), name="u", input_shape=(3, 32, 32),  # type: ignore[attr-defined]
+                                  operators=("sw50",))
+    assert not branches.space.has_stream_widths
+    assert branches.report()["stream_widths"].startswith("no stream widths: ") and "cat" in \
+        branches.report()["stream_widths"]
