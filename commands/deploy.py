@@ -48,6 +48,11 @@ give the public key to verify and serve, which then refuse unsigned or different
 
     hmt serve runs/bundle-raspberry-pi-4b --trusted-key keys/hmt-sign.pem.pub
 
+A signature binds a release version (--bundle-version, default 0) and the build time: serve
+--trusted-key remembers the newest release of each key it served and refuses an older one
+(a roll-back; --allow-rollback accepts it). With --offload-out and --sign-key, both halves
+are signed as the same release, so `serve --trusted-key` takes them too.
+
 OpenSSL keys work too: `openssl genpkey -algorithm ed25519 -out KEY` and
 `openssl pkey -in KEY -pubout -out KEY.pub`.
 """
@@ -125,6 +130,9 @@ def deploy_command(
         "--sign-key", help="ed25519 private key (PEM) to sign the bundle's manifest with (manifest.sig).")] = None,
     trusted_key: Annotated[Path | None, typer.Option(
         "--trusted-key", help="ed25519 public key (PEM): with --verify, refuse a bundle it did not sign.")] = None,
+    bundle_version: Annotated[int, typer.Option(
+        "--bundle-version", help="With --sign-key: the release version the signature binds (with the build time); "
+                                 "serve --trusted-key refuses a bundle older than one it already served.")] = 0,
     gen_key: Annotated[Path | None, typer.Option(
         "--gen-key", help="Write a new ed25519 key pair to PATH (private, mode 0600) and PATH.pub, and exit.")] = None,
     adaptable: Annotated[bool, typer.Option(
@@ -168,7 +176,10 @@ def deploy_command(
 
         with output.progress() as progress:
             split = write_offload_bundles(bundle_dir, offload_out / "device", offload_out / "peer", seed=seed,
-                                          progress=progress)
+                                          sign_key=sign_key, progress=progress)
+        if sign_key is None and (bundle_dir / "manifest.sig").is_file():
+            output.warn(f"{bundle_dir} is signed but the offload halves are not (pass --sign-key to sign them): "
+                        "serve --trusted-key refuses unsigned halves")
         output.note(f"offload: {split.cuts} cuts ({split.inner_cuts} inside segments, worst head+tail error "
                     f"{split.max_rel_error:.2g}) -> {split.device} and {split.peer}")
         return {"device": str(split.device), "peer": str(split.peer), "cuts": split.cuts,
@@ -194,6 +205,12 @@ def deploy_command(
             raise UsageError("--supernet goes with --adaptable")
         if trusted_key is not None and verify is None:
             raise UsageError("--trusted-key goes with --verify (a build checks its own --sign-key signature)")
+        if not 0 <= bundle_version < 1 << 63:
+            raise UsageError(f"--bundle-version must be an integer in 0..2^63-1, got {bundle_version}")
+        if bundle_version and sign_key is None:
+            raise UsageError("--bundle-version goes with --sign-key (the signature binds it)")
+        if verify is not None and sign_key is not None and offload_out is None:
+            raise UsageError("--sign-key with --verify signs only the --offload-out halves; pass --offload-out")
         if verify is not None:
             if push is not None and not verify.is_dir():
                 raise UsageError("--push with --verify needs a bundle directory, not an archive")
@@ -221,7 +238,7 @@ def deploy_command(
             target=target, profile=profile, variants=tuple(variants or ()),
             engines=tuple(e.value for e in engines) if engines else ("onnxruntime", "tvm"),
             strict=strict, latency_ms=latency_ms, memory_mb=memory_mb, energy=energy, sign_key=sign_key,
-            adaptable=adaptable, supernet=supernet,
+            version=bundle_version, adaptable=adaptable, supernet=supernet,
         )
         with output.progress() as progress:
             result = deploy_bundle(fused, pareto, out_dir, options=options, progress=progress)

@@ -151,6 +151,13 @@ def serve_command(
     trusted_key: Annotated[Path | None, typer.Option(
         "--trusted-key", help="ed25519 public key (PEM): refuse a bundle not signed by it (hmt deploy --sign-key; "
                               "see hmt deploy --help).")] = None,
+    allow_rollback: Annotated[bool, typer.Option(
+        "--allow-rollback", help="With --trusted-key: accept a bundle signed as an older release (version, then "
+                                 "creation time) than one this key already had served here (refused by "
+                                 "default).")] = False,
+    state_dir: Annotated[Path | None, typer.Option(
+        "--state-dir", help="Where serve records the newest signed release per key (default: $HMT_STATE_DIR, "
+                            "else $XDG_STATE_HOME/hmt, else ~/.local/state/hmt).")] = None,
     adapt: Annotated[bool, typer.Option(
         "--adapt", help="Test-time adaptation: when the input statistics drift, re-estimate the serving variant's "
                         "BN statistics on recent inputs (off the request path) and serve the adapted variant while "
@@ -201,12 +208,18 @@ def serve_command(
     def body(output: Output) -> None:
         import numpy as np
 
+        from hmt.artifacts.rollback import RollbackPolicy
         from hmt.errors import UsageError
         from hmt.runtime.ort import parse_providers
         from hmt.serve.api import ApiOptions
         from hmt.serve.scenario import DriveOptions, Scenario
         from hmt.serve.server import ServerOptions, resolve_token
         from hmt.serve.session import SessionOptions, run_scenario, serve_forever
+
+        rollback = RollbackPolicy(state_dir=state_dir, allow=allow_rollback)
+        if trusted_key is None and (allow_rollback or state_dir is not None):
+            raise UsageError("--allow-rollback and --state-dir go with --trusted-key (only signed releases are "
+                             "ordered)")
 
         if role is RoleChoice.peer or peer is not None:
             from commands.serve_offload import run_device, run_peer
@@ -216,8 +229,8 @@ def serve_command(
             if role is RoleChoice.peer:
                 run_peer(output, bundle, host=host, port=port, token=token, workers=workers, max_queue=max_queue,
                          deadline_ms=deadline_ms, threads=threads, engine=None if engine is None else engine.value,
-                         ssl_certfile=ssl_certfile,
-                         ssl_keyfile=ssl_keyfile, debug=debug)
+                         ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, debug=debug, trusted_key=trusted_key,
+                         rollback=rollback, max_connections=max_connections, receipt_timeout_s=receipt_timeout_s)
                 return
         if canary is not None and not adapt:
             raise UsageError("--canary goes with --adapt")
@@ -231,6 +244,7 @@ def serve_command(
         session = SessionOptions(engine=None if engine is None else engine.value, threads=threads,
                                  latency_ms=latency_ms, memory_mb=memory_mb, exit_confidence=exit_confidence,
                                  no_early_exit=no_early_exit, fixed_variant=variant, trusted_key=trusted_key,
+                                 rollback=rollback,
                                  providers=parse_providers(providers), adapt=adapt_settings(), canary=canary)
         api = ApiOptions(token=resolved_token, max_body_bytes=None if max_body_kb is None else max_body_kb * 1024,
                          max_queue=max_queue, workers=workers, deadline_ms=deadline_ms, max_batch=max_batch,

@@ -74,6 +74,7 @@ class DeployOptions:
     energy: float | None = None
     archive: bool = True
     sign_key: Path | None = None  # ed25519 private key (PEM): sign the manifest
+    version: int = 0  # the release version the signature binds (serve refuses roll-backs below it)
     # BN-adaptable graphs per fp32 variant for serve --adapt (hmt.deploy.adaptable); the
     # supernet is the front's unless given.
     adaptable: bool = False
@@ -344,7 +345,7 @@ def deploy_bundle(
     sessions = _ort_sessions(fused)
     with ArtifactWriter(out_dir, kind=BUNDLE_KIND, config=config, parents=parents) as writer:
         if signing_key is not None:
-            writer.before_commit(partial(sign_artifact_dir, private_key=signing_key))
+            writer.before_commit(partial(sign_artifact_dir, private_key=signing_key, version=options.version))
         if archive is not None:
             writer.companion(archive, partial(build_archive_file, root_name=out_abs.name))
         for variant in variants:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from hmt.artifacts.rollback import RollbackPolicy
 from hmt.bundle import Bundle, load_checked_bundle
 from hmt.errors import HmtError, InputError, UsageError
 from hmt.serve.api import ApiOptions, create_app
@@ -58,6 +59,8 @@ class SessionOptions:
     serve_overrides: dict[str, Any] = field(default_factory=dict)
     # PEM ed25519 public key: refuse a bundle without a matching signature (serve --trusted-key).
     trusted_key: Path | None = None
+    # With trusted_key: refuse a release older than the key's newest served (hmt.artifacts.rollback).
+    rollback: RollbackPolicy = field(default_factory=RollbackPolicy)
     # ORT execution providers in order (serve --providers); None: the bundle target's list.
     providers: tuple[str, ...] | None = None
     # serve --adapt (hmt.serve.adapt.AdaptSettings) and its optional labelled canary set.
@@ -95,7 +98,7 @@ def settings_for(bundle: Bundle, options: SessionOptions) -> ServeSettings:
 def open_controller(bundle_path: Path | str, options: SessionOptions, **kwargs: Any) -> Controller:
     """Load and verify the bundle (ArtifactError when it fails) and build its controller."""
     # The same structural checks as deploy --verify (no extra files, no symlinks, ELF machine, signature).
-    bundle = load_checked_bundle(bundle_path, trusted_key=options.trusted_key)
+    bundle = load_checked_bundle(bundle_path, trusted_key=options.trusted_key, rollback=options.rollback)
     settings = settings_for(bundle, options)
     if options.adapt is not None:
         from hmt.serve.adapt import load_canary
