@@ -197,8 +197,17 @@ def check_signature(root: Path, manifest_sha256: str, trusted_key: Any | None) -
         return SignatureCheck("absent")
     if path.stat().st_size > _MAX_SIGNATURE_BYTES:
         raise ArtifactError(f"{path}: larger than {_MAX_SIGNATURE_BYTES} bytes; not a signature")
+    return check_signature_bytes(path.read_bytes(), manifest_sha256, trusted_key, str(path))
+
+
+def check_signature_bytes(raw: bytes, manifest_sha256: str, trusted_key: Any | None, where: str) -> SignatureCheck:
+    """:func:`check_signature` on the bytes of a signature document (``where`` names it in errors);
+    an archive's signature is checked this way before anything is extracted."""
+    path = where
+    if len(raw) > _MAX_SIGNATURE_BYTES:
+        raise ArtifactError(f"{path}: larger than {_MAX_SIGNATURE_BYTES} bytes; not a signature")
     try:
-        doc = json.loads(path.read_bytes())
+        doc = json.loads(raw)
         algorithm, key_id = doc["algorithm"], str(doc["key_sha256"])
         signature = base64.b64decode(str(doc["signature"]), validate=True)
         version, created = doc.get("version"), doc.get("created_utc")
