@@ -139,6 +139,10 @@ def deploy_command(
         "--adaptable", help="Also bundle BN-adaptable graphs of every fp32 variant (BN un-fused, batch statistics "
                             "as outputs), for `hmt serve --adapt`; needs the supernet (the front's, or --supernet).")
     ] = False,
+    canary_data: Annotated[Path | None, typer.Option(
+        "--canary-data", help="With --adaptable: a labelled .npz (x: inputs or uint8 pixels, y: labels), held out "
+                              "from what clients send; up to 256 samples ship as adapt/canary.npz, the set serve "
+                              "--adapt checks every adapted variant against (clients cannot steer it).")] = None,
     supernet: Annotated[Path | None, typer.Option(
         "--supernet", help="With --adaptable: the supernet the variants come from (default: the one the pareto "
                            "front records).")] = None,
@@ -203,6 +207,8 @@ def deploy_command(
             return
         if supernet is not None and not adaptable:
             raise UsageError("--supernet goes with --adaptable")
+        if canary_data is not None and not adaptable:
+            raise UsageError("--canary-data goes with --adaptable")
         if trusted_key is not None and verify is None:
             raise UsageError("--trusted-key goes with --verify (a build checks its own --sign-key signature)")
         if not 0 <= bundle_version < 1 << 63:
@@ -238,7 +244,7 @@ def deploy_command(
             target=target, profile=profile, variants=tuple(variants or ()),
             engines=tuple(e.value for e in engines) if engines else ("onnxruntime", "tvm"),
             strict=strict, latency_ms=latency_ms, memory_mb=memory_mb, energy=energy, sign_key=sign_key,
-            version=bundle_version, adaptable=adaptable, supernet=supernet,
+            version=bundle_version, adaptable=adaptable, supernet=supernet, canary_data=canary_data, seed=seed,
         )
         with output.progress() as progress:
             result = deploy_bundle(fused, pareto, out_dir, options=options, progress=progress)

@@ -35,8 +35,10 @@ arrive, headers and body, within --receipt-timeout-s (else 408).
 
 Adapt to a new environment on the device (a bundle from `hmt deploy --adaptable`): when the inputs
 drift (a darker room, a dirtier lens), BN statistics are re-estimated on recent inputs and the adapted
-variant serves while the guard accepts it (lower prediction entropy; a labelled canary set, if given,
-no worse); /v1/status (key adapt) and /metrics (hmt_adapt_*) report it:
+variant serves while the guard accepts it (lower prediction entropy and a labelled canary set no worse:
+--canary, or the one the bundle ships from `deploy --adaptable --canary-data`; without either serve
+refuses, as entropy alone can be steered by clients, unless --adapt-unguarded); /v1/status (key adapt)
+and /metrics (hmt_adapt_*) report it:
 
     hmt serve runs/bundle-host --adapt --canary canary.npz
 
@@ -167,6 +169,9 @@ def serve_command(
         "--canary", help="--adapt: labelled canary set the adapted variant must not do worse on: an .npz with x "
                          "(inputs or uint8 pixels [N, H, W, C]) and y, or a directory of class folders of "
                          "JPEG/PNG images.")] = None,
+    adapt_unguarded: Annotated[bool, typer.Option(
+        "--adapt-unguarded", help="--adapt without a canary set: adopt on prediction entropy alone, which any "
+                                  "client's inputs can steer (refused without this flag).")] = False,
     adapt_after: Annotated[int, typer.Option(
         "--adapt-after", help="--adapt: drifted inputs before the first adapted variant is built.")] = 256,
     adapt_window: Annotated[int, typer.Option(
@@ -203,7 +208,7 @@ def serve_command(
         from hmt.serve.adapt import AdaptSettings
 
         return AdaptSettings(window=adapt_window, adapt_after=adapt_after, max_share=adapt_max_share,
-                             canary_tolerance=canary_tolerance)
+                             canary_tolerance=canary_tolerance, unguarded=adapt_unguarded)
 
     def body(output: Output) -> None:
         import numpy as np
@@ -232,8 +237,10 @@ def serve_command(
                          ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, debug=debug, trusted_key=trusted_key,
                          rollback=rollback, max_connections=max_connections, receipt_timeout_s=receipt_timeout_s)
                 return
-        if canary is not None and not adapt:
-            raise UsageError("--canary goes with --adapt")
+        if (canary is not None or adapt_unguarded) and not adapt:
+            raise UsageError("--canary and --adapt-unguarded go with --adapt")
+        if canary is not None and adapt_unguarded:
+            raise UsageError("--adapt-unguarded drops the canary guard; it does not go with --canary")
         if adapt and peer is not None:
             raise UsageError("--adapt is not combined with --peer (the adapted graphs run on the device alone)")
         if scenario is None:

@@ -78,6 +78,10 @@ class DeployOptions:
     # BN-adaptable graphs per fp32 variant for serve --adapt (hmt.deploy.adaptable); the
     # supernet is the front's unless given.
     adaptable: bool = False
+    # With adaptable: a labelled .npz (x, y) whose seeded subset ships as adapt/canary.npz, the set
+    # serve --adapt checks adoptions against by default.
+    canary_data: Path | None = None
+    seed: int = 0
     supernet: Path | None = None
 
 
@@ -372,6 +376,14 @@ def deploy_bundle(
             notes.extend(adapt_notes)
             notes.append("variants with extra.adaptable carry BN-adaptable graphs (variants/<arch_id>/adapt): "
                          "hmt serve --adapt re-estimates their BN statistics on recent inputs without torch")
+            if options.canary_data is not None:
+                from hmt.deploy.adaptable import ship_canary
+
+                shipped = ship_canary(writer, options.canary_data, seed=options.seed)
+                notes.append(f"{shipped['path']}: {shipped['samples']} labelled samples (of {shipped['of']}, seed "
+                             f"{shipped['seed']}) that serve --adapt checks every adapted variant against")
+            else:
+                notes.append("no canary set shipped (deploy --canary-data): serve --adapt will need --canary")
             progress("adaptable", len(bundled), len(bundled), None)
         preprocess, class_names, meta_note = _input_meta(front.doc)
         if meta_note is not None:

@@ -63,7 +63,7 @@ class SessionOptions:
     rollback: RollbackPolicy = field(default_factory=RollbackPolicy)
     # ORT execution providers in order (serve --providers); None: the bundle target's list.
     providers: tuple[str, ...] | None = None
-    # serve --adapt (hmt.serve.adapt.AdaptSettings) and its optional labelled canary set.
+    # serve --adapt (hmt.serve.adapt.AdaptSettings) and its labelled canary set (default: the bundle's).
     adapt: Any = None
     canary: Path | None = None
 
@@ -101,10 +101,9 @@ def open_controller(bundle_path: Path | str, options: SessionOptions, **kwargs: 
     bundle = load_checked_bundle(bundle_path, trusted_key=options.trusted_key, rollback=options.rollback)
     settings = settings_for(bundle, options)
     if options.adapt is not None:
-        from hmt.serve.adapt import load_canary
+        from hmt.serve.adapt import canary_for
 
-        canary = load_canary(Path(options.canary), bundle) if options.canary is not None else None
-        kwargs["adapt"] = (options.adapt, canary)
+        kwargs["adapt"] = (options.adapt, canary_for(bundle, options.canary, options.adapt))
     return Controller(bundle, settings, engine=settings.engine, threads=options.threads,
                       fixed_variant=options.fixed_variant, providers=options.providers, **kwargs)
 
