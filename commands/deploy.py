@@ -48,6 +48,11 @@ give the public key to verify and serve, which then refuse unsigned or different
 
     hmt serve runs/bundle-raspberry-pi-4b --trusted-key keys/hmt-sign.pem.pub
 
+An archive carries the bundle's own signature (manifest.json and manifest.sig are its first
+entries): with --trusted-key it is checked before anything else is extracted, and every other
+file must be one the signed manifest lists, with its size and sha256. Extraction is bounded by
+16x the archive's size + 64 MiB whatever the archive's own manifest says.
+
 A signature binds a release version (--bundle-version, default 0) and the build time: serve
 --trusted-key remembers the newest release of each key it served and refuses an older one
 (a roll-back; --allow-rollback accepts it). With --offload-out and --sign-key, both halves

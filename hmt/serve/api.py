@@ -9,9 +9,10 @@ Guards, in request order (below the app, :mod:`hmt.serve.connections` caps conne
 and bounds how long a request may take to arrive): the bearer token (when one is set, on
 every path but, with ``health_without_token``, ``/v1/health/*``; constant-time compare);
 readiness (503); the body bound (``Content-Length`` first, then the streamed bytes, 413);
-admission to a bounded queue (429 when full); then, on a thread pool, decoding
-(:mod:`hmt.serve.inputs`: .npy, JSON, JPEG/PNG, uint8 pixels, batches; 400/413/415/422)
-and the inference, under a per-request deadline (504; a request still waiting in the queue
+admission to a bounded queue (429 when full); then, off the event loop, decoding
+(:mod:`hmt.serve.inputs`: .npy, JSON, JPEG/PNG, uint8 pixels, batches; 400/413/415/422;
+images and JSON in a decoding lane of one thread, .npy on the inference pool) and the
+inference on a thread pool, under a per-request deadline (504; a request still waiting in the queue
 at its deadline is dropped without running). The event loop only reads bodies and answers:
 8 clients sending PNGs or 1 MiB JSON bodies no longer stall everyone else's requests, and
 a flood of them meets the queue limit before it costs any decoding.
@@ -59,6 +60,7 @@ from hmt.serve.connections import FIRST_BYTE_KEY, ConnectionStats
 from hmt.serve.controller import Controller, Prediction
 from hmt.serve.exposition import openapi_document, prometheus_text
 from hmt.serve.inputs import (
+    IMAGE_MEDIA_TYPES,
     JSON_MEDIA_TYPE,
     NPY_MEDIA_TYPE,
     ApiError,
@@ -71,6 +73,9 @@ __all__ = ["JSON_MEDIA_TYPE", "NPY_MEDIA_TYPE", "ApiError", "ApiOptions", "creat
 
 DEADLINE_HEADER = "x-deadline-ms"
 CLIENT_LATENCY_HEADER = "x-hmt-client-latency-ms"
+# Bodies whose decoding can cost far more than their size (a 56 KB PNG of 4,000 x 4,000 pixels,
+# a 1 MiB JSON list): decoded in a lane of their own before inference.
+HEAVY_MEDIA_TYPES = (JSON_MEDIA_TYPE, *IMAGE_MEDIA_TYPES)
 HEALTH_PREFIX = "/v1/health/"
 _WINDOW = 2048
 Scope = MutableMapping[str, Any]
@@ -183,6 +188,9 @@ class InferenceService:
         self.controller = controller
         self.options = options
         self._executor = concurrent.futures.ThreadPoolExecutor(options.workers, thread_name_prefix="hmt-infer")
+        # Expensive bodies (images, JSON) decode in a lane of their own: a flood of them waits there,
+        # not in front of the inference workers, so cheap requests (.npy) keep their latency.
+        self._decoder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hmt-decode")
         self._lock = threading.Lock()
         self.admitted = 0
         self.rejected_full = 0
@@ -213,11 +221,12 @@ class InferenceService:
                                                       "e.g. normalised pixels") from exc
 
     async def submit(self, prepare: Callable[[], list[np.ndarray]], first_byte_s: float, deadline_ms: float,
-                     received_s: float | None = None) -> list[Prediction]:
+                     received_s: float | None = None, heavy: bool = False) -> list[Prediction]:
         """Admit a request (429 when the queue is full), then decode (``prepare``) and run it on the pool.
 
         ``first_byte_s`` starts the deadline; ``received_s`` (the body's last byte; default now)
-        starts what counts as the server's overhead."""
+        starts what counts as the server's overhead. ``heavy``: decode in the decoding lane first
+        (one thread), then infer; the request holds its queue slot throughout."""
         received_s = time.monotonic() if received_s is None else received_s
         with self._lock:
             if self.admitted >= self.options.max_queue:
@@ -227,6 +236,8 @@ class InferenceService:
                                headers={"Retry-After": "1"})
             self.admitted += 1
         deadline_s = first_byte_s + deadline_ms / 1e3
+        if heavy:
+            prepare = await self._decode_first(prepare, deadline_s, deadline_ms)
         try:
             future = self._executor.submit(self._work, prepare, received_s, deadline_s)
         except RuntimeError as exc:  # the pool is shutting down
@@ -246,8 +257,29 @@ class InferenceService:
             raise ApiError(503, "unavailable", "no variant can answer right now; retry",
                            headers={"Retry-After": "1"}) from exc
 
+    async def _decode_first(self, prepare: Callable[[], list[np.ndarray]], deadline_s: float,
+                            deadline_ms: float) -> Callable[[], list[np.ndarray]]:
+        """Run ``prepare`` in the decoding lane; the items, as a ``prepare`` for the inference pool.
+        On any failure the queue slot is released once the decode has ended (or was cancelled)."""
+        try:
+            future = self._decoder.submit(prepare)
+        except RuntimeError as exc:  # shutting down
+            self._release(None)  # type: ignore[arg-type]
+            raise ApiError(503, "shutting_down", "the server is shutting down") from exc
+        try:
+            items = await asyncio.wait_for(asyncio.wrap_future(future), max(0.0, deadline_s - time.monotonic()))
+        except BaseException as exc:
+            future.add_done_callback(self._release)
+            if isinstance(exc, asyncio.TimeoutError):
+                self.deadline_expired += 1
+                raise ApiError(504, "deadline_exceeded", f"no answer within the deadline of {deadline_ms:g} ms "
+                                                         "(counted from the request's first byte)") from exc
+            raise
+        return lambda: items
+
     def shutdown(self) -> None:
-        """Finish every admitted request, then stop the pool."""
+        """Finish every admitted request, then stop the pools."""
+        self._decoder.shutdown(wait=True)
         self._executor.shutdown(wait=True)
 
 
@@ -452,7 +484,9 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
         def prepare() -> list[np.ndarray]:  # on the pool, admitted to the queue first
             return as_items(decode(body, content_type, inputs), inputs)
 
-        results = await service.submit(prepare, first_byte_s, deadline_ms, received_s)
+        media = (content_type or "").split(";")[0].strip().lower()
+        results = await service.submit(prepare, first_byte_s, deadline_ms, received_s,
+                                       heavy=media in HEAVY_MEDIA_TYPES)
         names = bundle_spec.class_names
         if len(results) == 1:
             return JSONResponse(_prediction_json(results[0], names))
