@@ -141,6 +141,10 @@ class Served:
         self.url = url
         self.port = int(url.rsplit(":", 1)[1])
         threading.Thread(target=self._drain, daemon=True).start()
+        while http(self.port, "GET", "/v1/health/ready", timeout_s=5)[0] != 200:  # warm, a variant loaded
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"serve did not become ready (exit {self.proc.poll()})")
+            time.sleep(0.1)
 
     def _drain(self) -> None:
         assert self.proc.stderr is not None

@@ -196,7 +196,7 @@ class InferenceService:
         self.rejected_full = 0
         self.deadline_expired = 0
 
-    def _release(self, _future: concurrent.futures.Future[list[Prediction]]) -> None:
+    def _release(self, _future: concurrent.futures.Future[Any] | None) -> None:
         with self._lock:
             self.admitted -= 1
 
@@ -264,7 +264,7 @@ class InferenceService:
         try:
             future = self._decoder.submit(prepare)
         except RuntimeError as exc:  # shutting down
-            self._release(None)  # type: ignore[arg-type]
+            self._release(None)
             raise ApiError(503, "shutting_down", "the server is shutting down") from exc
         try:
             items = await asyncio.wait_for(asyncio.wrap_future(future), max(0.0, deadline_s - time.monotonic()))
