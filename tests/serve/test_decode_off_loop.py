@@ -86,3 +86,46 @@ def test_an_npy_header_claiming_a_huge_shape_is_refused_before_any_allocation() 
     assert info.value.status == 400 and "claims shape" in info.value.message
     assert peak < 1 << 20, peak
     assert decode(npy_bytes(np.ones((1, 4), np.float32)), "application/x-npy", inputs).shape == (1, 4)
+
+
+def test_slow_image_and_json_decodes_wait_in_their_own_lane(bundle_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = api_module.decode
+    threads: dict[str, str] = {}
+
+    def slow_decode(body: bytes, content_type: str | None, spec: InputSpec) -> np.ndarray:
+        threads[str(content_type)] = threading.current_thread().name
+        if content_type == "application/json":
+            time.sleep(0.8)
+        return real(body, content_type, spec)
+
+    monkeypatch.setattr(api_module, "decode", slow_decode)
+    server = ApiServer(create_app(make_controller(bundle_dir), ApiOptions(workers=1, max_queue=8)),
+                       ServerOptions(port=0))
+    server.start_background()
+    try:
+        import json
+
+        body = json.dumps({"inputs": [0.0, 0.0, 0.0, 0.0]}).encode()
+        slow = [threading.Thread(target=lambda: _json(server.port, body)) for _ in range(3)]
+        for t in slow:
+            t.start()
+        time.sleep(0.2)  # three slow JSON decodes queued in the decoding lane (2.4 s of it)
+        status, npy_ms = _request(server.port, "POST", "/v1/predict", npy_bytes(np.zeros((1, 4), np.float32)))
+        for t in slow:
+            t.join()
+        assert status == 200 and npy_ms < 600, npy_ms  # not behind the JSON decodes
+        assert threads["application/json"].startswith("hmt-decode")
+        assert threads["application/x-npy"].startswith("hmt-infer")
+    finally:
+        server.stop_background()
+
+
+def _json(port: int, body: bytes) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("POST", "/v1/predict", body=body, headers={"content-type": "application/json"})
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
