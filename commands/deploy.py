@@ -48,6 +48,16 @@ give the public key to verify and serve, which then refuse unsigned or different
 
     hmt serve runs/bundle-raspberry-pi-4b --trusted-key keys/hmt-sign.pem.pub
 
+An archive carries the bundle's own signature (manifest.json and manifest.sig are its first
+entries): with --trusted-key it is checked before anything else is extracted, and every other
+file must be one the signed manifest lists, with its size and sha256. Extraction is bounded by
+16x the archive's size + 64 MiB whatever the archive's own manifest says.
+
+A signature binds a release version (--bundle-version, default 0) and the build time: serve
+--trusted-key remembers the newest release of each key it served and refuses an older one
+(a roll-back; --allow-rollback accepts it). With --offload-out and --sign-key, both halves
+are signed as the same release, so `serve --trusted-key` takes them too.
+
 OpenSSL keys work too: `openssl genpkey -algorithm ed25519 -out KEY` and
 `openssl pkey -in KEY -pubout -out KEY.pub`.
 """
@@ -135,12 +145,19 @@ def deploy_command(
         "--sign-key", help="ed25519 private key (PEM) to sign the bundle's manifest with (manifest.sig).")] = None,
     trusted_key: Annotated[Path | None, typer.Option(
         "--trusted-key", help="ed25519 public key (PEM): with --verify, refuse a bundle it did not sign.")] = None,
+    bundle_version: Annotated[int, typer.Option(
+        "--bundle-version", help="With --sign-key: the release version the signature binds (with the build time); "
+                                 "serve --trusted-key refuses a bundle older than one it already served.")] = 0,
     gen_key: Annotated[Path | None, typer.Option(
         "--gen-key", help="Write a new ed25519 key pair to PATH (private, mode 0600) and PATH.pub, and exit.")] = None,
     adaptable: Annotated[bool, typer.Option(
         "--adaptable", help="Also bundle BN-adaptable graphs of every fp32 variant (BN un-fused, batch statistics "
                             "as outputs), for `hmt serve --adapt`; needs the supernet (the front's, or --supernet).")
     ] = False,
+    canary_data: Annotated[Path | None, typer.Option(
+        "--canary-data", help="With --adaptable: a labelled .npz (x: inputs or uint8 pixels, y: labels), held out "
+                              "from what clients send; up to 256 samples ship as adapt/canary.npz, the set serve "
+                              "--adapt checks every adapted variant against (clients cannot steer it).")] = None,
     supernet: Annotated[Path | None, typer.Option(
         "--supernet", help="With --adaptable: the supernet the variants come from (default: the one the pareto "
                            "front records).")] = None,
@@ -182,7 +199,10 @@ def deploy_command(
 
         with output.progress() as progress:
             split = write_offload_bundles(bundle_dir, offload_out / "device", offload_out / "peer", seed=seed,
-                                          progress=progress, force=force)
+                                          sign_key=sign_key, progress=progress, force=force)
+        if sign_key is None and (bundle_dir / "manifest.sig").is_file():
+            output.warn(f"{bundle_dir} is signed but the offload halves are not (pass --sign-key to sign them): "
+                        "serve --trusted-key refuses unsigned halves")
         output.note(f"offload: {split.cuts} cuts ({split.inner_cuts} inside segments, worst head+tail error "
                     f"{split.max_rel_error:.2g}) -> {split.device} and {split.peer}")
         return {"device": str(split.device), "peer": str(split.peer), "cuts": split.cuts,
@@ -203,8 +223,16 @@ def deploy_command(
             return
         if supernet is not None and not adaptable:
             raise UsageError("--supernet goes with --adaptable")
+        if canary_data is not None and not adaptable:
+            raise UsageError("--canary-data goes with --adaptable")
         if trusted_key is not None and verify is None:
             raise UsageError("--trusted-key goes with --verify (a build checks its own --sign-key signature)")
+        if not 0 <= bundle_version < 1 << 63:
+            raise UsageError(f"--bundle-version must be an integer in 0..2^63-1, got {bundle_version}")
+        if bundle_version and sign_key is None:
+            raise UsageError("--bundle-version goes with --sign-key (the signature binds it)")
+        if verify is not None and sign_key is not None and offload_out is None:
+            raise UsageError("--sign-key with --verify signs only the --offload-out halves; pass --offload-out")
         if verify is not None:
             if push is not None and not verify.is_dir():
                 raise UsageError("--push with --verify needs a bundle directory, not an archive")
@@ -232,7 +260,8 @@ def deploy_command(
             target=target, profile=profile, variants=tuple(variants or ()),
             engines=tuple(e.value for e in engines) if engines else ("onnxruntime", "tvm"),
             strict=strict, latency_ms=latency_ms, memory_mb=memory_mb, energy=energy, sign_key=sign_key,
-            adaptable=adaptable, supernet=supernet, allow_missing_preprocess=no_preprocess,
+            version=bundle_version, adaptable=adaptable, supernet=supernet, allow_missing_preprocess=no_preprocess,
+            canary_data=canary_data, seed=seed,
         )
         with output.progress() as progress:
             result = deploy_bundle(fused, pareto, out_dir, options=options, progress=progress, force=force)

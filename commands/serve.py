@@ -35,8 +35,10 @@ arrive, headers and body, within --receipt-timeout-s (else 408).
 
 Adapt to a new environment on the device (a bundle from `hmt deploy --adaptable`): when the inputs
 drift (a darker room, a dirtier lens), BN statistics are re-estimated on recent inputs and the adapted
-variant serves while the guard accepts it (lower prediction entropy; a labelled canary set, if given,
-no worse); /v1/status (key adapt) and /metrics (hmt_adapt_*) report it:
+variant serves while the guard accepts it (lower prediction entropy and a labelled canary set no worse:
+--canary, or the one the bundle ships from `deploy --adaptable --canary-data`; without either serve
+refuses, as entropy alone can be steered by clients, unless --adapt-unguarded); /v1/status (key adapt)
+and /metrics (hmt_adapt_*) report it:
 
     hmt serve runs/bundle-host --adapt --canary canary.npz
 
@@ -155,6 +157,13 @@ def serve_command(
     trusted_key: Annotated[Path | None, typer.Option(
         "--trusted-key", help="ed25519 public key (PEM): refuse a bundle not signed by it (hmt deploy --sign-key; "
                               "see hmt deploy --help).")] = None,
+    allow_rollback: Annotated[bool, typer.Option(
+        "--allow-rollback", help="With --trusted-key: accept a bundle signed as an older release (version, then "
+                                 "creation time) than one this key already had served here (refused by "
+                                 "default).")] = False,
+    state_dir: Annotated[Path | None, typer.Option(
+        "--state-dir", help="Where serve records the newest signed release per key (default: $HMT_STATE_DIR, "
+                            "else $XDG_STATE_HOME/hmt, else ~/.local/state/hmt).")] = None,
     adapt: Annotated[bool, typer.Option(
         "--adapt", help="Test-time adaptation: when the input statistics drift, re-estimate the serving variant's "
                         "BN statistics on recent inputs (off the request path) and serve the adapted variant while "
@@ -164,6 +173,9 @@ def serve_command(
         "--canary", help="--adapt: labelled canary set the adapted variant must not do worse on: an .npz with x "
                          "(inputs or uint8 pixels [N, H, W, C]) and y, or a directory of class folders of "
                          "JPEG/PNG images.")] = None,
+    adapt_unguarded: Annotated[bool, typer.Option(
+        "--adapt-unguarded", help="--adapt without a canary set: adopt on prediction entropy alone, which any "
+                                  "client's inputs can steer (refused without this flag).")] = False,
     adapt_after: Annotated[int, typer.Option(
         "--adapt-after", help="--adapt: drifted inputs before the first adapted variant is built.")] = 256,
     adapt_window: Annotated[int, typer.Option(
@@ -200,7 +212,7 @@ def serve_command(
         from hmt.serve.running.adapt import AdaptSettings
 
         return AdaptSettings(window=adapt_window, adapt_after=adapt_after, max_share=adapt_max_share,
-                             canary_tolerance=canary_tolerance)
+                             canary_tolerance=canary_tolerance, unguarded=adapt_unguarded)
 
     def body(output: Output) -> None:
         from commands._checks import check_budget_flags
@@ -221,12 +233,18 @@ def serve_command(
     def serve(output: Output, bundle: Path) -> None:
         import numpy as np
 
+        from hmt.artifacts.rollback import RollbackPolicy
         from hmt.errors import UsageError
         from hmt.runtime.ort import parse_providers
         from hmt.serve.http.api import ApiOptions
         from hmt.serve.http.server import ServerOptions, resolve_token
         from hmt.serve.running.scenario import DriveOptions, Scenario
         from hmt.serve.running.session import SessionOptions, run_scenario, serve_forever
+
+        rollback = RollbackPolicy(state_dir=state_dir, allow=allow_rollback)
+        if trusted_key is None and (allow_rollback or state_dir is not None):
+            raise UsageError("--allow-rollback and --state-dir go with --trusted-key (only signed releases are "
+                             "ordered)")
 
         if role is RoleChoice.peer or peer is not None:
             from commands.serve_offload import run_device, run_peer
@@ -236,11 +254,13 @@ def serve_command(
             if role is RoleChoice.peer:
                 run_peer(output, bundle, host=host, port=port, token=token, workers=workers, max_queue=max_queue,
                          deadline_ms=deadline_ms, threads=threads, engine=None if engine is None else engine.value,
-                         ssl_certfile=ssl_certfile,
-                         ssl_keyfile=ssl_keyfile, debug=debug)
+                         ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, debug=debug, trusted_key=trusted_key,
+                         rollback=rollback, max_connections=max_connections, receipt_timeout_s=receipt_timeout_s)
                 return
-        if canary is not None and not adapt:
-            raise UsageError("--canary goes with --adapt")
+        if (canary is not None or adapt_unguarded) and not adapt:
+            raise UsageError("--canary and --adapt-unguarded go with --adapt")
+        if canary is not None and adapt_unguarded:
+            raise UsageError("--adapt-unguarded drops the canary guard; it does not go with --canary")
         if adapt and peer is not None:
             raise UsageError("--adapt is not combined with --peer (the adapted graphs run on the device alone)")
         if scenario is None:
@@ -251,6 +271,7 @@ def serve_command(
         session = SessionOptions(engine=None if engine is None else engine.value, threads=threads,
                                  latency_ms=latency_ms, memory_mb=memory_mb, exit_confidence=exit_confidence,
                                  no_early_exit=no_early_exit, fixed_variant=variant, trusted_key=trusted_key,
+                                 rollback=rollback,
                                  providers=parse_providers(providers), adapt=adapt_settings(), canary=canary)
         api = ApiOptions(token=resolved_token, max_body_bytes=None if max_body_kb is None else max_body_kb * 1024,
                          max_queue=max_queue, workers=workers, deadline_ms=deadline_ms, max_batch=max_batch,

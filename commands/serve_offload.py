@@ -12,7 +12,8 @@ from commands._output import Output
 def run_peer(output: Output, bundle: Path, *, host: str, port: int, token: str | None, workers: int,
              max_queue: int, deadline_ms: float,
              threads: int | None, engine: str | None, ssl_certfile: Path | None, ssl_keyfile: Path | None,
-             debug: bool) -> None:
+             debug: bool, trusted_key: Path | None = None, rollback: Any = None, max_connections: int = 512,
+             receipt_timeout_s: float = 10.0) -> None:
     from hmt.errors import UsageError
     from hmt.offload.peer import PeerOptions
     from hmt.offload.server import TlsOptions, open_peer, serve_peer
@@ -26,11 +27,13 @@ def run_peer(output: Output, bundle: Path, *, host: str, port: int, token: str |
     output.note(f"loading and warming the tails of {bundle} ...")
     # The peer's tails have no fuse choice of their own: one thread each unless told otherwise.
     # Engine: the runtime layer's choice per variant (auto: fuse's, where its libraries run here).
-    service = open_peer(bundle, options, threads=max(1, threads or 1), engine=engine or "auto")
+    service = open_peer(bundle, options, threads=max(1, threads or 1), engine=engine or "auto",
+                        trusted_key=trusted_key, rollback=rollback)
     engines = sorted({f"{ch.engine}" for ch in service.chains.values()})
     output.note(f"peer engines: {', '.join(engines)}" + "".join(f"; {a}: {n}" for a, ch in service.chains.items()
                                                                  for n in ch.notes if "not fuse's" in n))
     serve_peer(service, host, port, tls=tls, log_level="info" if debug else "warning",
+               max_connections=max_connections, receipt_timeout_s=receipt_timeout_s,
                on_listening=lambda url: output.note(f"peer serving {bundle} on {url} (POST /v1/segment; "
                                                     "SIGTERM drains and stops)"))
     output.result({"stopped": True, "role": "peer", "served": service.served},

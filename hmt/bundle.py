@@ -418,16 +418,23 @@ def check_bundle(bundle: Bundle, *, expected_target: str | None = None, trusted_
     return BundleChecks(files, target, machine, libraries, signature)
 
 
-def load_checked_bundle(path: Path | str, *, trusted_key: Path | str | None = None) -> Bundle:
+def load_checked_bundle(path: Path | str, *, trusted_key: Path | str | None = None,
+                        rollback: Any | None = None) -> Bundle:
     """:func:`load_bundle` then :func:`check_bundle`, as ``hmt serve`` opens a bundle at start-up.
 
     ``trusted_key`` is a PEM ed25519 public key file: the bundle must carry a signature by it.
+    ``rollback`` (a :class:`hmt.artifacts.rollback.RollbackPolicy`): with a trusted key, refuse
+    a release older than the newest this key had accepted, and record this one.
     """
     from hmt.artifacts.signing import load_public_key
 
     key = load_public_key(trusted_key) if trusted_key is not None else None  # a bad key file fails first
     bundle = load_bundle(path)
-    check_bundle(bundle, trusted_key=key, require_known_target=False)
+    checks = check_bundle(bundle, trusted_key=key, require_known_target=False)
+    if rollback is not None:
+        from hmt.artifacts.rollback import check_and_record
+
+        check_and_record(checks.signature, bundle.artifact.manifest_sha256, str(bundle.root), rollback)
     return bundle
 
 

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         # Derived images, not a result: beside the run, never in the output folder.
         canary_path = Path(tempfile.mkdtemp(prefix="hmt-canary-")) / "canary.npz"
         np.savez(canary_path, x=shift.sets[args.corruption][held].transpose(0, 2, 3, 1), y=shift.labels[held])
-    adapt = AdaptSettings(require_entropy_drop=not args.canary)
+    adapt = AdaptSettings(require_entropy_drop=not args.canary, unguarded=not args.canary)
     runs = []
     load = os.getloadavg()
     for rep in range(args.reps):

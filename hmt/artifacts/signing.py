@@ -2,9 +2,14 @@
 
 The manifest lists the sha256 and size of every file, and a verified load refuses files
 it does not list, so signing the manifest signs the whole artifact. The signed message is
-``hmt-manifest-v1\\n`` + the manifest's sha256 (hex): the domain prefix keeps a signature
-from being reusable for any other purpose, and the hash is the one the verified load
-computed from the very bytes it parsed.
+``hmt-manifest-v2\\n`` + the manifest's sha256 (hex) + ``\\n`` + the release version (an
+integer) + ``\\n`` + the creation time (the manifest's ``created_utc``): the domain prefix
+keeps a signature from being reusable for any other purpose, the hash is the one the
+verified load computed from the very bytes it parsed, and the version and time let a
+verifier refuse a roll-back to an older release signed by the same key
+(:mod:`hmt.artifacts.rollback`). Signatures of the first format (``hmt-manifest-v1``,
+no version) still verify, as version ``None``: a verifier that has seen a versioned
+release of the key refuses them.
 
 Keys are PEM files, as ``hmt deploy --gen-key`` or OpenSSL write them::
 
@@ -28,14 +33,18 @@ from hmt.errors import ArtifactError, InputError
 SIGNATURE_NAME = "manifest.sig"
 ALGORITHM = "ed25519"
 _DOMAIN = b"hmt-manifest-v1\n"
+_DOMAIN_V2 = b"hmt-manifest-v2\n"
+MAX_VERSION = (1 << 63) - 1
 _MAX_KEY_BYTES = 64 << 10
 _MAX_SIGNATURE_BYTES = 64 << 10
 _OPENSSL_HINT = ("create one with `hmt deploy --gen-key KEY` or `openssl genpkey -algorithm ed25519 -out KEY` "
                  "(public half: `openssl pkey -in KEY -pubout -out KEY.pub`)")
 
 
-def _message(manifest_sha256: str) -> bytes:
-    return _DOMAIN + manifest_sha256.encode("ascii")
+def _message(manifest_sha256: str, version: int | None = None, created_utc: str | None = None) -> bytes:
+    if version is None:
+        return _DOMAIN + manifest_sha256.encode("ascii")
+    return _DOMAIN_V2 + f"{manifest_sha256}\n{version}\n{created_utc or ''}".encode("ascii")
 
 
 def _read_key_file(path: Path, what: str) -> bytes:
@@ -118,25 +127,61 @@ def generate_key_pair(private_path: Path | str) -> tuple[Path, Path]:
     return private_path, public_path
 
 
-def signature_document(manifest_sha256: str, private_key: Any) -> bytes:
-    """The ``manifest.sig`` contents for a manifest with this sha256."""
-    signature = private_key.sign(_message(manifest_sha256))
+def check_version(version: int) -> int:
+    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_VERSION:
+        raise InputError(f"--bundle-version must be an integer in 0..{MAX_VERSION}, got {version!r}")
+    return version
+
+
+def signature_document(manifest_sha256: str, private_key: Any, *, version: int = 0,
+                       created_utc: str = "") -> bytes:
+    """The ``manifest.sig`` contents for a manifest with this sha256, binding ``version`` and ``created_utc``."""
+    check_version(version)
+    signature = private_key.sign(_message(manifest_sha256, version, created_utc))
     doc = {"algorithm": ALGORITHM, "key_sha256": public_key_id(private_key.public_key()),
-           "manifest_sha256": manifest_sha256, "signature": base64.b64encode(signature).decode("ascii")}
+           "manifest_sha256": manifest_sha256, "signature": base64.b64encode(signature).decode("ascii"),
+           "version": version, "created_utc": created_utc}
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
 
-def sign_artifact_dir(root: Path, manifest_sha256: str, private_key: Any) -> Path:
-    """Write ``manifest.sig`` into ``root`` (an ``ArtifactWriter.before_commit`` hook)."""
+def sign_artifact_dir(root: Path, manifest_sha256: str, private_key: Any, *, version: int = 0,
+                      created_utc: str | None = None) -> Path:
+    """Write ``manifest.sig`` into ``root`` (an ``ArtifactWriter.before_commit`` hook).
+
+    ``created_utc``: default the manifest's own creation time (read from ``root``)."""
+    if created_utc is None:
+        created_utc = _manifest_created(root)
     path = root / SIGNATURE_NAME
-    path.write_bytes(signature_document(manifest_sha256, private_key))
+    path.write_bytes(signature_document(manifest_sha256, private_key, version=version, created_utc=created_utc))
     return path
+
+
+def _manifest_created(root: Path) -> str:
+    try:
+        value = json.loads((root / "manifest.json").read_bytes()).get("created_utc", "")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return str(value)
+
+
+def read_release(root: Path) -> tuple[int, str] | None:
+    """``(version, created_utc)`` an artifact's ``manifest.sig`` claims, unchecked (None: absent or v1).
+
+    Used to sign derived artifacts (the offload halves) as the same release."""
+    try:
+        doc = json.loads((root / SIGNATURE_NAME).read_bytes())
+        version, created = doc["version"], str(doc["created_utc"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return (version, created) if isinstance(version, int) and not isinstance(version, bool) else None
 
 
 @dataclass(frozen=True)
 class SignatureCheck:
     status: str  # "ok" (checked against the trusted key), "unchecked" (present, no key), "absent"
     key_sha256: str | None = None
+    version: int | None = None  # the signed release version (None: a first-format signature)
+    created_utc: str | None = None
 
 
 def check_signature(root: Path, manifest_sha256: str, trusted_key: Any | None) -> SignatureCheck:
@@ -155,26 +200,41 @@ def check_signature(root: Path, manifest_sha256: str, trusted_key: Any | None) -
         return SignatureCheck("absent")
     if path.stat().st_size > _MAX_SIGNATURE_BYTES:
         raise ArtifactError(f"{path}: larger than {_MAX_SIGNATURE_BYTES} bytes; not a signature")
+    return check_signature_bytes(path.read_bytes(), manifest_sha256, trusted_key, str(path))
+
+
+def check_signature_bytes(raw: bytes, manifest_sha256: str, trusted_key: Any | None, where: str) -> SignatureCheck:
+    """:func:`check_signature` on the bytes of a signature document (``where`` names it in errors);
+    an archive's signature is checked this way before anything is extracted."""
+    path = where
+    if len(raw) > _MAX_SIGNATURE_BYTES:
+        raise ArtifactError(f"{path}: larger than {_MAX_SIGNATURE_BYTES} bytes; not a signature")
     try:
-        doc = json.loads(path.read_bytes())
+        doc = json.loads(raw)
         algorithm, key_id = doc["algorithm"], str(doc["key_sha256"])
         signature = base64.b64decode(str(doc["signature"]), validate=True)
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, binascii.Error) as exc:
+        version, created = doc.get("version"), doc.get("created_utc")
+        if version is not None:
+            check_version(version)
+            created = str(created)
+            created.encode("ascii")
+    except (json.JSONDecodeError, UnicodeError, KeyError, TypeError, AttributeError, binascii.Error,
+            InputError) as exc:
         raise ArtifactError(f"{path}: malformed signature file ({type(exc).__name__}: {exc}); expected "
-                            "JSON {algorithm, key_sha256, manifest_sha256, signature}") from exc
+                            "JSON {algorithm, key_sha256, manifest_sha256, signature, version, created_utc}") from exc
     if algorithm != ALGORITHM:
         raise ArtifactError(f"{path}: algorithm {algorithm!r}; expected {ALGORITHM!r}")
     if trusted_key is None:
-        return SignatureCheck("unchecked", key_id)
+        return SignatureCheck("unchecked", key_id, version, created)
     from cryptography.exceptions import InvalidSignature
 
     trusted_id = public_key_id(trusted_key)
     try:
-        trusted_key.verify(signature, _message(manifest_sha256))
+        trusted_key.verify(signature, _message(manifest_sha256, version, created))
     except InvalidSignature:
         if key_id != trusted_id:
             raise ArtifactError(f"{path}: signed by key {key_id[:16]}..., not by the trusted key "
                                 f"{trusted_id[:16]}...; refusing the bundle") from None
         raise ArtifactError(f"{path}: the signature does not match manifest.json (sha256 {manifest_sha256[:16]}...);"
                             " the manifest or the signature was changed") from None
-    return SignatureCheck("ok", trusted_id)
+    return SignatureCheck("ok", trusted_id, version, created)

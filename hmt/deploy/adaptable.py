@@ -133,3 +133,31 @@ def adaptable_record(variant: Any) -> dict[str, Any] | None:
     record = variant.extra.get("adaptable")
     return record if isinstance(record, dict) and isinstance(record.get("dir"), str) else None
 
+
+
+CANARY_NAME = "canary.npz"  # under ADAPT_DIR at the bundle's top: what serve --adapt checks adoptions against
+CANARY_MAX_SAMPLES = 256
+
+
+def ship_canary(writer: ArtifactWriter, source: Path, *, seed: int, max_samples: int = CANARY_MAX_SAMPLES
+                ) -> dict[str, Any]:
+    """Copy a seeded subset of the labelled set ``source`` (an .npz with ``x`` and ``y``) into the
+    bundle as ``adapt/canary.npz``: the held-out set ``serve --adapt`` checks every adapted variant
+    against by default (clients cannot steer it). Returns what was shipped."""
+    try:
+        with np.load(source, allow_pickle=False) as archive:
+            x, y = np.asarray(archive["x"]), np.asarray(archive["y"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise UsageError(f"--canary-data {source}: expected an .npz with x (inputs or uint8 pixels) and y "
+                         f"(labels) ({exc})") from exc
+    if y.ndim != 1 or len(y) != len(x) or not len(y) or not np.issubdtype(y.dtype, np.integer):
+        raise UsageError(f"--canary-data {source}: y must be a non-empty vector of {len(x)} integer labels, got "
+                         f"{y.dtype} {list(y.shape)}")
+    if x.dtype != np.uint8 and not (np.issubdtype(x.dtype, np.floating) and np.all(np.isfinite(x))):
+        raise UsageError(f"--canary-data {source}: x must be uint8 pixels or finite floats, got {x.dtype}")
+    keep = np.sort(np.random.default_rng(seed).permutation(len(y))[:max_samples])
+    target = f"{ADAPT_DIR}/{CANARY_NAME}"
+    writer.path(target).parent.mkdir(parents=True, exist_ok=True)
+    with open(writer.path(target), "wb") as handle:
+        np.savez(handle, x=x[keep], y=y[keep].astype(np.int64))
+    return {"path": target, "samples": len(keep), "of": len(y), "seed": seed}

@@ -8,17 +8,30 @@ archives. The manifest first lets extraction size its budget before any large en
 Extraction: every entry must be a regular file or a directory with a relative path that
 stays inside the destination; absolute paths, ``..``, symlinks, hardlinks, sparse files,
 devices and FIFOs are refused (tar-slip) before anything is written. Sizes are bounded
-(archive bombs): each file's declared size must be the one the manifest lists, and the
-declared total must fit a budget of :data:`BUDGET_FACTOR` times the manifest's total
-(never more than ``max_total_bytes``, and never more than the free disk space); before the
-manifest is read, :data:`PRE_MANIFEST_RATIO` times the archive's own size. The
-headers are checked as they are read, so an entry that would break the budget is refused
-before its data is decompressed, and the bytes written are counted again while writing.
+(archive bombs) by a cap the archive cannot raise: :data:`PRE_MANIFEST_RATIO` times the
+archive's own size plus a floor, and never more than ``max_total_bytes`` (the caller's)
+or the free disk space. The manifest inside the archive can only tighten it (each file's
+declared size must be the one it lists, the total at most :data:`BUDGET_FACTOR` times its
+total): an attacker writes that manifest too, so a bomb listed in its own manifest is
+still refused. The headers are checked as they are read, so an entry that would break the
+budget is refused before its data is decompressed, and the bytes written are counted
+again while writing.
+
+Signatures before extraction (``trusted_key``): hmt writes ``manifest.json`` and its
+``manifest.sig`` as the archive's first files, so the signature is checked against the
+trusted key as soon as those two entries are read, before any other entry is looked at.
+Then every other file must be one the signed manifest lists, with its listed size
+(checked at its header) and sha256 (checked while it is written; a mismatch stops the
+extraction and the caller's temporary folder goes). An unsigned archive, or one signed by
+another key, is refused after reading at most its first two files. No detached signature
+file is needed: the archive carries the bundle's own signature, which the extracted
+directory keeps.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import shutil
@@ -27,11 +40,11 @@ import tempfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO
+from typing import IO, Any
 
 from hmt.artifacts.manifest import MANIFEST_NAME, Manifest
 from hmt.artifacts.paths import safe_join
-from hmt.artifacts.signing import SIGNATURE_NAME
+from hmt.artifacts.signing import SIGNATURE_NAME, check_signature_bytes
 from hmt.artifacts.store import clean_stale_temporaries, fsync_dir, temp_prefix
 from hmt.errors import ArtifactError, HmtError, InputError, UnsafePathError
 
@@ -48,6 +61,7 @@ _SLACK_BYTES = 1 << 20
 MAX_TOTAL_BYTES = 8 << 30
 MAX_ENTRIES = 100_000
 MAX_MANIFEST_BYTES = 16 << 20
+MAX_SIGNATURE_BYTES = 64 << 10
 # Until the manifest is read (hmt writes it first; a hand-made tar may not), entries may
 # declare at most this multiple of the archive's own size, plus a floor: ONNX weights and
 # shared libraries compress by 1-3x, a bomb of zeros by ~1000x.
@@ -177,6 +191,11 @@ class _Budget:
     manifest_folder: PurePosixPath | None = None
     listed: dict[str, int] = field(default_factory=dict)
     seen: list[tuple[tarfile.TarInfo, PurePosixPath]] = field(default_factory=list)
+    # With a trusted key: the signed manifest's sha256 of every file, and whether the signature was checked.
+    strict: bool = False
+    signed: bool = False
+    listed_sha256: dict[str, str] = field(default_factory=dict)
+    manifest_sha256: str = ""
 
     def add(self, member: tarfile.TarInfo, normal: PurePosixPath) -> None:
         self.entries += 1
@@ -197,15 +216,26 @@ class _Budget:
         if self.manifest_folder is None:
             return (f"no {MANIFEST_NAME} read yet: at most {PRE_MANIFEST_RATIO}x the archive's size + "
                     f"{PRE_MANIFEST_FLOOR_BYTES >> 20} MiB, and at most the hard limit")
-        return f"{BUDGET_FACTOR}x the {len(self.listed)} files {MANIFEST_NAME} lists, at most {MAX_TOTAL_BYTES}"
+        return (f"{BUDGET_FACTOR}x the {len(self.listed)} files {MANIFEST_NAME} lists, and at most "
+                f"{PRE_MANIFEST_RATIO}x the archive's size + {PRE_MANIFEST_FLOOR_BYTES >> 20} MiB")
 
     def _check_listed(self, member: tarfile.TarInfo, normal: PurePosixPath) -> None:
         if self.manifest_folder is None:
+            if self.strict:
+                raise ArtifactError(f"{self.archive}: entry {member.name!r} comes before {MANIFEST_NAME}; a signed "
+                                    f"archive starts with {MANIFEST_NAME} and {SIGNATURE_NAME} (hmt deploy writes "
+                                    "them first); refused before extracting")
             return
         try:
             rel = normal.relative_to(self.manifest_folder).as_posix()
         except ValueError:
+            if self.strict:
+                raise ArtifactError(f"{self.archive}: entry {member.name!r} is outside the bundle folder; refused "
+                                    "before extracting") from None
             return
+        if self.strict and rel not in self.listed and rel not in (MANIFEST_NAME, SIGNATURE_NAME):
+            raise ArtifactError(f"{self.archive}: entry {member.name!r} is not in the signed {MANIFEST_NAME}; "
+                                "refused before extracting")
         expected = self.listed.get(rel)
         if expected is not None and member.size != expected:
             raise ArtifactError(f"{self.archive}: entry {member.name!r} declares {member.size} bytes, "
@@ -233,8 +263,11 @@ class _Budget:
             raise ArtifactError(f"{where}: lists a negative file size")
         self.manifest_folder = normal.parent
         self.listed = listed
+        self.listed_sha256 = {str(f.path): str(f.sha256) for f in manifest.files}
+        self.manifest_sha256 = hashlib.sha256(raw).hexdigest()
         total = sum(listed.values()) + member.size
-        self.limit_bytes = min(max_total_bytes, BUDGET_FACTOR * total + _SLACK_BYTES)
+        # The manifest only tightens the cap set before it was read (it is the archive's own word).
+        self.limit_bytes = min(self.limit_bytes, max_total_bytes, BUDGET_FACTOR * total + _SLACK_BYTES)
         # Files, their folders and a few extras (the signature): well under 3 per file.
         self.entries_limit = min(MAX_ENTRIES, 3 * len(listed) + 64)
         for seen_member, seen_normal in self.seen:
@@ -246,26 +279,56 @@ class _Budget:
                                 f"{self.limit_bytes} bytes in {self.entries_limit})")
 
 
+    def check_signature(self, tar: tarfile.TarFile, member: tarfile.TarInfo, normal: PurePosixPath,
+                        trusted_key: Any) -> None:
+        """The entry right after the manifest must be its signature by ``trusted_key`` (before any other is read)."""
+        where = f"{self.archive}: entry {member.name!r}"
+        if self.manifest_folder is None or normal != self.manifest_folder / SIGNATURE_NAME:
+            raise ArtifactError(f"{self.archive}: no {SIGNATURE_NAME} right after {MANIFEST_NAME} (found "
+                                f"{member.name!r}); a trusted key was given, so the archive must be signed "
+                                "(hmt deploy --sign-key); refused before extracting")
+        if member.size > MAX_SIGNATURE_BYTES:
+            raise ArtifactError(f"{where}: {member.size} bytes; a signature is at most {MAX_SIGNATURE_BYTES}")
+        source = tar.extractfile(member)
+        if source is None:
+            raise InputError(f"{where} cannot be read")
+        with source:
+            raw = source.read(MAX_SIGNATURE_BYTES + 1)
+        check_signature_bytes(raw, self.manifest_sha256, trusted_key, where)
+        self.signed = True
+
+
 def _is_manifest(normal: PurePosixPath) -> bool:
     # At the top, or in the single top-level folder write_archive uses.
     return normal.name == MANIFEST_NAME and len(normal.parts) <= 2
 
 
-def _scan(tar: tarfile.TarFile, archive: Path, dest_real: Path, max_total_bytes: int) -> _Budget:
-    """Read and check every header (no data written), tightening the budget at the manifest."""
-    pre_manifest = PRE_MANIFEST_RATIO * archive.stat().st_size + PRE_MANIFEST_FLOOR_BYTES
-    budget = _Budget(archive, min(max_total_bytes, pre_manifest))
+def _scan(tar: tarfile.TarFile, archive: Path, dest_real: Path, max_total_bytes: int,
+          trusted_key: Any | None = None) -> _Budget:
+    """Read and check every header (no data written), tightening the budget at the manifest and,
+    with ``trusted_key``, checking the signature right after it."""
+    cap = PRE_MANIFEST_RATIO * archive.stat().st_size + PRE_MANIFEST_FLOOR_BYTES
+    budget = _Budget(archive, min(max_total_bytes, cap), strict=trusted_key is not None)
     paths: set[PurePosixPath] = set()
     while (member := tar.next()) is not None:
         normal = _check_member(member, archive, dest_real)
         if normal in paths and member.isfile():
             raise UnsafePathError(f"{archive}: entry {member.name!r} appears twice")
         paths.add(normal)
-        budget.add(member, normal)
         if member.isfile() and budget.manifest_folder is None and _is_manifest(normal):
+            budget.strict = False  # the manifest itself is what makes the listing known
+            budget.add(member, normal)
+            budget.strict = trusted_key is not None
             budget.read_manifest(tar, member, normal, max_total_bytes)
+            continue
+        if member.isfile() and budget.strict and not budget.signed:
+            budget.check_signature(tar, member, normal, trusted_key)
+        budget.add(member, normal)
     if budget.manifest_folder is None:
         raise ArtifactError(f"{archive}: no {MANIFEST_NAME} in the archive; not an hmt bundle")
+    if budget.strict and not budget.signed:
+        raise ArtifactError(f"{archive}: no {SIGNATURE_NAME}; a trusted key was given, so the archive must be signed "
+                            "(hmt deploy --sign-key)")
     return budget
 
 
@@ -286,6 +349,7 @@ def _write_entries(tar: tarfile.TarFile, archive: Path, dest_real: Path, budget:
         if source is None:
             raise InputError(f"{archive}: entry {member.name!r} cannot be read")
         entry_bytes = 0
+        digest = hashlib.sha256()
         with source, open(target, "xb") as handle:
             while chunk := source.read(_CHUNK_BYTES):
                 entry_bytes += len(chunk)
@@ -294,15 +358,36 @@ def _write_entries(tar: tarfile.TarFile, archive: Path, dest_real: Path, budget:
                 if entry_bytes > member.size or written > budget.limit_bytes:
                     raise ArtifactError(f"{archive}: entry {member.name!r} expands past its declared size "
                                         f"or the budget of {budget.limit_bytes} bytes; extraction stopped")
+                if budget.strict:
+                    digest.update(chunk)
                 handle.write(chunk)
+        if budget.strict:
+            _check_signed_digest(budget, member, normal, digest.hexdigest())
 
 
-def extract_archive(archive: Path, dest: Path, *, max_total_bytes: int = MAX_TOTAL_BYTES) -> Path:
+def _check_signed_digest(budget: _Budget, member: tarfile.TarInfo, normal: PurePosixPath, sha256: str) -> None:
+    assert budget.manifest_folder is not None
+    rel = normal.relative_to(budget.manifest_folder).as_posix()
+    if rel == MANIFEST_NAME:
+        expected = budget.manifest_sha256
+    elif rel == SIGNATURE_NAME:
+        return  # checked against the trusted key already
+    else:
+        expected = budget.listed_sha256.get(rel, "")
+    if sha256 != expected:
+        raise ArtifactError(f"{budget.archive}: entry {member.name!r} has sha256 {sha256[:16]}..., the signed "
+                            f"{MANIFEST_NAME} lists {expected[:16]}...; extraction stopped")
+
+
+def extract_archive(archive: Path, dest: Path, *, max_total_bytes: int = MAX_TOTAL_BYTES,
+                    trusted_key: Any | None = None) -> Path:
     """Extract ``archive`` into the empty directory ``dest``; returns the bundle's root.
 
     Every header is checked (paths, types, sizes against the manifest and the budget)
     before anything is written, so a refused archive writes nothing; the bytes written
-    are counted too, and extraction stops at the budget. The root is the
+    are counted too, and extraction stops at the budget. With ``trusted_key`` (a loaded
+    ed25519 public key) the signature is checked before any file but the manifest is read,
+    and every file must match the signed manifest (module docstring). The root is the
     single top-level folder when there is one (how :func:`write_archive` writes), else ``dest``.
     """
     archive = Path(archive)
@@ -312,7 +397,7 @@ def extract_archive(archive: Path, dest: Path, *, max_total_bytes: int = MAX_TOT
     try:
         with tarfile.open(archive, mode="r:*") as tar:
             dest_real = Path(os.path.realpath(dest))
-            budget = _scan(tar, archive, dest_real, max_total_bytes)
+            budget = _scan(tar, archive, dest_real, max_total_bytes, trusted_key)
             free = shutil.disk_usage(dest_real).free
             if budget.declared_bytes > free:
                 raise InputError(f"{archive}: needs {budget.declared_bytes} bytes to extract, {dest} has "

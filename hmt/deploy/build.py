@@ -75,9 +75,14 @@ class DeployOptions:
     energy: float | None = None
     archive: bool = True
     sign_key: Path | None = None  # ed25519 private key (PEM): sign the manifest
+    version: int = 0  # the release version the signature binds (serve refuses roll-backs below it)
     # BN-adaptable graphs per fp32 variant for serve --adapt (hmt.deploy.adaptable); the
     # supernet is the front's unless given.
     adaptable: bool = False
+    # With adaptable: a labelled .npz (x, y) whose seeded subset ships as adapt/canary.npz, the set
+    # serve --adapt checks adoptions against by default.
+    canary_data: Path | None = None
+    seed: int = 0
     supernet: Path | None = None
     # A bundle whose input preprocessing is unknown is refused (serve would normalise images
     # with defaults: wrong answers, silently) unless this says the user accepts it.
@@ -375,7 +380,7 @@ def deploy_bundle(
     with ArtifactWriter(out_dir, kind=BUNDLE_KIND, config=config, parents=parents, inputs=inputs,
                         force=force) as writer:
         if signing_key is not None:
-            writer.before_commit(partial(sign_artifact_dir, private_key=signing_key))
+            writer.before_commit(partial(sign_artifact_dir, private_key=signing_key, version=options.version))
         if archive is not None:
             writer.companion(archive, partial(build_archive_file, root_name=out_abs.name),
                              recognise=is_bundle_archive, description="an hmt bundle archive")
@@ -403,6 +408,14 @@ def deploy_bundle(
             notes.extend(adapt_notes)
             notes.append("variants with extra.adaptable carry BN-adaptable graphs (variants/<arch_id>/adapt): "
                          "hmt serve --adapt re-estimates their BN statistics on recent inputs without torch")
+            if options.canary_data is not None:
+                from hmt.deploy.adaptable import ship_canary
+
+                shipped = ship_canary(writer, options.canary_data, seed=options.seed)
+                notes.append(f"{shipped['path']}: {shipped['samples']} labelled samples (of {shipped['of']}, seed "
+                             f"{shipped['seed']}) that serve --adapt checks every adapted variant against")
+            else:
+                notes.append("no canary set shipped (deploy --canary-data): serve --adapt will need --canary")
             progress("adaptable", len(bundled), len(bundled), None)
         if meta_note is not None:
             notes.append(meta_note)

@@ -14,12 +14,18 @@ tails. Both carry the source's TVM libraries, compiled for the device's target: 
 the same machine runs them where fuse chose TVM, any other peer runs ONNX Runtime
 (:func:`hmt.offload.parts.chain_engine`); compiling the tails for a different peer target
 is not done here.
+
+Signing: the halves are new artifacts (new files, a new manifest), so the source's
+signature cannot cover them; given the signing key, each half gets its own ``manifest.sig``
+bound to the source's release (its version and creation time), so ``serve --trusted-key``
+accepts either half and orders it with the source for roll-back.
 """
 
 from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -76,13 +82,28 @@ def _copy_bundle(writer: ArtifactWriter, bundle: Bundle) -> None:
         shutil.copyfile(bundle.path(record.path), writer.path(record.path))
 
 
+def _signer(writer: ArtifactWriter, bundle: Bundle, sign_key: Path | str | None) -> None:
+    """Sign the half being written as the same release as its source (its version and creation time,
+    when the source is signed): ``serve --trusted-key`` then takes both halves, and orders them with
+    the whole bundle for roll-back."""
+    if sign_key is None:
+        return
+    from hmt.artifacts.signing import load_private_key, read_release, sign_artifact_dir
+
+    key = load_private_key(sign_key)
+    release = read_release(bundle.root)
+    version, created = release if release is not None else (0, None)
+    writer.before_commit(partial(sign_artifact_dir, private_key=key, version=version, created_utc=created))
+
+
 def write_offload_bundles(bundle_path: Path | str, device_out: Path | str, peer_out: Path | str, *,
-                          seed: int = 0, max_inner_per_segment: int = 2,
+                          seed: int = 0, max_inner_per_segment: int = 2, sign_key: Path | str | None = None,
                           progress: ProgressCallback = no_progress, force: bool = False) -> OffloadBundles:
     """Split ``bundle_path`` into a device bundle and a peer bundle (see the module docstring).
 
     Both outputs are checked before any work: each is new, empty, or a bundle (any artifact
-    with ``force``) holding only what its manifest lists; neither may be or hold the source."""
+    with ``force``) holding only what its manifest lists; neither may be or hold the source.
+    ``sign_key`` (ed25519 PEM): sign both halves (``manifest.sig``) as the source's release."""
     from hmt.artifacts.outputs import check_output_dir
 
     for out in (device_out, peer_out):
@@ -109,6 +130,7 @@ def write_offload_bundles(bundle_path: Path | str, device_out: Path | str, peer_
     for out, role, parts in ((device_out, "device", heads | tails), (peer_out, "peer", tails)):
         with ArtifactWriter(out, kind=BUNDLE_KIND, config=config | {"role": role},
                             parents=[bundle.artifact], force=force, what="--offload-out") as writer:
+            _signer(writer, bundle, sign_key)
             _copy_bundle(writer, bundle)
             for name, data in parts.items():
                 writer.write_bytes(name, data)

@@ -70,8 +70,9 @@ class VerifyReport:
 
 
 @contextmanager
-def opened_bundle(path: Path | str) -> Iterator[Path]:
-    """The bundle directory for ``path``: itself, or an archive extracted (safely) to a temporary folder."""
+def opened_bundle(path: Path | str, *, trusted_key: Any | None = None) -> Iterator[Path]:
+    """The bundle directory for ``path``: itself, or an archive extracted (safely) to a temporary folder;
+    with ``trusted_key``, an archive's signature is checked before anything is extracted."""
     path = Path(path)
     if path.is_dir():
         yield path
@@ -83,7 +84,7 @@ def opened_bundle(path: Path | str) -> Iterator[Path]:
         raise InputError(f"{path}: is {kind}, not a bundle; expected a bundle directory (hmt deploy --out) or its "
                          ".tar.gz archive")
     with tempfile.TemporaryDirectory(prefix="hmt-verify-") as tmp:
-        root = extract_archive(path, Path(tmp))
+        root = extract_archive(path, Path(tmp), trusted_key=trusted_key)
         try:
             yield root
         except HmtError as exc:
@@ -200,7 +201,7 @@ def verify_bundle(path: Path | str, *, expected_target: str | None = None, run_m
     ``trusted_key`` (a loaded ed25519 public key, :func:`hmt.artifacts.signing.load_public_key`)
     makes a missing or non-matching signature a failure."""
     path = Path(path)
-    with opened_bundle(path) as root:
+    with opened_bundle(path, trusted_key=trusted_key) as root:
         bound_to = check_archive_binding(path, root) if root != path else None
         bundle = load_bundle(root)
         report = VerifyReport(path, "", [v.arch_id for v in bundle.spec.variants])

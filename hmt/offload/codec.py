@@ -7,7 +7,7 @@ them in headers, so the peer can check everything before it allocates anything:
   error, below what changes an arg-max on the demo models) or ``int8`` (a quarter of the
   bytes; symmetric per-tensor quantisation with ``x-hmt-scale``, the largest magnitude / 127).
 - ``x-hmt-shape``: comma-separated dimensions; the peer compares it with the cut's shape.
-- ``x-hmt-scale``: int8 only, a finite number > 0.
+- ``x-hmt-scale``: int8 only, a number in (0, :data:`MAX_INT8_SCALE`].
 
 The body must be exactly ``prod(shape) * itemsize`` bytes. Anything else is a
 :class:`CodecError` (the peer answers 4xx and stays up).
@@ -29,6 +29,8 @@ _ITEMSIZE = {"float32": 4, "float16": 2, "int8": 1}
 # int8 carries its scale in a header; count it so byte estimates match what is sent.
 _INT8_SCALE_BYTES = 4
 MAX_DIMS = 8
+# 127 x the scale must stay a finite float32.
+MAX_INT8_SCALE = float(np.finfo(np.float32).max) / 128.0
 
 
 class CodecError(ValueError):
@@ -105,8 +107,9 @@ def decode(body: bytes, headers: Mapping[str, str], expected_shape: tuple[int, .
             scale = float(text) if text is not None else math.nan
         except ValueError:
             scale = math.nan
-        if not (math.isfinite(scale) and scale > 0):
-            raise CodecError(f"int8 tensor needs header {SCALE_HEADER} with a finite number > 0, got {text!r}", 400)
+        if not (math.isfinite(scale) and 0 < scale <= MAX_INT8_SCALE):
+            raise CodecError(f"int8 tensor needs header {SCALE_HEADER} with a number in (0, {MAX_INT8_SCALE:.3g}] "
+                             f"(127 x scale must be a finite float32), got {str(text)[:32]!r}", 400)
         x = np.frombuffer(body, dtype=np.int8).reshape(shape).astype(np.float32) * np.float32(scale)
     if not np.all(np.isfinite(x)):
         raise CodecError("tensor contains NaN or infinity")

@@ -13,9 +13,13 @@ Endpoints (JSON errors ``{"error": {"code", "message"}}`` like the device API):
   which is what the device plans with.
 - ``GET /v1/health/live``, ``GET /v1/health/ready``.
 
-Guards: the bearer token on every path when one is set (constant-time compare), a body
-bound from the largest cut tensor, a bounded queue (429), every tensor checked against its
-cut before it runs (4xx; one bad request never takes the peer down).
+Guards: below the app, the main server's connection layer (:mod:`hmt.serve.http.connections`,
+run by :func:`hmt.offload.server.serve_peer`); the bearer token on every path when one is
+set (constant-time compare), a body bound from the largest cut tensor, a bounded queue
+(429), every tensor checked against its cut before it runs (4xx; one bad request never
+takes the peer down). A finite tensor the tail cannot answer (non-finite logits from
+values like 3e38) is the input's fault: 422 ``input_out_of_range``. A 500 says only that
+it happened, with an id to find the traceback in the log, never the exception's text.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ import asyncio
 import concurrent.futures
 import hmac
 import json
+import logging
 import math
+import secrets
 import threading
 import time
 from collections import Counter
@@ -41,16 +47,19 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hmt.bundle import Bundle
-from hmt.errors import HmtError, UsageError
+from hmt.errors import ModelError, UsageError
 from hmt.offload.codec import CODECS, CodecError, decode
 from hmt.offload.parts import SplitChain
 from hmt.offload.plan import OffloadPlan
+from hmt.serve.http.connections import ConnectionStats
 
 CONFIDENCE_HEADER = "x-hmt-confidence"
 DEADLINE_HEADER = "x-deadline-ms"
 PROBE_MAX_BYTES = 1 << 20
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
+
+logger = logging.getLogger("hmt.offload.peer")
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,7 @@ class PeerService:
         self.served = 0
         self.rejected: Counter[str] = Counter()
         self.ratio = 1.0  # smoothed measured / warm compute time: the peer's own slowdown
+        self.connection_stats = ConnectionStats()  # filled by the connection layer (serve_peer)
 
     def chain(self, arch_id: str | None, cut_text: str | None) -> tuple[SplitChain, int]:
         chain = self.chains.get(arch_id or "")
@@ -170,6 +180,7 @@ class PeerService:
                              "cut_bytes_float32": [c.size_bytes("float32") for c in ch.cuts]}
                          for a, ch in self.chains.items()},
             "codecs": list(CODECS),
+            "connections": self.connection_stats.to_json_dict(),
         }
 
     def shutdown(self) -> None:
@@ -182,6 +193,7 @@ class _TokenGuard:
     def __init__(self, app: ASGIApp, token: str | None) -> None:
         self.app = app
         self.token = None if token is None else token.encode()
+        self.connection_stats: ConnectionStats | None = None
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and self.token is not None:
@@ -235,10 +247,18 @@ def create_peer_app(service: PeerService) -> ASGIApp:
             except CodecError as exc:
                 service.rejected["bad_tensor"] += 1
                 return _error(exc.status, "bad_tensor", str(exc))
-            except HmtError as exc:
-                return _error(500, type(exc).__name__, str(exc))
-            except Exception as exc:  # noqa: BLE001 - one bad request must not take the peer down
-                return _error(500, "internal_error", f"{type(exc).__name__}: {exc}")
+            except ModelError as exc:
+                # The tensor passed the codec's checks (finite, the cut's shape), so a tail that gives
+                # no finite answer for it (3e38, an int8 scale of 1e38) is the input's range.
+                logger.info("tail refused a tensor: %s", exc)
+                service.rejected["input_out_of_range"] += 1
+                return _error(422, "input_out_of_range", "the tail gives no finite answer for this tensor; send "
+                                                         "the head's output for an input in the model's range")
+            except Exception:  # one bad request must not take the peer down
+                error_id = secrets.token_hex(6)
+                logger.exception("internal error %s", error_id)
+                service.rejected["internal_error"] += 1
+                return _error(500, "internal_error", f"internal error (id {error_id}; the peer's log has it)")
 
         return wrapped
 
@@ -288,4 +308,6 @@ def create_peer_app(service: PeerService) -> ASGIApp:
         Route("/v1/health/live", live, methods=["GET"]),
         Route("/v1/health/ready", ready, methods=["GET"]),
     ], exception_handlers={HTTPException: http_error}, lifespan=lifespan)
-    return _TokenGuard(app, opts.token)
+    guard = _TokenGuard(app, opts.token)
+    guard.connection_stats = service.connection_stats  # ApiServer shares it with the connection layer
+    return guard

@@ -63,21 +63,23 @@ def tvm_device(device: str = "cpu") -> Any:
 # TVM 0.27 never frees a loaded library module: each ``load_module`` of the same .so kept
 # ~0.75x the file's size for good (138 KB per load of a 182 KB library; 183 KB per variant
 # load over 1,000 load/evict cycles of the demo bundle, scripts/bench_pool_churn.py). A
-# module verified once is therefore loaded once per process and content (path + sha256)
+# module verified once is therefore loaded once per process and content (its sha256: the
+# serve path loads private copies, hmt.runtime.verified.private_copy, each at a new path)
 # and reused; what an eviction frees is the VMs. Memory stays bounded by the bundle.
-_MODULES: dict[tuple[str, str], Any] = {}
+_MODULES: dict[str, Any] = {}
 _MODULES_LOCK = threading.Lock()
 
 
 def load_tvm_module(path: Path, device: str = "cpu", *, sha256: str | None = None) -> tuple[Any, Any]:
     """``(module, dev)``: the library at ``path`` loaded and one VM built on it (fails here, not later).
 
-    With ``sha256`` (the digest just verified) the module is cached for the process under
-    (path, sha256): a library changed on disk has another digest and is never served from it.
+    With ``sha256`` (the digest of the very bytes at ``path``, just verified) the module is
+    cached for the process under it: a library changed on disk has another digest and is never
+    served from it.
     """
     tvm, relax = import_tvm()
     dev = tvm_device(device)
-    key = (str(Path(path).resolve()), sha256) if sha256 is not None else None
+    key = sha256
     try:
         with _MODULES_LOCK:
             module = _MODULES.get(key) if key is not None else None

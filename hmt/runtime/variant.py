@@ -34,7 +34,7 @@ from hmt.errors import ArtifactError, DeviceError, HmtError, ModelError, UsageEr
 from hmt.runtime.chain import LAYOUT_CHAIN, LAYOUT_MERGED, ChainRunner, GraphFn, MergedChainRunner, Runner
 from hmt.runtime.ort import OrtOptions, ort_session
 from hmt.runtime.tvm import tvm_graph_fn
-from hmt.runtime.verified import read_verified, verified_file
+from hmt.runtime.verified import private_copy, read_verified
 
 ENGINES = ("onnxruntime", "tvm")
 RUNTIME_KEY = "runtime"
@@ -176,8 +176,8 @@ def graph_fn(bundle: Bundle, spec: GraphSpec, engine: str, threads: int | None =
     if engine == "tvm":
         if spec.tvm is None:
             raise ModelError(f"graph {spec.onnx} has no TVM library in this bundle")
-        path, digest = verified_file(bundle.artifact, spec.tvm)
-        return tvm_graph_fn(path, 1 if threads is None else threads, sha256=digest)
+        with private_copy(bundle.artifact, spec.tvm) as (path, digest):
+            return tvm_graph_fn(path, 1 if threads is None else threads, sha256=digest)
     options = ort if ort is not None else SERVE_DEFAULT_ORT
     if threads is not None:
         options = replace(options, intra_op_threads=threads)

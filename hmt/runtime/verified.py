@@ -4,14 +4,26 @@
 server loads graphs again much later (a variant evicted under a memory cut and loaded
 back). A graph changed on disk in between must be refused, not served (issue 17 item 3),
 so each load hashes what it is about to load: ONNX graphs are hashed from the very bytes
-handed to ONNX Runtime (nothing can change between the check and the load); shared
-libraries are hashed from their file just before ``dlopen`` (the loader needs a path).
+handed to ONNX Runtime (nothing can change between the check and the load). Shared
+libraries need a path for ``dlopen``, so :func:`private_copy` copies the bundle's file once
+(one open descriptor) into a private folder (mode 0700, this process's own), hashing the
+bytes as it copies them: what was hashed is the file that is loaded, and a file copied
+over the bundle's library afterwards (or in between) changes neither what was checked nor
+the mapping the process runs from (overwriting a mapped library in place crashed the
+server with SIGBUS). The copy is removed once loaded (the mapping keeps it alive).
 Hashing costs ~1 ms per MB, small next to building a session.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from hmt.artifacts import Artifact, safe_join
@@ -69,3 +81,44 @@ def verified_file(artifact: Artifact, relative: str) -> tuple[Path, str]:
         raise ArtifactError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
     _check(path, record, size, digest.hexdigest(), artifact.root / MANIFEST_NAME)
     return path, record.sha256
+
+
+_PRIVATE_DIR: list[str] = []
+_PRIVATE_LOCK = threading.Lock()
+
+
+def _private_dir() -> str:
+    """This process's own folder for library copies (mkdtemp: mode 0700), removed at exit."""
+    with _PRIVATE_LOCK:
+        if not _PRIVATE_DIR:
+            folder = tempfile.mkdtemp(prefix="hmt-libs-")
+            atexit.register(shutil.rmtree, folder, True)
+            _PRIVATE_DIR.append(folder)
+        return _PRIVATE_DIR[0]
+
+
+@contextlib.contextmanager
+def private_copy(artifact: Artifact, relative: str) -> Iterator[tuple[Path, str]]:
+    """``(path, sha256)`` of a private copy of ``relative``, hashed while copied and matched with the
+    manifest (ArtifactError otherwise); the copy is removed when the block ends (load it inside)."""
+    record = _record(artifact, relative)
+    source = safe_join(artifact.root, relative, what="manifest entry")
+    suffix = "".join(source.suffixes[-1:])
+    fd, name = tempfile.mkstemp(prefix="lib-", suffix=suffix, dir=_private_dir())
+    copy = Path(name)
+    try:
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            with open(source, "rb") as handle, os.fdopen(fd, "wb") as out:
+                while chunk := handle.read(_CHUNK_BYTES):
+                    digest.update(chunk)
+                    size += len(chunk)
+                    out.write(chunk)
+        except OSError as exc:
+            raise ArtifactError(f"{source}: cannot be read ({exc.strerror or exc})") from exc
+        _check(source, record, size, digest.hexdigest(), artifact.root / MANIFEST_NAME)
+        os.chmod(copy, 0o500)
+        yield copy, record.sha256
+    finally:
+        copy.unlink(missing_ok=True)

@@ -3,6 +3,7 @@ refused; drift passes -> reset. The bundle is a tiny conv-BN model with deploy's
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +22,10 @@ from hmt.serve.running.adapt import ADAPTED_SUFFIX, AdaptSettings, load_canary
 from hmt.serve.running.session import SessionOptions, open_controller
 
 # Small windows so a test needs a few hundred inputs; the worker may use the whole core.
-FAST = AdaptSettings(window=32, leave=0.35, adapt_after=48, min_batch=16, queue_inputs=4096, max_share=1.0, nice=0)
+# The entropy guard alone (unguarded): what these tests exercise is the mechanism; the canary tests pass one.
+FAST = AdaptSettings(window=32, leave=0.35, adapt_after=48, min_batch=16, queue_inputs=4096, max_share=1.0, nice=0,
+                     unguarded=True)
+GUARDED = dataclasses.replace(FAST, unguarded=False)
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +182,49 @@ def test_adaptable_graphs_answer_as_the_served_chain_and_a_changed_one_is_refuse
     target.write_bytes(bytes(blob))
     with pytest.raises(ArtifactError, match="segment_0.infer.onnx"):
         open_controller(changed, SessionOptions(adapt=FAST))
+
+
+def test_adapt_without_a_canary_is_refused_unless_unguarded(
+        adaptable: tuple[Path, Any, torch.Tensor, torch.Tensor]) -> None:
+    with pytest.raises(UsageError, match="--adapt-unguarded"):
+        open_controller(adaptable[0], SessionOptions(adapt=GUARDED))
+
+
+def _with_shipped_canary(bundle: Path, out: Path, x: np.ndarray, y: np.ndarray) -> Path:
+    """A copy of ``bundle`` that ships adapt/canary.npz (as deploy --adaptable --canary-data writes it)."""
+    import hashlib
+    import json
+    import shutil
+
+    shutil.copytree(bundle, out)
+    (out / "adapt").mkdir()
+    np.savez(out / "adapt" / "canary.npz", x=x, y=y)
+    manifest = json.loads((out / "manifest.json").read_text())
+    data = (out / "adapt" / "canary.npz").read_bytes()
+    manifest["files"].append({"path": "adapt/canary.npz", "sha256": hashlib.sha256(data).hexdigest(),
+                              "size_bytes": len(data), "media_type": "application/octet-stream"})
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def test_a_shipped_canary_guards_by_default_and_noise_gets_nothing_adopted(
+        adaptable: tuple[Path, Any, torch.Tensor, torch.Tensor], tmp_path: Path) -> None:
+    _, _, x, y = adaptable
+    bundle = _with_shipped_canary(adaptable[0], tmp_path / "bundle", x.numpy(), y.numpy())
+    controller = open_controller(bundle, SessionOptions(adapt=GUARDED))
+    controller.start()
+    server = ApiServer(create_app(controller, ApiOptions(max_batch=64)), ServerOptions(port=0))
+    server.start_background()
+    client = HmtClient(server.url)
+    try:
+        assert client.status()["adapt"]["canary"] == {"images": 100}
+        rng = np.random.default_rng(5)
+        # The attack of the issue: noise requests (here 8 x 16 inputs) to steer the entropy guard.
+        for _ in range(8):
+            client.predict((rng.standard_normal((16, *x.shape[1:])) * 3).astype(np.float32))
+        adapt = _until(client, lambda a: a["counts"]["refused"] >= 1 or a["serving_adapted"] is not None)
+        assert adapt["serving_adapted"] is None and adapt["counts"].get("adopted", 0) == 0, adapt
+    finally:
+        client.close()
+        server.stop_background()
+        controller.stop()

@@ -264,7 +264,7 @@ def _slow_post(port: int, pause_s: float, headers: str = "") -> dict[str, object
     return json.loads(data.split(b"\r\n\r\n", 1)[1])  # type: ignore[no-any-return]
 
 
-def test_latency_counts_receipt_and_queueing(bundle_dir: Path) -> None:
+def test_latency_counts_queueing_not_receipt(bundle_dir: Path) -> None:
     controller = make_controller(bundle_dir, sleep_s=0.25)
     seen: list[tuple[float, float | None]] = []
     controller.observe_request = lambda span_ms, client_ms: seen.append((span_ms, client_ms))  # type: ignore[attr-defined]
@@ -272,9 +272,10 @@ def test_latency_counts_receipt_and_queueing(bundle_dir: Path) -> None:
     server = ApiServer(app, ServerOptions(port=0))
     server.start_background()
     try:
-        # Receipt: the body comes 0.3 s after the headers; compute is ~0.25 s.
+        # Receipt: the body comes 0.3 s after the headers; compute is ~0.25 s. The slow sender's pace
+        # is not the server's overhead (the span below still has it).
         doc = _slow_post(server.port, 0.3, headers="X-HMT-Client-Latency-Ms: 12.5\r\n")
-        assert doc["latency_ms"] >= 300 + doc["compute_ms"] - 5  # type: ignore[operator]
+        assert doc["compute_ms"] - 1 <= doc["latency_ms"] < 300 + doc["compute_ms"] - 50  # type: ignore[operator]
         # Queueing: two at once on one worker; the second waits for the first's ~0.25 s.
         latencies = [_post(server.port)[1]["latency_ms"]]  # alone: about its compute
         statuses: list[float] = []
@@ -287,11 +288,13 @@ def test_latency_counts_receipt_and_queueing(bundle_dir: Path) -> None:
         assert max(statuses) >= 2 * 250 - 20, (latencies, statuses)
         status = json.loads(_get_json(server.port, "/v1/status"))
         span = status["http"]["request_span_ms"]
-        assert span["count"] == 4 and span["p95"] >= 500
-        assert status["http"]["client_latency_ms"]["count"] == 1 and status["http"]["client_latency_ms"]["p50"] == 12.5
-        assert len(seen) == 4 and seen[0][1] == 12.5 and seen[0][0] >= doc["latency_ms"]  # type: ignore[operator]
+        assert span["count"] == 4 and span["p95"] >= 500 and span["p99"] >= 300 + doc["compute_ms"] - 5
+        # 12.5 ms on a fresh connection describes no answer of this server: refused (counted, not used).
+        assert status["http"]["client_latency_ms"] is None and status["http"]["client_reports"]["refused"] == 1
+        assert len(seen) == 4 and seen[0][1] is None and seen[0][0] >= doc["latency_ms"]  # type: ignore[operator]
         metrics = _get_json(server.port, "/metrics")
-        assert "hmt_request_span_ms_count 4" in metrics and "hmt_client_latency_ms_count 1" in metrics
+        assert "hmt_request_span_ms_count 4" in metrics and "hmt_client_latency_ms_count 0" in metrics
+        assert 'hmt_client_latency_reports_total{outcome="refused"} 1' in metrics
         assert 'hmt_connection_events_total{event="accepted"}' in metrics
         status_code, err = _post(server.port, {"X-HMT-Client-Latency-Ms": "soon"})
         assert status_code == 400 and err["error"]["code"] == "bad_client_latency"  # type: ignore[index]

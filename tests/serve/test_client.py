@@ -88,3 +88,28 @@ def test_the_client_imports_neither_torch_nor_the_server() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_client_latency_header_cannot_poison_the_figures(server: ApiServer) -> None:
+    import http.client
+    from urllib.parse import urlsplit
+
+    url = urlsplit(server.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+    body = npy_bytes(np.zeros(4, np.float32))
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/x-npy"}
+    with HmtClient(server.url, token=TOKEN) as client:
+        start = client.status()["http"]
+    try:
+        for fake in ("9999999", "5000", "9999999"):  # on one kept-alive connection: the 1st has no answer before
+            conn.request("POST", "/v1/predict", body=body, headers=headers | {"X-HMT-Client-Latency-Ms": fake})
+            assert conn.getresponse().read() and True
+    finally:
+        conn.close()
+    with HmtClient(server.url, token=TOKEN) as client:
+        http_doc = client.status()["http"]
+    reports = http_doc["client_reports"]
+    assert reports["refused"] - start["client_reports"]["refused"] == 3 and reports["accepted"] == \
+        start["client_reports"]["accepted"]
+    latency = http_doc["client_latency_ms"]
+    assert latency is None or latency["p99"] < 1000 + (http_doc["request_span_ms"]["p99"] or 0)

@@ -9,16 +9,22 @@ Guards, in request order (below the app, :mod:`hmt.serve.http.connections` caps 
 and bounds how long a request may take to arrive): the bearer token (when one is set, on
 every path but, with ``health_without_token``, ``/v1/health/*``; constant-time compare);
 readiness (503); the body bound (``Content-Length`` first, then the streamed bytes, 413);
-decoding (:mod:`hmt.serve.http.inputs`: .npy, JSON, JPEG/PNG, uint8 pixels, batches; 400/413/
-415/422); admission to a bounded queue (429 when full); then the inference runs on a
-thread pool (the event loop only parses and answers) under a per-request deadline (504; a
-request still waiting in the queue at its deadline is dropped without running).
+admission to a bounded queue (429 when full); then, off the event loop, decoding
+(:mod:`hmt.serve.http.inputs`: .npy, JSON, JPEG/PNG, uint8 pixels, batches; 400/413/415/422;
+images and JSON in a decoding lane of one thread, .npy on the inference pool) and the
+inference on a thread pool, under a per-request deadline (504; a request still waiting in the queue
+at its deadline is dropped without running). The event loop only reads bodies and answers:
+8 clients sending PNGs or 1 MiB JSON bodies no longer stall everyone else's requests, and
+a flood of them meets the queue limit before it costs any decoding.
 
 **Latency.** A request's span runs from its first byte in (stamped by the connection
-layer) to its last byte out. The part before compute (receipt, parsing, queueing) is
-handed to :meth:`Controller.predict` as ``queued_ms``, so the loop's latency and budget
-include it; the whole span, and the latency a client reports for its previous request
-(header ``X-HMT-Client-Latency-Ms``, sent by :mod:`hmt.client`), are kept in
+layer) to its last byte out. The server's part before compute (queueing and decoding,
+from the body's last byte) is handed to :meth:`Controller.predict` as ``queued_ms``, so
+the loop's latency and budget include it; receipt is not (a slow sender's pace says
+nothing about the variant: counting it moved a normal client's answers to smaller
+variants). The deadline still runs from the first byte. The whole span, and the latency
+a client reports for its previous request (header ``X-HMT-Client-Latency-Ms``, sent by
+:mod:`hmt.client`; only where plausible, :mod:`hmt.serve.http.client_reports`), are kept in
 ``/v1/status`` and ``/metrics``, and passed to ``controller.observe_request(span_ms,
 client_ms)`` when the controller has that method.
 """
@@ -35,7 +41,7 @@ import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Hashable, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -50,8 +56,10 @@ from starlette.routing import Route
 from hmt.bundle import TensorSpec
 from hmt.errors import DeviceError, ModelError, UsageError
 from hmt.serve.controller import Controller, Prediction
+from hmt.serve.http.client_reports import ClientReports
 from hmt.serve.http.connections import FIRST_BYTE_KEY, ConnectionStats
 from hmt.serve.http.inputs import (
+    IMAGE_MEDIA_TYPES,
     JSON_MEDIA_TYPE,
     NPY_MEDIA_TYPE,
     ApiError,
@@ -66,6 +74,9 @@ __all__ = ["JSON_MEDIA_TYPE", "NPY_MEDIA_TYPE", "ApiError", "ApiOptions", "creat
 
 DEADLINE_HEADER = "x-deadline-ms"
 CLIENT_LATENCY_HEADER = "x-hmt-client-latency-ms"
+# Bodies whose decoding can cost far more than their size (a 56 KB PNG of 4,000 x 4,000 pixels,
+# a 1 MiB JSON list): decoded in a lane of their own before inference.
+HEAVY_MEDIA_TYPES = (JSON_MEDIA_TYPE, *IMAGE_MEDIA_TYPES)
 HEALTH_PREFIX = "/v1/health/"
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -177,25 +188,46 @@ class InferenceService:
         self.controller = controller
         self.options = options
         self._executor = concurrent.futures.ThreadPoolExecutor(options.workers, thread_name_prefix="hmt-infer")
+        # Expensive bodies (images, JSON) decode in a lane of their own: a flood of them waits there,
+        # not in front of the inference workers, so cheap requests (.npy) keep their latency.
+        self._decoder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hmt-decode")
         self._lock = threading.Lock()
         self.admitted = 0
         self.rejected_full = 0
         self.deadline_expired = 0
 
-    def _release(self, _future: concurrent.futures.Future[list[Prediction]]) -> None:
+    def _release(self, _future: concurrent.futures.Future[Any] | None) -> None:
         with self._lock:
             self.admitted -= 1
 
-    def _work(self, items: list[np.ndarray], first_byte_s: float, deadline_s: float) -> list[Prediction]:
+    def _work(self, prepare: Callable[[], list[np.ndarray]], received_s: float,
+              deadline_s: float) -> list[Prediction]:
         start_s = time.monotonic()
         if start_s > deadline_s:
             raise _DeadlinePassed()
-        # Everything before compute (receipt, parsing, queueing) is the request's overhead:
-        # every item of a batch carries it, plus its own compute.
-        overhead_ms = (start_s - first_byte_s) * 1e3
-        return [self.controller.predict(x, queued_ms=overhead_ms) for x in items]
+        items = prepare()  # decoding runs here, on the pool, not on the event loop
+        # The server's part before compute (queueing and decoding, from the body's last byte) is the
+        # request's overhead in the loop's latency model; receipt is the client's pace, not ours.
+        overhead_ms = (time.monotonic() - received_s) * 1e3
+        try:
+            return [self.controller.predict(x, queued_ms=overhead_ms) for x in items]
+        except ModelError as exc:
+            # The input passed every check, so a chain that cannot answer it (non-finite logits
+            # from finite inputs like 3e38) is the input's range, not a server fault.
+            logger.info("model refused an input: %s", exc)
+            peak = max(float(np.max(np.abs(x))) for x in items) if items else 0.0
+            raise ApiError(422, "input_out_of_range", f"the model gives no finite answer for this input (largest "
+                                                      f"|value| {peak:.3g}); send inputs in the model's range, "
+                                                      "e.g. normalised pixels") from exc
 
-    async def submit(self, items: list[np.ndarray], first_byte_s: float, deadline_ms: float) -> list[Prediction]:
+    async def submit(self, prepare: Callable[[], list[np.ndarray]], first_byte_s: float, deadline_ms: float,
+                     received_s: float | None = None, heavy: bool = False) -> list[Prediction]:
+        """Admit a request (429 when the queue is full), then decode (``prepare``) and run it on the pool.
+
+        ``first_byte_s`` starts the deadline; ``received_s`` (the body's last byte; default now)
+        starts what counts as the server's overhead. ``heavy``: decode in the decoding lane first
+        (one thread), then infer; the request holds its queue slot throughout."""
+        received_s = time.monotonic() if received_s is None else received_s
         with self._lock:
             if self.admitted >= self.options.max_queue:
                 self.rejected_full += 1
@@ -204,8 +236,10 @@ class InferenceService:
                                headers={"Retry-After": "1"})
             self.admitted += 1
         deadline_s = first_byte_s + deadline_ms / 1e3
+        if heavy:
+            prepare = await self._decode_first(prepare, deadline_s, deadline_ms)
         try:
-            future = self._executor.submit(self._work, items, first_byte_s, deadline_s)
+            future = self._executor.submit(self._work, prepare, received_s, deadline_s)
         except RuntimeError as exc:  # the pool is shutting down
             with self._lock:
                 self.admitted -= 1
@@ -218,21 +252,34 @@ class InferenceService:
             self.deadline_expired += 1
             raise ApiError(504, "deadline_exceeded", f"no answer within the deadline of {deadline_ms:g} ms "
                                                      "(counted from the request's first byte)") from exc
-        except ModelError as exc:
-            # The input passed every check, so a chain that cannot answer it (non-finite logits
-            # from finite inputs like 3e38) is the input's range, not a server fault.
-            logger.info("model refused an input: %s", exc)
-            peak = max(float(np.max(np.abs(x))) for x in items) if items else 0.0
-            raise ApiError(422, "input_out_of_range", f"the model gives no finite answer for this input (largest "
-                                                      f"|value| {peak:.3g}); send inputs in the model's range, "
-                                                      "e.g. normalised pixels") from exc
         except DeviceError as exc:
             logger.warning("inference unavailable: %s", exc)
             raise ApiError(503, "unavailable", "no variant can answer right now; retry",
                            headers={"Retry-After": "1"}) from exc
 
+    async def _decode_first(self, prepare: Callable[[], list[np.ndarray]], deadline_s: float,
+                            deadline_ms: float) -> Callable[[], list[np.ndarray]]:
+        """Run ``prepare`` in the decoding lane; the items, as a ``prepare`` for the inference pool.
+        On any failure the queue slot is released once the decode has ended (or was cancelled)."""
+        try:
+            future = self._decoder.submit(prepare)
+        except RuntimeError as exc:  # shutting down
+            self._release(None)
+            raise ApiError(503, "shutting_down", "the server is shutting down") from exc
+        try:
+            items = await asyncio.wait_for(asyncio.wrap_future(future), max(0.0, deadline_s - time.monotonic()))
+        except BaseException as exc:
+            future.add_done_callback(self._release)
+            if isinstance(exc, asyncio.TimeoutError):
+                self.deadline_expired += 1
+                raise ApiError(504, "deadline_exceeded", f"no answer within the deadline of {deadline_ms:g} ms "
+                                                         "(counted from the request's first byte)") from exc
+            raise
+        return lambda: items
+
     def shutdown(self) -> None:
-        """Finish every admitted request, then stop the pool."""
+        """Finish every admitted request, then stop the pools."""
+        self._decoder.shutdown(wait=True)
         self._executor.shutdown(wait=True)
 
 
@@ -244,7 +291,7 @@ class _Guard:
     prediction's whole span (first byte in to last byte out)."""
 
     def __init__(self, app: ASGIApp, token: str | None, counts: Counter[tuple[str, int]], *,
-                 open_prefix: str | None, on_span: Callable[[float, float | None], None]) -> None:
+                 open_prefix: str | None, on_span: Callable[[float, float | None, Hashable | None], None]) -> None:
         self.app = app
         self.token = None if token is None else token.encode()
         self.counts = counts
@@ -286,9 +333,15 @@ class _Guard:
             if (message["type"] == "http.response.body" and not message.get("more_body")
                     and label == "/v1/predict" and status[0] == 200):
                 # The last byte is handed to the transport: the request's whole server-side span.
-                self.on_span((time.monotonic() - first_byte_s) * 1e3, extensions.get(_CLIENT_MS_KEY))
+                self.on_span((time.monotonic() - first_byte_s) * 1e3, extensions.get(_CLIENT_MS_KEY),
+                             _connection_key(scope))
 
         await self.app(scope, receive, counting_send)
+
+
+def _connection_key(scope: Scope) -> Hashable | None:
+    client = scope.get("client")
+    return tuple(client) if isinstance(client, list | tuple) else None
 
 
 _KNOWN_PATHS = ("/v1/predict", "/v1/health/live", "/v1/health/ready", "/v1/status", "/metrics", "/openapi.json")
@@ -323,8 +376,11 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
     client_latency = LatencyWindow()
     observe = getattr(controller, "observe_request", None)
 
-    def on_span(span_ms: float, client_ms: float | None) -> None:
+    reports = ClientReports()
+
+    def on_span(span_ms: float, reported_ms: float | None, connection: Hashable | None) -> None:
         spans.add(span_ms)
+        client_ms = reports.answered(connection, span_ms, reported_ms)  # None unless plausible
         if client_ms is not None:
             client_latency.add(client_ms)
         if callable(observe):  # the controller's own record of whole-request latency, where it keeps one
@@ -363,8 +419,15 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
         if client_ms is not None:
             request.scope["extensions"][_CLIENT_MS_KEY] = client_ms
         body = await read_body(request, body_limit)
-        batch = decode(body, request.headers.get("content-type"), inputs)
-        results = await service.submit(as_items(batch, inputs), first_byte_s, deadline_ms)
+        received_s = time.monotonic()
+        content_type = request.headers.get("content-type")
+
+        def prepare() -> list[np.ndarray]:  # on the pool, admitted to the queue first
+            return as_items(decode(body, content_type, inputs), inputs)
+
+        media = (content_type or "").split(";")[0].strip().lower()
+        results = await service.submit(prepare, first_byte_s, deadline_ms, received_s,
+                                       heavy=media in HEAVY_MEDIA_TYPES)
         names = bundle_spec.class_names
         if len(results) == 1:
             return JSONResponse(_prediction_json(results[0], names))
@@ -388,13 +451,17 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
         doc["queue"] = {"admitted": service.admitted, "max_queue": opts.max_queue, "workers": opts.workers,
                         "rejected_full": service.rejected_full, "deadline_expired": service.deadline_expired}
         doc["http"] = {"connections": guard.connection_stats.to_json_dict(), "request_span_ms": spans.summary(),
-                       "client_latency_ms": client_latency.summary()}
+                       "client_latency_ms": client_latency.summary(), "client_reports": reports.to_json_dict()}
         return JSONResponse(json.loads(json.dumps(doc, default=_jsonable)))
 
     @guarded
     async def metrics(request: Request) -> Response:
         text = prometheus_text(controller, dict(counts), service.admitted, opts.max_queue)
         text += http_metrics(guard.connection_stats, spans, client_latency)
+        text += ("# HELP hmt_client_latency_reports_total X-HMT-Client-Latency-Ms reports, accepted (plausible "
+                 "for the connection's previous answer) or refused.\n# TYPE hmt_client_latency_reports_total counter\n"
+                 f'hmt_client_latency_reports_total{{outcome="accepted"}} {reports.accepted}\n'
+                 f'hmt_client_latency_reports_total{{outcome="refused"}} {reports.refused}\n')
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @guarded

@@ -35,6 +35,7 @@ from hmt.bundle import BundleSpec, Preprocess, TensorSpec
 from hmt.serve.running.runner import numpy_dtype
 
 NPY_MEDIA_TYPE = "application/x-npy"
+_MAX_NPY_HEADER_BYTES = 10_000  # numpy's own default bound
 OCTET_MEDIA_TYPE = "application/octet-stream"
 JSON_MEDIA_TYPE = "application/json"
 IMAGE_MEDIA_TYPES = {"image/jpeg": "JPEG", "image/png": "PNG"}
@@ -124,16 +125,28 @@ def decode(body: bytes, content_type: str | None, spec: InputSpec) -> np.ndarray
 
 
 def _load_npy(body: bytes) -> np.ndarray:
+    """The array in a .npy body, its header checked against the bytes that follow it before
+    anything is allocated: numpy's loader sizes its buffer from the header, so a 100-byte
+    body claiming an 8 GiB shape reserved 8 GiB of address space."""
     if not body.startswith(b"\x93NUMPY"):
         raise ApiError(400, "bad_npy", "body is not a .npy array (no \\x93NUMPY magic); an .npz, a pickle or raw "
                                        "bytes are not accepted")
+    stream = io.BytesIO(body)
     try:
-        array = np.load(io.BytesIO(body), allow_pickle=False)
+        major, _minor = np.lib.format.read_magic(stream)
+        read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, fortran_order, dtype = read_header(stream, max_header_size=_MAX_NPY_HEADER_BYTES)
     except Exception as exc:
         raise ApiError(400, "bad_npy", f"body is not a valid .npy array ({type(exc).__name__})") from exc
-    if not isinstance(array, np.ndarray):
-        raise ApiError(400, "bad_npy", "body is not a single .npy array")
-    return array
+    if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
+        raise ApiError(400, "bad_npy", f"a .npy array of dtype {str(dtype)[:40]} is not accepted; send numbers")
+    data = memoryview(body)[stream.tell():]
+    expected = math.prod(shape) * dtype.itemsize
+    if expected != len(data):
+        raise ApiError(400, "bad_npy", f"the .npy header claims shape {list(shape)[:8]} of {dtype} "
+                                       f"({expected} bytes), the body carries {len(data)}")
+    flat = np.frombuffer(data, dtype=dtype)
+    return flat.reshape(shape, order="F" if fortran_order else "C").copy()
 
 
 def _tensor(array: np.ndarray, spec: InputSpec) -> np.ndarray:

@@ -34,6 +34,7 @@ from hmt.serve.http.connections import (
     GuardedListener,
     guarded_protocol,
 )
+from hmt.serve.http.lograte import RepeatFilter, install
 
 TOKEN_ENV = "HMT_SERVE_TOKEN"
 MIN_TOKEN_CHARS = 16
@@ -143,9 +144,11 @@ class ServerOptions:
 
 
 class ApiServer:
-    """uvicorn around an ASGI app, on a socket bound up front (so the port is known and errors are clear)."""
+    """uvicorn around an ASGI app, on a socket bound up front (so the port is known and errors are clear).
 
-    def __init__(self, app: Any, options: ServerOptions) -> None:
+    ``uvicorn_options``: more ``uvicorn.Config`` keywords (the offload peer's TLS files)."""
+
+    def __init__(self, app: Any, options: ServerOptions, uvicorn_options: dict[str, Any] | None = None) -> None:
         import uvicorn
 
         self.options = options
@@ -166,8 +169,11 @@ class ApiServer:
         self.port = int(self.socket.getsockname()[1])
         config = uvicorn.Config(app, log_level=options.log_level, access_log=options.access_log, lifespan="on",
                                 http=guarded_protocol(self.guard), timeout_keep_alive=options.keep_alive_s,
-                                timeout_graceful_shutdown=int(max(1, options.graceful_timeout_s)))
+                                timeout_graceful_shutdown=int(max(1, options.graceful_timeout_s)),
+                                **(uvicorn_options or {}))
         self.server = uvicorn.Server(config)
+        # A flood of hostile connections repeats the same warnings: a few per 10 s each, then counted.
+        self.log_filter = RepeatFilter()
         self._thread: threading.Thread | None = None
 
     @property
@@ -191,7 +197,11 @@ class ApiServer:
 
     async def _serve(self) -> None:
         asyncio.get_running_loop().set_exception_handler(AcceptErrorLog(self.stats))
-        await self.server.serve(sockets=[self.socket])
+        remove = install(self.log_filter)
+        try:
+            await self.server.serve(sockets=[self.socket])
+        finally:
+            remove()
 
     def _serve_blocking(self) -> None:
         """``uvicorn.Server.run`` with our loop exception handler installed first."""

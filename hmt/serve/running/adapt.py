@@ -15,7 +15,10 @@ one core's wall time) takes them in batches and runs :mod:`hmt.adapt.online` on 
   drifted inputs from the bundle's BN-adaptable graphs (``deploy --adaptable``), torch-free;
 - the adapted graphs become a new variant, ``<arch_id>+bn``, registered in the pool, but
   they serve only when the guard accepts them: mean prediction entropy on recent inputs
-  must fall and a labelled canary set (``--canary``), if given, must not get worse;
+  must fall and a labelled canary set must not get worse. The canary set is required
+  (``--canary``, or the one the bundle ships, ``deploy --adaptable --canary-data``):
+  entropy alone is computed on the clients' inputs, so any client could steer it;
+  ``--adapt-unguarded`` (:attr:`AdaptSettings.unguarded`) is the explicit opt-out;
 - when the drift passes, the adapted variant is dropped (the pool unloads it) and the
   shipped one serves again.
 
@@ -65,6 +68,10 @@ class AdaptSettings:
     min_entropy_gain: float = 0.0  # nats the mean entropy must fall by
     require_entropy_drop: bool = True  # False: a canary set alone decides
     threads: int = 1  # ONNX Runtime threads of the re-estimation graphs
+    # Without a labelled canary set the guard is entropy alone, which the clients' own inputs
+    # steer (100 noise requests got a model adopted that answered clean images at 23.5%):
+    # serve --adapt then refuses to start unless this is set (--adapt-unguarded).
+    unguarded: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.max_share <= 1:
@@ -126,6 +133,24 @@ def load_canary(path: Path, bundle: Bundle) -> tuple[np.ndarray, np.ndarray]:
     if not np.all(np.isfinite(x)):
         raise InputError(f"{path}: x contains NaN or infinity")
     return x.reshape(len(x), *item), y.astype(np.int64)
+
+
+SHIPPED_CANARY = "adapt/canary.npz"  # deploy --adaptable --canary-data writes it (hmt.deploy.adaptable)
+
+
+def canary_for(bundle: Bundle, given: Path | None, settings: AdaptSettings) -> tuple[np.ndarray, np.ndarray] | None:
+    """The canary set the adaptation guard checks: ``given`` (--canary), else the bundle's shipped one,
+    else none, which only ``settings.unguarded`` (--adapt-unguarded) accepts (UsageError otherwise)."""
+    if given is not None:
+        return load_canary(Path(given), bundle)
+    if any(record.path == SHIPPED_CANARY for record in bundle.artifact.manifest.files):
+        return load_canary(bundle.path(SHIPPED_CANARY), bundle)
+    if settings.unguarded:
+        return None
+    raise UsageError("--adapt needs a labelled canary set that clients cannot steer: pass --canary (an .npz with x "
+                     "and y, or class folders of images), or serve a bundle that ships one (hmt deploy --adaptable "
+                     "--canary-data NPZ); --adapt-unguarded adapts on prediction entropy alone, which any client's "
+                     "inputs can steer")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from hmt.artifacts.rollback import RollbackPolicy
 from hmt.bundle import Bundle, load_checked_bundle
 from hmt.errors import HmtError, InputError, UsageError
 from hmt.runtime.settings import ENGINE_CHOICES, Budgets, EarlyExit, ServeSettings
@@ -58,9 +59,11 @@ class SessionOptions:
     serve_overrides: dict[str, Any] = field(default_factory=dict)
     # PEM ed25519 public key: refuse a bundle without a matching signature (serve --trusted-key).
     trusted_key: Path | None = None
+    # With trusted_key: refuse a release older than the key's newest served (hmt.artifacts.rollback).
+    rollback: RollbackPolicy = field(default_factory=RollbackPolicy)
     # ORT execution providers in order (serve --providers); None: the bundle target's list.
     providers: tuple[str, ...] | None = None
-    # serve --adapt (hmt.serve.running.adapt.AdaptSettings) and its optional labelled canary set.
+    # serve --adapt (hmt.serve.running.adapt.AdaptSettings) and its labelled canary set (default: the bundle's).
     adapt: Any = None
     canary: Path | None = None
 
@@ -95,13 +98,12 @@ def settings_for(bundle: Bundle, options: SessionOptions) -> ServeSettings:
 def open_controller(bundle_path: Path | str, options: SessionOptions, **kwargs: Any) -> Controller:
     """Load and verify the bundle (ArtifactError when it fails) and build its controller."""
     # The same structural checks as deploy --verify (no extra files, no symlinks, ELF machine, signature).
-    bundle = load_checked_bundle(bundle_path, trusted_key=options.trusted_key)
+    bundle = load_checked_bundle(bundle_path, trusted_key=options.trusted_key, rollback=options.rollback)
     settings = settings_for(bundle, options)
     if options.adapt is not None:
-        from hmt.serve.running.adapt import load_canary
+        from hmt.serve.running.adapt import canary_for
 
-        canary = load_canary(Path(options.canary), bundle) if options.canary is not None else None
-        kwargs["adapt"] = (options.adapt, canary)
+        kwargs["adapt"] = (options.adapt, canary_for(bundle, options.canary, options.adapt))
     return Controller(bundle, settings, engine=settings.engine, threads=options.threads,
                       fixed_variant=options.fixed_variant, providers=options.providers, **kwargs)
 

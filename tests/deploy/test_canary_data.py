@@ -1,0 +1,35 @@
+"""deploy --adaptable --canary-data: a seeded labelled subset ships as adapt/canary.npz."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hmt.artifacts import ArtifactWriter, load_artifact
+from hmt.deploy.adaptable import CANARY_MAX_SAMPLES, ship_canary
+from hmt.errors import UsageError
+
+
+def test_a_seeded_subset_ships_and_is_listed(tmp_path: Path) -> None:
+    source = tmp_path / "held_out.npz"
+    x = np.arange(600 * 3 * 4 * 4, dtype=np.float32).reshape(600, 3, 4, 4)
+    np.savez(source, x=x, y=np.arange(600) % 10)
+    with ArtifactWriter(tmp_path / "bundle", kind="bundle", config={}) as writer:
+        record = ship_canary(writer, source, seed=3)
+    artifact = load_artifact(tmp_path / "bundle", kind="bundle")
+    assert "adapt/canary.npz" in [f.path for f in artifact.manifest.files]
+    with np.load(artifact.file("adapt/canary.npz")) as shipped:
+        assert len(shipped["y"]) == CANARY_MAX_SAMPLES == record["samples"] and record["of"] == 600
+        rows = (shipped["x"][:, 0, 0, 0] / 48).astype(int)  # each sample's index in the source
+        assert np.array_equal(shipped["y"], rows % 10)  # labels stay with their inputs
+
+
+@pytest.mark.parametrize("y", [np.zeros((4, 2)), np.zeros(3), np.array([0.5, 1, 2, 3])])
+def test_bad_canary_data_is_a_usage_error(tmp_path: Path, y: np.ndarray) -> None:
+    source = tmp_path / "bad.npz"
+    np.savez(source, x=np.zeros((4, 3), np.float32), y=y)
+    with ArtifactWriter(tmp_path / "bundle", kind="bundle", config={}) as writer, \
+            pytest.raises(UsageError, match="--canary-data"):
+        ship_canary(writer, source, seed=0)
