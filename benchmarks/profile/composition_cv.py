@@ -17,6 +17,14 @@ import sys
 
 import numpy as np
 
+from benchmarks.harness import Driver
+
+BENCH = Driver(
+    baseline="the raw block-table sum (no correction) on the same held-out variants",
+    needs="a profile with a validation table and its supernet (PROFILE SUPERNET)",
+    report="{tmp}/none",
+)
+
 
 def main() -> int:
     from hmt.profile import load_profile
