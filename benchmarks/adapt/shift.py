@@ -1,10 +1,10 @@
 """Test-time adaptation benchmark: accuracy per corruption before/after, clean accuracy after,
 adaptation time per batch, peak training memory of the memory-saving engine vs plain autograd.
 
-One command from the CIFAR-10 JPEG source (the GPU host: ``--source /tmp/cifar10-jpeg``)::
+One command from the CIFAR-10 JPEG source (the GPU host: ``--source CIFAR10_JPEG``)::
 
     PYTHONPATH=$PWD python -m benchmarks.adapt.shift --supernet hmt/data/embedded/supernet-cifar-resnet56 \
-        --source /tmp/cifar10-jpeg --data /tmp/cifar10-c --arch largest \
+        --source CIFAR10_JPEG --data runs/cifar10-c --arch largest \
         --arch cifar_resnet56-03130f.e1.55S5B7777757S5555575xxxxxxxxxx --severity 3 --severity 5 \
         --device cuda --out-dir $OUT/adapt
 
@@ -225,9 +225,9 @@ def markdown(report: dict[str, object]) -> str:
             forgot = [results[f"{m}/{n}"].get("clean_accuracy_of_adapted") for n in sets
                       if n.split("-s")[0] in NOISE_AND_BLUR and n.endswith("-s5")]
             if clean and forgot and None not in forgot:
-                lines.append(f"- {m}: the variants adapted to noise+blur s5, on clean images: mean "
+                lines.append(f"- {m}: the variants adapted to noise+blur severity 5, on clean images: mean "
                              f"{100 * np.mean(forgot):.2f}% (source {100 * clean['accuracy_before']:.2f}%)")
-            lines.append(f"- {m}: mean gain on noise+blur s5 {100 * np.mean(gains):+.2f} points; clean "
+            lines.append(f"- {m}: mean gain on noise+blur severity 5 {100 * np.mean(gains):+.2f} points; clean "
                          f"{100 * (clean['accuracy_after'] - clean['accuracy_before']):+.2f} points; "
                          f"median {ms:.0f} ms per batch" if gains and clean else f"- {m}")
         memory = body.get("memory") or {}

@@ -12,8 +12,8 @@ per candidate with the first ``--drop`` dropped, candidates in a rotated order p
 over the median of each code's choice, in that one independent loop (>= 1.0: the choice was
 the fastest; the spread over candidates tied within noise shows as ratios just under 1).
 
-    flock /tmp/hmt-bench.lock python -m benchmarks.convert_fuse.fuse_choice --converted runs/r56-converted \\
-        --old-code /tmp/hmt-old --repetitions 3 --out benchmarks/precision/s5/fuse_choice_r56_cpu.json
+    python -m benchmarks.convert_fuse.fuse_choice --converted runs/r56-converted \\
+        --old-code OLD_TREE --repetitions 3 --out runs/fuse_choice.json
 """
 
 from __future__ import annotations

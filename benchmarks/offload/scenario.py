@@ -367,7 +367,7 @@ def main() -> None:
     parser.add_argument("--offload-dir", type=Path, help="an existing `hmt deploy --offload-out` folder instead")
     parser.add_argument("--synthetic", action="store_true",
                         help="no bundle given: the synthetic one (benchmarks.offload.synthetic_bundle), made in --work")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/offload"))
+    parser.add_argument("--out", type=Path, default=Path("runs/bench-offload"))
     parser.add_argument("--work", type=Path, default=Path("runs/bench-offload-work"),
                         help="scratch: the split bundles and the exported test set")
     parser.add_argument("--variant", default=None, help="variant every mode serves (default: the most accurate)")

@@ -6,7 +6,7 @@ scored on the rest, raw block-table sum vs corrected, over ``--splits`` splits; 
 leave-one-out. Uses the library's fit (hmt/profile/composition.py) and features
 (Predictor.composition_features), so it measures what ``--calibrate-variants`` would do.
 
-    python benchmarks/profile/composition_cv.py /tmp/ph/prof-h100 runs/r20gpu --batch 64 --train 12
+    python -m benchmarks.profile.composition_cv runs/profile-h100 runs/r20gpu --batch 64 --train 12
 """
 
 from __future__ import annotations

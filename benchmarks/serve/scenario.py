@@ -15,7 +15,7 @@ Writes ``OUT/results.json`` and, for the first adaptive repetition, its timeline
 (``OUT/timeline_adaptive.png`` + CSVs). This script may use the offline dependencies
 (the data loader); the serve path it drives does not.
 
-    python -m benchmarks.serve.scenario --bundle /tmp/benchS/bundle --out benchmarks/serve
+    python -m benchmarks.serve.scenario --bundle runs/demo/bundle-x86-64 --out runs/bench-serve
 
 The scenario has both cores busy, one core busy, a memory cut and a battery drain; with
 ``--engines tvm`` on a bundle profiled for ONNX Runtime the engine's latencies differ from
@@ -230,8 +230,8 @@ BENCH = Driver(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bundle", type=Path, default=Path("/tmp/benchS/bundle"))
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/serve"))
+    parser.add_argument("--bundle", type=Path, required=True)
+    parser.add_argument("--out", type=Path, default=Path("runs/bench-serve"))
     parser.add_argument("--phase-s", type=float, default=6.0, help="length of each scenario phase")
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--clients", type=int, default=4)

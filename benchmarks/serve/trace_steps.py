@@ -7,7 +7,7 @@ wait = latency - compute, the variants that answered) and every tick of the loop
 span (load index now / forecast, active / proposed variant, switch reason, the active variant's
 estimate and its source). It says *why* the first 0.5 s window after a step was clean or not.
 
-    python -m benchmarks.serve.trace_steps runs/s5/trace_base --engine tvm --phase-s 4
+    python -m benchmarks.serve.trace_steps runs/trace_base --engine tvm --phase-s 4
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ CIFAR-10 subset, tiny sizes)::
 
     PYTHONPATH=$PWD python -m benchmarks.supernet.elastify --models resnet18 --max-train-samples 96 \\
         --original-epochs 1 --exit-epochs 1 --distill-epochs 1 --finetune-epochs 1 --variants 3 \\
-        --rounds 2 --reps 3 --device cpu --out /tmp/bench_elastify
+        --rounds 2 --reps 3 --device cpu --out runs/bench-elastify
 
 GPU run (see benchmarks/README.md, "Elastify"): ``--data CIFAR10_JPEG --device cuda``.
 """
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--greedy-samples", type=int, default=2500, help="validation images the path is chosen on")
     parser.add_argument("--reuse", action="store_true", help="reuse a supernet this script wrote to --artifact-dir")
     parser.add_argument("--progress", action="store_true")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/elastify"), help="the JSON results")
+    parser.add_argument("--out", type=Path, default=Path("runs/bench-elastify"), help="the JSON results")
     parser.add_argument("--artifact-dir", type=Path, default=None, help="supernet artifacts (default: --out)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="decoded-dataset cache (default ~/.cache/hmt)")
     args = parser.parse_args(argv)

@@ -128,8 +128,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # the original trained from scratch, then frozen; widths (inner and stream), low-rank and
     # depth as alternatives, in-place distilled from it, four subnets a step. Half the random
     # subnets are width levels and they leave at the last two exits: with 160 fine-tuning
-    # epochs this moved the best variant within 2 points from 4.2x to 5.9x faster (session 5,
-    # ONNX Runtime on the project's 2-core CI CPU).
+    # epochs this moved the best variant within 2 points from 4.2x to 5.9x faster (ONNX Runtime on
+    # the project's 2-core CI CPU, 2026-11-26: benchmarks/supernet/results/headline_r18.json).
     "cifar10": {
         "backbone": "resnet18",
         "operators": ("w75", "w50", "w25", "lr50", "skip", "sw75", "sw50", "sw25"),
@@ -166,7 +166,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "finetune_epochs": 120,
         "finetune_lr": 0.03,
         "finetune_random_subnets": 3,
-        # Session 5: the ResNet-18 recipe's width levels and late exits (see cifar10).
+        # The ResNet-18 recipe's width levels and late exits (see cifar10), since 2026-11-26's
+        # retraining (benchmarks/supernet/results/headline_shipped.json).
         "finetune_structured_share": 0.5,
         "finetune_exits": "late",
         "eval_variants": 50,
