@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 11 on a 4-GPU machine, one command under 10 minutes (benchmarks/README.md records
+# Issue 11 on a 4-GPU machine, one command under 10 minutes (benchmarks/supernet/results/ records
 # the runs). GPU0: the ResNet-18 supernet (preset cifar10), its front on the 10k test
 # images, the headline timed on the host CPU; GPU2: the same with seed 1; GPU3: the same
 # with --finetune-original (ablation). GPU1: the shipped supernet (preset cifar-resnet56

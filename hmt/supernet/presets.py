@@ -22,7 +22,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eval_variants": 50,
         "calibration_samples": 512,
     },
-    # Full CIFAR-10 ResNet-18 on one GPU (benchmarks/README.md, about 13 minutes on an H100):
+    # Full CIFAR-10 ResNet-18 on one GPU (about 13 minutes on an H100 alone, 2026-11-26):
     # the original trained from scratch, then frozen; widths (inner and stream), low-rank and
     # depth as alternatives, in-place distilled from it, four subnets a step. Half the random
     # subnets are width levels and they leave at the last two exits: with 160 fine-tuning
