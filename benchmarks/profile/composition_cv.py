@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -22,7 +23,6 @@ from benchmarks.harness import Driver
 BENCH = Driver(
     baseline="the raw block-table sum (no correction) on the same held-out variants",
     needs="a profile with a validation table and its supernet (PROFILE SUPERNET)",
-    report="{tmp}/none",
 )
 
 
@@ -40,6 +40,7 @@ def main() -> int:
     parser.add_argument("--train", type=int, default=12)
     parser.add_argument("--splits", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="also write the summary here (JSON)")
     args = parser.parse_args()
 
     profile = load_profile(args.profile)
@@ -83,6 +84,8 @@ def main() -> int:
     }
     json.dump(summary, sys.stdout, indent=2)
     sys.stdout.write("\n")
+    if args.out is not None:
+        args.out.write_text(json.dumps(summary, indent=2) + "\n")
     return 0
 
 
