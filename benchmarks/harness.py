@@ -57,7 +57,9 @@ class Driver:
     """Why there is no quick or default run (shown when it is skipped)."""
     seed: int | None = 0
     report: str = "{report}"
-    """Where the driver writes its report (``--out {report}`` is the usual way to say it)."""
+    """Where the driver writes its report."""
+    out_args: Sequence[str] = ("--out", "{report}")
+    """Appended to a run with the user's own arguments, so the report lands where the harness reads it."""
     summarise: Callable[[Any], Any] | None = None
     """The report -> the result's ``results`` (default: the report as written)."""
     claims: Callable[[Any], Claims] | None = None
@@ -162,7 +164,7 @@ def run_here(area: str, name: str, mode: str, args: Sequence[str], out_dir: Path
     elif mode == "default":
         chosen = bench.default
     else:
-        chosen = [*args, *(["--out", "{report}"] if bench.report == "{report}" else [])]
+        chosen = [*args, *bench.out_args]
     if chosen is None:
         print(f"[{area}.{name}] skipped: needs {bench.needs or 'its own arguments'}", file=sys.stderr)
         return None
@@ -182,15 +184,29 @@ def run_here(area: str, name: str, mode: str, args: Sequence[str], out_dir: Path
             sys.argv = saved
         if code not in (None, 0):
             raise RuntimeError(f"benchmarks.{area}.{name} exited {code}")
-        report_path = Path(bench.report.format(**values))
-        if not report_path.is_file():
+        report = read_report(Path(bench.report.format(**values)))
+        if report is None:
             raise RuntimeError(f"benchmarks.{area}.{name} wrote no report at {bench.report}")
-        report = json.loads(report_path.read_text())
         results = bench.summarise(report) if bench.summarise else report
         claims = bench.claims(report) if bench.claims else []
         doc = make_result(area=area, name=name, command=command, seed=bench.seed, baseline=bench.baseline,
                           results=results, claims=claims, wall_s=round(time.monotonic() - started, 1))
         return write_result(out_dir / f"{name}.json", doc)
+
+
+def read_report(path: Path) -> Any:
+    """A driver's report: a JSON file, a CSV (its rows), or a folder of JSON files (name -> content)."""
+    if path.is_dir():
+        found = {p.name: json.loads(p.read_text()) for p in sorted(path.glob("*.json"))}
+        return found or None
+    if not path.is_file():
+        return None
+    if path.suffix == ".csv":
+        import csv
+
+        with path.open(newline="") as handle:
+            return list(csv.DictReader(handle))
+    return json.loads(path.read_text())
 
 
 def run_driver(area: str, name: str, mode: str, args: Sequence[str], out_dir: Path, command: str,

@@ -113,7 +113,7 @@ def make_shift_set(source: Path, out: Path, severities: list[int], limit: int | 
 BENCH = Driver(
     baseline="the source model on the same images (no adaptation)",
     needs="a supernet and a shift set or the CIFAR-10 source (--supernet, --data)",
-    report="{tmp}/out/bench-adapt.json",
+    out_args=("--out", "{report}", "--out-dir", "{tmp}/out"),
 )
 
 

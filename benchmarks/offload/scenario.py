@@ -339,6 +339,7 @@ BENCH = Driver(
     default=["--synthetic", "--phase-s", "6", "--lead-s", "10", "--rate-hz", "8", "--budget-ms", "100",
              "--reps", "2", "--samples", "300", "--out", "{tmp}/out", "--work", "{tmp}/work"],
     report="{tmp}/out/results.json",
+    out_args=("--out", "{tmp}/out", "--work", "{tmp}/work"),
     summarise=lambda report: {k: v for k, v in report.items() if k not in ("runs", "machine", "command")},
     claims=_claims,
 )

@@ -225,6 +225,7 @@ BENCH = Driver(
     baseline="static largest and static smallest over the same scenario, each repetition",
     needs="a deploy bundle (--bundle) and several minutes",
     report="{tmp}/out/results.json",
+    out_args=("--out", "{tmp}/out"),
 )
 
 

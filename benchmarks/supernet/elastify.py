@@ -326,7 +326,8 @@ def _cpu_name() -> str:
 BENCH = Driver(
     baseline="the original network: its test accuracy and its ONNX Runtime latency in the same rounds",
     needs="CIFAR-10 (--data) and, for the figures, a GPU (--device cuda)",
-    report="{tmp}/out/resnet18.json",
+    report="{tmp}/out",
+    out_args=("--out", "{tmp}/out"),
 )
 
 

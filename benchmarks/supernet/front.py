@@ -73,7 +73,8 @@ def structured_archs(space: SearchSpace) -> list[ArchConfig]:
 BENCH = Driver(
     baseline="the largest variant (the original) on the same test images",
     needs="a trained supernet and its data (--supernet, --data); writes a CSV",
-    report="{tmp}/none",
+    report="{tmp}/front.csv",
+    out_args=("--out", "{tmp}/front.csv"),
 )
 
 

@@ -7,8 +7,8 @@ bursts alternating with the supernet's original network, so every latency is als
 ratio to the original measured in the same loop. Graphs come from untrained weights of
 the same architectures (latency does not depend on weight values). Writes a JSON and a PNG.
 
-    python -m benchmarks.supernet.front_plot --front benchmarks/supernet/r18-recipe/r18-front.csv \\
-        --standalone 'benchmarks/supernet/r18-recipe/standalone-*.json' --out benchmarks/supernet/front
+    python -m benchmarks.supernet.front_plot --front benchmarks/supernet/results/r18_front.csv \\
+        --standalone benchmarks/supernet/results/standalone_networks.json --out runs/front
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,15 +45,28 @@ def pareto_rows(rows: list[dict]) -> list[dict]:
 BENCH = Driver(
     baseline="the supernet's original network, timed in bursts alternating with every point",
     needs="a front CSV and standalone results (--front, --standalone)",
-    report="{tmp}/none",
+    report="{tmp}/front.json",
+    out_args=("--out", "{tmp}/front"),
 )
+
+
+def standalone_rows(pattern: str) -> list[dict[str, Any]]:
+    """Rows of ``standalone.py`` reports matched by ``pattern``; a harness result that merged
+    several (``results/standalone_networks.json``: report name -> report) counts as all of them."""
+    rows: list[dict[str, Any]] = []
+    for path in sorted(glob.glob(pattern)) if pattern else []:
+        results = json.loads(Path(path).read_text())["results"]
+        reports = list(results.values()) if isinstance(results, dict) else [{"results": results}]
+        for report in reports:
+            rows += report["results"]
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--front", type=Path, required=True)
     parser.add_argument("--preset", default="cifar10")
-    parser.add_argument("--standalone", default="", help="glob of bench_standalone.py JSON files")
+    parser.add_argument("--standalone", default="", help="glob of standalone.py reports (or their harness result)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--bursts", type=int, default=5)
     parser.add_argument("--burst", type=int, default=20)
@@ -71,8 +85,7 @@ def main() -> None:
         keep = np.linspace(0, len(front) - 1, args.max_points).round().astype(int)
         front = [front[i] for i in sorted(set(keep.tolist()))]
     points = [("supernet", r["arch_id"], r["test_acc"], net.materialize(net.space.parse(r["arch_id"]))) for r in front]
-    for path in sorted(glob.glob(args.standalone)) if args.standalone else []:
-        for r in json.loads(Path(path).read_text())["results"]:
+    for r in standalone_rows(args.standalone):
             sn = build_supernet(r["backbone"], num_classes=10, input_shape=(3, 32, 32), operators=())
             points.append((f"alone: {r['name']} ({r['epochs']} ep)", r["arch_id"], r["test_acc"],
                            sn.materialize(sn.space.largest())))
