@@ -135,6 +135,21 @@ def driver_names(area: str) -> list[str]:
     return names
 
 
+def declares_run(area: str, name: str, mode: str) -> bool:
+    """Whether the driver's ``BENCH = Driver(...)`` gives a ``quick`` or ``default`` run, read
+    from its source (a child process that imports the driver only to skip it costs seconds)."""
+    import ast
+
+    tree = ast.parse((ROOT / area / f"{name}.py").read_text())
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "BENCH" for t in node.targets)
+                and isinstance(node.value, ast.Call)):
+            for keyword in node.value.keywords:
+                if keyword.arg == mode:
+                    return not (isinstance(keyword.value, ast.Constant) and keyword.value.value is None)
+    return False
+
+
 def load_driver(area: str, name: str) -> tuple[Any, Driver]:
     import importlib
 
@@ -256,6 +271,10 @@ def area_main(area: str, argv: Sequence[str] | None = None) -> int:
     ran = failed = 0
     try:
         for name, mode in selected:
+            if mode in ("quick", "default") and not declares_run(area, name, mode):
+                print(f"[{area}.{name}] no {mode} run: python -m benchmarks.{area} --list says what it needs",
+                      file=sys.stderr)
+                continue
             try:
                 path = run_driver(area, name, mode, ns.args, out_dir, typed)
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
