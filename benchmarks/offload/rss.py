@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.harness import Driver
+from benchmarks.harness import Driver, child_env
 
 
 def measure(bundle: Path) -> dict[str, float]:
@@ -55,6 +55,7 @@ def main() -> None:
     parser.add_argument("--bundle", type=Path, required=True, help="the device bundle (hmt deploy --offload-out)")
     parser.add_argument("--reps", type=int, default=3, help="fresh processes")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=None, help="also write the report here (JSON)")
     args = parser.parse_args()
     if args.one:
         print(json.dumps(measure(args.bundle)))
@@ -62,10 +63,13 @@ def main() -> None:
     runs = []
     for _ in range(args.reps):
         out = subprocess.run([sys.executable, __file__, "--bundle", str(args.bundle), "--one"], check=True,
-                             capture_output=True, text=True).stdout
+                             capture_output=True, text=True, env=child_env()).stdout
         runs.append(json.loads(out.strip().splitlines()[-1]))
     summary = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
-    print(json.dumps({"runs": runs, "median": summary}, indent=1))
+    report = {"runs": runs, "median": summary}
+    print(json.dumps(report, indent=1))
+    if args.out is not None:
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
 
 
 if __name__ == "__main__":
