@@ -1,0 +1,1 @@
+"""hmt's benchmarks: one sub-package per area, results as data (see README.md)."""

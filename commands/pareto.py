@@ -86,7 +86,8 @@ def pareto_command(
     noise_prob: Annotated[float, typer.Option(help="Share of offspring given Gaussian gene noise.")] = 0.25,
     coverage_share: Annotated[float, typer.Option(
         help="Share of candidates not steered into a budget window: more of the front's fast end "
-        "(0.25: +6.6% hypervolume, -1.3 points at the loosest budget in benchmarks/README.md).")] = 0.0,
+        "(0.25: +6.6% hypervolume, -1.3 points at the loosest budget; "
+        "benchmarks/pareto/results/search_coverage_share.json).")] = 0.0,
     greedy_share: Annotated[float, typer.Option(
         help="Share of the evaluations spent first on a greedy shrinking path from the largest variant (one "
              "block at a time, least accuracy lost per ms saved), which then seeds the search: finds the "

@@ -250,7 +250,8 @@ def serve_command(
             from commands.serve_offload import run_device, run_peer
 
             if scenario is not None:
-                raise UsageError("--scenario is not combined with --role peer / --peer; see scripts/bench_offload.py")
+                raise UsageError("--scenario is not combined with --role peer / --peer; "
+                                 "see python -m benchmarks.offload.scenario --help")
             if role is RoleChoice.peer:
                 run_peer(output, bundle, host=host, port=port, token=token, workers=workers, max_queue=max_queue,
                          deadline_ms=deadline_ms, threads=threads, engine=None if engine is None else engine.value,

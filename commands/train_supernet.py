@@ -10,6 +10,7 @@ import typer
 from commands._options import DebugOpt, ForceOpt, JsonOpt, QuietOpt
 from commands._output import Output
 from commands.app import app, run_command
+from hmt.supernet.presets import PRESETS
 
 _EPILOG = """
 Examples:
@@ -44,7 +45,7 @@ def train_supernet_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output artifact directory (replaced atomically).")] = Path(
         "runs/supernet"
     ),
-    preset: Annotated[str | None, typer.Option(help="Start from a preset: tiny, cifar10, basicmotions, fsdd.")] = None,
+    preset: Annotated[str | None, typer.Option(help=f"Start from a preset: {', '.join(PRESETS)}.")] = None,
     config: Annotated[
         Path | None, typer.Option("--config", help="JSON file of training options (overrides the preset).")
     ] = None,

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Issue 11 on a 4-GPU machine, one command under 10 minutes (benchmarks/README.md records
+# Issue 11 on a 4-GPU machine, one command under 10 minutes (benchmarks/supernet/results/ records
 # the runs). GPU0: the ResNet-18 supernet (preset cifar10), its front on the 10k test
 # images, the headline timed on the host CPU; GPU2: the same with seed 1; GPU3: the same
 # with --finetune-original (ablation). GPU1: the shipped supernet (preset cifar-resnet56
 # from the pretrained ResNet-56). STANDALONE=1 instead trains the three twins and the
 # standalone ResNet-20/32/56 and MobileNetV2 0.5/1.0 (first run) on GPUs 2-3.
 #   bash scripts/gpu_issue11.sh BLOB OUTDIR     (BLOB: scripts/gpu_pack_cifar.py pack output)
-# Session 3's recipe (80 fine-tuning epochs, uniform sampling) is kept in config-session3.json;
-# the cifar10 preset is now session 5's (scripts/gpu_issue11_long.sh).
+# The recipe of these runs (80 fine-tuning epochs, uniform sampling) is kept in
+# benchmarks/supernet/configs/uniform_80_epochs.json; the cifar10 preset has since become
+# scripts/gpu_issue11_long.sh's "structured" recipe (benchmarks/supernet/results/headline_r18.json).
 set -uo pipefail
 BLOB=$1; OUT=$2; W=/tmp/i11; BUDGET_S=${BUDGET_S:-565}
 mkdir -p "$W" "$OUT"
@@ -24,9 +25,9 @@ TWINS="--arch resnet18-d4c397.e3.B55B55B55B55 --arch resnet18-d4c397.e3.5BB5BB5B
 r18() {  # GPU, name, extra train-supernet flags
   local gpu=$1 name=$2; shift 2
   export CUDA_VISIBLE_DEVICES=$gpu
-  run python3 -m commands train-supernet --preset cifar10 --config benchmarks/supernet/r18-recipe/config-session3.json --data "$W/cifar" --out "$W/$name" --json "$@" > "$W/$name.json" 2> "$W/$name.err" \
-  && run python3 scripts/bench_front.py --supernet "$W/$name" --data "$W/cifar" --random 90 $TWINS --out "$W/$name-front.csv" 2>> "$W/$name.err" \
-  && run python3 scripts/bench_headline.py --front "$W/$name-front.csv" --supernet "$W/$name" --out "$W/headline-gpuhost-$name.json" 2>> "$W/$name.err"
+  run python3 -m commands train-supernet --preset cifar10 --config benchmarks/supernet/configs/uniform_80_epochs.json --data "$W/cifar" --out "$W/$name" --json "$@" > "$W/$name.json" 2> "$W/$name.err" \
+  && run python3 -m benchmarks.supernet.front --supernet "$W/$name" --data "$W/cifar" --random 90 $TWINS --out "$W/$name-front.csv" 2>> "$W/$name.err" \
+  && run python3 -m benchmarks.supernet.headline --front "$W/$name-front.csv" --supernet "$W/$name" --out "$W/headline-gpuhost-$name.json" 2>> "$W/$name.err"
 }
 r18 0 r18 &
 r18 2 r18-seed1 --seed 1 &
@@ -36,20 +37,20 @@ r18 3 r18-ftorig --finetune-original &
   run python3 -m commands train-supernet --preset cifar-resnet56 --pretrained .gpu/resnet56-4bfd9763.th \
       --data "$W/cifar" --out "$W/r56" --json > "$W/r56.json" 2> "$W/r56.err" \
   && tar czf "$OUT/r56-supernet.tar.gz" -C "$W" r56 \
-  && run python3 scripts/bench_front.py --supernet "$W/r56" --data "$W/cifar" --random 90 --out "$W/r56-front.csv" 2>> "$W/r56.err"
+  && run python3 -m benchmarks.supernet.front --supernet "$W/r56" --data "$W/cifar" --random 90 --out "$W/r56-front.csv" 2>> "$W/r56.err"
 ) &
 if [ "${STANDALONE:-0}" = 1 ]; then
 for twin in large=resnet18:resnet18-d4c397.e3.B55B55B55B55 middle=resnet18:resnet18-d4c397.e3.5BB5BB5BB5BB \
             small=resnet18:resnet18-d4c397.e3.55S55S55S55S; do
   name=${twin%%=*}
-  CUDA_VISIBLE_DEVICES=2 run python3 scripts/bench_standalone.py --data "$W/cifar" --epochs $EPOCHS --operators $OPS \
+  CUDA_VISIBLE_DEVICES=2 run python3 -m benchmarks.supernet.standalone --data "$W/cifar" --epochs $EPOCHS --operators $OPS \
       --job "$twin" --out "$W/twin-$name.json" 2> "$W/twin-$name.err" &
 done
 BASE_EPOCHS=100  # standalone baselines: all five must finish inside the lease
 for base in resnet20=cifar_resnet20 resnet32=cifar_resnet32 resnet56=cifar_resnet56 mbv2_050=mobilenetv2_050 mbv2=mobilenetv2; do
   name=${base%%=*}
   gpu=3; [ "$name" = mbv2 ] && gpu=2
-  CUDA_VISIBLE_DEVICES=$gpu run python3 scripts/bench_standalone.py --data "$W/cifar" --epochs $BASE_EPOCHS \
+  CUDA_VISIBLE_DEVICES=$gpu run python3 -m benchmarks.supernet.standalone --data "$W/cifar" --epochs $BASE_EPOCHS \
       --job "$base" --out "$W/standalone-$name.json" 2> "$W/standalone-$name.err" &
 done
 fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 11, session 5: three longer ResNet-18 supernet recipes side by side on a 4-GPU host,
+# Issue 11: three longer ResNet-18 supernet recipes side by side on a 4-GPU host,
 # and the three twins trained alone for the same total epochs (60 + 3x2 + 4 + 160 = 230).
 #   GPU0 long        the cifar10 preset with 160 fine-tuning epochs (was 80)
 #   GPU1 structured  + half the random subnets drawn as width levels, exits from the last two stages
@@ -13,7 +13,7 @@
 # Results (fronts, training metrics, twins, the headline timed on the host CPU) go to OUTDIR.
 set -uo pipefail
 BLOB=$1; OUT=$2; W=/tmp/i11l; BUDGET_S=${BUDGET_S:-560}
-CFG=$PWD/benchmarks/supernet/r18-long/configs
+CFG=$PWD/benchmarks/supernet/configs
 mkdir -p "$W" "$OUT"
 export PYTHONPATH=$PWD HMT_CACHE_DIR=$W/cache
 start=$(date +%s); END=$(( start + BUDGET_S ))
@@ -35,15 +35,15 @@ recipe() {  # GPU, name (= config file name)
   fi
   if [ ! -f "$W/$name-front.done" ]; then
     # shellcheck disable=SC2086
-    run python3 scripts/bench_front.py --supernet "$W/$name" --data "$W/cifar" --random 60 --greedy 50 $twins \
+    run python3 -m benchmarks.supernet.front --supernet "$W/$name" --data "$W/cifar" --random 60 --greedy 50 $twins \
         --out "$W/$name-front.csv" 2>> "$W/$name.err" && touch "$W/$name-front.done" || return
   fi
-  [ -f "$W/headline-gpuhost-$name.json" ] || run python3 scripts/bench_headline.py --front "$W/$name-front.csv" \
+  [ -f "$W/headline-gpuhost-$name.json" ] || run python3 -m benchmarks.supernet.headline --front "$W/$name-front.csv" \
       --supernet "$W/$name" --candidates 4 --bursts 5 --out "$W/headline-gpuhost-$name.json" 2>> "$W/$name.err"
 }
 twin() {  # name, arch id
   [ -f "$W/twin-$1.json" ] && return
-  CUDA_VISIBLE_DEVICES=${G[3]} run python3 scripts/bench_standalone.py --data "$W/cifar" --epochs 230 \
+  CUDA_VISIBLE_DEVICES=${G[3]} run python3 -m benchmarks.supernet.standalone --data "$W/cifar" --epochs 230 \
       --operators w75,w50,w25,lr50,skip,sw75,sw50,sw25 --job "$1=resnet18:$2" --checkpoint-dir "$W/twin-ckpt" \
       --out "$W/twin-$1.json" 2>> "$W/twin-$1.err"
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU host (benchmarks/README.md, precision): hmt serve on the demo bundle with the target's providers (cuda, cpu), one
+# On the GPU host (benchmarks/README.md, table "precision"): hmt serve on the demo bundle with the target's providers (cuda, cpu), one
 # request through the client, then /v1/status's providers and runtime notes.
 set -u
 PYTHONPATH=/tmp/site:$PWD python3 -m commands serve runs/demo/bundle-x86-64 --port 8765 --engine onnxruntime > /tmp/serve.log 2>&1 &

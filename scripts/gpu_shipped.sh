@@ -2,8 +2,8 @@
 # The shipped supernet (preset cifar-resnet56) on one GPU. Resumable: rerun the same command on the
 # same warm machine until it prints "all done" (one command is limited to 10 minutes).
 #   bash scripts/gpu_shipped.sh BLOB OUTDIR     (BLOB: scripts/gpu_pack_cifar.py pack output)
-# Session 3's shipped supernet was made with --config benchmarks/supernet/shipped/config-session3.json
-# (EXTRA="--config ..." passes it).
+# The shipped supernet before 2026-11-26's retraining was made with
+# --config benchmarks/supernet/configs/shipped_uniform_65_epochs.json (EXTRA="--config ..." passes it).
 set -uo pipefail
 BLOB=$1; OUT=$2; W=/tmp/ship; BUDGET_S=${BUDGET_S:-560}
 mkdir -p "$W" "$OUT"; start=$(date +%s); END=$(( start + BUDGET_S ))
@@ -22,7 +22,7 @@ if [ ! -f "$W/r56/manifest.json" ]; then
 fi
 if [ -f "$W/r56/manifest.json" ]; then
   tar czf "$OUT/r56-supernet.tar.gz" -C "$W" r56
-  [ -f "$W/r56-front.done" ] || { run python3 scripts/bench_front.py --supernet "$W/r56" --data "$W/cifar" \
+  [ -f "$W/r56-front.done" ] || { run python3 -m benchmarks.supernet.front --supernet "$W/r56" --data "$W/cifar" \
       --random "${FRONT_RANDOM:-40}" --greedy "${FRONT_GREEDY:-30}" --out "$W/r56-front.csv" 2>> "$W/r56.err" \
       && touch "$W/r56-front.done"; }
 fi

@@ -6,7 +6,7 @@ scored on the rest, raw block-table sum vs corrected, over ``--splits`` splits; 
 leave-one-out. Uses the library's fit (hmt/profile/composition.py) and features
 (Predictor.composition_features), so it measures what ``--calibrate-variants`` would do.
 
-    python benchmarks/profile/composition_cv.py /tmp/ph/prof-h100 runs/r20gpu --batch 64 --train 12
+    python -m benchmarks.profile.composition_cv runs/profile-h100 runs/r20gpu --batch 64 --train 12
 """
 
 from __future__ import annotations
@@ -14,8 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
+
+from benchmarks.harness import Driver
+
+BENCH = Driver(
+    baseline="the raw block-table sum (no correction) on the same held-out variants",
+    needs="a profile with a validation table and its supernet (PROFILE SUPERNET)",
+)
 
 
 def main() -> int:
@@ -32,6 +40,7 @@ def main() -> int:
     parser.add_argument("--train", type=int, default=12)
     parser.add_argument("--splits", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="also write the summary here (JSON)")
     args = parser.parse_args()
 
     profile = load_profile(args.profile)
@@ -75,6 +84,8 @@ def main() -> int:
     }
     json.dump(summary, sys.stdout, indent=2)
     sys.stdout.write("\n")
+    if args.out is not None:
+        args.out.write_text(json.dumps(summary, indent=2) + "\n")
     return 0
 
 

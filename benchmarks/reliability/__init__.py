@@ -1,0 +1,1 @@
+"""Benchmarks of reliability: ``python -m benchmarks.reliability [--quick]``."""

@@ -32,6 +32,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from benchmarks.harness import Driver
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -68,7 +70,7 @@ def _renorm(info: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor
 
 def _accuracy(net: torch.nn.Module, x: np.ndarray, y: np.ndarray, info: Any, device: torch.device,
               norm: tuple[torch.Tensor, torch.Tensor] | None) -> float:
-    from hmt.supernet.train.evaluate import eval_loader
+    from hmt.data import eval_loader
 
     net.eval()
     loader = eval_loader(x, y, info=info, batch_size=1000, device=device, channels_last=device.type == "cuda")
@@ -223,6 +225,16 @@ def _train(net: torch.nn.Module, train: Any, info: Any, args: argparse.Namespace
         save_checkpoint(ckpt, {"config_fingerprint": fingerprint, "epoch": epoch + 1, "history": history,
                                "model": net.state_dict(), "optimizer": optimizer.state_dict()})
     return history
+
+
+BENCH = Driver(
+    baseline="the weights' own accuracy before training (with --init); a network trained from scratch has none",
+    quick=["--model", "{repo}/benchmarks/supernet/models/cifar_resnet56.py:build", "--data", "{repo}/hmt/data/embedded",
+           "--epochs", "1", "--max-train-samples", "64", "--batch-size", "32", "--device", "cpu", "--out", "{report}"],
+    needs="a GPU and the CIFAR-10 data: scripts/gpu_originals.sh runs it",
+    summarise=lambda report: report["results"],
+    claims=lambda report: report["claims"],
+)
 
 
 if __name__ == "__main__":

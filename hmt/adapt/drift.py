@@ -12,7 +12,7 @@ distance ignores: raw or normalised inputs give the same score as long as refere
 window are in the same units.
 
 Defaults, from windows of CIFAR-10 test images against a reference of 2,000 others
-(benchmarks/README.md, "adapt"): clean windows of 256 score 0.04-0.14, of 64 up to 0.32;
+(benchmarks/adapt/results/drift_scores.json): clean windows of 256 score 0.04-0.14, of 64 up to 0.32;
 noise, blur, brightness and contrast at severities 3 and 5 score 0.9-3.9 (JPEG 0.2-0.6).
 Drift enters when the whole window (256) passes 0.5 and leaves when its most recent
 quarter (64) falls below 0.35; the window then starts afresh.

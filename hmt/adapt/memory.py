@@ -22,7 +22,7 @@ heads (a materialised supernet variant, or any ``nn.Sequential``):
 CUDA ``max_memory_allocated``, on a CPU the allocation events of torch's profiler.
 
 The budget bounds the *saved activations* the plan estimates, not the allocator's peak.
-Measured on this CPU (ResNet-20, batch 128, one TENT step; benchmarks/README.md): plain
+Measured on the 2-core development CPU (ResNet-20, batch 128, one TENT step, 2026-11-26): plain
 autograd peaks at 200 MiB, 8-bit compression at 74 MiB (0.37x); recomputation under a
 budget of half the compressed estimate lowers that estimate from 64 to 38 MiB but not
 the measured peak (76 MiB), which is then set by transient buffers of the convolution
@@ -139,7 +139,7 @@ def pin_mmap_threshold(threshold_bytes: int = 128 * 1024) -> bool:
     the allocator's peak to 0.29x of plain autograd but the resident peak only to 0.71x;
     with the threshold pinned the resident peak followed (0.22x). The price is a page fault
     per fresh page of every activation: the same step took 3.4x as long (0.40 -> 1.35 s;
-    benchmarks/README.md, "adapt"); ``EngineOptions(return_freed_memory=False)`` keeps speed.
+    benchmarks/adapt/results/memory_heap.json); ``EngineOptions(return_freed_memory=False)`` keeps speed.
     """
     import ctypes
     import ctypes.util

@@ -1,6 +1,6 @@
 """Offline adaptation runs: adapt a model to each set of a stream, measure, guard, keep.
 
-``adapt_sets`` is what ``hmt adapt`` and ``scripts/bench_adapt.py`` call. For each set of
+``adapt_sets`` is what ``hmt adapt`` and ``benchmarks/adapt/shift.py`` call. For each set of
 images (a corruption, or clean data) it measures the source model, adapts a copy to the
 set's unlabelled images (BN re-estimation, or TENT online over the batches), measures the
 adapted variant on the same images (the usual test-time-adaptation protocol: the data it

@@ -2,7 +2,7 @@
 
 ORT's parallel executor hands independent nodes to inter-op threads; every hand-off costs
 a thread wake-up, which on a busy 2-core machine measured ~100 ms per ResNet-20 inference
-against 0.5 ms sequential (benchmarks/README.md, precision). It can only pay off where the
+against 0.5 ms sequential (benchmarks/precision/results/parallel_operators.json). It can only pay off where the
 graph has parallel branches of real work, so fuse offers the candidate only there.
 
 The width is taken level by level (ASAP schedule: a node's level is one more than its

@@ -75,7 +75,7 @@ class FuseOptions:
     # in rounds that visit every candidate once (order rotated). Pausing before every call
     # measured ORT ResNet-18 b1 on a 16-core host at 5.9 ms against 1.6 ms back to back, and
     # picked TVM for it; bursts of 8 with one call dropped disagreed with an independent loop
-    # by 10-20 % on close pairs (session 4, the H100 host; benchmarks/README.md, precision).
+    # by 10-20 % on close pairs (the H100 host; benchmarks/precision/results/gpu_engines.json).
     timing_burst: int = 20
     timing_drop: int = 4
     settle_s: float = 0.005

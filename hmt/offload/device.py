@@ -232,7 +232,7 @@ class OffloadDevice:
         if warm_ms <= 0 or not math.isfinite(measured_ms):
             return
         # Up to 200x: a 1 ms graph on a core throttled by a CPU quota and a busy neighbour
-        # measured 70-110 ms at its 95th percentile (benchmarks/offload-shipped).
+        # measured 70-110 ms at its 95th percentile (benchmarks/offload/results/shipped_bundle.json).
         sample = min(200.0, max(0.2, measured_ms / warm_ms))
         self._device_runs.add(sample)
         with self._lock:

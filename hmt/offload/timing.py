@@ -10,8 +10,8 @@ A round trip measured on the device (``elapsed``) holds three kinds of time:
 - the rest: the link (both directions, the proxy in between) and the peer's HTTP stack.
 
 Charging the device's part to the link made a busy device believe its link had become
-slow, so it stayed local exactly when offloading paid most (benchmarks/README.md,
-"offload-shipped"). :func:`thread_times_ms` reads the counters; :class:`RecentTail` keeps a
+slow, so it stayed local exactly when offloading paid most (the shipped bundle's run,
+benchmarks/offload/results/shipped_bundle.json). :func:`thread_times_ms` reads the counters; :class:`RecentTail` keeps a
 recent high percentile of a quantity (the budget is a tail target, so the planner plans
 each part at its tail).
 """

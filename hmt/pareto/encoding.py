@@ -1,8 +1,9 @@
 """Decision variables of the search and their integer encoding.
 
 A candidate is one gene per block position (the operator choice), one for the exit
-stage, and one for the engine option; an offload cut point will be one more gene (a
-later issue: ``Candidate.offload_cut`` is reserved and always ``None`` today).
+stage, and one for the engine option. The offload cut is not a gene: with a link to a
+peer, :class:`hmt.pareto.offload.OffloadCostModel` prices every variant at its best cut
+and sets ``Candidate.offload_cut`` (``None``: all local, the default without a peer).
 
 Each position's choices are ordered by predicted cost (cheapest first), so genes are
 ordinal: a step of +-1 moves to the neighbouring cost level (w75 -> w50 -> w25 on the
@@ -41,7 +42,7 @@ class Candidate:
 
     arch: ArchConfig
     engine: str = DEFAULT_ENGINE
-    offload_cut: int | None = None  # reserved for the offload issue
+    offload_cut: int | None = None  # set by OffloadCostModel.candidate; None: all on the device
     # Numeric precision (hmt.precision): fp32, or a quantised copy of the same arch whose
     # accuracy was measured (hmt.pareto.precision); its id is the arch id + ".int8"/".fp16".
     precision: str = "fp32"

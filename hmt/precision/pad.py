@@ -5,8 +5,9 @@ kernel (AVX2 / AVX-VNNI / AVX-512 VNNI, ARM dot product) only when the convoluti
 at least 16 output channels and its input and output channel counts are multiples of 4
 (``MlasConvSymPackWSize``); otherwise it falls back to im2col + a generic integer GEMM.
 Narrow variants sit below that line: a 3x3 convolution of 8 channels on a 32x32 map ran
-**slower** in INT8 than in FP32 on the 2-core EPYC (21.8 against 16.7 us, and 25.7 us at
-12 channels, while 16 channels took 14.8 us in INT8; ``benchmarks/precision/probes.txt``),
+**slower** in INT8 than in FP32 on the 2-core EPYC (21.3 against 16.0 us per convolution, and
+24.7 against 25.0 us at 12 channels, while 16 channels took 14.2 us in INT8;
+``benchmarks/precision/results/narrow_int8_conv.json``),
 so halving a variant's width left its INT8 copy no faster than FP32.
 
 ``pad_channels`` rewrites a float graph so every activation tensor of fewer than

@@ -280,7 +280,7 @@ def fit_load_model(labels: Sequence[str], load_index: Floats, latency_ms: Floats
 
 def load_index(cpu_util: float, *, gpu_util: float = 0.0, mem_util: float = 0.0,
                weights: tuple[float, float, float] = (1.0, 0.0, 0.0)) -> float:
-    """AdaScale eq. 2 / DESIGN serve: I = (Wcpu*Ucpu + Wgpu*Ugpu + Wm*Um) / W, utilisations in [0, 1].
+    """AdaScale eq. 2 (serve's load index): I = (Wcpu*Ucpu + Wgpu*Ugpu + Wm*Um) / W, utilisations in [0, 1].
 
     The default weights count the CPU only: on a CPU engine GPU and memory use do not
     slow inference until memory runs out, which the memory budget handles separately.

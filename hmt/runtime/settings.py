@@ -190,7 +190,8 @@ class EstimatorSettings:
     probe_share: float = 0.05
     # 0: a variant's last 3 samples floor its estimate (their lower median: 2 of 3 slow). > 0: the
     # samples of its last floor_span_s instead (at least 2): at 100 requests/s 3 samples span 30 ms,
-    # no evidence of a load step on a sub-ms engine (an ablation, session 5).
+    # no evidence of a load step on a sub-ms engine (an ablation that did not change the default:
+    # benchmarks/serve/results/floor_span.json).
     floor_span_s: float = 0.0
     mode: str = MODE_MEASURED
 
@@ -248,8 +249,8 @@ class CorrectionSettings:
     r_max: float = 5.0
     # Share of the compute budget (the latency budget less the serving overhead measured now) the
     # estimates may use. 1.0: the estimates are p95s already (measured, or priors times the tail
-    # factor), so a further margin counts the tail twice. Measured (benchmarks/README.md, serve,
-    # session 4b): against 0.8, the same misses and 0.4-14 points more top-1 under load on TVM.
+    # factor), so a further margin counts the tail twice. Measured against 0.8 in the same runs: the
+    # same misses and 0.4-14 points more top-1 under load on TVM (benchmarks/serve/results/headroom.json).
     headroom: float = 1.0
 
     def __post_init__(self) -> None:

@@ -62,7 +62,7 @@ def tvm_device(device: str = "cpu") -> Any:
 
 # TVM 0.27 never frees a loaded library module: each ``load_module`` of the same .so kept
 # ~0.75x the file's size for good (138 KB per load of a 182 KB library; 183 KB per variant
-# load over 1,000 load/evict cycles of the demo bundle, scripts/bench_pool_churn.py). A
+# load over 1,000 load/evict cycles of the demo bundle, benchmarks/serve/pool_churn.py). A
 # module verified once is therefore loaded once per process and content (its sha256: the
 # serve path loads private copies, hmt.runtime.verified.private_copy, each at a new path)
 # and reused; what an eviction frees is the VMs. Memory stays bounded by the bundle.

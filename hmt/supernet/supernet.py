@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from hmt.errors import ModelError
+from hmt.errors import ModelError, UsageError
 from hmt.supernet.backbones import BackboneDef, build_backbone_def
 from hmt.supernet.block_types import BLOCK_TYPES
 from hmt.supernet.blocks import SLIM_FULL, keep_statistics, width_channels
@@ -375,8 +375,9 @@ class Supernet(nn.Module):
         in_c, out_c = width_channels(spec.in_channels, in_w), width_channels(spec.out_channels, out_w)
         return block.materialize(choice, in_c, out_c).eval()
 
-    def materialize(self, arch: ArchConfig) -> VariantModule:
-        """A plain module for ``arch`` with copies of only the chosen weights, in eval mode."""
+    def materialize(self, arch: ArchConfig | str) -> VariantModule:
+        """A plain module for ``arch`` (an ArchConfig or an arch id) with copies of only the
+        chosen weights, in eval mode."""
         return materialize_units(self, arch)
 
     def block_input_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -449,9 +450,14 @@ class Supernet(nn.Module):
 Unit = tuple[str, int, str]
 
 
-def materialize_units(net: nn.Module, arch: ArchConfig) -> VariantModule:
-    """Assemble ``arch``'s variant from ``net.variant_units`` / ``net.unit_module`` (any
-    supernet with that pair: the built-in one, an elastified one)."""
+def materialize_units(net: nn.Module, arch: ArchConfig | str) -> VariantModule:
+    """Assemble ``arch``'s variant (an ArchConfig, or an arch id parsed in ``net.space``) from
+    ``net.variant_units`` / ``net.unit_module`` (any supernet with that pair: the built-in
+    one, an elastified one)."""
+    if isinstance(arch, str):
+        arch = net.space.parse(arch)
+    elif not isinstance(arch, ArchConfig):
+        raise UsageError(f"materialize: expected an ArchConfig or an arch id string, got {type(arch).__name__}")
     units, stage_end, exits = net.variant_units(arch)
     segments: list[nn.Module] = []
     heads: list[nn.Module] = []

@@ -138,7 +138,7 @@ def test_rounds_drop_the_first_calls_of_each_burst_and_rotate_the_order() -> Non
     assert len(out["slow"].round_medians_ms) == 3 and len(out["slow"].samples_ms) == 3
     assert out["b"].median_ms >= 0.4 and out["a"].median_ms < out["b"].median_ms
     timed = order[3 * 2:]  # after each candidate's first call and one warm-up call
-    # Round 0 starts with a (5 + 5 + 2 calls), round 1 with b (12), round 2 with slow, round 3 with a.
+    # By round index: 0 starts with a (5 + 5 + 2 calls), 1 with b (12), 2 with slow, 3 with a.
     assert [timed[0], timed[12], timed[24], timed[36]] == ["a", "b", "slow", "a"]
     assert timing_mode(20, 0.005, rounds=7, drop=4)["mode"] == "rounds"
     with pytest.raises(ValueError):

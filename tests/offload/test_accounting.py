@@ -1,6 +1,6 @@
 """A busy device's own delays are its own: not the link's (fake peer, fake clock, fake timings).
 
-The bench's busy-device phase (benchmarks/README.md, "offload-shipped") missed its target:
+The bench's busy-device phase (benchmarks/offload/results/shipped_bundle.json) missed its target:
 every round trip the device measured held its own wait for its throttled core, which
 was charged to the link, so offloading looked as slow as the busy device itself. The
 timings below are those of that bench: a 1.2 ms variant, a peer tail of 1.7 ms, a

@@ -171,7 +171,7 @@ def test_decision_time_is_small() -> None:
         t0 = time.perf_counter()
         opt.decide(float(load), 70.0, None, budgets)
         times.append(time.perf_counter() - t0)
-    # generous bound for a shared, loaded machine; scripts/bench_serve_decision.py reports the figures
+    # generous bound for a shared, loaded machine; benchmarks/serve/optimizer_decision.py reports the figures
     assert float(np.median(times)) < 1e-3
 
 

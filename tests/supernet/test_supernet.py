@@ -117,3 +117,16 @@ def test_pretrained_refuses_pickle_payload(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="weights-only"):
         net.load_pretrained(bad)
     assert not marker.exists()
+
+
+def test_materialize_takes_an_arch_id_and_refuses_other_types() -> None:
+    torch.manual_seed(0)
+    net = build_supernet("cifar_resnet8", num_classes=10, input_shape=(3, 32, 32), operators=("w50", "skip")).eval()
+    arch = net.space.sample(np.random.default_rng(0))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        np.testing.assert_array_equal(net.materialize(arch.arch_id)(x).numpy(), net.materialize(arch)(x).numpy())
+    with pytest.raises(UsageError, match="is not of the form"):
+        net.materialize("not-an-id")
+    with pytest.raises(UsageError, match="expected an ArchConfig or an arch id string, got int"):
+        net.materialize(3)  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ Two modes (``burst``):
 Candidates still alternate between bursts, so a load change hits every candidate alike.
 
 :func:`measure_rounds` (what ``fuse`` uses) is the burst mode made robust the way
-``scripts/bench_headline.py`` times: each *round* visits every candidate once (the order
+``benchmarks/supernet/headline.py`` times: each *round* visits every candidate once (the order
 rotated from round to round, so no candidate always follows the same one), a visit is a
 burst of ~20 back-to-back calls whose first few are dropped, and each round gives each
 candidate one median. A candidate's figure is the median of its round medians, and

@@ -343,7 +343,8 @@ class ElastifiedSupernet(nn.Module):
 
     # -- materialising and enumerating --------------------------------------------------
 
-    def materialize(self, arch: ArchConfig) -> VariantModule:
+    def materialize(self, arch: ArchConfig | str) -> VariantModule:
+        """A plain module for ``arch`` (an ArchConfig or an arch id), in eval mode."""
         return materialize_units(self, arch)
 
     def block_input_shapes(self) -> dict[str, tuple[int, ...]]:

@@ -1,6 +1,6 @@
 """The training driver: phases in order, a checkpoint after every epoch, resume on rerun.
 
-Recipe (DESIGN.md train-supernet): backbone -> multi-stage partitions (AdaScale Alg. 1)
+Recipe (the train-supernet stage): backbone -> multi-stage partitions (AdaScale Alg. 1)
 -> branch-wise distillation (AdaptiveNet eq. 1) -> sampled-subnet fine-tuning.
 Every random draw comes from generators seeded by (seed, phase, epoch), so a run resumed
 at an epoch boundary repeats exactly what the uninterrupted run would have done.

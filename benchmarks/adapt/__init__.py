@@ -1,0 +1,1 @@
+"""Benchmarks of adapt: ``python -m benchmarks.adapt [--quick]``."""

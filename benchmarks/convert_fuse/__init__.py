@@ -1,0 +1,1 @@
+"""Benchmarks of convert_fuse: ``python -m benchmarks.convert_fuse [--quick]``."""

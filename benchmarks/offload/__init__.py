@@ -1,0 +1,1 @@
+"""Benchmarks of offload: ``python -m benchmarks.offload [--quick]``."""

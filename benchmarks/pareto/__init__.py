@@ -1,0 +1,1 @@
+"""Benchmarks of pareto: ``python -m benchmarks.pareto [--quick]``."""

@@ -1,0 +1,1 @@
+"""Benchmarks of precision: ``python -m benchmarks.precision [--quick]``."""

@@ -1,0 +1,1 @@
+"""Benchmarks of profile: ``python -m benchmarks.profile [--quick]``."""

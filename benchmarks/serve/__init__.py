@@ -1,0 +1,1 @@
+"""Benchmarks of serve: ``python -m benchmarks.serve [--quick]``."""

@@ -1,0 +1,1 @@
+"""Benchmarks of supernet: ``python -m benchmarks.supernet [--quick]``."""
