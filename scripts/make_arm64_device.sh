@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # An emulated arm64 device: a Debian bookworm arm64 root filesystem run through qemu-user
 # (binfmt_misc), with the device half of hmt installed the way a user installs it on a
-# Raspberry Pi or a Jetson: a virtual environment and `pip install "hmt[device]"` from
-# aarch64 wheels (no torch, no compiler).
+# Raspberry Pi or a Jetson: a virtual environment and `pip install hmt` (its required
+# dependencies are the device half's: no torch, no onnx, no compiler) from aarch64 wheels.
 #
 #   scripts/make_arm64_device.sh            build (or refresh) the device; prints its root
+#   scripts/make_arm64_device.sh --wheels   what is installed in it, and the wheels' sizes
 #   scripts/make_arm64_device.sh --check    exit 0 when the device is ready, 1 otherwise
-#   scripts/make_arm64_device.sh --run CMD  run CMD inside the device (/proc, /sys mounted
+#   scripts/make_arm64_device.sh --run CMD  run CMD inside the device (/proc and /dev mounted
 #                                           for the command, unmounted after)
 #
 # Root directory: $HMT_ARM64_ROOT (default ~/.cache/hmt/arm64-root). The root filesystem
@@ -50,14 +51,17 @@ ensure_binfmt() {
   binfmt_ok || die "qemu-aarch64 is not registered with binfmt_misc"
 }
 
-# Mount /proc, /sys and /dev for the duration of one chrooted command; always unmounted.
+# Mount /proc and /dev for the duration of one chrooted command; always unmounted after.
+# Not /sys: the host's sysfs describes its x86 CPUs, and ONNX Runtime's CPU detection
+# (cpuinfo) crashes under qemu on that mix (it reads /sys/devices/system/cpu, then an
+# x86 /proc/cpuinfo); without it, ORT notes that it cannot detect the CPU's features and
+# runs. A real board's /sys describes its own CPUs.
 MOUNTED=()
 mount_all() {
-  for fs in proc sys dev; do
+  for fs in proc dev; do
     if ! mountpoint -q "$ROOT/$fs"; then
       case $fs in
         proc) mount -t proc proc "$ROOT/proc" ;;
-        sys) mount -t sysfs sysfs "$ROOT/sys" ;;
         dev) mount --bind /dev "$ROOT/dev" ;;
       esac
       MOUNTED+=("$ROOT/$fs")
@@ -71,9 +75,13 @@ umount_all() {
 }
 trap umount_all EXIT
 
+# HMT_ARM64_CPU (a qemu CPU model: cortex-a72 as on a Raspberry Pi 4, cortex-a57 as on a
+# Jetson Nano) picks the instruction set the device emulates; default qemu's "max".
+DEVICE_ENV=(/usr/bin/env -i HOME=/root PATH="$VENV/bin:/usr/sbin:/usr/bin:/sbin:/bin" LANG=C.UTF-8
+            ${HMT_ARM64_CPU:+QEMU_CPU=$HMT_ARM64_CPU})
 in_device() {
   mount_all
-  chroot "$ROOT" /usr/bin/env -i HOME=/root PATH="$VENV/bin:/usr/sbin:/usr/bin:/sbin:/bin" LANG=C.UTF-8 "$@"
+  chroot "$ROOT" "${DEVICE_ENV[@]}" "$@"
 }
 
 build_rootfs() {
@@ -88,40 +96,65 @@ build_rootfs() {
 }
 
 # The device half's wheels for aarch64, fetched on the host (binary only: nothing is built),
-# and hmt's own wheel from this checkout.
+# and hmt's own wheel, built from a clean copy of this checkout's files (tracked, and
+# untracked but not ignored: no stale build/ folder gets into it).
 fetch_wheels() {
-  local house="$ROOT/wheels"
+  local house="$ROOT/wheels" src
   mkdir -p "$house"
   rm -f "$house"/hmt-*.whl
-  python3 -m pip wheel --no-deps --no-build-isolation -q -w "$house" "$REPO" >&2 || die "building hmt's wheel failed"
+  src=$(mktemp -d)
+  (cd "$REPO" && git ls-files -co --exclude-standard | while IFS= read -r f; do [[ -f "$f" ]] && echo "$f"; done \
+    | tar -cf - -T - | tar -xf - -C "$src")
+  python3 -m pip wheel --no-deps --no-build-isolation -q -w "$house" "$src" >&2 || die "building hmt's wheel failed"
+  rm -rf "$src"
   local reqs
-  reqs=$(python3 - "$REPO/pyproject.toml" <<'EOF'
-import sys, tomllib
-project = tomllib.load(open(sys.argv[1], "rb"))["project"]
-print("\n".join(project["dependencies"] + project["optional-dependencies"].get("device", [])))
-EOF
-)
+  reqs=$(python3 -c 'import sys, tomllib; print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' \
+    "$REPO/pyproject.toml")
   mapfile -t reqs_arr <<<"$reqs"
-  python3 -m pip download -q --only-binary=:all: "${PLATFORMS[@]}" --python-version "$PY_VERSION" \
-    --implementation cp -d "$house" "${reqs_arr[@]}" >&2 || die "pip download of the aarch64 wheels failed"
+  local download=(python3 -m pip download -q --only-binary=:all: "${PLATFORMS[@]}" --python-version "$PY_VERSION"
+                  --implementation cp -d "$house")
+  # Offline first (the wheels of an earlier build), then the registry.
+  "${download[@]}" --no-index --find-links "$house" "${reqs_arr[@]}" >/dev/null 2>&1 \
+    || "${download[@]}" "${reqs_arr[@]}" >&2 || die "pip download of the aarch64 wheels failed"
 }
 
+# A virtual environment in the device and `pip install hmt` from the wheels only (--no-index:
+# nothing reaches a registry from the device, and nothing is compiled there).
 install_hmt() {
   local wheel
   wheel=$(cd "$ROOT/wheels" && ls hmt-*.whl | head -1)
   [[ -x "$ROOT$VENV/bin/python" ]] || in_device python3 -m venv "$VENV"
-  in_device "$VENV/bin/pip" install -q --no-index --find-links /wheels --force-reinstall --no-deps "/wheels/$wheel" >&2
-  in_device "$VENV/bin/pip" install -q --no-index --find-links /wheels "/wheels/$wheel[device]" >&2 \
-    || die "pip install hmt[device] inside the device failed"
+  in_device "$VENV/bin/pip" install -q --no-index --only-binary=:all: --find-links /wheels "/wheels/$wheel" >&2 \
+    || die "pip install hmt inside the device failed"
+  # The same version number from another checkout is "already satisfied": replace hmt itself.
+  in_device "$VENV/bin/pip" install -q --no-index --force-reinstall --no-deps "/wheels/$wheel" >&2 \
+    || die "pip install hmt inside the device failed"
   umount_all
+}
+
+# The installed distributions and the size of the wheel each came from.
+list_wheels() {
+  in_device "$VENV/bin/pip" list --format=freeze 2>/dev/null
+  (cd "$ROOT/wheels" && stat -c '%s %n' *.whl)
 }
 
 case "${1:-}" in
   --check) ready; exit $? ;;
+  --wheels) ready || die "the device is not built"; list_wheels ;;
   --run)
     shift
     ready || die "the device is not built: run scripts/make_arm64_device.sh"
-    in_device "$@"
+    # In the background so that a SIGTERM to this script (a test stopping `hmt serve`)
+    # reaches the command, which then drains and exits before /proc is unmounted.
+    # chroot and env exec the command: $child is its process.
+    mount_all
+    chroot "$ROOT" "${DEVICE_ENV[@]}" "$@" &
+    child=$!
+    trap 'kill -TERM "$child" 2>/dev/null' TERM INT
+    rc=0
+    wait "$child" || rc=$?
+    while kill -0 "$child" 2>/dev/null; do rc=0; wait "$child" || rc=$?; done
+    exit "$rc"
     ;;
   "")
     ensure_binfmt
