@@ -25,6 +25,7 @@ from typing import Any
 from hmt.artifacts import Artifact, load_artifact, safe_join
 from hmt.artifacts.checks import check_exact_files
 from hmt.artifacts.signing import SIGNATURE_NAME, SignatureCheck, check_signature
+from hmt.compat import strict_zip
 from hmt.errors import ArtifactError, HmtError
 
 BUNDLE_KIND = "bundle"
@@ -52,7 +53,7 @@ class TensorSpec:
     def from_mapping(cls, data: Mapping[str, Any], where: str) -> TensorSpec:
         try:
             shape = data["shape"]
-            if not isinstance(shape, list | tuple) or not all(type(d) is int for d in shape):
+            if not isinstance(shape, (list, tuple)) or not all(type(d) is int for d in shape):
                 raise TypeError(f"shape must be a list of integers, got {str(shape)[:80]}")
             spec = cls(str(data["name"]), tuple(shape), str(data["dtype"]))
         except (KeyError, TypeError, ValueError) as exc:
@@ -159,7 +160,7 @@ class BundleVariant:
                                 f"exits {len(self.exits)})")
         if not 0 <= self.exit_stage < len(self.segments):
             raise ArtifactError(f"{where}: exit_stage {self.exit_stage} outside 0..{len(self.segments) - 1}")
-        for k, (segment, head) in enumerate(zip(self.segments, self.exits, strict=True)):
+        for k, (segment, head) in enumerate(strict_zip(self.segments, self.exits)):
             if segment.index != k or head.index != k or head.consumes_segment != k:
                 raise ArtifactError(f"{where}: graph {k} is out of order")
             if k and segment.input.name != self.segments[k - 1].output.name:

@@ -35,10 +35,10 @@ import secrets
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, Callable, MutableMapping
 
 import numpy as np
 from starlette.applications import Starlette
