@@ -29,7 +29,15 @@ from hmt.errors import DeviceError, UsageError
 ARCH_ELF_MACHINE = {"x86_64": "x86_64", "aarch64": "aarch64"}
 
 # Runtimes every target needs for ``hmt serve`` (the on-device half imports no torch).
-_BASE_RUNTIMES = ("python>=3.10", "numpy>=1.26", "psutil>=5.9", "onnxruntime>=1.20")
+_BASE_RUNTIMES = ("python>=3.8 for the device half (hmt.serve's library; the hmt CLI needs 3.10)",
+                  "numpy>=1.24", "psutil>=5.9", "onnxruntime>=1.19")
+# JetPack 5 ships Python 3.8 (the device half's floor); JetPack 4 ships 3.6, below it.
+_PYTHON_FLOOR_NOTE = (
+    "the device half runs on Python 3.8 (JetPack 5's: numpy 1.24, onnxruntime 1.19, started from Python "
+    "with hmt.serve.session.serve_forever; the hmt CLI needs Python 3.10); on JetPack 4 (Python 3.6) "
+    "install Python 3.8 or newer beside the system one (e.g. Miniforge for aarch64, or deadsnakes' "
+    "python3.8 on Ubuntu 18.04) and serve from that"
+)
 _TVM_RUNTIME_HOST = "apache-tvm 0.27 runtime (pip apache-tvm==0.27.0.post1; the .so files need this TVM version)"
 # Why Arm bundles carry no TVM libraries: a Relax module library (.so) is loaded by the
 # "relax.VMExecutable" loader of libtvm_runtime, and no package gives that runtime for
@@ -142,7 +150,8 @@ TARGETS: dict[str, Target] = {
             default_profile="host-amd-epyc-2c.json",
             # x86-64-v3 (AVX2, FMA; 2013+ CPUs) rather than this host's own CPU (znver4) so
             # that the bundle also runs on other x86-64 machines of the last decade.
-            notes=("TVM code is built for mcpu x86-64-v3 (AVX2/FMA): it does not run on pre-2013 x86 CPUs",),
+            notes=("TVM code is built for mcpu x86-64-v3 (AVX2/FMA): it does not run on pre-2013 x86 CPUs",
+                   _PYTHON_FLOOR_NOTE),
             # An x86 box may have an NVIDIA GPU: ORT's CUDA provider is used where onnxruntime-gpu
             # is installed, per variant only where fuse measured it faster than the CPU.
             providers=("cuda", "cpu"),
@@ -164,7 +173,7 @@ TARGETS: dict[str, Target] = {
                 runtimes=("JetPack 4.6 (L4T R32, CUDA 10.2, TensorRT 8.2)",),
             ),
             providers=("tensorrt", "cuda", "cpu"),
-            notes=("JetPack 4 ships Python 3.6; serve needs Python >= 3.10 (install one, e.g. with conda)",),
+            notes=(_PYTHON_FLOOR_NOTE,),
         ),
         Target(
             name="jetson-xavier-nx",
@@ -183,6 +192,7 @@ TARGETS: dict[str, Target] = {
                 runtimes=("JetPack 5.1 (L4T R35, CUDA 11.4, TensorRT 8.5)",),
             ),
             providers=("tensorrt", "cuda", "cpu"),
+            notes=(_PYTHON_FLOOR_NOTE,),
         ),
         Target(
             name="raspberry-pi-4b",
@@ -194,7 +204,9 @@ TARGETS: dict[str, Target] = {
             runtimes=_BASE_RUNTIMES,
             no_tvm_reason=_NO_TVM_RUNTIME_AARCH64,
             default_profile="raspberry-pi-4b.json",
-            notes=("needs the 64-bit Raspberry Pi OS (aarch64); the 32-bit one cannot load these libraries",),
+            notes=("needs the 64-bit Raspberry Pi OS (aarch64: onnxruntime has no 32-bit Arm wheel); its Python "
+                   "(3.11 on Bookworm) runs the device half",
+                   _PYTHON_FLOOR_NOTE),
         ),
         Target(
             name="aarch64",
@@ -207,7 +219,7 @@ TARGETS: dict[str, Target] = {
             no_tvm_reason=_NO_TVM_RUNTIME_AARCH64,
             default_profile=None,
             notes=("no profile is shipped for a generic board: pass --profile (measure it with "
-                   "`hmt profile-device --rpc ...`)",),
+                   "`hmt profile-device --rpc ...`)", _PYTHON_FLOOR_NOTE),
         ),
     )
 }
