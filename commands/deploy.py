@@ -81,9 +81,12 @@ def _list_targets(output: Output) -> None:
     for t in targets:
         tvm = t.tvm_target
         output.note(f"{t.name}: {t.description}")
-        output.note(f"  CPU {t.arch}: TVM target {tvm.get('mtriple')} mcpu={tvm.get('mcpu')} "
-                    f"mattr={','.join(tvm.get('mattr', [])) or '-'}; compiler {t.cross_compiler or 'host g++'}"
-                    + (f" (apt-get install -y {t.cross_compiler_package})" if t.cross_compiler_package else ""))
+        if t.runs_tvm:
+            output.note(f"  CPU {t.arch}: TVM target {tvm.get('mtriple')} mcpu={tvm.get('mcpu')} "
+                        f"mattr={','.join(tvm.get('mattr', [])) or '-'}; compiler {t.cross_compiler or 'host g++'}"
+                        + (f" (apt-get install -y {t.cross_compiler_package})" if t.cross_compiler_package else ""))
+        else:
+            output.note(f"  CPU {t.arch}: ONNX Runtime only; {t.no_tvm_reason}")
         if t.gpu is not None:
             output.note(f"  GPU {t.gpu.name} {t.gpu.cuda_arch}: {t.gpu.code}; needs {', '.join(t.gpu.runtimes)}")
         output.note(f"  runtimes: {'; '.join(t.runtimes)}")
@@ -120,7 +123,8 @@ def deploy_command(
     variants: Annotated[list[str] | None, typer.Option(
         "--variant", help="Variant arch id to bundle (repeatable; default: every fused variant).")] = None,
     engines: Annotated[list[EngineChoice] | None, typer.Option(
-        "--engine", help="Engine to bundle (repeatable; default both; onnxruntime is always kept).")] = None,
+        "--engine", help="Engine to bundle (repeatable; default: both where the target has a TVM runtime, "
+                         "ONNX Runtime only on Arm; onnxruntime is always kept).")] = None,
     strict: Annotated[bool, typer.Option(
         "--strict", help="Fail the whole bundle if any variant does not compile for the target.")] = False,
     out: Annotated[Path | None, typer.Option(
@@ -258,7 +262,7 @@ def deploy_command(
         out_dir = out or Path("runs") / f"bundle-{target}"
         options = DeployOptions(
             target=target, profile=profile, variants=tuple(variants or ()),
-            engines=tuple(e.value for e in engines) if engines else ("onnxruntime", "tvm"),
+            engines=tuple(e.value for e in engines) if engines else None,
             strict=strict, latency_ms=latency_ms, memory_mb=memory_mb, energy=energy, sign_key=sign_key,
             version=bundle_version, adaptable=adaptable, supernet=supernet, allow_missing_preprocess=no_preprocess,
             canary_data=canary_data, seed=seed,

@@ -25,6 +25,7 @@ from typing import Any
 from hmt.artifacts import Artifact, load_artifact, safe_join
 from hmt.artifacts.checks import check_exact_files
 from hmt.artifacts.signing import SIGNATURE_NAME, SignatureCheck, check_signature
+from hmt.compat import strict_zip
 from hmt.errors import ArtifactError, HmtError
 
 BUNDLE_KIND = "bundle"
@@ -52,7 +53,7 @@ class TensorSpec:
     def from_mapping(cls, data: Mapping[str, Any], where: str) -> TensorSpec:
         try:
             shape = data["shape"]
-            if not isinstance(shape, list | tuple) or not all(type(d) is int for d in shape):
+            if not isinstance(shape, (list, tuple)) or not all(type(d) is int for d in shape):
                 raise TypeError(f"shape must be a list of integers, got {str(shape)[:80]}")
             spec = cls(str(data["name"]), tuple(shape), str(data["dtype"]))
         except (KeyError, TypeError, ValueError) as exc:
@@ -159,7 +160,7 @@ class BundleVariant:
                                 f"exits {len(self.exits)})")
         if not 0 <= self.exit_stage < len(self.segments):
             raise ArtifactError(f"{where}: exit_stage {self.exit_stage} outside 0..{len(self.segments) - 1}")
-        for k, (segment, head) in enumerate(zip(self.segments, self.exits, strict=True)):
+        for k, (segment, head) in enumerate(strict_zip(self.segments, self.exits)):
             if segment.index != k or head.index != k or head.consumes_segment != k:
                 raise ArtifactError(f"{where}: graph {k} is out of order")
             if k and segment.input.name != self.segments[k - 1].output.name:
@@ -380,12 +381,17 @@ def _check_target(bundle: Bundle, expected: str | None, require_known: bool) -> 
 
 def _check_machines(bundle: Bundle, target: str, expected: str | None) -> int:
     from hmt.deploy.elf import read_elf_header
+    from hmt.deploy.targets import TARGETS
 
     count = 0
     for variant in bundle.spec.variants:
         for graph in variant.graphs():
             if graph.tvm is None:
                 continue
+            if target in TARGETS and not TARGETS[target].runs_tvm:
+                raise ArtifactError(f"{bundle.root / graph.tvm}: a TVM library in a bundle for {target}, whose "
+                                    f"device cannot load it ({TARGETS[target].no_tvm_reason}); rebuild the "
+                                    "bundle with hmt deploy")
             if expected is None:
                 raise ArtifactError(f"{bundle.root / BUNDLE_SPEC_NAME}: target {target[:80]!r} is not a known "
                                     "target and names no elf_machine; its compiled libraries cannot be checked")
@@ -404,10 +410,11 @@ def check_bundle(bundle: Bundle, *, expected_target: str | None = None, trusted_
     Refuses (ArtifactError, exit 4): unlisted files, symlinks or special files anywhere in
     the bundle, a ``serve.json`` that does not validate, an unknown or inconsistent target
     (or not ``expected_target``), a compiled library whose ELF header names another
-    machine, and, when ``trusted_key`` (a loaded ed25519 public key) is given, a missing or
-    non-matching signature. ``require_known_target=False`` (serve) accepts a target this
-    hmt's registry does not know, checking libraries against the ELF machine bundle.json
-    records (and refusing libraries when it records none).
+    machine or whose target's device has no TVM runtime to load it, and, when ``trusted_key``
+    (a loaded ed25519 public key) is given, a missing or non-matching signature.
+    ``require_known_target=False`` (serve) accepts a target this hmt's registry does not
+    know, checking libraries against the ELF machine bundle.json records (and refusing
+    libraries when it records none).
     """
     # The signature first: with a trusted key, nothing else is looked at in a bundle from someone else.
     signature = check_signature(bundle.root, bundle.artifact.manifest_sha256, trusted_key)

@@ -166,7 +166,7 @@ def _answer(status: int, data: bytes) -> dict[str, Any]:
 
 def _encode(x: Any) -> tuple[bytes, str]:
     """A request body and its media type for an array or encoded bytes."""
-    if isinstance(x, bytes | bytearray | memoryview):
+    if isinstance(x, (bytes, bytearray, memoryview)):
         data = bytes(x)
         for magic, media in _MAGIC:
             if data.startswith(magic):

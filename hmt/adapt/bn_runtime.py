@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from hmt.artifacts import Artifact, load_artifact
+from hmt.compat import strict_zip
 from hmt.errors import ArtifactError, InputError, UsageError
 
 BN_ADAPTABLE_KIND = "bn-adaptable"  # the same string as hmt.adapt.bn_export (which needs torch)
@@ -123,7 +124,7 @@ def _session(source: Path | bytes, threads: int = 1) -> Any:
 def patched_graph(graph: BnGraph, affine: list[tuple[np.ndarray, np.ndarray]]) -> bytes:
     """The inference graph's bytes with each BN's scale/shift written at its offset."""
     blob = bytearray(graph.infer_path.read_bytes())
-    for layer, (scale, shift) in zip(graph.layers, affine, strict=True):
+    for layer, (scale, shift) in strict_zip(graph.layers, affine):
         for offset, value in ((layer.scale_offset, scale), (layer.shift_offset, shift)):
             data = np.ascontiguousarray(value, dtype="<f4").tobytes()
             if len(data) != 4 * layer.channels or offset < 0 or offset + len(data) > len(blob):
@@ -195,7 +196,7 @@ class BnReestimator:
     def affine(self) -> dict[str, list[tuple[np.ndarray, np.ndarray]]]:
         """Per graph, per layer, (scale, shift) of the adapted eval-mode BN."""
         stats = self.statistics()
-        return {g.name: [_affine(layer, mean, var) for layer, (mean, var) in zip(g.layers, stats[g.name], strict=True)]
+        return {g.name: [_affine(layer, mean, var) for layer, (mean, var) in strict_zip(g.layers, stats[g.name])]
                 for g in self.graphs}
 
     def adapted(self) -> AdaptedChain:

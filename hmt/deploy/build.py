@@ -68,7 +68,8 @@ class DeployOptions:
     target: str
     profile: Path | None = None  # None: the target's shipped profile
     variants: tuple[str, ...] = ()  # arch ids (or fused names); empty: every fused variant
-    engines: tuple[str, ...] = ENGINES
+    # None: every engine the target can run (TVM only where the device has a TVM runtime).
+    engines: tuple[str, ...] | None = None
     strict: bool = False
     latency_ms: float | None = None
     memory_mb: float | None = None
@@ -285,17 +286,34 @@ def _ort_sessions(fused: Any) -> dict[str, Mapping[str, Any]]:
     return out
 
 
-def _check_options(options: DeployOptions, target: Target) -> None:
-    unknown = [e for e in options.engines if e not in ENGINES]
-    if unknown or not options.engines:
+def resolve_engines(options: DeployOptions, target: Target) -> tuple[tuple[str, ...], list[str]]:
+    """The engines to bundle and the notes saying what was left out.
+
+    Left to the default, TVM is bundled only for a target whose device can install a TVM
+    runtime; asked for by name (``--engine tvm``) for one that cannot, it is refused here,
+    before any work: a bundle never holds a library its device cannot load.
+    """
+    if options.engines is None:
+        if target.runs_tvm:
+            return ENGINES, []
+        return tuple(e for e in ENGINES if e != "tvm"), [f"TVM left out for {target.name}: {target.no_tvm_reason}"]
+    if "tvm" in options.engines and not target.runs_tvm:
+        raise UsageError(f"--engine tvm: target {target.name} cannot load TVM libraries ({target.no_tvm_reason}); "
+                         "leave --engine out (or use --engine onnxruntime)")
+    return options.engines, []
+
+
+def _check_options(engines: tuple[str, ...], options: DeployOptions, target: Target) -> None:
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown or not engines:
         raise UsageError(f"unknown or no engine(s) {unknown}; choose from {', '.join(ENGINES)}")
-    if "onnxruntime" not in options.engines:
+    if "onnxruntime" not in engines:
         # The ONNX graphs are the portable fallback (and what serve verifies against).
         raise UsageError("the onnxruntime engine cannot be left out: every bundle carries the ONNX graphs")
     if options.memory_mb is not None and target.memory_bytes and options.memory_mb * 1e6 > target.memory_bytes:
         raise UsageError(f"--memory-mb {options.memory_mb} exceeds {target.name}'s memory "
                          f"({target.memory_bytes / 1e6:.0f} MB)")
-    if "tvm" in options.engines:
+    if "tvm" in engines:
         target.compiler()  # a missing cross-compiler is a clear error before any work
 
 
@@ -319,7 +337,8 @@ def deploy_bundle(
 
     start = time.perf_counter()
     target = get_target(options.target)
-    _check_options(options, target)
+    engines, engine_notes = resolve_engines(options, target)
+    _check_options(engines, options, target)
     inputs = [p for p in (fused_dir, pareto_dir, options.profile, options.sign_key, options.supernet) if p]
     check_output_dir(out_dir, kind=BUNDLE_KIND, inputs=inputs, force=force)
     out_abs = Path(os.path.abspath(out_dir))
@@ -357,19 +376,20 @@ def deploy_bundle(
         "profile": relative_to_artifact(profile_path, out_dir) if profile_path.is_dir() else profile_path.name,
         "profile_sha256": hashlib.sha256(profile_bytes).hexdigest(),
         "variants": [v.arch_id for v in variants],
-        "engines": list(options.engines),
+        "engines": list(engines),
         "strict": options.strict,
         "budgets": {"latency_ms": options.latency_ms, "memory_mb": options.memory_mb, "energy": options.energy},
         "adaptable": options.adaptable,
         "toolchain": {"hmt": __version__, "tvm_target": target.tvm_target,
-                      "compiler": _compiler_version(target) if "tvm" in options.engines else None},
+                      "compiler": _compiler_version(target) if "tvm" in engines else None},
     }
     parents = [fused, front.artifact, *([profile_artifact] if profile_artifact is not None else [])]
     total = sum(len(v.graphs()) for v in variants)
     done = [0]
     builds: list[VariantBuild] = []
     bundled: list[BundleVariant] = []
-    notes = _notes(target, options.engines, pareto_profile, profile_id)
+    notes = _notes(target, engines, pareto_profile, profile_id)
+    notes.extend(engine_notes)
     notes.extend(slower_notes)
     sessions = _ort_sessions(fused)
     preprocess, class_names, meta_note, meta_known = _input_meta(front)
@@ -386,7 +406,7 @@ def deploy_bundle(
                              recognise=is_bundle_archive, description="an hmt bundle archive")
         for variant in variants:
             bundle_variant, build = _build_variant(
-                writer, variant, points[variant.arch_id], fused=fused, target=target, engines=options.engines,
+                writer, variant, points[variant.arch_id], fused=fused, target=target, engines=engines,
                 strict=options.strict, progress=progress, done=done, total=total,
                 ort_session=sessions.get(variant.name))
             bundled.append(bundle_variant)

@@ -142,7 +142,7 @@ def drop_slower_quantised(chosen: Sequence[FusedVariant], fused: Sequence[FusedV
         base, precision = split_variant_id(variant.arch_id)
         twin = by_id.get(base)
         mine, theirs = variant.choice.get("median_ms"), twin.choice.get("median_ms") if twin else None
-        if (precision != FP32 and isinstance(mine, int | float) and isinstance(theirs, int | float)
+        if (precision != FP32 and isinstance(mine, (int, float)) and isinstance(theirs, (int, float))
                 and mine >= theirs):
             measured = f"fuse measured it no faster than its fp32 twin {base} on the build host " \
                        f"({mine:.4g} ms vs {theirs:.4g} ms)"

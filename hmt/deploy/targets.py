@@ -8,8 +8,10 @@ GPU code, honestly: the PyPI TVM wheel (apache-tvm 0.27, Relax) is built with CU
 emits CUDA C, which needs nvcc (or NVRTC) for the device's architecture, and CUDA 13's
 nvcc no longer builds sm_53 (Maxwell) or sm_72 (Volta). So no bundle contains GPU code:
 Jetson bundles ship the ONNX graphs, from which the device's own TensorRT (JetPack) or
-ONNX Runtime's TensorRT/CUDA execution providers build GPU engines on the device. The
-CPU code (TVM shared libraries) is cross-compiled here for the target's CPU.
+ONNX Runtime's TensorRT/CUDA execution providers build GPU engines on the device. CPU
+code (TVM shared libraries) goes only into bundles for targets with a TVM runtime the
+device can install (``tvm_runtime``); for the Arm targets none exists, and deploy leaves
+TVM out (``no_tvm_reason``), so a bundle never holds a library its device cannot load.
 """
 
 from __future__ import annotations
@@ -27,12 +29,25 @@ from hmt.errors import DeviceError, UsageError
 ARCH_ELF_MACHINE = {"x86_64": "x86_64", "aarch64": "aarch64"}
 
 # Runtimes every target needs for ``hmt serve`` (the on-device half imports no torch).
-_BASE_RUNTIMES = ("python>=3.10", "numpy>=1.26", "psutil>=5.9", "onnxruntime>=1.20")
+_BASE_RUNTIMES = ("python>=3.8 for the device half (hmt.serve's library; the hmt CLI needs 3.10)",
+                  "numpy>=1.24", "psutil>=5.9", "onnxruntime>=1.19")
+# JetPack 5 ships Python 3.8 (the device half's floor); JetPack 4 ships 3.6, below it.
+_PYTHON_FLOOR_NOTE = (
+    "the device half runs on Python 3.8 (JetPack 5's: numpy 1.24, onnxruntime 1.19, started from Python "
+    "with hmt.serve.session.serve_forever; the hmt CLI needs Python 3.10); on JetPack 4 (Python 3.6) "
+    "install Python 3.8 or newer beside the system one (e.g. Miniforge for aarch64, or deadsnakes' "
+    "python3.8 on Ubuntu 18.04) and serve from that"
+)
 _TVM_RUNTIME_HOST = "apache-tvm 0.27 runtime (pip apache-tvm==0.27.0.post1; the .so files need this TVM version)"
-_TVM_RUNTIME_AARCH64 = (
-    "TVM 0.27 runtime for aarch64 (libtvm_runtime.so + the tvm Python package of the same version: "
-    "build the runtime-only target from the apache/tvm v0.27 source on the device; the .so files "
-    "need this TVM version)"
+# Why Arm bundles carry no TVM libraries: a Relax module library (.so) is loaded by the
+# "relax.VMExecutable" loader of libtvm_runtime, and no package gives that runtime for
+# aarch64. apache-tvm 0.27 has no aarch64 wheel; apache-tvm-ffi has one, but it holds only
+# the FFI layer: loading a cross-compiled library with it alone fails ("a loader of that
+# name is not registered"), on x86 and in the emulated arm64 device alike.
+_NO_TVM_RUNTIME_AARCH64 = (
+    "no TVM runtime for aarch64 exists as a package (apache-tvm has no aarch64 wheel; apache-tvm-ffi, "
+    "which has one, cannot load a Relax module library without libtvm_runtime): deploy leaves TVM out "
+    "for this target and the bundle runs on ONNX Runtime"
 )
 _GPU_NOTE = (
     "no GPU code in the bundle: the PyPI TVM wheel emits CUDA C and CUDA 13's nvcc cannot build {arch}; "
@@ -67,6 +82,10 @@ class Target:
     memory_bytes: int | None = None
     gpu: GpuSpec | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # The package that loads this target's TVM libraries on the device; None when none exists
+    # for its CPU, and then deploy leaves TVM out (``no_tvm_reason`` says why).
+    tvm_runtime: str | None = None
+    no_tvm_reason: str | None = None
     # ONNX Runtime execution providers serve tries on the device, in order (hmt.runtime.ort
     # names); the CPU provider always ends the list, and a provider the device's ORT lacks
     # falls back to it with a note in /v1/status.
@@ -75,6 +94,11 @@ class Target:
     @property
     def elf_machine(self) -> str:
         return ARCH_ELF_MACHINE[self.arch]
+
+    @property
+    def runs_tvm(self) -> bool:
+        """True when the device can install a runtime that loads this target's TVM libraries."""
+        return self.tvm_runtime is not None
 
     def matches_host(self) -> bool:
         """True when code built for this target can be loaded on this machine."""
@@ -122,10 +146,12 @@ TARGETS: dict[str, Target] = {
             cross_compiler=None,
             cross_compiler_package=None,
             runtimes=(*_BASE_RUNTIMES, _TVM_RUNTIME_HOST),
+            tvm_runtime=_TVM_RUNTIME_HOST,
             default_profile="host-amd-epyc-2c.json",
             # x86-64-v3 (AVX2, FMA; 2013+ CPUs) rather than this host's own CPU (znver4) so
             # that the bundle also runs on other x86-64 machines of the last decade.
-            notes=("TVM code is built for mcpu x86-64-v3 (AVX2/FMA): it does not run on pre-2013 x86 CPUs",),
+            notes=("TVM code is built for mcpu x86-64-v3 (AVX2/FMA): it does not run on pre-2013 x86 CPUs",
+                   _PYTHON_FLOOR_NOTE),
             # An x86 box may have an NVIDIA GPU: ORT's CUDA provider is used where onnxruntime-gpu
             # is installed, per variant only where fuse measured it faster than the CPU.
             providers=("cuda", "cpu"),
@@ -137,7 +163,8 @@ TARGETS: dict[str, Target] = {
             tvm_target=_aarch64("cortex-a57", 4),
             cross_compiler=_AARCH64_CC,
             cross_compiler_package=_AARCH64_PKG,
-            runtimes=(*_BASE_RUNTIMES, _TVM_RUNTIME_AARCH64),
+            runtimes=_BASE_RUNTIMES,
+            no_tvm_reason=_NO_TVM_RUNTIME_AARCH64,
             default_profile="jetson-nano.json",
             memory_bytes=4 * 1024**3,
             gpu=GpuSpec(
@@ -146,7 +173,7 @@ TARGETS: dict[str, Target] = {
                 runtimes=("JetPack 4.6 (L4T R32, CUDA 10.2, TensorRT 8.2)",),
             ),
             providers=("tensorrt", "cuda", "cpu"),
-            notes=("JetPack 4 ships Python 3.6; serve needs Python >= 3.10 (install one, e.g. with conda)",),
+            notes=(_PYTHON_FLOOR_NOTE,),
         ),
         Target(
             name="jetson-xavier-nx",
@@ -155,7 +182,8 @@ TARGETS: dict[str, Target] = {
             tvm_target=_aarch64("carmel", 6, ("+neon", "+fullfp16")),
             cross_compiler=_AARCH64_CC,
             cross_compiler_package=_AARCH64_PKG,
-            runtimes=(*_BASE_RUNTIMES, _TVM_RUNTIME_AARCH64),
+            runtimes=_BASE_RUNTIMES,
+            no_tvm_reason=_NO_TVM_RUNTIME_AARCH64,
             default_profile="jetson-xavier-nx.json",
             memory_bytes=8 * 1024**3,
             gpu=GpuSpec(
@@ -164,6 +192,7 @@ TARGETS: dict[str, Target] = {
                 runtimes=("JetPack 5.1 (L4T R35, CUDA 11.4, TensorRT 8.5)",),
             ),
             providers=("tensorrt", "cuda", "cpu"),
+            notes=(_PYTHON_FLOOR_NOTE,),
         ),
         Target(
             name="raspberry-pi-4b",
@@ -172,9 +201,12 @@ TARGETS: dict[str, Target] = {
             tvm_target=_aarch64("cortex-a72", 4),
             cross_compiler=_AARCH64_CC,
             cross_compiler_package=_AARCH64_PKG,
-            runtimes=(*_BASE_RUNTIMES, _TVM_RUNTIME_AARCH64),
+            runtimes=_BASE_RUNTIMES,
+            no_tvm_reason=_NO_TVM_RUNTIME_AARCH64,
             default_profile="raspberry-pi-4b.json",
-            notes=("needs the 64-bit Raspberry Pi OS (aarch64); the 32-bit one cannot load these libraries",),
+            notes=("needs the 64-bit Raspberry Pi OS (aarch64: onnxruntime has no 32-bit Arm wheel); its Python "
+                   "(3.11 on Bookworm) runs the device half",
+                   _PYTHON_FLOOR_NOTE),
         ),
         Target(
             name="aarch64",
@@ -183,10 +215,11 @@ TARGETS: dict[str, Target] = {
             tvm_target=_aarch64("generic", None),
             cross_compiler=_AARCH64_CC,
             cross_compiler_package=_AARCH64_PKG,
-            runtimes=(*_BASE_RUNTIMES, _TVM_RUNTIME_AARCH64),
+            runtimes=_BASE_RUNTIMES,
+            no_tvm_reason=_NO_TVM_RUNTIME_AARCH64,
             default_profile=None,
             notes=("no profile is shipped for a generic board: pass --profile (measure it with "
-                   "`hmt profile-device --rpc ...`)",),
+                   "`hmt profile-device --rpc ...`)", _PYTHON_FLOOR_NOTE),
         ),
     )
 }

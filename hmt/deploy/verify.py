@@ -35,6 +35,7 @@ from typing import Any
 from hmt.artifacts.manifest import MANIFEST_NAME
 from hmt.artifacts.store import sha256_file
 from hmt.bundle import Bundle, BundleVariant, check_bundle, load_bundle
+from hmt.compat import strict_zip
 from hmt.deploy.archive import ARCHIVE_SUFFIX, extract_archive, is_archive
 from hmt.deploy.targets import TARGETS, host_arch
 from hmt.errors import ArtifactError, HmtError, InputError, VerificationError
@@ -136,7 +137,7 @@ def _chain(bundle: Bundle, variant: BundleVariant, x: Any, engine: str) -> list[
 
     outputs = []
     features = x
-    for segment, head in zip(variant.segments, variant.exits, strict=True):
+    for segment, head in strict_zip(variant.segments, variant.exits):
         features = graph_fn(bundle, segment, engine, threads=0)(features)
         outputs.append(graph_fn(bundle, head, engine, threads=0)(features))
     return outputs
@@ -187,8 +188,8 @@ def _check_runs(bundle: Bundle, target: str, report: VerifyReport, seed: int) ->
         except Exception as exc:  # noqa: BLE001 - any runtime failure is a verification result
             report.add(f"{name} [tvm]", "failed", f"{type(exc).__name__}: {exc}")
             continue
-        errors = [float(np.max(np.abs(a - b))) for a, b in zip(reference, outputs, strict=True)]
-        ok = all(np.allclose(a, b, atol=ATOL, rtol=RTOL) for a, b in zip(reference, outputs, strict=True))
+        errors = [float(np.max(np.abs(a - b))) for a, b in strict_zip(reference, outputs)]
+        ok = all(np.allclose(a, b, atol=ATOL, rtol=RTOL) for a, b in strict_zip(reference, outputs))
         report.add(f"{name} [tvm]", "ok" if ok else "failed",
                    f"max |tvm - onnxruntime| {max(errors):.2e} over {len(errors)} exit(s) (atol {ATOL})")
 

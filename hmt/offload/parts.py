@@ -20,8 +20,8 @@ sessions, so a device that serves and offloads holds each graph once.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 

@@ -34,10 +34,9 @@ import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, Callable, MutableMapping
 
 import numpy as np
 from starlette.applications import Starlette

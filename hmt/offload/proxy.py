@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hmt.compat import strict_zip
 from hmt.errors import InputError, UsageError
 
 LINK_COLUMNS = ("link_bandwidth_mbit_s", "link_rtt_ms", "link_loss")
@@ -56,7 +57,7 @@ class LinkScenario:
 
     def at(self, t_s: float) -> LinkState:
         state = self.states[0]
-        for start, row in zip(self.times_s, self.states, strict=True):
+        for start, row in strict_zip(self.times_s, self.states):
             if start <= t_s:
                 state = row
         return state

@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hmt.compat import strict_zip
 from hmt.errors import UsageError
 
 UNITS = {"latency_ms": "ms", "energy": "", "memory_mb": "MB"}
@@ -55,7 +56,7 @@ class BudgetSweep:
     def combos(self) -> list[dict[str, float]]:
         """Every combination of one value per metric given (one empty dict if none)."""
         metrics = self.metrics
-        return [dict(zip(metrics, values, strict=True))
+        return [dict(strict_zip(metrics, values))
                 for values in itertools.product(*(getattr(self, m) for m in metrics))]
 
     def to_json_dict(self) -> dict[str, list[float]]:

@@ -17,12 +17,13 @@ Both share one interface (:class:`Runner`), so serve's pool and loop treat them 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from hmt.compat import strict_zip
 from hmt.errors import ModelError
 
 GraphFn = Callable[[np.ndarray], np.ndarray]
@@ -207,7 +208,7 @@ def feeds_chain(steps: Sequence[Callable[[dict[str, Any]], list[Any]]], first_fe
 
     def run() -> list[Any]:
         features = steps[0](first_feeds)[0]
-        for step, name in zip(steps[1:-1], next_inputs[:-1], strict=True):
+        for step, name in strict_zip(steps[1:-1], next_inputs[:-1]):
             features = step({name: features})[0]
         return steps[-1]({next_inputs[-1]: features})
 

@@ -13,10 +13,10 @@ recorded in :attr:`OrtSession.notes` so status pages and reports can say what re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -76,9 +76,9 @@ class OrtOptions:
         # Only what differs from ORT's defaults, so reports and bundles stay readable by
         # readers that predate these fields (and byte-identical to what they wrote).
         if self.execution_mode != "sequential" or self.inter_op_threads:
-            data |= {"execution_mode": self.execution_mode, "inter_op_threads": self.inter_op_threads}
+            data.update({"execution_mode": self.execution_mode, "inter_op_threads": self.inter_op_threads})
         if not self.mem_pattern or not self.cpu_arena:
-            data |= {"mem_pattern": self.mem_pattern, "cpu_arena": self.cpu_arena}
+            data.update({"mem_pattern": self.mem_pattern, "cpu_arena": self.cpu_arena})
         return data
 
     @classmethod

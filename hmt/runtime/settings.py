@@ -51,7 +51,7 @@ class Budgets:
                 continue
             # A memory budget of 0 is legal (nothing fits: the loop serves the least memory).
             low_ok = value >= 0 if name == "memory_mb" else value > 0
-            if isinstance(value, bool) or not (isinstance(value, int | float) and math.isfinite(value) and low_ok):
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and low_ok):
                 raise UsageError(f"budgets.{name} must be a number {'>=' if name == 'memory_mb' else '>'} 0 "
                                  f"or null, got {value!r}")
 
@@ -81,7 +81,7 @@ class OptimizerConfig:
             value = getattr(self, name)
             if value is None and name.startswith("alpha_"):
                 continue
-            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise UsageError(f"optimizer {name} must be a finite number >= 0, got {value}")
         if not 0.0 <= self.mu_min <= self.mu_max <= 1.0:
             raise UsageError(f"optimizer needs 0 <= mu_min <= mu_max <= 1, got {self.mu_min}, {self.mu_max}")
@@ -146,7 +146,7 @@ class LoadWeights:
     def __post_init__(self) -> None:
         for name in ("cpu", "gpu", "memory"):
             value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise UsageError(f"load weight {name!r} must be a finite number >= 0, got {value!r}")
         if self.cpu + self.gpu + self.memory <= 0:
             raise UsageError("load weights must not all be zero")

@@ -9,9 +9,8 @@ by name from :data:`_BUILTIN_MODULES` (no import side effects elsewhere).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 from hmt.errors import UsageError
 from hmt.graph.rewrite import GraphView

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from hmt.compat import strict_zip
 from hmt.errors import HmtError
 from hmt.graph.model import graph_inputs, op_counts, run_ort, seeded_inputs
 from hmt.graph.passes.registry import GraphPass
@@ -38,7 +39,7 @@ def _max_error(reference: list[Any], candidate: list[Any]) -> tuple[float, float
     import numpy as np
 
     worst_abs, worst_scale = 0.0, 0.0
-    for ref, out in zip(reference, candidate, strict=True):
+    for ref, out in strict_zip(reference, candidate):
         if ref.shape != out.shape:
             return float("inf"), 1.0
         if ref.size:

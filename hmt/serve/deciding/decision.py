@@ -20,6 +20,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from hmt.compat import strict_zip
 from hmt.runtime.settings import Budgets
 from hmt.serve.deciding.costs import mu_from_battery
 from hmt.serve.deciding.monitor import ResourceSample
@@ -81,7 +82,7 @@ class DecisionPath:
         """Energy per inference of every variant: profiled x load model x the latency ratio (energy
         is power times time, so a variant slower than predicted costs more than predicted)."""
         scale = 1.0 + self.optimizer.alpha_energy * load_next
-        return [e * scale * r for e, r in zip(self._energy0, ratios, strict=True)]
+        return [e * scale * r for e, r in strict_zip(self._energy0, ratios)]
 
     def choose(self, mask: tuple[int, int], mu: float, active: str | None, home: str | None = None) -> Choice:
         """Eq. 3 over the feasible set, scoring the active variant; cached per (mask, mu, active,

@@ -53,6 +53,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hmt.compat import strict_zip
 from hmt.runtime.settings import MODE_MEASURED, EstimatorSettings
 from hmt.serve.deciding.window import SampleWindow
 
@@ -305,8 +306,8 @@ class LatencyEstimator:
     def _refresh_tail_factor(self) -> None:
         self.measured_count = sum(any(t is not None for t in tails) for tails in self._tails)
         # The priors are tail latencies too, with the spread measured now.
-        spreads = [t / m for tails, medians in zip(self._tails, self._medians, strict=True)
-                   for t, m in zip(tails, medians, strict=True)
+        spreads = [t / m for tails, medians in strict_zip(self._tails, self._medians)
+                   for t, m in strict_zip(tails, medians)
                    if t is not None and m is not None and m > 0]
         if spreads:
             # Capped: right after a load step a window holds both regimes, and its p95/median
@@ -428,7 +429,7 @@ class LatencyEstimator:
 
     def disagreements(self) -> dict[str, float]:
         """Variants whose measured/predicted ratio is outside [r_min, r_max]: the measurement wins."""
-        return {a: r for a, r in zip(self.arch_ids, self._r_variant, strict=True)
+        return {a: r for a, r in strict_zip(self.arch_ids, self._r_variant)
                 if r is not None and not self.r_min <= r <= self.r_max}
 
     def measured_since(self, arch_id: str, since_s: float) -> bool:

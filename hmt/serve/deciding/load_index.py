@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hmt.compat import strict_zip
 from hmt.errors import UsageError
 from hmt.runtime.settings import LoadWeights
 from hmt.serve.deciding.monitor import ResourceSample
@@ -71,7 +72,7 @@ class ARModel:
         lags = [float(v) for v in recent[len(recent) - p :]][::-1] if p else []  # lag 1 first
         out = np.empty(horizon, dtype=np.float64)
         for step in range(horizon):
-            value = self.intercept + sum(c * x for c, x in zip(self.coefficients, lags, strict=True))
+            value = self.intercept + sum(c * x for c, x in strict_zip(self.coefficients, lags))
             out[step] = value
             if p:
                 lags = [value, *lags[:-1]]

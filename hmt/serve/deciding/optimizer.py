@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from hmt.compat import strict_zip
 from hmt.errors import InputError, UsageError
 from hmt.runtime.settings import Budgets, OptimizerConfig
 from hmt.serve.deciding.costs import Variant, mu_from_battery
@@ -48,7 +49,7 @@ _CACHE_MAX_ENTRIES = 4096
 DEFAULT_ALPHA = 1.0  # T = T0 * (1 + alpha * I) when neither serve.json nor the profile gives alpha
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Decision:
     """What the optimizer chose and why. Latency and energy are the predictions under the load."""
 
@@ -210,7 +211,7 @@ class Optimizer:
             if len(self._scores) >= _CACHE_MAX_ENTRIES:
                 self._scores.clear()
             cached = self._scores[mu] = [mu * a - (1.0 - mu) * e
-                                         for a, e in zip(self._acc_list, self._energy_list, strict=True)]
+                                         for a, e in strict_zip(self._acc_list, self._energy_list)]
         return cached
 
     def _order(self, mu: float) -> list[int]:

@@ -208,7 +208,7 @@ class ApiServer:
         config = self.server.config
         factory = config.get_loop_factory() if hasattr(config, "get_loop_factory") else None
         if factory is not None and sys.version_info >= (3, 11):
-            with asyncio.Runner(loop_factory=factory) as runner:
+            with asyncio.Runner(loop_factory=factory) as runner:  # novermin (3.11+ only, guarded above)
                 runner.run(self._serve())
         else:
             asyncio.run(self._serve())

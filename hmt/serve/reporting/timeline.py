@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from hmt.compat import strict_zip
 from hmt.serve.controller import TickRecord
 from hmt.serve.running.scenario import RequestRecord
 
@@ -56,7 +57,7 @@ def recovery(records: Sequence[RequestRecord], step_times: Sequence[float], end_
     """
     out: list[dict[str, Any]] = []
     bounds = [*step_times[1:], end_s]
-    for start, stop in zip(step_times[1:], bounds[1:], strict=True):
+    for start, stop in strict_zip(step_times[1:], bounds[1:]):
         if stop <= start:
             continue
         window = [r for r in records if start <= r.time_s < stop and r.latency_budget_ms is not None]

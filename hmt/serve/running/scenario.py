@@ -22,7 +22,6 @@ from __future__ import annotations
 import csv
 import http.client
 import io
-import itertools
 import json
 import math
 import multiprocessing
@@ -33,13 +32,14 @@ import tempfile
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 
+from hmt.compat import pairwise
 from hmt.errors import DeviceError, InputError, UsageError
 from hmt.serve.deciding.monitor import PsutilSampler, ResourceSample, Sampler
 
@@ -79,7 +79,7 @@ class Scenario:
         if not rows:
             raise InputError(f"{source}: no rows")
         times = [r.time_s for r in rows]
-        if any(b < a for a, b in itertools.pairwise(times)):
+        if any(b < a for a, b in pairwise(times)):
             raise InputError(f"{source}: time_s must be non-decreasing")
         self.rows = tuple(rows)
         self.source = source
@@ -229,7 +229,7 @@ class RequestRecord:
         return self.status == 200
 
 
-Send = Callable[[np.ndarray], tuple[int, dict[str, Any]]]
+Send = Callable[[np.ndarray], Tuple[int, Dict[str, Any]]]
 
 
 def http_sender(url: str, token: str | None = None, timeout_s: float = 30.0) -> Callable[[], Send]:

@@ -7,6 +7,7 @@ constant initializers are merged first so that such nodes are recognised.
 
 from __future__ import annotations
 
+from hmt.compat import strict_zip
 from hmt.graph.passes.registry import register_pass
 from hmt.graph.rewrite import GraphView
 
@@ -56,7 +57,7 @@ def remove_duplicates(view: GraphView) -> int:
                 continue
             if any(out in view.graph_outputs for out in node.output):
                 continue
-            for mine, theirs in zip(node.output, first.output, strict=True):  # type: ignore[attr-defined]
+            for mine, theirs in strict_zip(node.output, first.output):  # type: ignore[attr-defined]
                 if mine:
                     view.rename_uses(mine, theirs)
             view.remove(node)

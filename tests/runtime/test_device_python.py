@@ -1,0 +1,124 @@
+"""The device half runs on Python 3.8 (JetPack 5's): a static check with vermin over its files,
+and, where a Python 3.8 with the device's packages is at hand, a real serve on it.
+
+The files are the ones pyproject.toml pins to py38 for ruff ([tool.ruff.per-file-target-version]):
+serve, the runtime, the client, the offload device side and what they import at run time.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tomllib
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def device_files() -> list[str]:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    patterns = [p for p, v in config["tool"]["ruff"]["per-file-target-version"].items() if v == "py38"]
+    files = sorted({f for p in patterns for f in glob.glob(str(REPO / p), recursive=True) if f.endswith(".py")})
+    return files
+
+
+def test_device_half_is_pinned_to_py38_and_covers_serve_runtime_client_offload() -> None:
+    files = {str(Path(f).relative_to(REPO)) for f in device_files()}
+    for required in ("hmt/client.py", "hmt/bundle.py", "hmt/runtime/variant.py", "hmt/runtime/ort.py",
+                     "hmt/offload/device.py", "hmt/compat.py"):
+        assert required in files
+    assert any(f.startswith("hmt/serve/") for f in files)
+
+
+def test_device_half_needs_no_newer_python_than_3_8() -> None:
+    vermin = shutil.which("vermin")
+    if vermin is None:
+        pytest.skip("vermin not installed (pip install vermin; it is in the dev extra)")
+    # --no-tips: no advice lines; --violations: only what breaks the target; '# novermin' marks a
+    # line guarded by a version check (server.py's 3.11-only asyncio.Runner).
+    done = subprocess.run([vermin, "--target=3.8-", "--no-tips", "--violations", "--backport", "typing_extensions",
+                           *device_files()], capture_output=True, text=True, timeout=120)
+    violations = [line for line in done.stdout.splitlines() if re.match(r"^\s*(!2, )?3\.\d+\s+/", line)
+                  or "requires" in line]
+    assert done.returncode == 0 and not violations, done.stdout[-3000:]
+
+
+PY38 = os.environ.get("HMT_PY38") or shutil.which("python3.8")
+
+
+def _py38_ready() -> str | None:
+    if PY38 is None:
+        return "no python3.8 (set HMT_PY38 to a Python 3.8 with numpy, onnxruntime, starlette, uvicorn, psutil, " \
+               "pillow, cryptography)"
+    probe = subprocess.run([PY38, "-c", "import sys, numpy, onnxruntime, starlette, uvicorn, psutil, PIL, "
+                            "cryptography; print(sys.version_info[:2])"], capture_output=True, text=True)
+    if probe.returncode != 0 or probe.stdout.strip() != "(3, 8)":
+        return f"{PY38} is not a Python 3.8 with the device's packages: {probe.stderr.strip()[-200:]}"
+    return None
+
+
+SERVE_38 = """
+import sys
+from hmt.serve.api import ApiOptions
+from hmt.serve.server import ServerOptions
+from hmt.serve.session import SessionOptions, serve_forever
+serve_forever(sys.argv[1], SessionOptions(), ApiOptions(), ServerOptions(host="127.0.0.1", port=0),
+              on_listening=lambda url: print("serving on", url, file=sys.stderr, flush=True))
+"""
+
+
+@pytest.mark.slow
+def test_bundle_serves_on_python_3_8(tmp_path: Path) -> None:
+    reason = _py38_ready()
+    if reason is not None:
+        pytest.skip(reason)
+    sys.path.insert(0, str(REPO / "tests" / "serve"))
+    from serve_bundles import make_bundle
+
+    from hmt.client import HmtClient
+
+    bundle = make_bundle(tmp_path / "bundle")
+    assert PY38 is not None
+    proc = subprocess.Popen([PY38, "-c", SERVE_38, str(bundle)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stderr or []), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 60
+        port = None
+        while port is None and time.monotonic() < deadline and proc.poll() is None:
+            port = next((m.group(1) for m in map(re.compile(r"127\.0\.0\.1:(\d+)").search, list(lines)) if m), None)
+            time.sleep(0.1)
+        assert port is not None, "".join(lines)[-3000:]
+        with HmtClient(f"http://127.0.0.1:{port}") as client:
+            while not client.health()["ready"]:
+                assert time.monotonic() < deadline, "never ready"
+                time.sleep(0.1)
+            answer = client.predict(np.zeros((1, 4), np.float32))
+            assert answer["variant"] in {"big", "small"} and 0 <= answer["confidence"] <= 1
+            assert client.status()["requests"] == 1
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_compat_stand_ins_behave_like_the_builtins() -> None:
+    from hmt.compat import _strict_zip_38, pairwise, strict_zip
+
+    for zipper in (strict_zip, _strict_zip_38):
+        assert list(zipper([1, 2], "ab")) == [(1, "a"), (2, "b")]
+        assert list(zipper()) == []
+        for a, b in (([1, 2], [3]), ([1], [3, 4])):
+            with pytest.raises(ValueError):
+                list(zipper(a, b))
+    assert list(pairwise([1, 2, 3])) == [(1, 2), (2, 3)]
+    assert list(pairwise([1])) == []
