@@ -34,7 +34,7 @@ _BASE_RUNTIMES = ("python>=3.8 for the device half (hmt.serve's library; the hmt
 # JetPack 5 ships Python 3.8 (the device half's floor); JetPack 4 ships 3.6, below it.
 _PYTHON_FLOOR_NOTE = (
     "the device half runs on Python 3.8 (JetPack 5's: numpy 1.24, onnxruntime 1.19, started from Python "
-    "with hmt.serve.session.serve_forever; the hmt CLI needs Python 3.10); on JetPack 4 (Python 3.6) "
+    "with hmt.serve.running.session.serve_forever; the hmt CLI needs Python 3.10); on JetPack 4 (Python 3.6) "
     "install Python 3.8 or newer beside the system one (e.g. Miniforge for aarch64, or deadsnakes' "
     "python3.8 on Ubuntu 18.04) and serve from that"
 )

@@ -68,9 +68,9 @@ def _py38_ready() -> str | None:
 
 SERVE_38 = """
 import sys
-from hmt.serve.api import ApiOptions
-from hmt.serve.server import ServerOptions
-from hmt.serve.session import SessionOptions, serve_forever
+from hmt.serve.http.api import ApiOptions
+from hmt.serve.http.server import ServerOptions
+from hmt.serve.running.session import SessionOptions, serve_forever
 serve_forever(sys.argv[1], SessionOptions(), ApiOptions(), ServerOptions(host="127.0.0.1", port=0),
               on_listening=lambda url: print("serving on", url, file=sys.stderr, flush=True))
 """
