@@ -49,7 +49,7 @@ def choose(timings: dict[str, Timing], *, tie_floor: float = 0.02) -> Timing:
        range of those ratios. Within that noise the median order is as likely as not to
        flip on the next run, so a tie goes to the candidate fastest at the 10th percentile:
        on a shared machine a two-thread candidate ties a one-thread one while the other
-       core is busy and wins by 1.4-1.8x whenever it is free (this VM, session 5); a
+       core is busy and wins by 1.4-1.8x whenever it is free (on a shared VM); a
        candidate that is never slower and sometimes faster is the safe pick. Candidates
        within ``tie_floor`` of that p10 too are equal: ORT's defaults first, then the
        fastest median.
