@@ -3,7 +3,7 @@
     PYTHONPATH=$PWD python -m benchmarks.adapt.memory --supernet hmt/data/embedded/supernet-cifar-resnet56 \\
         --arch largest --arch smallest --batch-size 128 --repeats 2 --out runs/adapt-memory.json
 
-Modes (``hmt.adapt.memory.EngineOptions``): ``plain`` (autograd, one optimizer step after
+Modes (``hmt.adapt.engine.EngineOptions``): ``plain`` (autograd, one optimizer step after
 backward), ``int8`` (8-bit saved activations + each BN parameter updated inside backward),
 ``recompute`` (fp32, recomputation planned under a budget of ``--budget-fraction`` of what
 plain autograd saves on the batch), ``int8+recompute`` (8-bit + recomputation under

@@ -21,7 +21,7 @@ burst of ~20 back-to-back calls whose first few are dropped, and each round give
 candidate one median. A candidate's figure is the median of its round medians, and
 :func:`paired_ratios` compares two candidates round by round, so a slow spell of the
 machine (another process on the shared cores) moves both sides of a ratio alike and shows
-up as spread, which :func:`hmt.fuse.pipeline.choose` reads as the measured noise.
+up as spread, which :func:`hmt.fuse.choice.choose` reads as the measured noise.
 """
 
 from __future__ import annotations
