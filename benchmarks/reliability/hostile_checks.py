@@ -205,9 +205,9 @@ def bench_integrity(work: Path, quick: bool) -> dict[str, Any]:
     return doc
 
 
-def bench_soak(bundles: dict[str, Path], work: Path, seconds: float) -> dict[str, Any]:
+def bench_soak(bundles: dict[str, Path], work: Path, seconds: float, clients: int = 16) -> dict[str, Any]:
     doc = _script(["scripts/bench_http.py", "soak", str(bundles["soak"]), "--seconds", str(seconds), "--clients",
-                   "16", "--rate-hz", "25", "--flip-s", "1"], work / "soak.json", seconds + 900)
+                   str(clients), "--rate-hz", "25", "--flip-s", "1"], work / "soak.json", seconds + 900)
     doc.pop("machine", None)
     doc.pop("bundle", None)
     return doc
