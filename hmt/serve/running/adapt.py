@@ -53,7 +53,7 @@ ADAPTED_SUFFIX = "+bn"
 
 @dataclass(frozen=True)
 class AdaptSettings:
-    """``serve --adapt`` knobs; the defaults are the drift figures of benchmarks/README.md ("adapt")."""
+    """``serve --adapt`` knobs; the defaults are the drift figures of benchmarks/adapt/results/drift_scores.json."""
 
     window: int = 256  # inputs the drift score is computed over
     enter: float = 0.5  # drift starts above this score
