@@ -49,6 +49,8 @@ from starlette.routing import Route
 
 from hmt.bundle import TensorSpec
 from hmt.errors import DeviceError, ModelError, UsageError
+from hmt.serve.answers import answer_options, prediction_json
+from hmt.serve.bodies import decode_request
 from hmt.serve.connections import FIRST_BYTE_KEY, ConnectionStats
 from hmt.serve.controller import Controller, Prediction
 from hmt.serve.exposition import openapi_document, prometheus_text
@@ -58,14 +60,18 @@ from hmt.serve.inputs import (
     ApiError,
     InputSpec,
     as_items,
-    decode,
 )
+from hmt.serve.oip import INFER_LABEL as V2_INFER_LABEL
+from hmt.serve.oip import PREFIX as V2_PREFIX
+from hmt.serve.oip import OipContext, oip_routes, route_label
+from hmt.serve.oip import error_response as v2_error_response
 
 __all__ = ["JSON_MEDIA_TYPE", "NPY_MEDIA_TYPE", "ApiError", "ApiOptions", "create_app"]
 
 DEADLINE_HEADER = "x-deadline-ms"
 CLIENT_LATENCY_HEADER = "x-hmt-client-latency-ms"
 HEALTH_PREFIX = "/v1/health/"
+HEALTH_PREFIXES = (HEALTH_PREFIX, "/v2/health/")
 _WINDOW = 2048
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -88,6 +94,7 @@ class ApiOptions:
     health_without_token: bool = False  # let /v1/health/* through without the token (orchestrator probes)
     max_batch: int = 64  # inputs per request
     max_image_pixels: int = 4096 * 4096  # width x height of an encoded image, checked before decoding
+    model_name: str | None = None  # the model's name on /v2 (None: the bundle directory's name)
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
@@ -115,11 +122,15 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
 
 
-def internal_error(exc: BaseException) -> JSONResponse:
-    """A 500 that tells the client nothing internal; the log has the traceback under the same id."""
+def incident_message(exc: BaseException) -> str:
+    """What a 500 tells the client (nothing internal); the log has the traceback under the same id."""
     incident = secrets.token_hex(4)
     logger.error("internal error %s", incident, exc_info=exc)
-    return error_response(500, "internal_error", f"internal error (id {incident}); the server log has the details")
+    return f"internal error (id {incident}); the server log has the details"
+
+
+def internal_error(exc: BaseException) -> JSONResponse:
+    return error_response(500, "internal_error", incident_message(exc))
 
 
 # -- the body ----------------------------------------------------------------------------------
@@ -269,12 +280,14 @@ class _Guard:
     prediction's whole span (first byte in to last byte out)."""
 
     def __init__(self, app: ASGIApp, token: str | None, counts: Counter[tuple[str, int]], *,
-                 open_prefix: str | None, on_span: Callable[[float, float | None], None]) -> None:
+                 open_prefixes: tuple[str, ...], on_span: Callable[[str, float, float | None], None],
+                 model_name: str) -> None:
         self.app = app
         self.token = None if token is None else token.encode()
         self.counts = counts
-        self.open_prefix = open_prefix
+        self.open_prefixes = open_prefixes
         self.on_span = on_span
+        self.model_name = model_name
         self.connection_stats = ConnectionStats()  # shared with ApiServer, which fills it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -285,8 +298,9 @@ class _Guard:
         # Under uvicorn the connection layer stamped the first byte; elsewhere (tests) it is now.
         first_byte_s = extensions.setdefault(FIRST_BYTE_KEY, time.monotonic())
         path = scope.get("path", "")
-        label = path if path in _KNOWN_PATHS else "other"
-        if self.token is not None and not (self.open_prefix and path.startswith(self.open_prefix)):
+        v2 = path == V2_PREFIX or path.startswith(V2_PREFIX + "/")
+        label = route_label(path, self.model_name) if v2 else path if path in _KNOWN_PATHS else "other"
+        if self.token is not None and not (self.open_prefixes and path.startswith(self.open_prefixes)):
             supplied = b""
             for name, value in scope.get("headers", ()):
                 if name == b"authorization":
@@ -297,8 +311,9 @@ class _Guard:
             ok = hmac.compare_digest(scheme.lower(), b"bearer") & hmac.compare_digest(credential.strip(), self.token)
             if not ok:
                 self.counts[(label, 401)] += 1
-                response = error_response(401, "unauthorized", "missing or wrong bearer token",
-                                          headers={"WWW-Authenticate": "Bearer"})
+                challenge = {"WWW-Authenticate": "Bearer"}
+                response = v2_error_response(401, "missing or wrong bearer token", challenge) if v2 else \
+                    error_response(401, "unauthorized", "missing or wrong bearer token", headers=challenge)
                 await response(scope, receive, send)
                 return
         status = [0]
@@ -309,28 +324,16 @@ class _Guard:
                 self.counts[(label, status[0])] += 1
             await send(message)
             if (message["type"] == "http.response.body" and not message.get("more_body")
-                    and label == "/v1/predict" and status[0] == 200):
+                    and label in _SPAN_LABELS and status[0] == 200):
                 # The last byte is handed to the transport: the request's whole server-side span.
-                self.on_span((time.monotonic() - first_byte_s) * 1e3, extensions.get(_CLIENT_MS_KEY))
+                self.on_span(label, (time.monotonic() - first_byte_s) * 1e3, extensions.get(_CLIENT_MS_KEY))
 
         await self.app(scope, receive, counting_send)
 
 
 _KNOWN_PATHS = ("/v1/predict", "/v1/health/live", "/v1/health/ready", "/v1/status", "/metrics", "/openapi.json")
+_SPAN_LABELS = ("/v1/predict", V2_INFER_LABEL)
 _CLIENT_MS_KEY = "hmt.client_latency_ms"
-
-
-def _prediction_json(p: Prediction, class_names: tuple[str, ...] | None) -> dict[str, Any]:
-    return {
-        "class": p.class_index,
-        "class_name": class_names[p.class_index] if class_names and 0 <= p.class_index < len(class_names) else None,
-        "confidence": p.confidence,
-        "exit": p.exit,
-        "variant": p.variant,
-        "latency_ms": p.latency_ms,
-        "compute_ms": p.compute_ms,
-        "over_budget": p.deadline_miss,
-    }
 
 
 def _http_metrics(stats: ConnectionStats, spans: LatencyWindow, client: LatencyWindow) -> str:
@@ -376,13 +379,14 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
     spec = bundle_spec.input
     inputs = InputSpec.of_bundle(bundle_spec, max_batch=opts.max_batch, max_pixels=opts.max_image_pixels)
     body_limit = opts.body_limit(spec)
+    model_name = opts.model_name or model_name_of(controller)
     counts: Counter[tuple[str, int]] = Counter()
     draining = threading.Event()
     spans = LatencyWindow()
     client_latency = LatencyWindow()
     observe = getattr(controller, "observe_request", None)
 
-    def on_span(span_ms: float, client_ms: float | None) -> None:
+    def on_span(label: str, span_ms: float, client_ms: float | None) -> None:
         spans.add(span_ms)
         if client_ms is not None:
             client_latency.add(client_ms)
@@ -422,12 +426,14 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
         if client_ms is not None:
             request.scope["extensions"][_CLIENT_MS_KEY] = client_ms
         body = await read_body(request, body_limit)
-        batch = decode(body, request.headers.get("content-type"), inputs)
+        batch, fields = decode_request(body, request.headers.get("content-type"), inputs)
+        answer = answer_options(request.query_params, fields, bundle_spec.classes)
         results = await service.submit(as_items(batch, inputs), first_byte_s, deadline_ms)
         names = bundle_spec.class_names
         if len(results) == 1:
-            return JSONResponse(_prediction_json(results[0], names))
-        return JSONResponse({"predictions": [_prediction_json(r, names) for r in results], "batch": len(results)})
+            return JSONResponse(prediction_json(results[0], names, answer))
+        return JSONResponse({"predictions": [prediction_json(r, names, answer) for r in results],
+                             "batch": len(results)})
 
     @guarded
     async def live(request: Request) -> Response:
@@ -461,13 +467,15 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
         return JSONResponse(openapi_document(spec, body_limit, auth=opts.token is not None))
 
     async def http_error(request: Request, exc: Exception) -> Response:
+        v2 = request.url.path.startswith(V2_PREFIX)
         if not isinstance(exc, HTTPException) or exc.status_code >= 500:
-            return internal_error(exc)
+            return v2_error_response(500, incident_message(exc)) if v2 else internal_error(exc)
         status = exc.status_code
         code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
         # 405 carries Allow (RFC 9110 15.5.6); the route put it in the exception's headers.
-        return error_response(status, code, f"{request.method} {request.url.path}: {exc.detail}",
-                              headers=dict(exc.headers) if exc.headers else None)
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        headers = dict(exc.headers) if exc.headers else None
+        return v2_error_response(status, message, headers) if v2 else error_response(status, code, message, headers)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> Any:
@@ -485,6 +493,12 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
             Route("/v1/status", status, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
+            *oip_routes(OipContext(
+                controller, inputs, model_name, draining, opts.deadline_ms,
+                read_body=lambda request: read_body(request, body_limit), submit=service.submit,
+                deadline_header=lambda request: _header_ms(request, DEADLINE_HEADER, "bad_deadline"),
+                first_byte_s=lambda request: float(request.scope["extensions"][FIRST_BYTE_KEY]),
+                internal_error=incident_message)),
         ],
         exception_handlers={HTTPException: http_error},
         lifespan=lifespan,
@@ -494,9 +508,16 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
     app.router.redirect_slashes = False
     app.state.service = service
     app.state.draining = draining
-    guard = _Guard(app, opts.token, counts, open_prefix=HEALTH_PREFIX if opts.health_without_token else None,
-                   on_span=on_span)
+    guard = _Guard(app, opts.token, counts, open_prefixes=HEALTH_PREFIXES if opts.health_without_token else (),
+                   on_span=on_span, model_name=model_name)
     return guard
+
+
+def model_name_of(controller: Any) -> str:
+    """The bundle directory's name, as the /v2 model name (characters outside [A-Za-z0-9._-] as ``_``)."""
+    root = getattr(getattr(controller, "bundle", None), "root", None)
+    name = getattr(root, "name", "") or "hmt"
+    return "".join(ch if ch.isascii() and (ch.isalnum() or ch in "._-") else "_" for ch in name)
 
 
 def _jsonable(value: Any) -> Any:

@@ -521,7 +521,7 @@ class Controller:
         if miss:
             self.request_tick()
         return Prediction(result.class_index, result.confidence, result.exit, runner.arch_id, result.compute_ms,
-                          latency_ms, miss)
+                          latency_ms, miss, result.probabilities)
 
     # -- reporting -------------------------------------------------------------------------------
 
