@@ -35,7 +35,7 @@ import secrets
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +44,7 @@ import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hmt.bundle import TensorSpec
@@ -53,7 +53,7 @@ from hmt.serve.answers import answer_options, prediction_json
 from hmt.serve.bodies import decode_request
 from hmt.serve.connections import FIRST_BYTE_KEY, ConnectionStats
 from hmt.serve.controller import Controller, Prediction
-from hmt.serve.exposition import openapi_document, prometheus_text
+from hmt.serve.exposition import openapi_document
 from hmt.serve.inputs import (
     JSON_MEDIA_TYPE,
     NPY_MEDIA_TYPE,
@@ -61,6 +61,8 @@ from hmt.serve.inputs import (
     InputSpec,
     as_items,
 )
+from hmt.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from hmt.serve.metrics import ServeMetrics
 from hmt.serve.oip import INFER_LABEL as V2_INFER_LABEL
 from hmt.serve.oip import PREFIX as V2_PREFIX
 from hmt.serve.oip import OipContext, oip_routes, route_label
@@ -280,14 +282,12 @@ class _Guard:
     prediction's whole span (first byte in to last byte out)."""
 
     def __init__(self, app: ASGIApp, token: str | None, counts: Counter[tuple[str, int]], *,
-                 open_prefixes: tuple[str, ...], on_span: Callable[[str, float, float | None], None],
-                 model_name: str) -> None:
+                 open_prefixes: tuple[str, ...], on_span: Callable[[str, float, float | None], None]) -> None:
         self.app = app
         self.token = None if token is None else token.encode()
         self.counts = counts
         self.open_prefixes = open_prefixes
         self.on_span = on_span
-        self.model_name = model_name
         self.connection_stats = ConnectionStats()  # shared with ApiServer, which fills it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -299,7 +299,7 @@ class _Guard:
         first_byte_s = extensions.setdefault(FIRST_BYTE_KEY, time.monotonic())
         path = scope.get("path", "")
         v2 = path == V2_PREFIX or path.startswith(V2_PREFIX + "/")
-        label = route_label(path, self.model_name) if v2 else path if path in _KNOWN_PATHS else "other"
+        label = route_label(path) if v2 else path if path in _KNOWN_PATHS else "other"
         if self.token is not None and not (self.open_prefixes and path.startswith(self.open_prefixes)):
             supplied = b""
             for name, value in scope.get("headers", ()):
@@ -336,40 +336,6 @@ _SPAN_LABELS = ("/v1/predict", V2_INFER_LABEL)
 _CLIENT_MS_KEY = "hmt.client_latency_ms"
 
 
-def _http_metrics(stats: ConnectionStats, spans: LatencyWindow, client: LatencyWindow) -> str:
-    """Prometheus lines of the HTTP and connection layers (appended to the controller's)."""
-    lines: list[str] = []
-
-    def metric(name: str, kind: str, help_text: str, samples: Iterable[tuple[Mapping[str, str], float]]) -> None:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            suffix = "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""
-            lines.append(f"{name}{suffix} {float(value):.9g}")
-
-    metric("hmt_connections_open", "gauge", "Open HTTP connections.", [({}, stats.open)])
-    metric("hmt_connections_max", "gauge", "Connection cap (accept time).", [({}, stats.max_connections)])
-    metric("hmt_connection_events_total", "counter",
-           "Connections accepted, evicted for a new one, refused at the cap, cut at the receipt deadline or "
-           "at shutdown, and accept() failures.",
-           [({"event": e}, getattr(stats, f)) for e, f in (
-               ("accepted", "accepted"), ("evicted", "evicted"), ("refused_full", "refused_full"),
-               ("receipt_timeout", "receipt_timeouts"), ("shutdown_cut", "shutdown_cut"),
-               ("accept_error", "accept_errors"))])
-    for name, window, help_text in (
-            ("hmt_request_span_ms", spans, "Whole server-side span of answered predictions, first byte in to "
-                                           "last byte out (recent window)."),
-            ("hmt_client_latency_ms", client, "Latency clients reported for their previous request "
-                                              "(X-HMT-Client-Latency-Ms, recent window).")):
-        summary = window.summary()
-        quantiles = [({"quantile": q}, summary[k]) for q, k in (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"))] \
-            if summary else []
-        metric(name, "summary", help_text, quantiles)
-        lines.append(f"{name}_sum {window.sum_ms:.9g}")
-        lines.append(f"{name}_count {window.count}")
-    return "\n".join(lines) + "\n"
-
-
 def create_app(controller: Controller, options: ApiOptions | None = None,
                on_shutdown: Callable[[], None] | None = None) -> ASGIApp:
     """The ASGI app. ``on_shutdown`` runs after the last in-flight request has finished."""
@@ -386,7 +352,19 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
     client_latency = LatencyWindow()
     observe = getattr(controller, "observe_request", None)
 
+    def queue_state() -> dict[str, int]:
+        return {"admitted": service.admitted, "max_queue": opts.max_queue, "rejected_full": service.rejected_full,
+                "deadline_expired": service.deadline_expired}
+
+    metrics_registry = ServeMetrics(controller, http_counts=counts, queue=queue_state)
+
+    async def submit(items: list[np.ndarray], first_byte_s: float, deadline_ms: float) -> list[Prediction]:
+        results = await service.submit(items, first_byte_s, deadline_ms)
+        metrics_registry.observe_predictions(results)
+        return results
+
     def on_span(label: str, span_ms: float, client_ms: float | None) -> None:
+        metrics_registry.observe_request("v2" if label == V2_INFER_LABEL else "v1", span_ms, client_ms)
         spans.add(span_ms)
         if client_ms is not None:
             client_latency.add(client_ms)
@@ -428,7 +406,7 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
         body = await read_body(request, body_limit)
         batch, fields = decode_request(body, request.headers.get("content-type"), inputs)
         answer = answer_options(request.query_params, fields, bundle_spec.classes)
-        results = await service.submit(as_items(batch, inputs), first_byte_s, deadline_ms)
+        results = await submit(as_items(batch, inputs), first_byte_s, deadline_ms)
         names = bundle_spec.class_names
         if len(results) == 1:
             return JSONResponse(prediction_json(results[0], names, answer))
@@ -458,9 +436,9 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
 
     @guarded
     async def metrics(request: Request) -> Response:
-        text = prometheus_text(controller, dict(counts), service.admitted, opts.max_queue)
-        text += _http_metrics(guard.connection_stats, spans, client_latency)
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+        # Rendering reads /proc and every collector: off the event loop, like an inference.
+        text = await asyncio.get_running_loop().run_in_executor(None, metrics_registry.text)
+        return Response(text, media_type=METRICS_CONTENT_TYPE)
 
     @guarded
     async def openapi(request: Request) -> Response:
@@ -495,7 +473,7 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
             Route("/openapi.json", openapi, methods=["GET"]),
             *oip_routes(OipContext(
                 controller, inputs, model_name, draining, opts.deadline_ms,
-                read_body=lambda request: read_body(request, body_limit), submit=service.submit,
+                read_body=lambda request: read_body(request, body_limit), submit=submit,
                 deadline_header=lambda request: _header_ms(request, DEADLINE_HEADER, "bad_deadline"),
                 first_byte_s=lambda request: float(request.scope["extensions"][FIRST_BYTE_KEY]),
                 internal_error=incident_message)),
@@ -509,7 +487,8 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
     app.state.service = service
     app.state.draining = draining
     guard = _Guard(app, opts.token, counts, open_prefixes=HEALTH_PREFIXES if opts.health_without_token else (),
-                   on_span=on_span, model_name=model_name)
+                   on_span=on_span)
+    metrics_registry.status.connections = guard.connection_stats  # filled by the server's connection layer
     return guard
 
 

@@ -126,6 +126,8 @@ class Controller:
         self._on_tick = on_tick
         self.ticks: deque[TickRecord] = deque(maxlen=256)
         self.stats = Stats()
+        # Called with each decision's optimizer + switcher time in seconds (the metrics' histogram).
+        self.decision_observers: list[Callable[[float], None]] = []
         self.last_error: str | None = None
         self.last_decision: Decision | None = None
         self._failed_loads: dict[str, float] = {}
@@ -403,6 +405,8 @@ class Controller:
         with self._state_lock:
             self.stats.decision_us.append(decision_us)
             self.stats.infeasible_ticks += not decision.feasible
+        for observe in self.decision_observers:
+            observe(decision_us / 1e6)
         if result.switched:
             self._miss_streak = 0  # the streak was the old variant's
         self._load_scale = load_scale

@@ -26,6 +26,7 @@ deadline.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -46,7 +47,7 @@ PREFIX = "/v2"
 IMAGE_INPUT = "image"
 VERSION = "1"
 EXTENSIONS = ("binary_tensor_data", "classification")
-_MODEL_ROUTES = ("", "/ready", "/infer")
+_MODEL_PATH = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?(/ready|/infer)?$")
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -54,12 +55,11 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-def route_label(path: str, model: str) -> str:
+def route_label(path: str) -> str:
     """A bounded label for a /v2 path (metrics and counts): the route's template, or ``other``."""
-    base = f"{PREFIX}/models/{model}"
-    for suffix in _MODEL_ROUTES:
-        if path in (base + suffix, f"{base}/versions/{VERSION}{suffix}"):
-            return f"{PREFIX}/models/{{model}}{suffix}"
+    match = _MODEL_PATH.match(path)
+    if match is not None:
+        return f"{PREFIX}/models/{{model}}{match.group(1) or ''}"
     return path if path in (PREFIX, f"{PREFIX}/health/live", f"{PREFIX}/health/ready") else "other"
 
 
