@@ -78,6 +78,11 @@ class RoleChoice(str, Enum):
     peer = "peer"
 
 
+class LogFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
 class LoadChoice(str, Enum):
     synthetic = "synthetic"
     burn = "burn"
@@ -119,6 +124,23 @@ def serve_command(
         "--health-without-token",
         help="Let GET /v1/health/live and /v1/health/ready through without the token (for orchestrator "
              "probes); every other path still needs it.")] = False,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override one serve setting, KEY=VALUE with a dotted key (repeatable), e.g. --set "
+                      "budgets.latency_ms=40 --set switch.min_dwell_s=0. Layered over the bundle's signed "
+                      "serve.json, which stays untouched; /v1/status (key settings) shows every value and where it "
+                      "came from.")] = None,
+    serve_config: Annotated[Path | None, typer.Option(
+        "--serve-config", help="JSON file shaped like serve.json (any subset) layered over the bundle's; "
+                               "HMT_SERVE_<SECTION>__<KEY> environment variables go over it, --set over "
+                               "those.")] = None,
+    access_log: Annotated[bool, typer.Option(
+        "--access-log", help="Log every request line and status (uvicorn's access log; on with --debug "
+                             "too).")] = False,
+    log_format: Annotated[LogFormat, typer.Option(
+        help="Log lines as text or as one JSON object per line (for log shippers).")] = LogFormat.text,
+    model_name: Annotated[str | None, typer.Option(
+        help="The model's name on the Open Inference Protocol routes /v2/models/NAME (default: the bundle "
+             "directory's name).")] = None,
     latency_ms: Annotated[float | None, typer.Option(
         "--latency-ms",
         help="Latency budget in ms (overrides serve.json; a scenario's column overrides this).")] = None,
@@ -199,11 +221,14 @@ def serve_command(
                              canary_tolerance=canary_tolerance)
 
     def body(output: Output) -> None:
+        import os
+
         import numpy as np
 
         from hmt.errors import UsageError
         from hmt.runtime.ort import parse_providers
         from hmt.serve.api import ApiOptions
+        from hmt.serve.overrides import env_layer, file_layer, set_layer
         from hmt.serve.scenario import DriveOptions, Scenario
         from hmt.serve.server import ServerOptions, resolve_token
         from hmt.serve.session import SessionOptions, run_scenario, serve_forever
@@ -231,11 +256,14 @@ def serve_command(
         session = SessionOptions(engine=None if engine is None else engine.value, threads=threads,
                                  latency_ms=latency_ms, memory_mb=memory_mb, exit_confidence=exit_confidence,
                                  no_early_exit=no_early_exit, fixed_variant=variant, trusted_key=trusted_key,
-                                 providers=parse_providers(providers), adapt=adapt_settings(), canary=canary)
+                                 providers=parse_providers(providers), adapt=adapt_settings(), canary=canary,
+                                 layers=(*([file_layer(serve_config)] if serve_config is not None else []),
+                                         env_layer(os.environ), set_layer(set_ or [])))
         api = ApiOptions(token=resolved_token, max_body_bytes=None if max_body_kb is None else max_body_kb * 1024,
                          max_queue=max_queue, workers=workers, deadline_ms=deadline_ms, max_batch=max_batch,
-                         health_without_token=health_without_token)
+                         health_without_token=health_without_token, model_name=model_name)
         server = ServerOptions(host=host, port=port, log_level="info" if debug else "warning",
+                               access_log=access_log or debug, log_format=log_format.value,
                                max_connections=max_connections, receipt_timeout_s=receipt_timeout_s)
         if peer is not None:
             run_device(output, bundle, peer=peer, peer_token=peer_token, peer_cafile=peer_cafile,

@@ -432,6 +432,8 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
                         "rejected_full": service.rejected_full, "deadline_expired": service.deadline_expired}
         doc["http"] = {"connections": guard.connection_stats.to_json_dict(), "request_span_ms": spans.summary(),
                        "client_latency_ms": client_latency.summary()}
+        # Every serve setting's effective value and its source (default, serve.json, --serve-config, ...).
+        doc["settings"] = getattr(controller, "settings_report", None)
         return JSONResponse(json.loads(json.dumps(doc, default=_jsonable)))
 
     @guarded

@@ -126,6 +126,8 @@ class Controller:
         self._on_tick = on_tick
         self.ticks: deque[TickRecord] = deque(maxlen=256)
         self.stats = Stats()
+        # Effective settings and where each came from (hmt.serve.overrides; set by the session), for status.
+        self.settings_report: dict[str, dict[str, Any]] | None = None
         # Called with each decision's optimizer + switcher time in seconds (the metrics' histogram).
         self.decision_observers: list[Callable[[float], None]] = []
         self.last_error: str | None = None
