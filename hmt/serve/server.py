@@ -170,10 +170,12 @@ class ApiServer:
         listener.guard = self.guard
         self.socket: socket.socket = listener
         self.port = int(self.socket.getsockname()[1])
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {"log_level": options.log_level}
         if options.log_format is not None:
-            extra["log_config"] = logging_config(options.log_level, options.log_format, options.access_log)
-        config = uvicorn.Config(app, log_level=options.log_level, access_log=options.access_log, lifespan="on",
+            # Our dictConfig sets every level (uvicorn's log_level would put the access log at warning).
+            extra = {"log_config": logging_config(options.log_level, options.log_format, options.access_log),
+                     "log_level": None}
+        config = uvicorn.Config(app, access_log=options.access_log, lifespan="on",
                                 http=guarded_protocol(self.guard), timeout_keep_alive=options.keep_alive_s,
                                 timeout_graceful_shutdown=int(max(1, options.graceful_timeout_s)), **extra)
         self.server = uvicorn.Server(config)
