@@ -111,7 +111,7 @@ def test_the_recipes_command_line_serves_a_bundle(recipe: str, bundle_dir: Path,
         assert status["settings"]["budgets.latency_ms"] == {"value": 500, "source": "environment"}
     finally:
         process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=60)
+        _out, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
     records = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     if recipe == "systemd":  # --access-log: one JSON record per request, with its fields
