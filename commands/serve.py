@@ -138,6 +138,12 @@ def serve_command(
                              "too).")] = False,
     log_format: Annotated[LogFormat, typer.Option(
         help="Log lines as text or as one JSON object per line (for log shippers).")] = LogFormat.text,
+    dynamic_batch: Annotated[int, typer.Option(
+        help="Dynamic batching: run up to N inputs of requests that arrive together as one batch (variants whose "
+             "graphs take a batch; others run item by item). 1: off, the default; measured in "
+             "benchmarks/protocol (README).")] = 1,
+    dynamic_batch_delay_ms: Annotated[float, typer.Option(
+        help="Dynamic batching: longest wait for more inputs after the oldest one arrived.")] = 2.0,
     model_name: Annotated[str | None, typer.Option(
         help="The model's name on the Open Inference Protocol routes /v2/models/NAME (default: the bundle "
              "directory's name).")] = None,
@@ -261,7 +267,8 @@ def serve_command(
                                          env_layer(os.environ), set_layer(set_ or [])))
         api = ApiOptions(token=resolved_token, max_body_bytes=None if max_body_kb is None else max_body_kb * 1024,
                          max_queue=max_queue, workers=workers, deadline_ms=deadline_ms, max_batch=max_batch,
-                         health_without_token=health_without_token, model_name=model_name)
+                         health_without_token=health_without_token, model_name=model_name,
+                         dynamic_batch=dynamic_batch, dynamic_batch_delay_ms=dynamic_batch_delay_ms)
         server = ServerOptions(host=host, port=port, log_level="info" if debug else "warning",
                                access_log=access_log or debug, log_format=log_format.value,
                                max_connections=max_connections, receipt_timeout_s=receipt_timeout_s)

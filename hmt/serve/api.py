@@ -50,6 +50,7 @@ from starlette.routing import Route
 from hmt.bundle import TensorSpec
 from hmt.errors import DeviceError, ModelError, UsageError
 from hmt.serve.answers import answer_options, prediction_json
+from hmt.serve.batching import BatchingOptions, DeadlinePassed, DynamicBatcher
 from hmt.serve.bodies import decode_request
 from hmt.serve.connections import FIRST_BYTE_KEY, ConnectionStats
 from hmt.serve.controller import Controller, Prediction
@@ -97,6 +98,8 @@ class ApiOptions:
     max_batch: int = 64  # inputs per request
     max_image_pixels: int = 4096 * 4096  # width x height of an encoded image, checked before decoding
     model_name: str | None = None  # the model's name on /v2 (None: the bundle directory's name)
+    dynamic_batch: int = 1  # inputs run together by the dynamic batcher (hmt.serve.batching); 1: off
+    dynamic_batch_delay_ms: float = 2.0
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
@@ -111,6 +114,7 @@ class ApiOptions:
             raise UsageError(f"--max-batch must be >= 1, got {self.max_batch}")
         if self.max_image_pixels < 1:
             raise UsageError(f"max_image_pixels must be >= 1, got {self.max_image_pixels}")
+        BatchingOptions(self.dynamic_batch, self.dynamic_batch_delay_ms)  # refuses bad values
 
     def body_limit(self, spec: TensorSpec) -> int:
         if self.max_body_bytes is not None:
@@ -190,6 +194,8 @@ class InferenceService:
         self.controller = controller
         self.options = options
         self._executor = concurrent.futures.ThreadPoolExecutor(options.workers, thread_name_prefix="hmt-infer")
+        batching = BatchingOptions(options.dynamic_batch, options.dynamic_batch_delay_ms)
+        self.batcher = DynamicBatcher(controller, batching, options.workers) if batching.enabled else None
         self._lock = threading.Lock()
         self.admitted = 0
         self.rejected_full = 0
@@ -218,7 +224,10 @@ class InferenceService:
             self.admitted += 1
         deadline_s = first_byte_s + deadline_ms / 1e3
         try:
-            future = self._executor.submit(self._work, items, first_byte_s, deadline_s)
+            if self.batcher is not None:
+                future = self.batcher.submit(items, first_byte_s, deadline_s)
+            else:
+                future = self._executor.submit(self._work, items, first_byte_s, deadline_s)
         except RuntimeError as exc:  # the pool is shutting down
             with self._lock:
                 self.admitted -= 1
@@ -227,7 +236,7 @@ class InferenceService:
         try:
             # Cancelling the wrapper on timeout also cancels the job if it has not started.
             return await asyncio.wait_for(asyncio.wrap_future(future), max(0.0, deadline_s - time.monotonic()))
-        except (asyncio.TimeoutError, _DeadlinePassed) as exc:
+        except (asyncio.TimeoutError, _DeadlinePassed, DeadlinePassed) as exc:
             self.deadline_expired += 1
             raise ApiError(504, "deadline_exceeded", f"no answer within the deadline of {deadline_ms:g} ms "
                                                      "(counted from the request's first byte)") from exc
@@ -246,6 +255,8 @@ class InferenceService:
 
     def shutdown(self) -> None:
         """Finish every admitted request, then stop the pool."""
+        if self.batcher is not None:
+            self.batcher.shutdown()
         self._executor.shutdown(wait=True)
 
 
@@ -428,6 +439,7 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
     @guarded
     async def status(request: Request) -> Response:
         doc = controller.status()
+        doc["batching"] = service.batcher.status() if service.batcher is not None else {"enabled": False}
         doc["queue"] = {"admitted": service.admitted, "max_queue": opts.max_queue, "workers": opts.workers,
                         "rejected_full": service.rejected_full, "deadline_expired": service.deadline_expired}
         doc["http"] = {"connections": guard.connection_stats.to_json_dict(), "request_span_ms": spans.summary(),

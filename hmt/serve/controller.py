@@ -27,7 +27,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -35,7 +35,7 @@ import numpy as np
 
 from hmt.bundle import Bundle
 from hmt.errors import DeviceError, HmtError, ModelError
-from hmt.runtime.chain import Runner
+from hmt.runtime.chain import ChainResult, Runner
 from hmt.runtime.variant import bundle_providers
 from hmt.serve.decision import DecisionPath
 from hmt.serve.estimates import LatencyEstimator
@@ -490,21 +490,37 @@ class Controller:
     def predict(self, x: np.ndarray, queued_ms: float = 0.0) -> Prediction:
         """Answer one input (already validated to the bundle's input spec) with the active variant
         (or, for a share of requests, a faster one not measured lately: :meth:`_probe`)."""
-        base = self._active
-        if base is None or not base.warm:
-            raise DeviceError("no variant is loaded and warm yet")
+        base = self.active_runner()
         probe = self._probe(base) if base.arch_id in self._known_ids else None
         # serve --adapt: the adapted variant of the active one, when the guard adopted it.
         runner = probe if probe is not None else base if self.adapt is None else self.adapt.runner_for(base)
         early = self.settings.early_exit
-        self._inflight += 1
-        try:
+        with self.running():
             result = runner.run(x, early.confidence if early.enabled else None)
-        finally:
-            self._inflight -= 1
-        self._last_input = x
         if self.adapt is not None and probe is None:
             self.adapt.offer(x)  # a non-blocking put: adaptation runs on its own thread
+        return self.record(runner, base if probe is None else probe, x, result, queued_ms)
+
+    def active_runner(self) -> Runner:
+        """The runner answering requests now; DeviceError before the first variant is warm."""
+        base = self._active
+        if base is None or not base.warm:
+            raise DeviceError("no variant is loaded and warm yet")
+        return base
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Marks inference in flight (shadow runs wait for none)."""
+        self._inflight += 1
+        try:
+            yield
+        finally:
+            self._inflight -= 1
+
+    def record(self, runner: Runner, measured: Runner, x: np.ndarray, result: ChainResult,
+               queued_ms: float) -> Prediction:
+        """File one answered input: ``measured`` is the bundled variant its compute time counts for."""
+        self._last_input = x
         latency_ms = queued_ms + result.compute_ms
         budget_ms = self.budgets.latency_ms
         miss = budget_ms is not None and latency_ms > budget_ms
@@ -512,8 +528,7 @@ class Controller:
         now_s = self.now_s()
         with self._state_lock:
             # The estimates are per bundled variant: an adapted one's time counts for its base.
-            self.estimator.observe(base.arch_id if probe is None else probe.arch_id, result.compute_ms,
-                                   predicted_ms, now_s, self._load_now)
+            self.estimator.observe(measured.arch_id, result.compute_ms, predicted_ms, now_s, self._load_now)
             self._queue_waits.append(max(0.0, queued_ms))
             stats = self.stats
             stats.requests += 1
