@@ -29,6 +29,19 @@ A prediction: `curl -s --data-binary @x.npy -H 'content-type: application/x-npy'
 image/jpeg'` (JPEG/PNG, normalised with the bundle's preprocessing), or `-d '{"inputs": [[...]]}'
 -H 'content-type: application/json'`. From Python: `hmt.client.HmtClient("http://127.0.0.1:8000").predict(x)`.
 
+The Open Inference Protocol (KServe v2) answers beside /v1 for Triton and KServe clients: GET /v2,
+/v2/health/ready, /v2/models/NAME (metadata), POST /v2/models/NAME/infer (JSON or binary tensors; images as
+BYTES input `image`). NAME is the bundle directory's name (--model-name). Probabilities on request:
+`/v1/predict?top_k=5&probabilities=true`, or the v2 parameter top_k. `curl -F file=@cat.jpg
+localhost:8000/v1/predict` uploads a form. /metrics follows Prometheus conventions (deploy/grafana has a
+dashboard).
+
+Settings over the bundle's signed serve.json (which stays untouched), lowest first: --serve-config FILE,
+HMT_SERVE_<SECTION>__<KEY>=VALUE, --set KEY=VALUE, then the flags below; /v1/status key settings shows each
+value and its source:
+
+    hmt serve runs/bundle-host --set budgets.latency_ms=40 --set switch.min_dwell_s=0 --log-format json
+
 Slow or idle clients cannot hold the server: at most --max-connections are open (at the cap the
 connection that has waited longest without a complete request is closed), and a request must
 arrive, headers and body, within --receipt-timeout-s (else 408).

@@ -5,7 +5,10 @@ psutil (NVML through ``pynvml`` when it is importable); never torch. The rest of
 stage is imported by module, so that ``import hmt.serve`` stays light: ``runner`` (a
 variant's chain of graphs on ONNX Runtime or TVM, early exit), ``pool`` (loaded variants
 within a memory budget), ``controller`` (the adaptation loop), ``api`` + ``exposition``
-(the starlette app, Prometheus text, OpenAPI), ``server`` (uvicorn, token, drain),
+(the starlette app, OpenAPI), ``oip`` + ``oip_tensors`` (the Open Inference Protocol, /v2),
+``answers`` + ``bodies`` (probabilities, top-k, multipart), ``metrics`` (Prometheus, through
+prometheus_client), ``batching`` (opt-in dynamic batching), ``overrides`` (settings layered
+over serve.json), ``logs``, ``server`` (uvicorn, token, drain),
 ``scenario`` + ``timeline`` (replay, load generation, summary, plot) and ``session``
 (what ``hmt serve`` runs).
 """

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from hmt.errors import UsageError
+from hmt.serve.controller import Controller
 from hmt.serve.records import Prediction
 
 
@@ -152,9 +153,9 @@ class DynamicBatcher:
 
     def _predict(self, items: list[np.ndarray], queued_ms: list[float]) -> list[Prediction]:
         controller = self.controller
-        runner = controller.active_runner() if hasattr(controller, "active_runner") else None
-        if runner is None or len(items) == 1 or getattr(controller, "adapt", None) is not None \
-                or not self.capable(runner, items[0]):
+        # Only the device's own loop batches: an offloading controller (or serve --adapt) answers item by item.
+        runner = controller.active_runner() if isinstance(controller, Controller) else None
+        if runner is None or len(items) == 1 or controller.adapt is not None or not self.capable(runner, items[0]):
             return [controller.predict(x, queued_ms=q) for x, q in zip(items, queued_ms, strict=True)]
         early = controller.settings.early_exit
         with controller.running():
