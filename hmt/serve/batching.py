@@ -155,11 +155,13 @@ class DynamicBatcher:
         controller = self.controller
         # Only the device's own loop batches: an offloading controller (or serve --adapt) answers item by item.
         runner = controller.active_runner() if isinstance(controller, Controller) else None
-        if runner is None or len(items) == 1 or controller.adapt is not None or not self.capable(runner, items[0]):
+        run_batch = getattr(runner, "run_batch", None)
+        if runner is None or run_batch is None or len(items) == 1 or controller.adapt is not None \
+                or not self.capable(runner, items[0]):
             return [controller.predict(x, queued_ms=q) for x, q in zip(items, queued_ms, strict=True)]
         early = controller.settings.early_exit
         with controller.running():
-            results = runner.run_batch(np.concatenate(items), early.confidence if early.enabled else None)
+            results = run_batch(np.concatenate(items), early.confidence if early.enabled else None)
         return [controller.record(runner, runner, x, r, q) for x, r, q in zip(items, results, queued_ms, strict=True)]
 
     def capable(self, runner: Any, x: np.ndarray) -> bool:
