@@ -15,11 +15,10 @@ Requests call :meth:`Controller.predict` from any thread: it reads the active ru
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -115,7 +114,6 @@ class Controller:
         self.loads = LoadBackoff(self.pool, clock)
         self.overhead = ServingOverhead()  # queue waits: the budget's share no variant can use
         self.overhead_ms = 0.0
-        self._inflight = 0
         self.shadow = ShadowRuns(self.pool, self.estimator, self.settings, self.stats, self.state_lock,
                                  self._known_ids, fixed=fixed_variant is not None, now_s=self.now_s)
         # serve --adapt (hmt.serve.running.adapt.AdaptSettings, canary): BN re-estimation off the request path.
@@ -184,7 +182,7 @@ class Controller:
 
     def shadow_run(self) -> bool:
         """One shadow run of a stale, loaded, idle variant when no request is in flight; whether it ran."""
-        if self._inflight:
+        if self.shadow.inflight:
             return False
         ran, error = self.shadow.run(self.active_arch_id, self.load.now, self.load_scale)
         if error is not None:
@@ -346,7 +344,7 @@ class Controller:
         # serve --adapt: the adapted variant of the active one, when the guard adopted it.
         runner = probe if probe is not None else base if self.adapt is None else self.adapt.runner_for(base)
         early = self.settings.early_exit
-        with self.running():
+        with self.shadow.serving():
             result = runner.run(x, early.confidence if early.enabled else None)
         if self.adapt is not None and probe is None:
             self.adapt.offer(x)  # a non-blocking put: adaptation runs on its own thread
@@ -358,15 +356,6 @@ class Controller:
         if base is None or not base.warm:
             raise DeviceError("no variant is loaded and warm yet")
         return base
-
-    @contextlib.contextmanager
-    def running(self) -> Iterator[None]:
-        """Marks inference in flight (shadow runs wait for none)."""
-        self._inflight += 1
-        try:
-            yield
-        finally:
-            self._inflight -= 1
 
     def record(self, runner: Runner, measured: Runner, x: np.ndarray, result: ChainResult,
                queued_ms: float) -> Prediction:

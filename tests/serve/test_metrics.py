@@ -91,7 +91,8 @@ def test_grafana_dashboard_queries_metrics_that_exist(bundle_dir: Path) -> None:
     import json
     import re
 
-    dashboard = json.loads((Path(__file__).parents[2] / "scripts" / "device" / "grafana" / "hmt-serve.json").read_text())
+    path = Path(__file__).parents[2] / "scripts" / "device" / "grafana" / "hmt-serve.json"
+    dashboard = json.loads(path.read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     used = {m for e in exprs for m in re.findall(r"\b((?:hmt|process)_[a-z_]+)\b", e)}
     exposed = {s.name for f in text_string_to_metric_families(scrape(bundle_dir, 1)) for s in f.samples}

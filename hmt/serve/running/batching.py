@@ -160,7 +160,7 @@ class DynamicBatcher:
                 or not self.capable(runner, items[0]):
             return [controller.predict(x, queued_ms=q) for x, q in zip(items, queued_ms, strict=True)]
         early = controller.settings.early_exit
-        with controller.running():
+        with controller.shadow.serving():
             results = run_batch(np.concatenate(items), early.confidence if early.enabled else None)
         return [controller.record(runner, runner, x, r, q) for x, r, q in zip(items, results, queued_ms, strict=True)]
 
