@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -193,3 +194,24 @@ def test_token_guards_v2(server: ApiServer, triton: httpclient.InferenceServerCl
         triton.get_model_metadata(MODEL)
     status, doc = raw(server, "GET", "/v2/nothing", headers=auth())
     assert status == 404 and isinstance(doc["error"], str)
+
+
+def test_timeout_parameter_and_queue_slots(server: ApiServer) -> None:
+    """/v2 bodies are parsed after admission (in the decoding lane): the request's own timeout
+    parameter applies once parsed, and a refused body gives its queue slot back."""
+    def infer(parameters: dict[str, object]) -> tuple[int, dict]:  # type: ignore[type-arg]
+        body = json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 8, 8], "datatype": "FP32",
+                                       "data": [0] * 192}], "parameters": parameters}).encode()
+        return raw(server, "POST", f"/v2/models/{MODEL}/infer", body, {**AUTH, "content-type": "application/json"})
+
+    assert infer({"timeout": 10_000_000})[0] == 200
+    status, doc = infer({"timeout": -5})
+    assert status == 400 and "timeout" in doc["error"], doc
+    status, doc = infer({"timeout": 1})  # 1 us: over before the inference can start
+    assert status == 504 and "deadline" in doc["error"], doc
+    for _ in range(50):  # a dropped job gives its slot back when the pool reaches it
+        status, doc = raw(server, "GET", "/v1/status", headers=auth())
+        if doc["queue"]["admitted"] == 0:
+            break
+        time.sleep(0.05)
+    assert status == 200 and doc["queue"]["admitted"] == 0 and doc["queue"]["deadline_expired"] >= 1
