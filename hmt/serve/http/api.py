@@ -134,7 +134,6 @@ def _header_ms(request: Request, name: str, code: str) -> float | None:
     return value
 
 
-
 def create_app(controller: Controller, options: ApiOptions | None = None,
                on_shutdown: Callable[[], None] | None = None) -> ASGIApp:
     """The ASGI app. ``on_shutdown`` runs after the last in-flight request has finished."""
@@ -149,9 +148,8 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
     draining = threading.Event()
     spans = LatencyWindow()
     client_latency = LatencyWindow()
+    reports = ClientReports()  # which X-HMT-Client-Latency-Ms values are plausible
     observe = getattr(controller, "observe_request", None)
-
-    reports = ClientReports()
 
     def queue_state() -> dict[str, int]:
         return {"admitted": service.admitted, "max_queue": opts.max_queue, "rejected_full": service.rejected_full,
