@@ -30,7 +30,8 @@ app = typer.Typer(
         "  hmt train-supernet --preset tiny --out runs/supernet"
     ),
     no_args_is_help=True,
-    add_completion=False,
+    # `hmt --install-completion` / `--show-completion` (bash, zsh, fish, PowerShell).
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",
 )

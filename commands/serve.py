@@ -29,6 +29,19 @@ A prediction: `curl -s --data-binary @x.npy -H 'content-type: application/x-npy'
 image/jpeg'` (JPEG/PNG, normalised with the bundle's preprocessing), or `-d '{"inputs": [[...]]}'
 -H 'content-type: application/json'`. From Python: `hmt.client.HmtClient("http://127.0.0.1:8000").predict(x)`.
 
+The Open Inference Protocol (KServe v2) answers beside /v1 for Triton and KServe clients: GET /v2,
+/v2/health/ready, /v2/models/NAME (metadata), POST /v2/models/NAME/infer (JSON or binary tensors; images as
+BYTES input `image`). NAME is the bundle directory's name (--model-name). Probabilities on request:
+`/v1/predict?top_k=5&probabilities=true`, or the v2 parameter top_k. `curl -F file=@cat.jpg
+localhost:8000/v1/predict` uploads a form. /metrics follows Prometheus conventions (scripts/device/grafana has a
+dashboard).
+
+Settings over the bundle's signed serve.json (which stays untouched), lowest first: --serve-config FILE,
+HMT_SERVE_<SECTION>__<KEY>=VALUE, --set KEY=VALUE, then the flags below; /v1/status key settings shows each
+value and its source:
+
+    hmt serve runs/bundle-host --set budgets.latency_ms=40 --set switch.min_dwell_s=0 --log-format json
+
 Slow or idle clients cannot hold the server: at most --max-connections are open (at the cap the
 connection that has waited longest without a complete request is closed), and a request must
 arrive, headers and body, within --receipt-timeout-s (else 408).
@@ -80,6 +93,11 @@ class RoleChoice(str, Enum):
     peer = "peer"
 
 
+class LogFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
 class LoadChoice(str, Enum):
     synthetic = "synthetic"
     burn = "burn"
@@ -125,6 +143,29 @@ def serve_command(
         "--health-without-token",
         help="Let GET /v1/health/live and /v1/health/ready through without the token (for orchestrator "
              "probes); every other path still needs it.")] = False,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override one serve setting, KEY=VALUE with a dotted key (repeatable), e.g. --set "
+                      "budgets.latency_ms=40 --set switch.min_dwell_s=0. Layered over the bundle's signed "
+                      "serve.json, which stays untouched; /v1/status (key settings) shows every value and where it "
+                      "came from.")] = None,
+    serve_config: Annotated[Path | None, typer.Option(
+        "--serve-config", help="JSON file shaped like serve.json (any subset) layered over the bundle's; "
+                               "HMT_SERVE_<SECTION>__<KEY> environment variables go over it, --set over "
+                               "those.")] = None,
+    access_log: Annotated[bool, typer.Option(
+        "--access-log", help="Log every request line and status (uvicorn's access log; on with --debug "
+                             "too).")] = False,
+    log_format: Annotated[LogFormat, typer.Option(
+        help="Log lines as text or as one JSON object per line (for log shippers).")] = LogFormat.text,
+    dynamic_batch: Annotated[int, typer.Option(
+        help="Dynamic batching: run up to N inputs of requests that arrive together as one batch (variants whose "
+             "graphs take a batch; others run item by item). 1: off, the default; measured in "
+             "benchmarks/protocol (README).")] = 1,
+    dynamic_batch_delay_ms: Annotated[float, typer.Option(
+        help="Dynamic batching: longest wait for more inputs after the oldest one arrived.")] = 2.0,
+    model_name: Annotated[str | None, typer.Option(
+        help="The model's name on the Open Inference Protocol routes /v2/models/NAME (default: the bundle "
+             "directory's name).")] = None,
     latency_ms: Annotated[float | None, typer.Option(
         "--latency-ms",
         help="Latency budget in ms (overrides serve.json; a scenario's column overrides this).")] = None,
@@ -231,6 +272,8 @@ def serve_command(
             serve(output, root)
 
     def serve(output: Output, bundle: Path) -> None:
+        import os
+
         import numpy as np
 
         from hmt.artifacts.rollback import RollbackPolicy
@@ -238,6 +281,7 @@ def serve_command(
         from hmt.runtime.ort import parse_providers
         from hmt.serve.http.api import ApiOptions
         from hmt.serve.http.server import ServerOptions, resolve_token
+        from hmt.serve.running.overrides import env_layer, file_layer, set_layer
         from hmt.serve.running.scenario import DriveOptions, Scenario
         from hmt.serve.running.session import SessionOptions, run_scenario, serve_forever
 
@@ -273,11 +317,15 @@ def serve_command(
                                  latency_ms=latency_ms, memory_mb=memory_mb, exit_confidence=exit_confidence,
                                  no_early_exit=no_early_exit, fixed_variant=variant, trusted_key=trusted_key,
                                  rollback=rollback,
-                                 providers=parse_providers(providers), adapt=adapt_settings(), canary=canary)
+                                 providers=parse_providers(providers), adapt=adapt_settings(), canary=canary,
+                                 layers=(*([file_layer(serve_config)] if serve_config is not None else []),
+                                         env_layer(os.environ), set_layer(set_ or [])))
         api = ApiOptions(token=resolved_token, max_body_bytes=None if max_body_kb is None else max_body_kb * 1024,
                          max_queue=max_queue, workers=workers, deadline_ms=deadline_ms, max_batch=max_batch,
-                         health_without_token=health_without_token)
+                         health_without_token=health_without_token, model_name=model_name,
+                         dynamic_batch=dynamic_batch, dynamic_batch_delay_ms=dynamic_batch_delay_ms)
         server = ServerOptions(host=host, port=port, log_level="info" if debug else "warning",
+                               access_log=access_log or debug, log_format=log_format.value,
                                max_connections=max_connections, receipt_timeout_s=receipt_timeout_s)
         if peer is not None:
             run_device(output, bundle, peer=peer, peer_token=peer_token, peer_cafile=peer_cafile,

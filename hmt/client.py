@@ -7,7 +7,11 @@
         answer = client.predict(open("cat.jpg", "rb").read())  # JPEG/PNG bytes
         answer = client.predict(pixels_uint8_hwc)               # or a numpy array: float tensor,
         answer["class_name"], answer["confidence"]              # uint8 pixels, or a batch [N, ...]
+        client.predict("cat.jpg", top_k=3)["top_k"]             # a path, or a PIL image; the 3 likeliest
         client.status()["variant"]
+
+A float64 array (numpy's default) is sent as float32, the dtype bundles take; a PIL image is
+sent as PNG and a path as the file's bytes (JPEG, PNG or .npy).
 
 A batch ``[N, ...]`` with N > 1 answers ``{"predictions": [...], "batch": N}``; one input
 answers ``{"class", "class_name", "confidence", "exit", "variant", "latency_ms", ...}``.
@@ -26,7 +30,9 @@ import http.client
 import io
 import json
 import math
+import os
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -35,6 +41,7 @@ from hmt.errors import HmtError, UsageError
 CLIENT_LATENCY_HEADER = "X-HMT-Client-Latency-Ms"
 DEADLINE_HEADER = "X-Deadline-Ms"
 _MAGIC = ((b"\xff\xd8\xff", "image/jpeg"), (b"\x89PNG\r\n\x1a\n", "image/png"), (b"\x93NUMPY", "application/x-npy"))
+MAX_FILE_BYTES = 64 << 20  # a path's file is read whole: bounded
 # Raised by http.client when a kept-alive connection turns out to be closed by the server.
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, http.client.CannotSendRequest)
 
@@ -75,17 +82,27 @@ class HmtClient:
 
     # -- the API -------------------------------------------------------------------------------
 
-    def predict(self, x: Any, *, deadline_ms: float | None = None) -> dict[str, Any]:
-        """Classify ``x``: a numpy array (float tensor, uint8 pixels [H, W, C], or a batch [N, ...])
-        or the bytes of a JPEG, PNG or .npy file."""
+    def predict(self, x: Any, *, deadline_ms: float | None = None, top_k: int | None = None,
+                probabilities: bool = False) -> dict[str, Any]:
+        """Classify ``x``: a numpy array (float tensor, uint8 pixels [H, W, C], or a batch [N, ...]),
+        the bytes of a JPEG, PNG or .npy file, a path to one, or a PIL image. ``top_k``: also the
+        k likeliest classes; ``probabilities``: every class's probability."""
         body, media = _encode(x)
+        query = []
+        if top_k is not None:
+            if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+                raise UsageError(f"top_k must be an integer >= 1, got {top_k!r}")
+            query.append(f"top_k={top_k}")
+        if probabilities:
+            query.append("probabilities=true")
+        path = "/v1/predict" + ("?" + "&".join(query) if query else "")
         headers = {"Content-Type": media}
         if deadline_ms is not None:
             headers[DEADLINE_HEADER] = f"{deadline_ms:g}"
         if self.report_latency and self.last_latency_ms is not None:
             headers[CLIENT_LATENCY_HEADER] = f"{self.last_latency_ms:.3f}"
         t0 = time.perf_counter()
-        doc = self._request("POST", "/v1/predict", body, headers)
+        doc = self._request("POST", path, body, headers)
         self.last_latency_ms = (time.perf_counter() - t0) * 1e3
         return doc
 
@@ -165,7 +182,21 @@ def _answer(status: int, data: bytes) -> dict[str, Any]:
 
 
 def _encode(x: Any) -> tuple[bytes, str]:
-    """A request body and its media type for an array or encoded bytes."""
+    """A request body and its media type for an array, encoded bytes, a path or a PIL image."""
+    if isinstance(x, (str, os.PathLike)):
+        path = Path(x)
+        try:
+            size = path.stat().st_size
+            if size > MAX_FILE_BYTES:
+                raise UsageError(f"{path}: {size} bytes is more than the {MAX_FILE_BYTES} a request may carry")
+            x = path.read_bytes()
+        except OSError as exc:
+            raise UsageError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
+    elif _is_pil_image(x):
+        buffer = io.BytesIO()
+        image = x if x.mode in ("RGB", "L") else x.convert("RGB")
+        image.save(buffer, format="PNG")
+        return buffer.getvalue(), "image/png"
     if isinstance(x, (bytes, bytearray, memoryview)):
         data = bytes(x)
         for magic, media in _MAGIC:
@@ -176,7 +207,17 @@ def _encode(x: Any) -> tuple[bytes, str]:
     import numpy as np
 
     if not isinstance(x, np.ndarray):
-        raise UsageError(f"predict() takes a numpy array or bytes, got {type(x).__name__}")
+        raise UsageError(f"predict() takes a numpy array, bytes, a path or a PIL image, got {type(x).__name__}")
+    if x.dtype == np.float64:
+        x = x.astype(np.float32)  # numpy's default float; bundles take float32 (the server refuses float64)
     buffer = io.BytesIO()
     np.save(buffer, np.ascontiguousarray(x), allow_pickle=False)
     return buffer.getvalue(), "application/x-npy"
+
+
+def _is_pil_image(x: Any) -> bool:
+    """Whether ``x`` is a PIL image, without importing Pillow when the caller never did."""
+    import sys
+
+    module = sys.modules.get("PIL.Image")
+    return module is not None and isinstance(x, module.Image)

@@ -31,15 +31,27 @@ LAYOUT_CHAIN = "per_graph"
 LAYOUT_MERGED = "merged_chain"
 
 
-def softmax_confidence(logits: np.ndarray) -> tuple[int, float]:
-    """Arg-max class and its softmax probability of one row of logits (numerically stable)."""
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Softmax probabilities (float64) of one row of logits (numerically stable)."""
     row = np.asarray(logits, dtype=np.float64).reshape(-1)
     if row.size == 0 or not np.all(np.isfinite(row)):
         raise ModelError("an exit head produced empty or non-finite logits")
-    shifted = row - row.max()
-    weights = np.exp(shifted)
-    best = int(np.argmax(row))
-    return best, float(weights[best] / weights.sum())
+    weights = np.exp(row - row.max())
+    return weights / weights.sum()
+
+
+def softmax_confidence(logits: np.ndarray) -> tuple[int, float]:
+    """Arg-max class and its softmax probability of one row of logits (numerically stable)."""
+    probabilities = softmax(logits)
+    best = int(np.argmax(probabilities))
+    return best, float(probabilities[best])
+
+
+def answer(logits: np.ndarray) -> tuple[int, float, np.ndarray]:
+    """Arg-max class, its probability and every class's probability (float32) of one row of logits."""
+    probabilities = softmax(logits)
+    best = int(np.argmax(probabilities))
+    return best, float(probabilities[best]), probabilities.astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,7 @@ class ChainResult:
     exit: int  # segment whose head answered
     compute_ms: float
     predicted_share: float  # share of the longest path's warm time this run spent (for r)
+    probabilities: np.ndarray | None = None  # softmax over the classes at the answering exit (float32)
 
 
 class Runner(Protocol):
@@ -114,12 +127,45 @@ class ChainRunner:
             spent_ms += self.segment_ms[k]
             if k < last and confidence is None:
                 continue
-            class_index, conf = softmax_confidence(self._exits[k](features))
+            class_index, conf, probabilities = answer(self._exits[k](features))
             spent_ms += self.exit_ms[k]
             if k == last or (confidence is not None and conf >= confidence):
                 elapsed_ms = (time.perf_counter() - start) * 1e3
-                return ChainResult(class_index, conf, k, elapsed_ms, spent_ms / self.full_ms(confidence is not None))
+                return ChainResult(class_index, conf, k, elapsed_ms, spent_ms / self.full_ms(confidence is not None),
+                                   probabilities)
         raise AssertionError("unreachable: the last exit always answers")
+
+    def run_batch(self, xs: np.ndarray, confidence: float | None) -> list[ChainResult]:
+        """Answer a batch (rows of ``xs`` along the first axis) in one call per graph: rows whose exit is
+        confident leave, the rest go on. Needs graphs that take a batch (serve's dynamic batching
+        checks that first); each answer's compute time is the whole batch's."""
+        start = time.perf_counter()
+        last = self.exit_stage
+        rows = np.arange(len(xs))
+        features = xs
+        answers: dict[int, tuple[int, float, int, float, np.ndarray]] = {}
+        spent_ms = 0.0
+        for k in range(last + 1):
+            features = self._segments[k](features)
+            spent_ms += self.segment_ms[k]
+            if k < last and confidence is None:
+                continue
+            logits = self._exits[k](features)
+            spent_ms += self.exit_ms[k]
+            keep = []
+            for i, row in enumerate(rows):
+                class_index, conf, probabilities = answer(logits[i])
+                if k == last or (confidence is not None and conf >= confidence):
+                    answers[int(row)] = (class_index, conf, k, spent_ms, probabilities)
+                else:
+                    keep.append(i)
+            if not keep:
+                break
+            rows, features = rows[keep], features[keep]
+        elapsed_ms = (time.perf_counter() - start) * 1e3
+        full = self.full_ms(confidence is not None)
+        return [ChainResult(c, conf, k, elapsed_ms, spent / full, p) for c, conf, k, spent, p in
+                (answers[i] for i in range(len(xs)))]
 
     def warm_up(self, x: np.ndarray, runs: int = 3) -> None:
         """Run every graph ``runs`` times and keep the median time of each (the shares for ``r``)."""
@@ -176,9 +222,23 @@ class MergedChainRunner:
         if graph is None:
             raise ModelError(f"variant {self.arch_id!r} was unloaded")
         start = time.perf_counter()
-        class_index, conf = softmax_confidence(graph(x))
+        class_index, conf, probabilities = answer(graph(x))
         elapsed_ms = (time.perf_counter() - start) * 1e3
-        return ChainResult(class_index, conf, self.exit_stage, elapsed_ms, 1.0)
+        return ChainResult(class_index, conf, self.exit_stage, elapsed_ms, 1.0, probabilities)
+
+    def run_batch(self, xs: np.ndarray, confidence: float | None) -> list[ChainResult]:
+        """Answer a batch in one call (needs a graph that takes one; see :meth:`ChainRunner.run_batch`)."""
+        graph = self._graph
+        if graph is None:
+            raise ModelError(f"variant {self.arch_id!r} was unloaded")
+        start = time.perf_counter()
+        logits = graph(xs)
+        elapsed_ms = (time.perf_counter() - start) * 1e3
+        results = []
+        for row in logits:
+            class_index, conf, probabilities = answer(row)
+            results.append(ChainResult(class_index, conf, self.exit_stage, elapsed_ms, 1.0, probabilities))
+        return results
 
     def warm_up(self, x: np.ndarray, runs: int = 3) -> None:
         graph = self._graph

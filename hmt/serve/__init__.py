@@ -7,9 +7,13 @@ by module, so that ``import hmt.serve`` stays light:
 - ``deciding``: resource monitor, load index, measured latency estimates, the optimizer
   (eq. 3), the bundle's variant table and the cached decision path;
 - ``running``: the variants' runners and pool, the hysteresis switcher, serve --adapt,
-  scenario replay and ``session`` (what ``hmt serve`` runs);
-- ``reporting``: tick and request records, Prometheus text and OpenAPI, a replay's timeline;
-- ``http``: the starlette app, body decoding, connection guards, uvicorn;
+  scenario replay, opt-in dynamic ``batching``, ``overrides`` (settings layered over
+  serve.json) and ``session`` (what ``hmt serve`` runs);
+- ``reporting``: tick and request records, ``metrics`` (Prometheus, through
+  prometheus_client), OpenAPI, a replay's timeline;
+- ``http``: the starlette app (/v1 and the Open Inference Protocol /v2 in ``oip`` +
+  ``oip_tensors``), ``answers`` + ``bodies`` (probabilities, top-k, multipart), body
+  decoding, connection guards, ``logs``, uvicorn;
 - ``controller``: the adaptation loop that wires them for one bundle.
 """
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from hmt.bundle import Bundle
 from hmt.errors import DeviceError, ModelError
-from hmt.runtime.chain import Runner
+from hmt.runtime.chain import ChainResult, Runner
 from hmt.runtime.settings import Budgets, ServeSettings
 from hmt.runtime.variant import bundle_providers
 from hmt.serve.deciding.decision import DecisionPath
@@ -105,12 +105,15 @@ class Controller:
         self._on_tick = on_tick
         self.ticks: deque[TickRecord] = deque(maxlen=256)
         self.stats = Stats()
+        # Effective settings and where each came from (hmt.serve.running.overrides; set by the session), for status.
+        self.settings_report: dict[str, dict[str, Any]] | None = None
+        # Called with each decision's optimizer + switcher time in seconds (the metrics' histogram).
+        self.decision_observers: list[Callable[[float], None]] = []
         self.last_error: str | None = None
         self.last_decision: Decision | None = None
         self.loads = LoadBackoff(self.pool, clock)
         self.overhead = ServingOverhead()  # queue waits: the budget's share no variant can use
         self.overhead_ms = 0.0
-        self._inflight = 0
         self.shadow = ShadowRuns(self.pool, self.estimator, self.settings, self.stats, self.state_lock,
                                  self._known_ids, fixed=fixed_variant is not None, now_s=self.now_s)
         # serve --adapt (hmt.serve.running.adapt.AdaptSettings, canary): BN re-estimation off the request path.
@@ -179,7 +182,7 @@ class Controller:
 
     def shadow_run(self) -> bool:
         """One shadow run of a stale, loaded, idle variant when no request is in flight; whether it ran."""
-        if self._inflight:
+        if self.shadow.inflight:
             return False
         ran, error = self.shadow.run(self.active_arch_id, self.load.now, self.load_scale)
         if error is not None:
@@ -260,6 +263,8 @@ class Controller:
         with self.state_lock:
             self.stats.decision_us.append(decision_us)
             self.stats.infeasible_ticks += not decision.feasible
+        for observe in self.decision_observers:
+            observe(decision_us / 1e6)
         if result.switched:
             self._miss_streak = 0  # the streak was the old variant's
         self.load_scale = load_scale
@@ -334,21 +339,28 @@ class Controller:
     def predict(self, x: np.ndarray, queued_ms: float = 0.0) -> Prediction:
         """Answer one input (already validated to the bundle's input spec) with the active variant
         (or, for a share of requests, a faster one not measured lately: :meth:`ShadowRuns.probe`)."""
-        base = self._active
-        if base is None or not base.warm:
-            raise DeviceError("no variant is loaded and warm yet")
+        base = self.serving_runner()
         probe = self.shadow.probe(base, self.optimizer) if base.arch_id in self._known_ids else None
         # serve --adapt: the adapted variant of the active one, when the guard adopted it.
         runner = probe if probe is not None else base if self.adapt is None else self.adapt.runner_for(base)
         early = self.settings.early_exit
-        self._inflight += 1
-        try:
+        with self.shadow.serving():
             result = runner.run(x, early.confidence if early.enabled else None)
-        finally:
-            self._inflight -= 1
-        self.shadow.last_input = x
         if self.adapt is not None and probe is None:
             self.adapt.offer(x)  # a non-blocking put: adaptation runs on its own thread
+        return self.record(runner, base if probe is None else probe, x, result, queued_ms)
+
+    def serving_runner(self) -> Runner:
+        """The runner answering requests now; DeviceError before the first variant is warm."""
+        base = self._active
+        if base is None or not base.warm:
+            raise DeviceError("no variant is loaded and warm yet")
+        return base
+
+    def record(self, runner: Runner, measured: Runner, x: np.ndarray, result: ChainResult,
+               queued_ms: float) -> Prediction:
+        """File one answered input: ``measured`` is the bundled variant its compute time counts for."""
+        self.shadow.last_input = x
         latency_ms = queued_ms + result.compute_ms
         budget_ms = self.budgets.latency_ms
         miss = budget_ms is not None and latency_ms > budget_ms
@@ -356,8 +368,7 @@ class Controller:
         now_s = self.now_s()
         with self.state_lock:
             # The estimates are per bundled variant: an adapted one's time counts for its base.
-            self.estimator.observe(base.arch_id if probe is None else probe.arch_id, result.compute_ms,
-                                   predicted_ms, now_s, self.load.now)
+            self.estimator.observe(measured.arch_id, result.compute_ms, predicted_ms, now_s, self.load.now)
             self.overhead.add(queued_ms)
             self.stats.add_request(latency_ms, miss, result.exit, runner.arch_id)
         if runner is self._active:
@@ -365,15 +376,9 @@ class Controller:
         if miss:
             self.request_tick()
         return Prediction(result.class_index, result.confidence, result.exit, runner.arch_id, result.compute_ms,
-                          latency_ms, miss)
+                          latency_ms, miss, result.probabilities)
 
     # -- reporting -------------------------------------------------------------------------------
-
-    def windows(self) -> tuple[list[float], list[float], float, int]:
-        """Recent latencies (ms), recent decision times (us), latency sum (ms) and request count, consistently."""
-        with self.state_lock:
-            stats = self.stats
-            return list(stats.latency_ms), list(stats.decision_us), stats.latency_sum_ms, stats.requests
 
     def status(self, last: int = 10) -> dict[str, Any]:
         """What ``/v1/status`` shows (:func:`hmt.serve.reporting.status.controller_status`)."""

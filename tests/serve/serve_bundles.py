@@ -47,9 +47,9 @@ def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: list[
     return model.SerializeToString()
 
 
-def segment_onnx(k: int, work: int, slow_n: int = 0) -> bytes:
-    x = helper.make_tensor_value_info(f"features_{k - 1}" if k else "input", TensorProto.FLOAT, [1, WIDTH])
-    y = helper.make_tensor_value_info(f"features_{k}", TensorProto.FLOAT, [1, WIDTH])
+def segment_onnx(k: int, work: int, slow_n: int = 0, batch: int | str = 1) -> bytes:
+    x = helper.make_tensor_value_info(f"features_{k - 1}" if k else "input", TensorProto.FLOAT, [batch, WIDTH])
+    y = helper.make_tensor_value_info(f"features_{k}", TensorProto.FLOAT, [batch, WIDTH])
     nodes = [helper.make_node("Relu", [x.name], ["r0"])]
     inits = [numpy_helper.from_array(np.eye(WIDTH, dtype=np.float32), "eye")]
     last = "r0"
@@ -71,9 +71,9 @@ def segment_onnx(k: int, work: int, slow_n: int = 0) -> bytes:
     return _model(nodes, [x], [y], inits)
 
 
-def exit_onnx(k: int) -> bytes:
-    x = helper.make_tensor_value_info(f"features_{k}", TensorProto.FLOAT, [1, WIDTH])
-    y = helper.make_tensor_value_info(f"logits_{k}", TensorProto.FLOAT, [1, CLASSES])
+def exit_onnx(k: int, batch: int | str = 1) -> bytes:
+    x = helper.make_tensor_value_info(f"features_{k}", TensorProto.FLOAT, [batch, WIDTH])
+    y = helper.make_tensor_value_info(f"logits_{k}", TensorProto.FLOAT, [batch, CLASSES])
     w = numpy_helper.from_array(np.eye(WIDTH, CLASSES, dtype=np.float32), "w")
     return _model([helper.make_node("MatMul", [x.name, "w"], [y.name])], [x], [y], [w])
 
@@ -97,17 +97,20 @@ DEFAULT_VARIANTS = (
 
 
 def make_bundle(out: Path, variants: tuple[VariantDef, ...] | list[VariantDef] = DEFAULT_VARIANTS,
-                serve: dict[str, Any] | None = None, target: dict[str, Any] | None = None) -> Path:
+                serve: dict[str, Any] | None = None, target: dict[str, Any] | None = None,
+                dynamic_batch: bool = False) -> Path:
+    """``dynamic_batch``: the graphs take a batch (their first axis is symbolic, bundle.json still says 1)."""
+    batch: int | str = "N" if dynamic_batch else 1
     entries = []
     index_entries = []
     with ArtifactWriter(out, kind="bundle", config={"test": True}) as writer:
         for v in variants:
             per_exit = v.accuracy_per_exit or [v.accuracy - 0.05 * (v.stages - 1 - k) for k in range(v.stages)]
             for k in range(v.stages):
-                data = segment_onnx(k, v.work, v.slow_n if k == 0 else 0)
+                data = segment_onnx(k, v.work, v.slow_n if k == 0 else 0, batch)
                 writer.write_bytes(f"variants/{v.arch_id}/segment_{k}.onnx", b"garbage" if v.broken and k == 0
                                    else data)
-                writer.write_bytes(f"variants/{v.arch_id}/exit_{k}.onnx", exit_onnx(k))
+                writer.write_bytes(f"variants/{v.arch_id}/exit_{k}.onnx", exit_onnx(k, batch))
             entries.append({
                 "arch_id": v.arch_id, "exit_stage": v.stages - 1, "accuracy": v.accuracy,
                 "accuracy_per_exit": per_exit, "latency_ms": v.latency_ms, "energy": v.energy,

@@ -107,7 +107,7 @@ def test_shifted_inputs_adopt_the_adapted_variant_then_reset_when_drift_passes(
         source_conf = torch.softmax(model(torch.from_numpy(shifted)), 1).max(1).values.mean().item()
     assert np.mean([p["confidence"] for p in doc["predictions"]]) > source_conf
     text = _metrics(client)
-    assert f'hmt_adapt_serving{{variant="{ARCH}{ADAPTED_SUFFIX}"}} 1' in text
+    assert f'hmt_adapt_serving{{variant="{ARCH}{ADAPTED_SUFFIX}"}} 1.0' in text
     # The drift passes: back to the shipped variant, the adapted one unloaded.
     _send(client, _batches(x, 6, 3, shift=False))
     # Wait for the settled state, not the first reset: in one fresh-clone run on a loaded 2-core
@@ -135,7 +135,7 @@ def test_a_canary_that_gets_worse_refuses_the_adapted_variant(
     assert not decision["accepted"] and decision["canary_accuracy_after"] < decision["canary_accuracy_before"]
     assert set(_send(client, _batches(x, 2, 2, shift=True))) == {ARCH}
     text = _metrics(client)
-    assert 'hmt_adapt_events_total{event="refused"} 1' in text and "hmt_adapt_drifting 1" in text
+    assert 'hmt_adapt_events_total{event="refused"} 1.0' in text and "hmt_adapt_drifting 1.0" in text
 
 
 def _metrics(client: HmtClient) -> str:

@@ -114,8 +114,9 @@ def test_health_status_metrics_openapi(client: TestClient) -> None:
     metrics = client.get("/metrics")
     assert metrics.headers["content-type"].startswith("text/plain")
     text = metrics.text
-    for name in ("hmt_http_responses_total", "hmt_predictions_total", "hmt_exits_total", "hmt_latency_ms_count",
-                 "hmt_ready 1", 'hmt_active_variant{variant="big"} 1', "hmt_queue_depth"):
+    for name in ("hmt_http_requests_total", "hmt_predictions_total", "hmt_exits_total",
+                 "hmt_inference_duration_seconds_count", "hmt_ready 1.0", 'hmt_running_variant{variant="big"} 1.0',
+                 "hmt_queue_depth", "process_cpu_seconds_total"):
         assert name in text
     for line in text.splitlines():  # every sample line is "name{labels} value"
         if not line.startswith("#"):
@@ -293,8 +294,9 @@ def test_latency_counts_queueing_not_receipt(bundle_dir: Path) -> None:
         assert status["http"]["client_latency_ms"] is None and status["http"]["client_reports"]["refused"] == 1
         assert len(seen) == 4 and seen[0][1] is None and seen[0][0] >= doc["latency_ms"]  # type: ignore[operator]
         metrics = _get_json(server.port, "/metrics")
-        assert "hmt_request_span_ms_count 4" in metrics and "hmt_client_latency_ms_count 0" in metrics
-        assert 'hmt_client_latency_reports_total{outcome="refused"} 1' in metrics
+        assert 'hmt_request_duration_seconds_count{protocol="v1"} 4.0' in metrics
+        assert "hmt_client_reported_latency_seconds_count 0.0" in metrics
+        assert 'hmt_client_latency_reports_total{outcome="refused"} 1.0' in metrics
         assert 'hmt_connection_events_total{event="accepted"}' in metrics
         status_code, err = _post(server.port, {"X-HMT-Client-Latency-Ms": "soon"})
         assert status_code == 400 and err["error"]["code"] == "bad_client_latency"  # type: ignore[index]

@@ -113,3 +113,30 @@ def test_a_client_latency_header_cannot_poison_the_figures(server: ApiServer) ->
         start["client_reports"]["accepted"]
     latency = http_doc["client_latency_ms"]
     assert latency is None or latency["p99"] < 1000 + (http_doc["request_span_ms"]["p99"] or 0)
+
+
+def test_float64_paths_pil_images_and_top_k(server: ApiServer, tmp_path: Path) -> None:
+    with HmtClient(server.url, token=TOKEN) as client:
+        as64 = client.predict(np.array([[0, 0, 9, 0]]) * 1.0)  # numpy's default float64: sent as float32
+        assert as64["class"] == 2
+        path = tmp_path / "x.npy"
+        np.save(path, np.array([[0, 0, 0, 9]], np.float32))
+        assert client.predict(path)["class"] == 3 and client.predict(str(path))["class"] == 3
+        doc = client.predict(np.array([[0, 9, 1, 0]], np.float32), top_k=2, probabilities=True)
+        assert [t["class"] for t in doc["top_k"]] == [1, 2] and len(doc["probabilities"]) == 4
+        with pytest.raises(UsageError, match="cannot read"):
+            client.predict(tmp_path / "missing.jpg")
+        with pytest.raises(UsageError, match="top_k"):
+            client.predict(path, top_k=0)
+
+
+def test_pil_image_is_sent_as_png() -> None:
+    from PIL import Image
+
+    from hmt.client import _encode
+
+    image = Image.fromarray(np.zeros((4, 4, 3), np.uint8))
+    body, media = _encode(image)
+    assert media == "image/png" and body.startswith(b"\x89PNG")
+    rgba = Image.fromarray(np.zeros((4, 4, 4), np.uint8), "RGBA")
+    assert _encode(rgba)[1] == "image/png"

@@ -15,7 +15,7 @@ import pytest
 from serve_bundles import npy_bytes
 from test_api import make_controller
 
-import hmt.serve.http.api as api_module
+import hmt.serve.http.bodies as bodies_module
 from hmt.bundle import TensorSpec
 from hmt.serve.http.api import ApiOptions, create_app
 from hmt.serve.http.inputs import ApiError, InputSpec, decode
@@ -38,7 +38,7 @@ def _request(port: int, method: str, path: str, body: bytes | None = None) -> tu
 
 def test_a_slow_decode_neither_blocks_the_loop_nor_escapes_the_queue(bundle_dir: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    real = api_module.decode
+    real = bodies_module.decode
     loop_threads: list[str] = []
 
     def slow_decode(*args: object, **kwargs: object) -> np.ndarray:
@@ -46,7 +46,7 @@ def test_a_slow_decode_neither_blocks_the_loop_nor_escapes_the_queue(bundle_dir:
         time.sleep(0.6)  # a decode that takes long (a big PNG, a 1 MiB JSON body)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(api_module, "decode", slow_decode)
+    monkeypatch.setattr(bodies_module, "decode", slow_decode)
     server = ApiServer(create_app(make_controller(bundle_dir), ApiOptions(workers=1, max_queue=1)),
                        ServerOptions(port=0))
     server.start_background()
@@ -89,16 +89,16 @@ def test_an_npy_header_claiming_a_huge_shape_is_refused_before_any_allocation() 
 
 
 def test_slow_image_and_json_decodes_wait_in_their_own_lane(bundle_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = api_module.decode
+    real = bodies_module.decode
     threads: dict[str, str] = {}
 
-    def slow_decode(body: bytes, content_type: str | None, spec: InputSpec) -> np.ndarray:
+    def slow_decode(body: bytes, content_type: str | None, spec: InputSpec, *rest: object) -> np.ndarray:
         threads[str(content_type)] = threading.current_thread().name
         if content_type == "application/json":
             time.sleep(0.8)
-        return real(body, content_type, spec)
+        return real(body, content_type, spec, *rest)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(api_module, "decode", slow_decode)
+    monkeypatch.setattr(bodies_module, "decode", slow_decode)
     server = ApiServer(create_app(make_controller(bundle_dir), ApiOptions(workers=1, max_queue=8)),
                        ServerOptions(port=0))
     server.start_background()

@@ -18,7 +18,7 @@ from hmt.serve.controller import Controller
 from hmt.serve.deciding.estimates import PRIOR_R_STEP
 from hmt.serve.deciding.monitor import PsutilSampler, ResourceSample
 from hmt.serve.deciding.optimizer import REASON_MEASURED_FASTEST
-from hmt.serve.reporting.exposition import prometheus_text
+from hmt.serve.reporting.metrics import controller_metrics_text
 
 X = np.zeros((1, 4), dtype=np.float32)
 
@@ -74,9 +74,9 @@ def test_an_engine_60x_slower_than_its_profile_switches_within_two_ticks(tmp_pat
     assert small_ms == pytest.approx(0.05 * r_engine * c.estimator.tail_factor, rel=PRIOR_R_STEP)
     assert status["prediction_disagrees"]["big"] > 40  # said, not hidden
     assert status["estimates"]["big"]["disagrees"]
-    metrics = prometheus_text(c, {}, 0, 64)
+    metrics = controller_metrics_text(c)
     assert 'hmt_prediction_disagreement{variant="big"}' in metrics
-    assert 'hmt_variant_latency_estimate_ms{variant="big",source="measured"}' in metrics
+    assert 'hmt_variant_latency_estimate_seconds{source="measured",variant="big"}' in metrics
 
 
 def test_nothing_feasible_serves_the_fastest_and_says_so(tmp_path: Path) -> None:
@@ -208,7 +208,7 @@ def test_a_tampered_graph_is_refused_at_reload_and_the_old_variant_keeps_serving
     assert status["variant"] == "mid" and "sha256" in (status["last_error"] or "")
     assert status["pool"]["integrity_failures"] == 1
     assert c.predict(X).variant == "mid"
-    assert "hmt_variant_integrity_failures_total 1" in prometheus_text(c, {}, 0, 64)
+    assert "hmt_variant_integrity_failures_total 1.0" in controller_metrics_text(c)
 
 
 def test_one_stalled_request_does_not_make_every_variant_infeasible(bundle_dir: Path) -> None:

@@ -1,21 +1,25 @@
 """The inference API: a starlette app over a :class:`~hmt.serve.controller.Controller`.
 
 Endpoints (see :func:`hmt.serve.reporting.exposition.openapi_document`): ``POST /v1/predict``,
-``GET /v1/health/live``, ``GET /v1/health/ready``, ``GET /v1/status``, ``GET /metrics``,
-``GET /openapi.json``. Every error is JSON ``{"error": {"code", "message"}}``; a 500 says
-only that it happened (with an id to find it in the log), never the exception's text.
+``GET /v1/health/live``, ``GET /v1/health/ready``, ``GET /v1/status``, ``GET /metrics``
+(:mod:`hmt.serve.reporting.metrics`), ``GET /openapi.json``, and the Open Inference Protocol
+under ``/v2`` (:mod:`hmt.serve.http.oip`). Every ``/v1`` error is JSON ``{"error": {"code",
+"message"}}``; a 500 says only that it happened (with an id to find it in the log), never the
+exception's text.
 
 Guards, in request order (below the app, :mod:`hmt.serve.http.connections` caps connections
 and bounds how long a request may take to arrive): the bearer token (when one is set, on
-every path but, with ``health_without_token``, ``/v1/health/*``; constant-time compare);
-readiness (503); the body bound (``Content-Length`` first, then the streamed bytes, 413);
-admission to a bounded queue (429 when full); then, off the event loop, decoding
-(:mod:`hmt.serve.http.inputs`: .npy, JSON, JPEG/PNG, uint8 pixels, batches; 400/413/415/422;
-images and JSON in a decoding lane of one thread, .npy on the inference pool) and the
-inference on a thread pool, under a per-request deadline (504; a request still waiting in the queue
-at its deadline is dropped without running). The event loop only reads bodies and answers:
-8 clients sending PNGs or 1 MiB JSON bodies no longer stall everyone else's requests, and
-a flood of them meets the queue limit before it costs any decoding.
+every path but, with ``health_without_token``, ``/v1/health/*`` and ``/v2/health/*``;
+constant-time compare; :mod:`hmt.serve.http.guard`); readiness (503); the body bound
+(``Content-Length`` first, then the streamed bytes, 413); admission to a bounded queue (429
+when full); then, off the event loop (:mod:`hmt.serve.http.service`), decoding
+(:mod:`hmt.serve.http.inputs` and :mod:`hmt.serve.http.bodies`: .npy, JSON, JPEG/PNG, uint8
+pixels, multipart forms, batches; 400/413/415/422; images, JSON, forms and /v2 requests in a
+decoding lane of one thread, .npy on the inference pool) and the inference on a thread pool
+(or, opt-in, the dynamic batcher), under a per-request deadline (504; a request still waiting
+in the queue at its deadline is dropped without running). The event loop only reads bodies and
+answers: 8 clients sending PNGs or 1 MiB JSON bodies no longer stall everyone else's requests,
+and a flood of them meets the queue limit before it costs any decoding.
 
 **Latency.** A request's span runs from its first byte in (stamped by the connection
 layer) to its last byte out. The server's part before compute (queueing and decoding,
@@ -32,32 +36,36 @@ client_ms)`` when the controller has that method.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import hmac
 import json
 import logging
 import math
-import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Hashable, MutableMapping
+from collections.abc import Awaitable, Callable, Hashable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from hmt.bundle import TensorSpec
-from hmt.errors import DeviceError, ModelError, UsageError
 from hmt.serve.controller import Controller, Prediction
+from hmt.serve.http.answers import AnswerOptions, answer_options, prediction_json
+from hmt.serve.http.bodies import MULTIPART_MEDIA_TYPE, decode_request
 from hmt.serve.http.client_reports import ClientReports
-from hmt.serve.http.connections import FIRST_BYTE_KEY, ConnectionStats
+from hmt.serve.http.connections import FIRST_BYTE_KEY
+from hmt.serve.http.guard import (
+    CLIENT_MS_KEY,
+    ASGIApp,
+    Guard,
+    error_response,
+    incident_message,
+    internal_error,
+)
 from hmt.serve.http.inputs import (
     IMAGE_MEDIA_TYPES,
     JSON_MEDIA_TYPE,
@@ -65,72 +73,28 @@ from hmt.serve.http.inputs import (
     ApiError,
     InputSpec,
     as_items,
-    decode,
 )
-from hmt.serve.reporting.exposition import openapi_document, prometheus_text
-from hmt.serve.reporting.http_metrics import LatencyWindow, http_metrics
+from hmt.serve.http.oip import INFER_LABEL as V2_INFER_LABEL
+from hmt.serve.http.oip import PREFIX as V2_PREFIX
+from hmt.serve.http.oip import OipContext, oip_routes
+from hmt.serve.http.oip import error_response as v2_error_response
+from hmt.serve.http.service import ApiOptions, InferenceService, Prepare
+from hmt.serve.reporting.exposition import openapi_document
+from hmt.serve.reporting.http_metrics import LatencyWindow
+from hmt.serve.reporting.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from hmt.serve.reporting.metrics import ServeMetrics
 
-__all__ = ["JSON_MEDIA_TYPE", "NPY_MEDIA_TYPE", "ApiError", "ApiOptions", "create_app"]
+__all__ = ["JSON_MEDIA_TYPE", "NPY_MEDIA_TYPE", "ApiError", "ApiOptions", "create_app", "error_response"]
 
 DEADLINE_HEADER = "x-deadline-ms"
 CLIENT_LATENCY_HEADER = "x-hmt-client-latency-ms"
 # Bodies whose decoding can cost far more than their size (a 56 KB PNG of 4,000 x 4,000 pixels,
-# a 1 MiB JSON list): decoded in a lane of their own before inference.
-HEAVY_MEDIA_TYPES = (JSON_MEDIA_TYPE, *IMAGE_MEDIA_TYPES)
+# a 1 MiB JSON list, a form holding either): decoded in a lane of their own before inference.
+HEAVY_MEDIA_TYPES = (JSON_MEDIA_TYPE, MULTIPART_MEDIA_TYPE, *IMAGE_MEDIA_TYPES)
 HEALTH_PREFIX = "/v1/health/"
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+HEALTH_PREFIXES = (HEALTH_PREFIX, "/v2/health/")
 
 logger = logging.getLogger("hmt.serve.http.api")
-
-
-@dataclass(frozen=True)
-class ApiOptions:
-    """HTTP-side limits. ``max_body_bytes=None``: derived from the input spec (room for JSON text)."""
-
-    token: str | None = None
-    max_body_bytes: int | None = None
-    max_queue: int = 64
-    workers: int = 2
-    deadline_ms: float = 2000.0
-    health_without_token: bool = False  # let /v1/health/* through without the token (orchestrator probes)
-    max_batch: int = 64  # inputs per request
-    max_image_pixels: int = 4096 * 4096  # width x height of an encoded image, checked before decoding
-
-    def __post_init__(self) -> None:
-        if self.max_queue < 1:
-            raise UsageError(f"max_queue must be >= 1, got {self.max_queue}")
-        if self.workers < 1:
-            raise UsageError(f"workers must be >= 1, got {self.workers}")
-        if not (math.isfinite(self.deadline_ms) and self.deadline_ms > 0):
-            raise UsageError(f"deadline_ms must be a finite number > 0, got {self.deadline_ms}")
-        if self.max_body_bytes is not None and self.max_body_bytes < 64:
-            raise UsageError(f"max_body_bytes must be >= 64, got {self.max_body_bytes}")
-        if self.max_batch < 1:
-            raise UsageError(f"--max-batch must be >= 1, got {self.max_batch}")
-        if self.max_image_pixels < 1:
-            raise UsageError(f"max_image_pixels must be >= 1, got {self.max_image_pixels}")
-
-    def body_limit(self, spec: TensorSpec) -> int:
-        if self.max_body_bytes is not None:
-            return self.max_body_bytes
-        numel = math.prod(spec.shape)
-        # JSON spells a float in up to ~25 characters; .npy needs the raw bytes + a header.
-        return max(1 << 20, 32 * numel + 4096)
-
-
-def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
-
-
-def internal_error(exc: BaseException) -> JSONResponse:
-    """A 500 that tells the client nothing internal; the log has the traceback under the same id."""
-    incident = secrets.token_hex(4)
-    logger.error("internal error %s", incident, exc_info=exc)
-    return error_response(500, "internal_error", f"internal error (id {incident}); the server log has the details")
 
 
 # -- the body ----------------------------------------------------------------------------------
@@ -170,197 +134,6 @@ def _header_ms(request: Request, name: str, code: str) -> float | None:
     return value
 
 
-# -- admission and execution ---------------------------------------------------------------------
-
-
-class _DeadlinePassed(Exception):
-    pass
-
-
-class InferenceService:
-    """A bounded queue in front of a thread pool running :meth:`Controller.predict`.
-
-    One admitted request holds one queue slot and one worker for all of its inputs (a
-    batch runs item by item: the bundle's graphs take a batch of one).
-    """
-
-    def __init__(self, controller: Controller, options: ApiOptions) -> None:
-        self.controller = controller
-        self.options = options
-        self._executor = concurrent.futures.ThreadPoolExecutor(options.workers, thread_name_prefix="hmt-infer")
-        # Expensive bodies (images, JSON) decode in a lane of their own: a flood of them waits there,
-        # not in front of the inference workers, so cheap requests (.npy) keep their latency.
-        self._decoder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hmt-decode")
-        self._lock = threading.Lock()
-        self.admitted = 0
-        self.rejected_full = 0
-        self.deadline_expired = 0
-
-    def _release(self, _future: concurrent.futures.Future[Any] | None) -> None:
-        with self._lock:
-            self.admitted -= 1
-
-    def _work(self, prepare: Callable[[], list[np.ndarray]], received_s: float,
-              deadline_s: float) -> list[Prediction]:
-        start_s = time.monotonic()
-        if start_s > deadline_s:
-            raise _DeadlinePassed()
-        items = prepare()  # decoding runs here, on the pool, not on the event loop
-        # The server's part before compute (queueing and decoding, from the body's last byte) is the
-        # request's overhead in the loop's latency model; receipt is the client's pace, not ours.
-        overhead_ms = (time.monotonic() - received_s) * 1e3
-        try:
-            return [self.controller.predict(x, queued_ms=overhead_ms) for x in items]
-        except ModelError as exc:
-            # The input passed every check, so a chain that cannot answer it (non-finite logits
-            # from finite inputs like 3e38) is the input's range, not a server fault.
-            logger.info("model refused an input: %s", exc)
-            peak = max(float(np.max(np.abs(x))) for x in items) if items else 0.0
-            raise ApiError(422, "input_out_of_range", f"the model gives no finite answer for this input (largest "
-                                                      f"|value| {peak:.3g}); send inputs in the model's range, "
-                                                      "e.g. normalised pixels") from exc
-
-    async def submit(self, prepare: Callable[[], list[np.ndarray]], first_byte_s: float, deadline_ms: float,
-                     received_s: float | None = None, heavy: bool = False) -> list[Prediction]:
-        """Admit a request (429 when the queue is full), then decode (``prepare``) and run it on the pool.
-
-        ``first_byte_s`` starts the deadline; ``received_s`` (the body's last byte; default now)
-        starts what counts as the server's overhead. ``heavy``: decode in the decoding lane first
-        (one thread), then infer; the request holds its queue slot throughout."""
-        received_s = time.monotonic() if received_s is None else received_s
-        with self._lock:
-            if self.admitted >= self.options.max_queue:
-                self.rejected_full += 1
-                raise ApiError(429, "queue_full", f"{self.admitted} requests are queued or running "
-                                                  f"(limit {self.options.max_queue}); retry later",
-                               headers={"Retry-After": "1"})
-            self.admitted += 1
-        deadline_s = first_byte_s + deadline_ms / 1e3
-        if heavy:
-            prepare = await self._decode_first(prepare, deadline_s, deadline_ms)
-        try:
-            future = self._executor.submit(self._work, prepare, received_s, deadline_s)
-        except RuntimeError as exc:  # the pool is shutting down
-            with self._lock:
-                self.admitted -= 1
-            raise ApiError(503, "shutting_down", "the server is shutting down") from exc
-        future.add_done_callback(self._release)
-        try:
-            # Cancelling the wrapper on timeout also cancels the job if it has not started.
-            return await asyncio.wait_for(asyncio.wrap_future(future), max(0.0, deadline_s - time.monotonic()))
-        except (asyncio.TimeoutError, _DeadlinePassed) as exc:
-            self.deadline_expired += 1
-            raise ApiError(504, "deadline_exceeded", f"no answer within the deadline of {deadline_ms:g} ms "
-                                                     "(counted from the request's first byte)") from exc
-        except DeviceError as exc:
-            logger.warning("inference unavailable: %s", exc)
-            raise ApiError(503, "unavailable", "no variant can answer right now; retry",
-                           headers={"Retry-After": "1"}) from exc
-
-    async def _decode_first(self, prepare: Callable[[], list[np.ndarray]], deadline_s: float,
-                            deadline_ms: float) -> Callable[[], list[np.ndarray]]:
-        """Run ``prepare`` in the decoding lane; the items, as a ``prepare`` for the inference pool.
-        On any failure the queue slot is released once the decode has ended (or was cancelled)."""
-        try:
-            future = self._decoder.submit(prepare)
-        except RuntimeError as exc:  # shutting down
-            self._release(None)
-            raise ApiError(503, "shutting_down", "the server is shutting down") from exc
-        try:
-            items = await asyncio.wait_for(asyncio.wrap_future(future), max(0.0, deadline_s - time.monotonic()))
-        except BaseException as exc:
-            future.add_done_callback(self._release)
-            if isinstance(exc, asyncio.TimeoutError):
-                self.deadline_expired += 1
-                raise ApiError(504, "deadline_exceeded", f"no answer within the deadline of {deadline_ms:g} ms "
-                                                         "(counted from the request's first byte)") from exc
-            raise
-        return lambda: items
-
-    def shutdown(self) -> None:
-        """Finish every admitted request, then stop the pools."""
-        self._decoder.shutdown(wait=True)
-        self._executor.shutdown(wait=True)
-
-
-# -- the app ---------------------------------------------------------------------------------
-
-
-class _Guard:
-    """Pure ASGI middleware: the bearer token, response counts by path and status, and each
-    prediction's whole span (first byte in to last byte out)."""
-
-    def __init__(self, app: ASGIApp, token: str | None, counts: Counter[tuple[str, int]], *,
-                 open_prefix: str | None, on_span: Callable[[float, float | None, Hashable | None], None]) -> None:
-        self.app = app
-        self.token = None if token is None else token.encode()
-        self.counts = counts
-        self.open_prefix = open_prefix
-        self.on_span = on_span
-        self.connection_stats = ConnectionStats()  # shared with ApiServer, which fills it
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        extensions = scope.setdefault("extensions", {})
-        # Under uvicorn the connection layer stamped the first byte; elsewhere (tests) it is now.
-        first_byte_s = extensions.setdefault(FIRST_BYTE_KEY, time.monotonic())
-        path = scope.get("path", "")
-        label = path if path in _KNOWN_PATHS else "other"
-        if self.token is not None and not (self.open_prefix and path.startswith(self.open_prefix)):
-            supplied = b""
-            for name, value in scope.get("headers", ()):
-                if name == b"authorization":
-                    supplied = value
-                    break
-            scheme, _, credential = supplied.partition(b" ")
-            # compare_digest on both the scheme check and the token keeps timing independent of content.
-            ok = hmac.compare_digest(scheme.lower(), b"bearer") & hmac.compare_digest(credential.strip(), self.token)
-            if not ok:
-                self.counts[(label, 401)] += 1
-                response = error_response(401, "unauthorized", "missing or wrong bearer token",
-                                          headers={"WWW-Authenticate": "Bearer"})
-                await response(scope, receive, send)
-                return
-        status = [0]
-
-        async def counting_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = int(message["status"])
-                self.counts[(label, status[0])] += 1
-            await send(message)
-            if (message["type"] == "http.response.body" and not message.get("more_body")
-                    and label == "/v1/predict" and status[0] == 200):
-                # The last byte is handed to the transport: the request's whole server-side span.
-                self.on_span((time.monotonic() - first_byte_s) * 1e3, extensions.get(_CLIENT_MS_KEY),
-                             _connection_key(scope))
-
-        await self.app(scope, receive, counting_send)
-
-
-def _connection_key(scope: Scope) -> Hashable | None:
-    client = scope.get("client")
-    return tuple(client) if isinstance(client, list | tuple) else None
-
-
-_KNOWN_PATHS = ("/v1/predict", "/v1/health/live", "/v1/health/ready", "/v1/status", "/metrics", "/openapi.json")
-_CLIENT_MS_KEY = "hmt.client_latency_ms"
-
-
-def _prediction_json(p: Prediction, class_names: tuple[str, ...] | None) -> dict[str, Any]:
-    return {
-        "class": p.class_index,
-        "class_name": class_names[p.class_index] if class_names and 0 <= p.class_index < len(class_names) else None,
-        "confidence": p.confidence,
-        "exit": p.exit,
-        "variant": p.variant,
-        "latency_ms": p.latency_ms,
-        "compute_ms": p.compute_ms,
-        "over_budget": p.deadline_miss,
-    }
-
-
 def create_app(controller: Controller, options: ApiOptions | None = None,
                on_shutdown: Callable[[], None] | None = None) -> ASGIApp:
     """The ASGI app. ``on_shutdown`` runs after the last in-flight request has finished."""
@@ -370,17 +143,30 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
     spec = bundle_spec.input
     inputs = InputSpec.of_bundle(bundle_spec, max_batch=opts.max_batch, max_pixels=opts.max_image_pixels)
     body_limit = opts.body_limit(spec)
+    model_name = opts.model_name or model_name_of(controller)
     counts: Counter[tuple[str, int]] = Counter()
     draining = threading.Event()
     spans = LatencyWindow()
     client_latency = LatencyWindow()
+    reports = ClientReports()  # which X-HMT-Client-Latency-Ms values are plausible
     observe = getattr(controller, "observe_request", None)
 
-    reports = ClientReports()
+    def queue_state() -> dict[str, int]:
+        return {"admitted": service.admitted, "max_queue": opts.max_queue, "rejected_full": service.rejected_full,
+                "deadline_expired": service.deadline_expired}
 
-    def on_span(span_ms: float, reported_ms: float | None, connection: Hashable | None) -> None:
+    metrics_registry = ServeMetrics(controller, http_counts=counts, queue=queue_state, client_reports=reports)
+
+    async def submit(prepare: Prepare, first_byte_s: float, deadline_ms: float, received_s: float | None = None,
+                     heavy: bool = False, tightened_ms: Callable[[], float | None] | None = None) -> list[Prediction]:
+        results = await service.submit(prepare, first_byte_s, deadline_ms, received_s, heavy, tightened_ms)
+        metrics_registry.observe_predictions(results)
+        return results
+
+    def on_span(label: str, span_ms: float, reported_ms: float | None, connection: Hashable | None) -> None:
         spans.add(span_ms)
         client_ms = reports.answered(connection, span_ms, reported_ms)  # None unless plausible
+        metrics_registry.observe_request("v2" if label == V2_INFER_LABEL else "v1", span_ms, client_ms)
         if client_ms is not None:
             client_latency.add(client_ms)
         if callable(observe):  # the controller's own record of whole-request latency, where it keeps one
@@ -417,21 +203,25 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
             deadline_ms = min(deadline_ms, asked)
         client_ms = _header_ms(request, CLIENT_LATENCY_HEADER, "bad_client_latency")
         if client_ms is not None:
-            request.scope["extensions"][_CLIENT_MS_KEY] = client_ms
+            request.scope["extensions"][CLIENT_MS_KEY] = client_ms
         body = await read_body(request, body_limit)
         received_s = time.monotonic()
         content_type = request.headers.get("content-type")
+        answers: list[AnswerOptions] = []
 
-        def prepare() -> list[np.ndarray]:  # on the pool, admitted to the queue first
-            return as_items(decode(body, content_type, inputs), inputs)
+        def prepare() -> list[np.ndarray]:  # off the event loop, admitted to the queue first
+            batch, fields = decode_request(body, content_type, inputs)
+            answers.append(answer_options(request.query_params, fields, bundle_spec.classes))
+            return as_items(batch, inputs)
 
         media = (content_type or "").split(";")[0].strip().lower()
-        results = await service.submit(prepare, first_byte_s, deadline_ms, received_s,
-                                       heavy=media in HEAVY_MEDIA_TYPES)
+        results = await submit(prepare, first_byte_s, deadline_ms, received_s, heavy=media in HEAVY_MEDIA_TYPES)
+        answer = answers[0]
         names = bundle_spec.class_names
         if len(results) == 1:
-            return JSONResponse(_prediction_json(results[0], names))
-        return JSONResponse({"predictions": [_prediction_json(r, names) for r in results], "batch": len(results)})
+            return JSONResponse(prediction_json(results[0], names, answer))
+        return JSONResponse({"predictions": [prediction_json(r, names, answer) for r in results],
+                             "batch": len(results)})
 
     @guarded
     async def live(request: Request) -> Response:
@@ -448,34 +238,35 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
     @guarded
     async def status(request: Request) -> Response:
         doc = controller.status()
+        doc["batching"] = service.batcher.status() if service.batcher is not None else {"enabled": False}
         doc["queue"] = {"admitted": service.admitted, "max_queue": opts.max_queue, "workers": opts.workers,
                         "rejected_full": service.rejected_full, "deadline_expired": service.deadline_expired}
         doc["http"] = {"connections": guard.connection_stats.to_json_dict(), "request_span_ms": spans.summary(),
                        "client_latency_ms": client_latency.summary(), "client_reports": reports.to_json_dict()}
+        # Every serve setting's effective value and its source (default, serve.json, --serve-config, ...).
+        doc["settings"] = getattr(controller, "settings_report", None)
         return JSONResponse(json.loads(json.dumps(doc, default=_jsonable)))
 
     @guarded
     async def metrics(request: Request) -> Response:
-        text = prometheus_text(controller, dict(counts), service.admitted, opts.max_queue)
-        text += http_metrics(guard.connection_stats, spans, client_latency)
-        text += ("# HELP hmt_client_latency_reports_total X-HMT-Client-Latency-Ms reports, accepted (plausible "
-                 "for the connection's previous answer) or refused.\n# TYPE hmt_client_latency_reports_total counter\n"
-                 f'hmt_client_latency_reports_total{{outcome="accepted"}} {reports.accepted}\n'
-                 f'hmt_client_latency_reports_total{{outcome="refused"}} {reports.refused}\n')
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+        # Rendering reads /proc and every collector: off the event loop, like an inference.
+        text = await asyncio.get_running_loop().run_in_executor(None, metrics_registry.text)
+        return Response(text, media_type=METRICS_CONTENT_TYPE)
 
     @guarded
     async def openapi(request: Request) -> Response:
         return JSONResponse(openapi_document(spec, body_limit, auth=opts.token is not None))
 
     async def http_error(request: Request, exc: Exception) -> Response:
+        v2 = request.url.path.startswith(V2_PREFIX)
         if not isinstance(exc, HTTPException) or exc.status_code >= 500:
-            return internal_error(exc)
+            return v2_error_response(500, incident_message(exc)) if v2 else internal_error(exc)
         status = exc.status_code
         code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
         # 405 carries Allow (RFC 9110 15.5.6); the route put it in the exception's headers.
-        return error_response(status, code, f"{request.method} {request.url.path}: {exc.detail}",
-                              headers=dict(exc.headers) if exc.headers else None)
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        headers = dict(exc.headers) if exc.headers else None
+        return v2_error_response(status, message, headers) if v2 else error_response(status, code, message, headers)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> Any:
@@ -493,6 +284,12 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
             Route("/v1/status", status, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
+            *oip_routes(OipContext(
+                controller, inputs, model_name, draining, opts.deadline_ms,
+                read_body=lambda request: read_body(request, body_limit), submit=submit,
+                deadline_header=lambda request: _header_ms(request, DEADLINE_HEADER, "bad_deadline"),
+                first_byte_s=lambda request: float(request.scope["extensions"][FIRST_BYTE_KEY]),
+                internal_error=incident_message)),
         ],
         exception_handlers={HTTPException: http_error},
         lifespan=lifespan,
@@ -502,9 +299,17 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
     app.router.redirect_slashes = False
     app.state.service = service
     app.state.draining = draining
-    guard = _Guard(app, opts.token, counts, open_prefix=HEALTH_PREFIX if opts.health_without_token else None,
+    guard = Guard(app, opts.token, counts, open_prefixes=HEALTH_PREFIXES if opts.health_without_token else (),
                    on_span=on_span)
+    metrics_registry.status.connections = guard.connection_stats  # filled by the server's connection layer
     return guard
+
+
+def model_name_of(controller: Any) -> str:
+    """The bundle directory's name, as the /v2 model name (characters outside [A-Za-z0-9._-] as ``_``)."""
+    root = getattr(getattr(controller, "bundle", None), "root", None)
+    name = getattr(root, "name", "") or "hmt"
+    return "".join(ch if ch.isascii() and (ch.isalnum() or ch in "._-") else "_" for ch in name)
 
 
 def _jsonable(value: Any) -> Any:

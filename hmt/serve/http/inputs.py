@@ -28,6 +28,7 @@ import io
 import json
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -101,24 +102,48 @@ class InputSpec:
         return shape[1], shape[2], shape[3]
 
 
-def decode(body: bytes, content_type: str | None, spec: InputSpec) -> np.ndarray:
-    """The body as a batch ``[N, *item_shape]`` of the bundle's dtype, or an :class:`ApiError`."""
+def decode(body: bytes, content_type: str | None, spec: InputSpec, fields: dict[str, Any] | None = None) -> np.ndarray:
+    """The body as a batch ``[N, *item_shape]`` of the bundle's dtype, or an :class:`ApiError`.
+    A JSON body's answer options (``top_k``, ``probabilities``) go into ``fields`` when given;
+    without it they are refused."""
     media = (content_type or "").split(";")[0].strip().lower()
     if not body:
         raise ApiError(400, "empty_body", "the request body is empty; send a .npy tensor, JSON {\"inputs\": [...]}, "
                                           "or a JPEG/PNG image")
     if media in (NPY_MEDIA_TYPE, OCTET_MEDIA_TYPE):
-        array = _load_npy(body)
-        if array.dtype == np.uint8 and spec.preprocess is not None and numpy_dtype(spec.tensor.dtype) != np.uint8:
-            return _batch(normalise(_pixel_batch(array, spec), spec), spec)
-        return _batch(_tensor(array, spec), spec)
+        return decode_array(_load_npy(body), spec)
     if media == JSON_MEDIA_TYPE:
-        return _batch(_tensor(_json_inputs(body, spec), spec), spec)
+        return _batch(_tensor(_json_inputs(body, spec, fields), spec), spec)
     if media in IMAGE_MEDIA_TYPES:
         pixels = decode_image(body, IMAGE_MEDIA_TYPES[media], spec)
         return _batch(normalise(pixels[None], spec), spec)
     raise ApiError(415, "unsupported_media_type", f"content-type {media or '(none)'!r} is not supported; use one of "
                                                   f"{', '.join(MEDIA_TYPES)}")
+
+
+def decode_array(array: np.ndarray, spec: InputSpec) -> np.ndarray:
+    """A decoded array as a batch: the model's tensor (one or a batch), or uint8 pixels that the
+    bundle's preprocessing normalises."""
+    if array.dtype == np.uint8 and spec.preprocess is not None and numpy_dtype(spec.tensor.dtype) != np.uint8:
+        return _batch(normalise(_pixel_batch(array, spec), spec), spec)
+    return _batch(_tensor(array, spec), spec)
+
+
+def decode_encoded(data: bytes, spec: InputSpec) -> np.ndarray:
+    """One input given as bytes (a v2 ``BYTES`` element, a multipart file): a JPEG or PNG image, a
+    .npy array, or raw uint8 pixels ``[H, W, C]`` of exactly the model's input size; a batch."""
+    if data.startswith(b"\xff\xd8\xff"):
+        return _batch(normalise(decode_image(data, "JPEG", spec)[None], spec), spec)
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return _batch(normalise(decode_image(data, "PNG", spec)[None], spec), spec)
+    if data.startswith(b"\x93NUMPY"):
+        return decode_array(_load_npy(data), spec)
+    h, w, c = spec.image_hwc
+    if len(data) != h * w * c:
+        raise ApiError(422, "bad_bytes", f"{len(data)} bytes are neither a JPEG, PNG or .npy file nor raw uint8 "
+                                         f"pixels [H, W, C] = {[h, w, c]} ({h * w * c} bytes)")
+    pixels = np.frombuffer(data, dtype=np.uint8).reshape(1, h, w, c)
+    return _batch(normalise(pixels, spec), spec)
 
 
 # -- tensors -------------------------------------------------------------------------------------
@@ -184,7 +209,10 @@ _TYPE_HINTS = {bool: "booleans (true/false) are not numbers here",
                list: "the nested lists are not rectangular"}
 
 
-def _json_inputs(body: bytes, spec: InputSpec) -> np.ndarray:
+JSON_OPTION_KEYS = ("top_k", "probabilities")
+
+
+def _json_inputs(body: bytes, spec: InputSpec, fields: dict[str, Any] | None = None) -> np.ndarray:
     try:
         doc = json.loads(body, parse_constant=_reject_constant, parse_int=_bounded_int)
     except ApiError:
@@ -196,6 +224,13 @@ def _json_inputs(body: bytes, spec: InputSpec) -> np.ndarray:
     shape_text = f"nested list of numbers of shape {list(spec.item_shape)}"
     if not isinstance(doc, dict) or "inputs" not in doc:
         raise ApiError(422, "bad_json", f'expected a JSON object {{"inputs": <{shape_text}>}}')
+    allowed = {"inputs", *(JSON_OPTION_KEYS if fields is not None else ())}
+    unknown = sorted(set(doc) - allowed)
+    if unknown:
+        raise ApiError(422, "bad_json", f"unknown key(s) {[k[:40] for k in unknown][:5]}; expected some of "
+                                        f"{sorted(allowed)}")
+    if fields is not None:
+        fields.update({k: doc[k] for k in JSON_OPTION_KEYS if k in doc})
     value = doc["inputs"]
     if not isinstance(value, list):
         got = "null" if value is None else type(value).__name__

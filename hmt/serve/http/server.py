@@ -35,6 +35,7 @@ from hmt.serve.http.connections import (
     guarded_protocol,
 )
 from hmt.serve.http.lograte import RepeatFilter, install
+from hmt.serve.http.logs import LOG_FORMATS, logging_config
 
 TOKEN_ENV = "HMT_SERVE_TOKEN"
 MIN_TOKEN_CHARS = 16
@@ -128,6 +129,9 @@ class ServerOptions:
     graceful_timeout_s: float = 30.0
     access_log: bool = False
     log_level: str = "warning"
+    # "text" or "json" (hmt.serve.http.logs); None: uvicorn's own logging setup, the hmt loggers untouched
+    # (a library user's, or a test's, logging stays theirs). The command line always sets one.
+    log_format: str | None = None
     max_connections: int = 512
     # From accept (or a keep-alive request's first byte) to the body's last byte.
     receipt_timeout_s: float = 10.0
@@ -141,6 +145,8 @@ class ServerOptions:
             raise UsageError(f"--receipt-timeout-s must be a finite number > 0, got {self.receipt_timeout_s}")
         if self.keep_alive_s < 1:
             raise UsageError(f"keep_alive_s must be >= 1, got {self.keep_alive_s}")
+        if self.log_format is not None and self.log_format not in LOG_FORMATS:
+            raise UsageError(f"--log-format must be one of {list(LOG_FORMATS)}, got {self.log_format!r}")
 
 
 class ApiServer:
@@ -167,9 +173,14 @@ class ApiServer:
         listener.guard = self.guard
         self.socket: socket.socket = listener
         self.port = int(self.socket.getsockname()[1])
-        config = uvicorn.Config(app, log_level=options.log_level, access_log=options.access_log, lifespan="on",
+        extra: dict[str, Any] = {"log_level": options.log_level}
+        if options.log_format is not None:
+            # Our dictConfig sets every level (uvicorn's log_level would put the access log at warning).
+            extra = {"log_config": logging_config(options.log_level, options.log_format, options.access_log),
+                     "log_level": None}
+        config = uvicorn.Config(app, access_log=options.access_log, lifespan="on",
                                 http=guarded_protocol(self.guard), timeout_keep_alive=options.keep_alive_s,
-                                timeout_graceful_shutdown=int(max(1, options.graceful_timeout_s)),
+                                timeout_graceful_shutdown=int(max(1, options.graceful_timeout_s)), **extra,
                                 **(uvicorn_options or {}))
         self.server = uvicorn.Server(config)
         # A flood of hostile connections repeats the same warnings: a few per 10 s each, then counted.

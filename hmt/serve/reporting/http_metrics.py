@@ -1,15 +1,12 @@
-"""What the HTTP face adds to ``/metrics`` and ``/v1/status``: connection counts and recent
-request spans and client-reported latencies, as Prometheus text."""
+"""What the HTTP face adds to ``/v1/status``: recent request spans and client-reported latencies
+(``/metrics`` has them as histograms, :mod:`hmt.serve.reporting.metrics`)."""
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping
 
 import numpy as np
-
-from hmt.serve.http.connections import ConnectionStats
 
 WINDOW = 2048  # recent values a LatencyWindow keeps
 
@@ -37,37 +34,3 @@ class LatencyWindow:
             return None
         return {"p50": float(np.percentile(values, 50)), "p95": float(np.percentile(values, 95)),
                 "p99": float(np.percentile(values, 99)), "count": count, "sum": total}
-
-
-def http_metrics(stats: ConnectionStats, spans: LatencyWindow, client: LatencyWindow) -> str:
-    """Prometheus lines of the HTTP and connection layers (appended to the controller's)."""
-    lines: list[str] = []
-
-    def metric(name: str, kind: str, help_text: str, samples: Iterable[tuple[Mapping[str, str], float]]) -> None:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            suffix = "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""
-            lines.append(f"{name}{suffix} {float(value):.9g}")
-
-    metric("hmt_connections_open", "gauge", "Open HTTP connections.", [({}, stats.open)])
-    metric("hmt_connections_max", "gauge", "Connection cap (accept time).", [({}, stats.max_connections)])
-    metric("hmt_connection_events_total", "counter",
-           "Connections accepted, evicted for a new one, refused at the cap, cut at the receipt deadline or "
-           "at shutdown, and accept() failures.",
-           [({"event": e}, getattr(stats, f)) for e, f in (
-               ("accepted", "accepted"), ("evicted", "evicted"), ("refused_full", "refused_full"),
-               ("receipt_timeout", "receipt_timeouts"), ("shutdown_cut", "shutdown_cut"),
-               ("accept_error", "accept_errors"))])
-    for name, window, help_text in (
-            ("hmt_request_span_ms", spans, "Whole server-side span of answered predictions, first byte in to "
-                                           "last byte out (recent window)."),
-            ("hmt_client_latency_ms", client, "Latency clients reported for their previous request "
-                                              "(X-HMT-Client-Latency-Ms, recent window).")):
-        summary = window.summary()
-        quantiles = [({"quantile": q}, summary[k]) for q, k in (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"))] \
-            if summary else []
-        metric(name, "summary", help_text, quantiles)
-        lines.append(f"{name}_sum {window.sum_ms:.9g}")
-        lines.append(f"{name}_count {window.count}")
-    return "\n".join(lines) + "\n"

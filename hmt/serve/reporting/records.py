@@ -56,6 +56,7 @@ class Prediction:
     compute_ms: float
     latency_ms: float  # queue wait + compute
     deadline_miss: bool
+    probabilities: Any = None  # float32 softmax over the classes at the answering exit (None: not kept)
 
 
 @dataclass

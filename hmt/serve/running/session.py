@@ -22,11 +22,12 @@ import numpy as np
 from hmt.artifacts.rollback import RollbackPolicy
 from hmt.bundle import Bundle, load_checked_bundle
 from hmt.errors import HmtError, InputError, UsageError
-from hmt.runtime.settings import ENGINE_CHOICES, Budgets, EarlyExit, ServeSettings
+from hmt.runtime.settings import ENGINE_CHOICES, ServeSettings
 from hmt.serve.controller import Controller, TickRecord
 from hmt.serve.http.api import ApiOptions, create_app
 from hmt.serve.http.server import ApiServer, ServerOptions
 from hmt.serve.reporting.timeline import plot_timeline, summarize, write_csv
+from hmt.serve.running.overrides import Layer, flatten, layered_settings
 from hmt.serve.running.runner import numpy_dtype
 from hmt.serve.running.scenario import (
     DriveOptions,
@@ -57,6 +58,8 @@ class SessionOptions:
     # serve.json keys replaced before parsing (nested objects merged one level deep), e.g.
     # {"switch": {"min_dwell_s": 0}}: benchmarks and tests tune the loop without a new bundle.
     serve_overrides: dict[str, Any] = field(default_factory=dict)
+    # serve --serve-config / HMT_SERVE_* / --set, lowest first (hmt.serve.running.overrides), over serve.json.
+    layers: tuple[Layer, ...] = ()
     # PEM ed25519 public key: refuse a bundle without a matching signature (serve --trusted-key).
     trusted_key: Path | None = None
     # With trusted_key: refuse a release older than the key's newest served (hmt.artifacts.rollback).
@@ -74,38 +77,35 @@ class SessionOptions:
             raise UsageError(f"--threads must be >= 0, got {self.threads}")
 
 
-def settings_for(bundle: Bundle, options: SessionOptions) -> ServeSettings:
-    config = dict(bundle.serve_config)
-    for key, value in options.serve_overrides.items():
-        base = config.get(key)
-        config[key] = {**base, **value} if isinstance(base, dict) and isinstance(value, dict) else value
-    settings = ServeSettings.from_mapping(config, f"{bundle.root / 'serve.json'} (with overrides)")
-    budgets = settings.budgets
-    if options.latency_ms is not None or options.memory_mb is not None:
-        budgets = Budgets(
-            latency_ms=options.latency_ms if options.latency_ms is not None else budgets.latency_ms,
-            memory_mb=options.memory_mb if options.memory_mb is not None else budgets.memory_mb,
-            energy=budgets.energy)
-    early = settings.early_exit
-    if options.exit_confidence is not None or options.no_early_exit:
-        early = EarlyExit(enabled=not options.no_early_exit,
-                          confidence=options.exit_confidence if options.exit_confidence is not None
-                          else early.confidence)
-    engine = options.engine if options.engine is not None else settings.engine
-    return dataclasses.replace(settings, budgets=budgets, early_exit=early, engine=engine)
+def settings_for(bundle: Bundle, options: SessionOptions) -> tuple[ServeSettings, dict[str, dict[str, Any]]]:
+    """The effective settings: serve.json under the session's layers and flags (hmt.serve.running.overrides),
+    and per key its value and where it came from."""
+    layers = list(options.layers)
+    if options.serve_overrides:
+        layers.append(Layer("overrides", flatten(options.serve_overrides, "overrides")))
+    for flag, key, value in (("--latency-ms", "budgets.latency_ms", options.latency_ms),
+                             ("--memory-mb", "budgets.memory_mb", options.memory_mb),
+                             ("--exit-confidence", "early_exit.confidence", options.exit_confidence),
+                             ("--no-early-exit", "early_exit.enabled", False if options.no_early_exit else None),
+                             ("--engine", "engine", options.engine)):
+        if value is not None:
+            layers.append(Layer(flag, {key: value}))
+    return layered_settings(bundle.serve_config, layers, where=str(bundle.root / "serve.json"))
 
 
 def open_controller(bundle_path: Path | str, options: SessionOptions, **kwargs: Any) -> Controller:
     """Load and verify the bundle (ArtifactError when it fails) and build its controller."""
     # The same structural checks as deploy --verify (no extra files, no symlinks, ELF machine, signature).
     bundle = load_checked_bundle(bundle_path, trusted_key=options.trusted_key, rollback=options.rollback)
-    settings = settings_for(bundle, options)
+    settings, report = settings_for(bundle, options)
     if options.adapt is not None:
         from hmt.serve.running.adapt import canary_for
 
         kwargs["adapt"] = (options.adapt, canary_for(bundle, options.canary, options.adapt))
-    return Controller(bundle, settings, engine=settings.engine, threads=options.threads,
-                      fixed_variant=options.fixed_variant, providers=options.providers, **kwargs)
+    controller = Controller(bundle, settings, engine=settings.engine, threads=options.threads,
+                            fixed_variant=options.fixed_variant, providers=options.providers, **kwargs)
+    controller.settings_report = report
+    return controller
 
 
 def serve_forever(bundle_path: Path | str, options: SessionOptions, api: ApiOptions, server: ServerOptions,

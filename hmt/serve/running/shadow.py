@@ -8,9 +8,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -42,6 +43,16 @@ class ShadowRuns:
         share = settings.estimates.probe_share
         self._probe_every = round(1.0 / share) if share > 0 else 0  # requests (see probe)
         self._request_count = 0
+        self.inflight = 0  # requests running now: shadow runs wait for none
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        """Marks a request's inference in flight."""
+        self.inflight += 1
+        try:
+            yield
+        finally:
+            self.inflight -= 1
 
     def _candidates(self, active_arch_id: str | None) -> list[str]:
         if self._fixed or not self.estimator.measure or self.last_input is None:

@@ -1,0 +1,217 @@
+"""The Open Inference Protocol (KServe v2) through a client nobody here wrote: tritonclient[http],
+against a live server (real uvicorn, real sockets); its answers equal /v1's for the same inputs."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from conftest import FAST_SWITCH
+from serve_bundles import npy_bytes
+from test_inputs import CLASS_NAMES, as_tensor, encoded, make_image_bundle, pixels
+
+from hmt.bundle import load_bundle
+from hmt.runtime.settings import ServeSettings
+from hmt.serve.controller import Controller
+from hmt.serve.http.api import ApiOptions, create_app
+from hmt.serve.http.server import ApiServer, ServerOptions
+
+httpclient = pytest.importorskip("tritonclient.http")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+TOKEN = "v2-token-" + "x" * 16
+AUTH = {"Authorization": f"Bearer {TOKEN}"}  # never handed to tritonclient: its infer() adds headers to the dict
+
+
+def auth() -> dict[str, str]:
+    return dict(AUTH)
+MODEL = "cifar-tiny"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    bundle = load_bundle(make_image_bundle(tmp_path_factory.mktemp("oip") / "bundle"))
+    controller = Controller(bundle, ServeSettings.from_mapping({**FAST_SWITCH, "early_exit": {"enabled": False}}),
+                            warmup_runs=1)
+    controller.start(background=False)
+    app = create_app(controller, ApiOptions(token=TOKEN, model_name=MODEL, max_batch=8, max_image_pixels=1_000_000))
+    api = ApiServer(app, ServerOptions(port=0, raise_fd_limit=False))
+    api.start_background()
+    yield api
+    api.stop_background()
+
+
+@pytest.fixture(scope="module")
+def triton(server: ApiServer) -> Iterator[httpclient.InferenceServerClient]:
+    client = httpclient.InferenceServerClient(url=f"127.0.0.1:{server.port}")
+    yield client
+    client.close()
+
+
+def text(values: np.ndarray) -> list[str]:
+    """BYTES elements as text (tritonclient gives bytes from binary data, str from JSON)."""
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in values.reshape(-1)]
+
+
+def v1(server: ApiServer, body: bytes, media: str, query: str = "") -> dict:  # type: ignore[type-arg]
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn.request("POST", "/v1/predict" + query, body=body, headers={**AUTH, "content-type": media})
+    response = conn.getresponse()
+    doc = json.loads(response.read())
+    conn.close()
+    assert response.status == 200, doc
+    return doc  # type: ignore[no-any-return]
+
+
+def raw(server: ApiServer, method: str, path: str, body: bytes | None = None,
+        headers: dict[str, str] | None = None) -> tuple[int, dict]:  # type: ignore[type-arg]
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn.request(method, path, body=body, headers=headers or {})
+    response = conn.getresponse()
+    doc = json.loads(response.read())
+    conn.close()
+    return response.status, doc
+
+
+def test_health_and_metadata(triton: httpclient.InferenceServerClient) -> None:
+    assert triton.is_server_live(headers=auth()) and triton.is_server_ready(headers=auth())
+    assert triton.is_model_ready(MODEL, headers=auth()) and triton.is_model_ready(MODEL, "1", headers=auth())
+    assert not triton.is_model_ready("other", headers=auth())
+    server_meta = triton.get_server_metadata(headers=auth())
+    assert server_meta["name"] == "hmt" and "binary_tensor_data" in server_meta["extensions"]
+    meta = triton.get_model_metadata(MODEL, headers=auth())
+    assert meta["name"] == MODEL and meta["versions"] == ["1"]
+    inputs = {t["name"]: t for t in meta["inputs"]}
+    assert inputs["input"] == {"name": "input", "datatype": "FP32", "shape": [-1, 3, 8, 8]}
+    assert inputs["image"]["datatype"] == "BYTES"
+    outputs = {t["name"]: t for t in meta["outputs"]}
+    assert outputs["probabilities"]["shape"] == [-1, 4] and outputs["class"]["datatype"] == "INT64"
+    assert meta["parameters"]["variants"] == "v" and meta["parameters"]["running_variant"] == "v"
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_infer_equals_v1(server: ApiServer, triton: httpclient.InferenceServerClient, binary: bool) -> None:
+    batch = np.concatenate([as_tensor(pixels(s)) for s in range(3)])
+    x = httpclient.InferInput("input", list(batch.shape), "FP32")
+    x.set_data_from_numpy(batch, binary_data=binary)
+    outputs = [httpclient.InferRequestedOutput(n, binary_data=binary)
+               for n in ("class", "confidence", "class_name", "probabilities")]
+    result = triton.infer(MODEL, [x], outputs=outputs, headers=auth())
+    reference = v1(server, npy_bytes(batch), "application/x-npy", "?probabilities=true")["predictions"]
+    assert result.as_numpy("class").tolist() == [r["class"] for r in reference]
+    assert text(result.as_numpy("class_name")) == [r["class_name"] for r in reference]
+    np.testing.assert_allclose(result.as_numpy("confidence"), [r["confidence"] for r in reference], rtol=1e-6)
+    probs = result.as_numpy("probabilities")
+    assert probs.shape == (3, 4)
+    np.testing.assert_allclose(probs, [r["probabilities"] for r in reference], rtol=1e-6)
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
+    assert len({r["class"] for r in reference}) > 1 or probs.std() > 0  # depends on the input
+
+
+def test_default_outputs_binary_and_image_bytes(server: ApiServer, triton: httpclient.InferenceServerClient) -> None:
+    px = [pixels(10 + s) for s in range(2)]
+    images = np.array([encoded(p, "PNG") for p in px], dtype=object)
+    x = httpclient.InferInput("image", [2], "BYTES")
+    x.set_data_from_numpy(images)  # the binary-data extension (tritonclient's default)
+    result = triton.infer(MODEL, [x], headers=auth())  # no outputs named: every default output, binary
+    reference = [v1(server, encoded(p, "PNG"), "image/png") for p in px]
+    assert result.as_numpy("class").tolist() == [r["class"] for r in reference]
+    assert text(result.as_numpy("variant")) == ["v", "v"]
+    assert result.get_output("probabilities") is None  # probabilities only on request
+    # Raw uint8 pixels as a BYTES element go through the same preprocessing.
+    y = httpclient.InferInput("image", [1], "BYTES")
+    y.set_data_from_numpy(np.array([px[0].tobytes()], dtype=object))
+    assert triton.infer(MODEL, [y], headers=auth()).as_numpy("class").tolist() == [reference[0]["class"]]
+
+
+def test_top_k_and_classification(server: ApiServer, triton: httpclient.InferenceServerClient) -> None:
+    batch = as_tensor(pixels(3))
+    x = httpclient.InferInput("input", list(batch.shape), "FP32")
+    x.set_data_from_numpy(batch)
+    result = triton.infer(MODEL, [x], headers=auth(), parameters={"top_k": 2})
+    reference = v1(server, npy_bytes(batch), "application/x-npy", "?top_k=2")
+    assert result.as_numpy("top_k_classes").tolist() == [[t["class"] for t in reference["top_k"]]]
+    np.testing.assert_allclose(result.as_numpy("top_k_probabilities")[0],
+                               [t["probability"] for t in reference["top_k"]], rtol=1e-6)
+    assert reference["top_k"][0]["class"] == reference["class"]
+    assert reference["top_k"][0]["class_name"] in CLASS_NAMES
+    triton_style = triton.infer(MODEL, [x], headers=auth(),
+                                outputs=[httpclient.InferRequestedOutput("probabilities", class_count=2)])
+    first = text(triton_style.as_numpy("probabilities"))[0].split(":")
+    assert int(first[1]) == reference["class"] and first[2] == reference["class_name"]
+
+
+def test_json_bytes_are_base64(server: ApiServer) -> None:
+    png = encoded(pixels(5), "PNG")
+    body = json.dumps({"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES",
+                                   "data": [base64.b64encode(png).decode()]}]}).encode()
+    status, doc = raw(server, "POST", f"/v2/models/{MODEL}/infer", body, {**AUTH, "content-type": "application/json"})
+    assert status == 200 and doc["model_name"] == MODEL, doc
+    outputs = {o["name"]: o for o in doc["outputs"]}
+    assert outputs["class"]["data"] == [v1(server, png, "image/png")["class"]]
+
+
+@pytest.mark.parametrize(("body", "status", "words"), [
+    (b"{", 400, "not valid JSON"),
+    (json.dumps({"inputs": [{"name": "nope", "shape": [1], "datatype": "FP32", "data": [1]}]}), 400, "unknown input"),
+    (json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 8, 8], "datatype": "FP32", "data": [1]}]}), 400,
+     "elements for shape"),
+    (json.dumps({"inputs": [{"name": "input", "shape": [2], "datatype": "FP64", "data": [1, 2]}]}), 422,
+     "dtype"),
+    (json.dumps({"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": ["%%"]}]}), 400, "base64"),
+    (json.dumps({"inputs": [{"name": "input", "shape": [1], "datatype": "FP32", "data": [1]}],
+                 "parameters": {"top_kk": 3}}), 400, "top_kk"),
+    (json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 8, 8], "datatype": "FP32", "data": [0] * 192}],
+                 "parameters": {"top_k": 9}}), 400, "top_k"),
+])
+def test_v2_error_body(server: ApiServer, body: bytes | str, status: int, words: str) -> None:
+    got, doc = raw(server, "POST", f"/v2/models/{MODEL}/infer", body.encode() if isinstance(body, str) else body,
+                   {**AUTH, "content-type": "application/json"})
+    assert got == status and set(doc) == {"error"} and isinstance(doc["error"], str), doc
+    assert words in doc["error"]
+
+
+def test_v2_errors_reach_tritonclient(triton: httpclient.InferenceServerClient) -> None:
+    x = httpclient.InferInput("input", [1, 3, 8, 8], "FP32")
+    x.set_data_from_numpy(np.zeros((1, 3, 8, 8), np.float32))
+    with pytest.raises(InferenceServerException, match="unknown model"):
+        triton.infer("missing", [x], headers=auth())
+    with pytest.raises(InferenceServerException, match="unknown output"):
+        triton.infer(MODEL, [x], headers=auth(), outputs=[httpclient.InferRequestedOutput("logits")])
+
+
+def test_token_guards_v2(server: ApiServer, triton: httpclient.InferenceServerClient) -> None:
+    for path in ("/v2", "/v2/health/ready", f"/v2/models/{MODEL}", f"/v2/models/{MODEL}/infer"):
+        status, doc = raw(server, "GET", path, headers={"Authorization": "Bearer wrong-token-xxxxxxxxxx"})
+        assert status == 401 and doc == {"error": "missing or wrong bearer token"}
+    assert not triton.is_server_live()  # no token: refused
+    with pytest.raises(InferenceServerException, match="bearer token"):
+        triton.get_model_metadata(MODEL)
+    status, doc = raw(server, "GET", "/v2/nothing", headers=auth())
+    assert status == 404 and isinstance(doc["error"], str)
+
+
+def test_timeout_parameter_and_queue_slots(server: ApiServer) -> None:
+    """/v2 bodies are parsed after admission (in the decoding lane): the request's own timeout
+    parameter applies once parsed, and a refused body gives its queue slot back."""
+    def infer(parameters: dict[str, object]) -> tuple[int, dict]:  # type: ignore[type-arg]
+        body = json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 8, 8], "datatype": "FP32",
+                                       "data": [0] * 192}], "parameters": parameters}).encode()
+        return raw(server, "POST", f"/v2/models/{MODEL}/infer", body, {**AUTH, "content-type": "application/json"})
+
+    assert infer({"timeout": 10_000_000})[0] == 200
+    status, doc = infer({"timeout": -5})
+    assert status == 400 and "timeout" in doc["error"], doc
+    status, doc = infer({"timeout": 1})  # 1 us: over before the inference can start
+    assert status == 504 and "deadline" in doc["error"], doc
+    for _ in range(50):  # a dropped job gives its slot back when the pool reaches it
+        status, doc = raw(server, "GET", "/v1/status", headers=auth())
+        if doc["queue"]["admitted"] == 0:
+            break
+        time.sleep(0.05)
+    assert status == 200 and doc["queue"]["admitted"] == 0 and doc["queue"]["deadline_expired"] >= 1
