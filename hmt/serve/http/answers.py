@@ -42,7 +42,8 @@ def parse_top_k(value: object, classes: int, where: str) -> int:
         if not text.isdigit():
             raise ApiError(400, "bad_top_k", f"{where} must be an integer in 1..{classes}, got {text[:20]!r}")
         value = int(text)
-    if isinstance(value, float) and value.is_integer():  # JSON numbers (v1's parser reads them as floats)
+    # JSON numbers (v1's parser reads them as floats); float.is_integer, not 3.12's int.is_integer
+    if isinstance(value, float) and value.is_integer():  # novermin
         value = int(value)
     if not isinstance(value, int) or not 1 <= value <= classes:
         raise ApiError(400, "bad_top_k", f"{where} must be an integer in 1..{classes}, got {str(value)[:20]}")

@@ -12,8 +12,7 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Hashable, MutableMapping
-from typing import Any
+from typing import Any, Awaitable, Callable, Hashable, MutableMapping, Optional
 
 from starlette.responses import JSONResponse
 
@@ -29,7 +28,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # (route label, span in ms, the client's reported latency in ms or None, the connection or None)
-SpanHandler = Callable[[str, float, float | None, Hashable | None], None]
+SpanHandler = Callable[[str, float, Optional[float], Optional[Hashable]], None]
 
 KNOWN_PATHS = ("/v1/predict", "/v1/health/live", "/v1/health/ready", "/v1/status", "/metrics", "/openapi.json")
 SPAN_LABELS = ("/v1/predict", V2_INFER_LABEL)

@@ -16,6 +16,8 @@ import logging
 from datetime import datetime, timezone
 from typing import Any
 
+from hmt.compat import strict_zip
+
 LOG_FORMATS = ("text", "json")
 _ACCESS_FIELDS = ("client", "method", "path", "http_version", "status")
 
@@ -31,7 +33,7 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         if record.name == "uvicorn.access" and isinstance(record.args, tuple) and len(record.args) == 5:
-            doc.update(zip(_ACCESS_FIELDS, record.args, strict=True))
+            doc.update(strict_zip(_ACCESS_FIELDS, record.args))
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
         return json.dumps(doc, default=str)

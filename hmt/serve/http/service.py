@@ -15,9 +15,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, List
 
 import numpy as np
 
@@ -29,7 +28,7 @@ from hmt.serve.running.batching import BatchingOptions, DeadlinePassed, DynamicB
 
 logger = logging.getLogger("hmt.serve.http.api")
 
-Prepare = Callable[[], list[np.ndarray]]
+Prepare = Callable[[], List[np.ndarray]]
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from hmt.compat import strict_zip
 from hmt.errors import UsageError
 from hmt.serve.controller import Controller
 from hmt.serve.reporting.records import Prediction
@@ -158,11 +159,11 @@ class DynamicBatcher:
         run_batch = getattr(runner, "run_batch", None)
         if runner is None or run_batch is None or len(items) == 1 or controller.adapt is not None \
                 or not self.capable(runner, items[0]):
-            return [controller.predict(x, queued_ms=q) for x, q in zip(items, queued_ms, strict=True)]
+            return [controller.predict(x, queued_ms=q) for x, q in strict_zip(items, queued_ms)]
         early = controller.settings.early_exit
         with controller.shadow.serving():
             results = run_batch(np.concatenate(items), early.confidence if early.enabled else None)
-        return [controller.record(runner, runner, x, r, q) for x, r, q in zip(items, results, queued_ms, strict=True)]
+        return [controller.record(runner, runner, x, r, q) for x, r, q in strict_zip(items, results, queued_ms)]
 
     def capable(self, runner: Any, x: np.ndarray) -> bool:
         """Whether ``runner``'s graphs take a batch and answer it as they answer its rows (checked once)."""
@@ -179,7 +180,7 @@ class DynamicBatcher:
                 singles = [runner.run(v, None) for v in (x, other)]
                 ok = len(batch) == 2 and all(
                     b.class_index == s.class_index and abs(b.confidence - s.confidence) <= 1e-4
-                    for b, s in zip(batch, singles, strict=True))
+                    for b, s in strict_zip(batch, singles))
             except Exception:  # noqa: BLE001 - any refusal (ORT's InvalidArgument, TVM's, HmtError) means no
                 ok = False
         self._capable[key] = ok

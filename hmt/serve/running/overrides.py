@@ -23,6 +23,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import sys
 import types
 import typing
 from collections.abc import Mapping
@@ -32,6 +33,9 @@ from typing import Any
 
 from hmt.errors import InputError, UsageError
 from hmt.runtime.settings import ServeSettings
+
+# ``int | None`` builds a types.UnionType on Python 3.10+; 3.8 has only typing.Union.
+_UNION_TYPES = (types.UnionType,) if hasattr(types, "UnionType") else ()  # novermin (3.10+ only, guarded)
 
 ENV_PREFIX = "HMT_SERVE_"
 ENV_RESERVED = ("HMT_SERVE_TOKEN",)
@@ -53,7 +57,7 @@ def _leaf_types() -> dict[str, Any]:
     out: dict[str, Any] = {}
 
     def walk(cls: type[Any], prefix: str) -> None:
-        hints = typing.get_type_hints(cls)
+        hints = _type_hints(cls)
         for f in fields(cls):
             hint = hints[f.name]
             if is_dataclass(hint) and isinstance(hint, type):
@@ -65,11 +69,38 @@ def _leaf_types() -> dict[str, Any]:
     return out
 
 
+class _Opaque:
+    """Stands for a hint no override value fits (tuples, mappings): such a setting is not overridable."""
+
+
+_SIMPLE: dict[str, Any] = {"int": int, "float": float, "bool": bool, "str": str, "None": type(None)}
+
+
+def _type_hints(cls: type[Any]) -> dict[str, Any]:
+    """``typing.get_type_hints(cls)``; on Python 3.8/3.9, where ``float | None`` cannot be evaluated,
+    the same read from the annotation strings (simple types, unions of them, nested dataclasses)."""
+    if sys.version_info >= (3, 10):
+        return typing.get_type_hints(cls)
+    module = sys.modules[cls.__module__]
+    hints: dict[str, Any] = {}
+    for f in fields(cls):
+        if not isinstance(f.type, str):
+            hints[f.name] = f.type
+            continue
+        nested = getattr(module, f.type.strip(), None)
+        if is_dataclass(nested):
+            hints[f.name] = nested
+            continue
+        parts = tuple(_SIMPLE.get(part.strip(), _Opaque) for part in f.type.split("|"))
+        hints[f.name] = typing.Union[parts] if len(parts) > 1 else parts[0]
+    return hints
+
+
 LEAVES = _leaf_types()
 
 
 def _allowed(hint: Any) -> tuple[type[Any], ...]:
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+    if isinstance(hint, _UNION_TYPES) or typing.get_origin(hint) is typing.Union:
         return tuple(t for arg in typing.get_args(hint) for t in _allowed(arg))
     return (type(None),) if hint is type(None) else (hint,)
 
@@ -77,7 +108,7 @@ def _allowed(hint: Any) -> tuple[type[Any], ...]:
 def _fits(value: Any, allowed: tuple[type[Any], ...]) -> bool:
     if value is None or isinstance(value, bool):
         return type(value) in allowed
-    if isinstance(value, int | float) and float in allowed:
+    if isinstance(value, (int, float)) and float in allowed:
         return math.isfinite(value)
     return (isinstance(value, int) and int in allowed) or (isinstance(value, str) and str in allowed)
 
