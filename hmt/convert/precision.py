@@ -69,8 +69,9 @@ def _embedded_held_out(loaded: Any, options: ConvertOptions) -> Any:
         return None
     data = held_out_data(loaded, data_path=EMBEDDED_DIR, split="test", max_samples=options.accuracy_samples,
                          seed=options.seed)
-    return replace(data, source=data.source.replace(f"test split of {EMBEDDED_DIR}",
-                                                    "test split of the embedded CIFAR-10 subset"))
+    # held_out_data names given data by its sha256; say which images these are instead
+    _, _, sampled = data.source.partition("), ")
+    return replace(data, source="test split of the embedded CIFAR-10 subset" + (f", {sampled}" if sampled else ""))
 
 
 def quantise_variant(writer: ArtifactWriter, variant: ConvertedVariant, context: QuantContext, *,
