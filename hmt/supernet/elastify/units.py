@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any
 
 from torch import nn
 
@@ -15,8 +15,9 @@ from hmt.supernet.elastify.stream import FULL, keep_count, plain_unit, slice_exi
 from hmt.supernet.space import NOT_EXECUTED, WIDTH_KIND, ArchConfig
 from hmt.supernet.supernet import parse_unit_key, unit_key
 
-if TYPE_CHECKING:
-    from hmt.supernet.elastify.supernet import ElastifiedSupernet
+# ``net`` below is an hmt.supernet.elastify.supernet.ElastifiedSupernet, which calls these lazily:
+# naming its class here would make the two modules import each other.
+ElastifiedSupernet = Any
 
 Unit = tuple[str, int, str]
 
