@@ -94,7 +94,7 @@ def write_bundle(out: Path, seed: int) -> Path:
     """Write the synthetic bundle at ``out`` (an artifact folder, replaced atomically)."""
     rng = np.random.default_rng(seed)
     arch_id = "synthetic-conv.e1"
-    with ArtifactWriter(out, kind="bundle", config={"synthetic": True, "seed": seed}) as writer:
+    with ArtifactWriter(out, kind="bundle", config={"synthetic": True, "seed": seed, "target": "x86-64"}) as writer:
         segments, exits = [], []
         for k in range(2):
             writer.write_bytes(f"variants/{arch_id}/segment_{k}.onnx", segment(rng, k).SerializeToString())
@@ -108,7 +108,9 @@ def write_bundle(out: Path, seed: int) -> Path:
         variant = {"arch_id": arch_id, "exit_stage": 1, "accuracy": 0.1, "accuracy_per_exit": [0.1, 0.1],
                    "latency_ms": 10.0, "energy": 1.0, "memory_mb": 2.0, "segments": segments, "exits": exits,
                    "preferred_engine": "onnxruntime", "engines": ["onnxruntime"]}
-        writer.write_json("bundle.json", {"version": 1, "target": {"name": "x86-64"}, "classes": CLASSES,
+        # The target record serve's structural checks compare with the registry (hmt.bundle).
+        target = {"name": "x86-64", "arch": "x86_64", "elf_machine": "x86_64"}
+        writer.write_json("bundle.json", {"version": 1, "target": target, "classes": CLASSES,
                                           "input": _spec("input", SHAPES["input"]), "variants": [variant],
                                           "notes": ["synthetic: random seeded weights, for the offload benchmark"]})
         writer.write_json("profile.json", {"device": "synthetic"})

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-ON_DEVICE = ["numpy>=1.26", "psutil>=5.9", "onnxruntime>=1.20", "typer>=0.12", "rich>=13",
-             "starlette>=0.40", "uvicorn>=0.30"]
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+# hmt's required dependencies are the device half's: read them, so that this list cannot drift.
+ON_DEVICE = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
 
 
 @pytest.mark.slow
