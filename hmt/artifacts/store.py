@@ -158,9 +158,24 @@ def _recover_interrupted_swap(out_dir: Path) -> None:
     backup = out_dir.with_name(out_dir.name + _BACKUP_SUFFIX)
     if backup.exists() and (backup / MANIFEST_NAME).is_file():  # only a previous artifact hmt moved aside
         if out_dir.exists():
-            shutil.rmtree(backup, ignore_errors=True)
+            _remove_backup(backup)
         else:
             os.replace(backup, out_dir)
+    elif backup.is_dir() and not any(backup.iterdir()):  # a removal killed after its manifest went
+        backup.rmdir()
+
+
+def _remove_backup(backup: Path) -> None:
+    """Remove a previous artifact hmt moved aside, its manifest last: a kill part way leaves a
+    folder that still says it is an artifact (so the next write removes it) or an empty one."""
+    for root, dirs, files in os.walk(backup, topdown=False):
+        for name in files:
+            if not (Path(root) == backup and name == MANIFEST_NAME):
+                Path(root, name).unlink(missing_ok=True)
+        for name in dirs:
+            shutil.rmtree(Path(root, name), ignore_errors=True)
+    (backup / MANIFEST_NAME).unlink(missing_ok=True)
+    backup.rmdir()
 
 
 class Artifact:
@@ -430,6 +445,10 @@ class ArtifactWriter:
             fsync_dir(path.parent)
         tmp = self.tmp_dir
         backup = self.out_dir.with_name(self.out_dir.name + _BACKUP_SUFFIX)
+        _recover_interrupted_swap(self.out_dir)  # a backup left by a killed write must not block this one
+        if backup.exists():
+            raise ArtifactError(f"{backup}: in the way of replacing {self.out_dir} and not an artifact hmt moved "
+                                "aside; move it away")
         if self.out_dir.exists():
             os.replace(self.out_dir, backup)
         os.replace(tmp, self.out_dir)
@@ -437,4 +456,5 @@ class ArtifactWriter:
         for path, staged_file in staged:
             os.replace(staged_file, path)
             fsync_dir(path.parent)
-        shutil.rmtree(backup, ignore_errors=True)
+        if backup.exists():
+            _remove_backup(backup)

@@ -130,3 +130,39 @@ def test_foreign_hosts_temporaries_are_kept(tmp_path: Path, name: str) -> None:
     foreign.write_bytes(b"")
     assert clean_stale_temporaries(tmp_path, name) == []
     assert foreign.exists()
+
+
+def _write(out: Path, payload: bytes) -> None:
+    with ArtifactWriter(out, kind="demo", config={}) as writer:
+        writer.write_bytes("data.bin", payload)
+
+
+@pytest.mark.parametrize("left", ["manifest and part of the files", "an empty folder"])
+def test_a_backup_left_by_a_killed_removal_does_not_block_the_next_write(tmp_path: Path, left: str) -> None:
+    out = tmp_path / "art"
+    _write(out, b"old")
+    backup = tmp_path / "art.hmt-previous"
+    if left == "an empty folder":
+        backup.mkdir()
+    else:  # killed while removing the previous artifact moved aside: its manifest goes last
+        import shutil
+
+        shutil.copytree(out, backup)
+        (backup / "data.bin").unlink()
+    _write(out, b"new")
+    assert load_artifact(out, kind="demo").file("data.bin").read_bytes() == b"new"
+    assert not backup.exists()
+
+
+def test_a_user_folder_under_the_backup_name_is_kept_and_named(tmp_path: Path) -> None:
+    from hmt.errors import ArtifactError
+
+    out = tmp_path / "art"
+    _write(out, b"old")
+    backup = tmp_path / "art.hmt-previous"
+    backup.mkdir()
+    (backup / "notes.txt").write_text("precious")
+    with pytest.raises(ArtifactError, match="art.hmt-previous"):
+        _write(out, b"new")
+    assert (backup / "notes.txt").read_text() == "precious"
+    assert load_artifact(out, kind="demo").file("data.bin").read_bytes() == b"old"
