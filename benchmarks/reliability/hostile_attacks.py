@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections import Counter
@@ -13,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.reliability.hostile_common import http, median, npy, npy_claiming, png, served, tally
+from benchmarks.reliability.http_layer import slow_sockets
 
 # -- hostile requests ---------------------------------------------------------------------------------
 
@@ -154,37 +154,8 @@ def bench_requests(bundles: dict[str, Path]) -> dict[str, Any]:
 
 
 def _slowloris(port: int, sockets: int, stop: threading.Event, stats: Counter[str]) -> None:
-    """``sockets`` connections: a request line, then a header line every 2 s; reconnect when cut."""
-    open_socks: list[socket.socket | None] = [None] * sockets
-
-    def connect(i: int) -> None:
-        try:
-            s = socket.create_connection(("127.0.0.1", port), timeout=1)
-            s.sendall(b"POST /v1/segment HTTP/1.1\r\nHost: x\r\n")
-            s.setblocking(False)
-            open_socks[i] = s
-            stats["connects"] += 1
-        except OSError:
-            stats["connect_failures"] += 1
-
-    for i in range(sockets):
-        if stop.is_set():
-            break
-        connect(i)
-    while not stop.wait(2.0):
-        for i, s in enumerate(open_socks):
-            if s is not None:
-                try:
-                    s.send(b"X-Slow: 1\r\n")
-                    continue
-                except OSError:
-                    stats["cut"] += 1
-                    s.close()
-                    open_socks[i] = None
-            connect(i)
-    for s in open_socks:
-        if s is not None:
-            s.close()
+    """``sockets`` connections to the peer's route: a header line every 2 s; reconnect when cut."""
+    slow_sockets(port, sockets, stop, stats, path="/v1/segment", interval_s=2.0)
 
 
 def _probe(port: int, seconds: float) -> list[tuple[int, float]]:

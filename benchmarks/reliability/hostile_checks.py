@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.reliability.hostile_common import REPO, _written, _Zeros, http, npy, served
+from benchmarks.reliability.hostile_common import REPO, _written, http, npy, served
+from benchmarks.reliability.integrity import Zeros
 
 # -- signatures ---------------------------------------------------------------------------------------------
 
@@ -126,7 +127,7 @@ def bench_archives(bundles: dict[str, Path], work: Path, bomb_mib: int) -> dict[
         tar.addfile(info, io.BytesIO(raw_manifest))
         info = tarfile.TarInfo("bundle/variants/x/payload.so")
         info.size = size
-        tar.addfile(info, io.BufferedReader(_Zeros(size), buffer_size=1 << 20))
+        tar.addfile(info, io.BufferedReader(Zeros(size), buffer_size=1 << 20))
     out: dict[str, Any] = {"listed_bomb": {"archive_bytes": bomb.stat().st_size, "declared_bytes": size}}
     start = time.perf_counter()
     try:

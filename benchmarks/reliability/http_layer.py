@@ -263,14 +263,16 @@ def _probe(port: int, body: bytes, stop: threading.Event, period_s: float, log: 
         stop.wait(period_s)
 
 
-def _attack(port: int, sockets: int, stop: threading.Event, stats: dict[str, int]) -> None:
-    """``sockets`` slowloris connections: a request line, then a header line every 5 s; reconnect when cut."""
+def slow_sockets(port: int, sockets: int, stop: threading.Event, stats: dict[str, int], *,
+                 path: str = "/v1/predict", interval_s: float = 5.0) -> None:
+    """``sockets`` slowloris connections: a request line, then a header line every ``interval_s``;
+    reconnect when cut."""
     open_socks: list[socket.socket | None] = [None] * sockets
 
     def connect(i: int) -> None:
         try:
             s = socket.create_connection(("127.0.0.1", port), timeout=1)
-            s.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\n")
+            s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\n".encode())
             s.setblocking(False)
             open_socks[i] = s
             stats["connects"] += 1
@@ -281,7 +283,7 @@ def _attack(port: int, sockets: int, stop: threading.Event, stats: dict[str, int
         if stop.is_set():
             break
         connect(i)
-    while not stop.wait(5.0):
+    while not stop.wait(interval_s):
         for i, s in enumerate(open_socks):
             if s is not None:
                 try:
@@ -311,7 +313,7 @@ def slowloris(args: argparse.Namespace) -> dict[str, Any]:
         stop = threading.Event()
         log: list[tuple[float, str, bool, float]] = []
         stats = {"connects": 0, "connect_failures": 0, "cut": 0, "alive": 0}
-        attacker = threading.Thread(target=_attack, args=(server.port, args.sockets, stop, stats), daemon=True)
+        attacker = threading.Thread(target=slow_sockets, args=(server.port, args.sockets, stop, stats), daemon=True)
         prober = threading.Thread(target=_probe, args=(server.port, body, stop, 0.2, log), daemon=True)
         attacker.start()
         time.sleep(1.0)  # let the flood open

@@ -46,7 +46,9 @@ from benchmarks.harness import Driver
 REPO = Path(__file__).resolve().parents[2]
 
 
-class _Zeros(io.RawIOBase):
+class Zeros(io.RawIOBase):
+    """``size`` zero bytes, read without holding them (archive-bomb payloads)."""
+
     def __init__(self, size: int) -> None:
         self.left = size
 
@@ -93,7 +95,7 @@ def _bomb(bundle: Path, path: Path, size: int) -> Path:
         tar.addfile(info, io.BytesIO(manifest))
         info = tarfile.TarInfo("bundle/variants/x/payload.so")
         info.size = size
-        tar.addfile(info, io.BufferedReader(_Zeros(size), buffer_size=1 << 20))
+        tar.addfile(info, io.BufferedReader(Zeros(size), buffer_size=1 << 20))
     return path
 
 
