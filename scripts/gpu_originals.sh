@@ -5,8 +5,12 @@
 # same command is rerun on the same warm machine until it prints "all done" (one command is
 # limited to 10 minutes):
 #   bash scripts/gpu_originals.sh BLOB WORKDIR [JOBS...]   (BLOB: scripts/gpu_pack_cifar.py pack output)
-# JOBS (default: all): r18 mbv2 r56-measure r56 r18-elastic mbv2-elastic r56-elastic
-# ELASTIC_CONFIG names the recipe of the elastic jobs (a train-supernet --config JSON).
+# JOBS (default: all): r18 mbv2 r56-measure r56 r18-elastic mbv2-elastic r56-elastic r18-front
+#   mbv2-front r56-front (a front job waits for its elastic job: benchmarks/supernet/front.py on the GPU,
+#   validation and test accuracy per variant, greedy paths chosen on the validation split)
+# ELASTIC_CONFIG names the recipe of the elastic jobs (a train-supernet --config JSON); R18_CONFIG,
+# MBV2_CONFIG and R56_CONFIG override it per model. A job whose weights were made elsewhere is marked
+# done by putting NAME.safetensors in WORKDIR and touching NAME.done.
 set -uo pipefail
 BLOB=$1; W=$2; shift 2
 JOBS=${*:-r18 mbv2 r56-measure r56 r18-elastic mbv2-elastic r56-elastic}
@@ -29,12 +33,18 @@ orig() {  # name, model, extra args
   bg "$name" python3 -m benchmarks.supernet.originals --model "$M/$model" --data "$W/cifar" \
       --cache-dir "$W/cache-$name" --out "$W/$name.json" --weights-out "$W/$name.safetensors" "$@"
 }
-elastic() {  # name, model, weights (waits for the weights' job)
-  local name=$1 model=$2 parent=$3
+elastic() {  # name, model, weights, recipe (waits for the weights' job)
+  local name=$1 model=$2 parent=$3 cfg=$4
   [ -f "$W/$parent.done" ] || return
   bg "$name" python3 -m commands train-supernet --model "$M/$model" --weights "$W/$parent.safetensors" \
-      --input-shape 1,3,32,32 --data "$W/cifar" --config "$CFG" --cache-dir "$W/cache-$name" \
+      --input-shape 1,3,32,32 --data "$W/cifar" --config "$cfg" --cache-dir "$W/cache-$name" \
       --out "$W/$name"
+}
+front() {  # name of the elastic job (waits for it)
+  local name=$1
+  [ -f "$W/$name-elastic.done" ] || return
+  bg "$name-front" python3 -m benchmarks.supernet.front --supernet "$W/$name-elastic" --data "$W/cifar" \
+      --random 60 --greedy 40 --device cuda --out "$W/$name-front.csv"
 }
 for job in $JOBS; do
   case $job in
@@ -44,9 +54,10 @@ for job in $JOBS; do
       orig r56-pretrained cifar_resnet56.py:build --init "$R56" --epochs 0
       orig r56-pretrained-imagenet-norm cifar_resnet56.py:build --init "$R56" --epochs 0 --input-norm imagenet ;;
     r56) orig r56 cifar_resnet56.py:build --init "$R56" --epochs 30 --lr 0.02 ;;
-    r18-elastic) elastic r18-elastic cifar_resnet18.py:build r18 ;;
-    mbv2-elastic) elastic mbv2-elastic cifar_mobilenetv2.py:build mbv2 ;;
-    r56-elastic) elastic r56-elastic cifar_resnet56.py:build r56 ;;
+    r18-elastic) elastic r18-elastic cifar_resnet18.py:build r18 "${R18_CONFIG:-$CFG}" ;;
+    mbv2-elastic) elastic mbv2-elastic cifar_mobilenetv2.py:build mbv2 "${MBV2_CONFIG:-$CFG}" ;;
+    r56-elastic) elastic r56-elastic cifar_resnet56.py:build r56 "${R56_CONFIG:-$CFG}" ;;
+    r18-front|mbv2-front|r56-front) front "${job%-front}" ;;
   esac
 done
 sleep "${POLL_S:-0}"

@@ -1,7 +1,9 @@
 """Evaluate many variants of a trained supernet on the 10k test images (issue 11).
 
 Each variant is materialised and its BN statistics re-estimated on the artifact's stored
-calibration images (what convert ships), then scored at its exit on the test split.
+calibration images (what convert ships), then scored at its exit on the supernet's validation split
+(what a variant is chosen on; rebuilt from ``--data``, checked by sha256) and on the test split (which
+only reports).
 Variants: the largest; structured families (every stream width x every inner width, with
 and without the skippable blocks); and ``--random`` uniform samples at the last exit and
 at random exits, all from a seeded generator. MACs and parameters are counted on the
@@ -102,6 +104,11 @@ def main() -> None:
         test_x, test_y = test_x[: args.max_test], test_y[: args.max_test]
     loader = eval_loader(test_x, test_y, info=data.info, batch_size=500, device=torch.device(args.device),
                          channels_last=False)
+    from hmt.pareto.data import held_out_data
+
+    val = held_out_data(loaded, data_path=args.data, split="val", max_samples=args.max_test, seed=args.seed)
+    val_loader = eval_loader(val.x, val.y, info=data.info, batch_size=500, device=torch.device(args.device),
+                             channels_last=False)
     rng = np.random.default_rng(args.seed)
     archs = structured_archs(space) + [space.parse(a) for a in args.arch]
     archs += [space.sample(rng, exit_stage=space.num_stages - 1) for _ in range(args.random)]
@@ -112,7 +119,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["arch_id", "exit_stage", "test_acc", "macs", "params", "eval_s"])
+        writer.writerow(["arch_id", "exit_stage", "val_acc", "test_acc", "macs", "params", "eval_s"])
         for arch in archs:
             if arch.arch_id in seen:
                 continue
@@ -120,8 +127,9 @@ def main() -> None:
             started = time.perf_counter()
             variant = loaded.materialize(arch)
             acc = evaluate_variant(variant, loader)[-1]
+            val_acc = evaluate_variant(variant, val_loader)[-1]
             macs, params = count_macs(variant, tuple(space.input_shape))
-            writer.writerow([arch.arch_id, arch.exit_stage, f"{acc:.4f}", macs, params,
+            writer.writerow([arch.arch_id, arch.exit_stage, f"{val_acc:.4f}", f"{acc:.4f}", macs, params,
                              f"{time.perf_counter() - started:.2f}"])
             handle.flush()
 
@@ -135,7 +143,7 @@ def greedy_archs(loaded: object, args: argparse.Namespace) -> list[ArchConfig]:
 
     net = loaded.net  # type: ignore[attr-defined]
     space = loaded.space  # type: ignore[attr-defined]
-    val = held_out_data(loaded, max_samples=args.greedy_samples, seed=args.seed)
+    val = held_out_data(loaded, data_path=args.data, split="val", max_samples=args.greedy_samples, seed=args.seed)
     evaluator = PrefixEvaluator(net, device_batches(val, batch_size=500, device=args.device),
                                 calibration=calibration_batches(loaded, device=args.device))
     macs: dict[str, float] = {}

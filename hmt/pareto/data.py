@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from hmt.data import DatasetInfo
 
-DATA_SPLITS = ("test", "train", "all")
+DATA_SPLITS = ("test", "train", "all", "val")  # val: the supernet's own validation split
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class HeldOut:
 def held_out_data(loaded: Any, *, data_path: Path | None = None, split: str = "test",
                   max_samples: int | None = None, seed: int = 0, cache_dir: Path | None = None) -> HeldOut:
     """Held-out samples for a loaded supernet (``hmt.supernet.load_supernet``)."""
-    from hmt.data import DatasetInfo, load_dataset, split_train_val, stratified_indices
+    from hmt.data import DatasetInfo, load_dataset, stratified_indices
 
     info = DatasetInfo.from_json_dict(loaded.dataset_info)
     config = loaded.artifact.manifest.config
@@ -50,30 +50,8 @@ def held_out_data(loaded: Any, *, data_path: Path | None = None, split: str = "t
         raise UsageError(f"data split {split!r} is not one of {', '.join(DATA_SPLITS)}")
     if max_samples is not None and max_samples < 1:
         raise UsageError(f"max eval samples must be >= 1, got {max_samples}")
-    if data_path is None:
-        from hmt.artifacts.paths import resolve_recorded
-        from hmt.supernet.train.trainer import derive_seed
-
-        recorded = config.get("data_path")
-        try:
-            data = load_dataset(kind, resolve_recorded(recorded, loaded.artifact.root) if recorded else None,
-                                cache_dir=cache_dir)
-        except InputError as exc:
-            raise InputError(f"cannot reload the supernet's training data to rebuild its validation split "
-                             f"({exc}); pass --data with held-out data") from exc
-        if data.info.source_sha256 != info.source_sha256:
-            raise ArtifactError(f"{loaded.artifact.root}: the supernet was trained on data with sha256 "
-                                f"{info.source_sha256[:12]}, the data at {recorded or 'the embedded subset'} now "
-                                f"has {data.info.source_sha256[:12]}; its validation split cannot be rebuilt "
-                                "(pass --data)")
-        try:
-            fraction, train_seed = float(config["val_fraction"]), int(config["seed"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ArtifactError(f"{loaded.artifact.root}: manifest config lacks val_fraction/seed ({exc})") from exc
-        _, val = split_train_val(data, fraction, np.random.default_rng(derive_seed(train_seed, 1)))
-        x, y = val.x, val.y
-        named = Path(recorded).name if recorded else "embedded subset"
-        source = f"validation split of the supernet's data ({named}, {fraction:g}, seed {train_seed})"
+    if data_path is None or split == "val":
+        x, y, source = _validation_split(loaded, kind, info, data_path, cache_dir)
     else:
         data = load_dataset(kind, data_path, cache_dir=cache_dir)
         mismatch = []
@@ -97,6 +75,38 @@ def held_out_data(loaded: Any, *, data_path: Path | None = None, split: str = "t
         x, y = x[keep], y[keep]
         source += f", stratified subset of {len(y)} (seed {seed})"
     return HeldOut(x, y, info, source)
+
+
+def _validation_split(loaded: Any, kind: str, info: DatasetInfo, data_path: Path | None,
+                      cache_dir: Path | None) -> tuple[np.ndarray, np.ndarray, str]:
+    """The supernet's validation split, rebuilt from its recorded data (or ``data_path``, which
+    must be the same file by sha256) with the manifest's fraction and seed."""
+    from hmt.artifacts.paths import resolve_recorded
+    from hmt.data import load_dataset, split_train_val
+    from hmt.supernet.train.trainer import derive_seed
+
+    config = loaded.artifact.manifest.config
+    recorded = config.get("data_path")
+    where = data_path if data_path is not None else (
+        resolve_recorded(recorded, loaded.artifact.root) if recorded else None)
+    try:
+        data = load_dataset(kind, where, cache_dir=cache_dir)
+    except InputError as exc:
+        raise InputError(f"cannot reload the supernet's training data to rebuild its validation split "
+                         f"({exc}); pass --data with the data it was trained on") from exc
+    if data.info.source_sha256 != info.source_sha256:
+        named = data_path or recorded or "the embedded subset"
+        raise ArtifactError(f"{loaded.artifact.root}: the supernet was trained on data with sha256 "
+                            f"{info.source_sha256[:12]}, the data at {named} has "
+                            f"{data.info.source_sha256[:12]}; its validation split cannot be rebuilt "
+                            "(pass --data with the data it was trained on)")
+    try:
+        fraction, train_seed = float(config["val_fraction"]), int(config["seed"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"{loaded.artifact.root}: manifest config lacks val_fraction/seed ({exc})") from exc
+    _, val = split_train_val(data, fraction, np.random.default_rng(derive_seed(train_seed, 1)))
+    named = Path(str(where)).name if where is not None else "embedded subset"
+    return val.x, val.y, f"validation split of the supernet's data ({named}, {fraction:g}, seed {train_seed})"
 
 
 def device_batches(data: HeldOut, *, batch_size: int, device: str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
