@@ -22,11 +22,15 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 [ -d "$W/cifar" ] || python3 scripts/gpu_pack_cifar.py unpack "$BLOB" "$W/cifar"
 [ -f "$W/machine.txt" ] || { nvidia-smi -L > "$W/machine.txt"; lscpu | head -20 >> "$W/machine.txt"; }
 started() { [ -f "$W/$1.started" ]; }
+gpu_of() {  # R18_GPU and OTHER_GPU spread the jobs over two GPUs (default: all on GPU 0)
+  case $1 in r18*) echo "${R18_GPU:-0}" ;; *) echo "${OTHER_GPU:-0}" ;; esac
+}
 bg() {  # name, command...: start once, in its own session (it outlives this command's return)
   local name=$1; shift
   started "$name" && return
   touch "$W/$name.started"
-  setsid nohup bash -c "$* > '$W/$name.log' 2>&1 && touch '$W/$name.done'" < /dev/null > /dev/null 2>&1 &
+  CUDA_VISIBLE_DEVICES=$(gpu_of "$name") setsid nohup bash -c "$* > '$W/$name.log' 2>&1 && touch '$W/$name.done'" \
+      < /dev/null > /dev/null 2>&1 &
 }
 orig() {  # name, model, extra args
   local name=$1 model=$2; shift 2
