@@ -66,6 +66,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--front", type=Path, required=True)
     parser.add_argument("--preset", default="cifar10")
+    parser.add_argument("--supernet", type=Path, default=None,
+                        help="a supernet artifact whose space the front is in (an elastified user model); "
+                             "otherwise an untrained supernet of --preset")
     parser.add_argument("--standalone", default="", help="glob of standalone.py reports (or their harness result)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--bursts", type=int, default=5)
@@ -74,10 +77,15 @@ def main() -> None:
     parser.add_argument("--max-points", type=int, default=12)
     parser.add_argument("--out", type=Path, required=True, help="prefix: writes OUT.json and OUT.png")
     args = parser.parse_args()
-    config = resolve_config(preset=args.preset)
-    torch.manual_seed(0)
-    net = build_supernet(config.backbone, num_classes=10, input_shape=(3, 32, 32), operators=config.operators)
-    net.prepare_alternatives()
+    if args.supernet is not None:
+        from hmt.supernet import load_supernet
+
+        net = load_supernet(args.supernet).net
+    else:
+        config = resolve_config(preset=args.preset)
+        torch.manual_seed(0)
+        net = build_supernet(config.backbone, num_classes=10, input_shape=(3, 32, 32), operators=config.operators)
+        net.prepare_alternatives()
     rows = [dict(r, test_acc=float(r["test_acc"]), macs=int(r["macs"])) for r in csv.DictReader(args.front.open())]
     largest = net.space.largest().arch_id
     front = pareto_rows(rows)

@@ -111,6 +111,9 @@ def main() -> None:
     parser.add_argument("--bursts", type=int, default=7)
     parser.add_argument("--burst", type=int, default=20)
     parser.add_argument("--drop", type=int, default=4)
+    parser.add_argument("--weights-note", default=None,
+                        help="what the --supernet's weights are, when they are not the ones the front was measured on "
+                             "(latency does not depend on weight values)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
@@ -179,7 +182,8 @@ def main() -> None:
         "machine": _machine(),
         "ort": {"version": ort.__version__, "threads": args.threads, "batch": 1},
         "timing": {"bursts": args.bursts, "calls_per_burst": args.burst, "dropped_per_burst": args.drop},
-        "weights": "trained supernet" if args.supernet else "untrained supernet of the same space (shapes only)",
+        "weights": args.weights_note or ("trained supernet" if args.supernet
+                                         else "untrained supernet of the same space (shapes only)"),
         "command": "python " + " ".join(sys.argv),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
