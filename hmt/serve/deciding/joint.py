@@ -45,8 +45,9 @@ from hmt.serve.deciding.optimizer import REASON_BEST, REASON_MEASURED_FASTEST, R
 
 LOCAL = "local"
 NO_CODEC = "-"
-# An adopted BN-adapted copy outranks the other routes of its own variant (the guard adopted it
-# because it did better on the drifted inputs) but never a variant of higher accuracy.
+# An adopted BN-adapted copy scores a little above its variant (the guard adopted it because it did
+# better on the drifted inputs), never above a variant of higher accuracy; within its own variant it is
+# the route whenever it is feasible (JointPath._choose).
 ADAPTED_BONUS = 1e-3
 _CACHE_MAX_ENTRIES = 4096
 _EPS = 1e-9
@@ -291,12 +292,15 @@ class JointPath:
         n = len(self.optimizer.variants)
         best_of = [-1] * n  # per variant: its best feasible candidate (ties: the fastest)
         fastest_of = [-1] * n  # per variant: its fastest available candidate
+        adapted_of = [-1] * n  # per variant: its adopted adapted copy, when feasible
         best = -1
         for i in order:  # fastest first: a later one replaces only on a strictly better score
             p = cands[i].position
             if fastest_of[p] < 0:
                 fastest_of[p] = i
             if bits >> i & 1:
+                if cands[i].adapted:
+                    adapted_of[p] = i
                 if best_of[p] < 0 or scores[i] > scores[best_of[p]] + _EPS:
                     best_of[p] = i
                 if best < 0 or scores[i] > scores[best] + _EPS:
@@ -312,7 +316,11 @@ class JointPath:
             h = best_of[self.optimizer.position(home)]
             if h >= 0 and cands[best].arch_id != home and scores[best] < scores[h] + self.score_margin:
                 best = h
-        routes = tuple(b if b >= 0 else f for b, f in zip(best_of, fastest_of))
+        # Within a variant the adopted adapted copy runs whenever it is feasible: the guard adopted it for
+        # doing better on the inputs of now, which no profiled accuracy or energy figure knows.
+        routes = tuple(a if a >= 0 else b if b >= 0 else f for a, b, f in zip(adapted_of, best_of, fastest_of))
+        if reason == REASON_BEST and adapted_of[cands[best].position] >= 0:
+            best = adapted_of[cands[best].position]
         chosen = cands[best]
         routes = (*routes[:chosen.position], best, *routes[chosen.position + 1:])
         if active is None:
