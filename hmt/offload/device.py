@@ -128,6 +128,8 @@ class OffloadDevice:
         self.breaker = CircuitBreaker(clock, rng)
         x = rng.standard_normal(bundle.spec.input.shape).astype(np.float32)
         self._sample = x
+        self._plan, self._threads, self._engine, self._warmup_runs = plan, threads, engine, warmup_runs
+        # Replaced, never changed in place (load_variant, drop_variant): a request reads one dict.
         self.chains: dict[str, SplitChain] = {}
         for variant in bundle.spec.variants:
             if options.fixed_variant is not None and variant.arch_id != options.fixed_variant:
@@ -195,6 +197,30 @@ class OffloadDevice:
         if old is not None:
             planner.current, planner.since_s, planner.switches = old.current, old.since_s, old.switches
         return planner
+
+    def load_variant(self, arch_id: str) -> SplitChain:
+        """Load and warm one more variant (serve's pool asks when its decision chose one not loaded)."""
+        chain = self.chains.get(arch_id)
+        if chain is not None:
+            return chain
+        chain = SplitChain(self.bundle, self.bundle.spec.variant(arch_id), self._plan.for_variant(arch_id),
+                           self._threads, self._engine)
+        chain.warm_up(self._sample, self._warmup_runs)
+        codec_ms = {(arch_id, c.index): _codec_ms(c.tensor.shape, self.rng) for c in chain.cuts}
+        with self._lock:
+            self._codec_ms.update(codec_ms)
+            self.chains = {**self.chains, arch_id: chain}
+            self.planner = self._new_planner()
+        return chain
+
+    def drop_variant(self, arch_id: str) -> bool:
+        """Release a variant's sessions (serve's pool evicted it under the memory budget); the last stays."""
+        with self._lock:
+            if arch_id not in self.chains or len(self.chains) == 1:
+                return False
+            self.chains = {a: c for a, c in self.chains.items() if a != arch_id}
+            self.planner = self._new_planner()
+        return True
 
     def conditions(self) -> Conditions:
         usable = self.breaker.state == CLOSED
@@ -286,7 +312,10 @@ class OffloadDevice:
         the peer, and the tail here when the peer fails."""
         if start is None:
             start = time.perf_counter()
-        chain = self.chains[option.arch_id]
+        chain = self.chains.get(option.arch_id)
+        if chain is None:  # dropped since the route was chosen: the variant serve runs now answers
+            chain = next(iter(self.chains.values()))
+            option = Option(chain.arch_id, None, "-", option.predicted_ms, option.energy, option.score, False)
         confidence = self.options.confidence
         budget = self.options.budget_ms
         if option.cut is None:

@@ -22,7 +22,6 @@ import numpy as np
 from hmt.errors import ModelError
 from hmt.offload.client import PeerClient
 from hmt.offload.device import WHERE_LOCAL, DeviceOptions, OffloadDevice
-from hmt.offload.parts import SplitChain
 from hmt.offload.plan import load_plan
 from hmt.offload.planner import Choice as PlannerChoice
 from hmt.offload.planner import Option, PlannerConfig
@@ -104,13 +103,14 @@ def open_device(bundle_path: Path | str, options: SessionOptions, link: PeerLink
                 planner: PlannerConfig | None = None, seed: int = 0) -> OffloadingController:
     # One set of sessions: the controller's pool gets its runners from the offload device's
     # chains (the same graph objects) instead of loading every variant a second time.
-    chains: dict[str, SplitChain] = {}
+    # The device loads the variants within the memory budget at start, the others when the decision
+    # first chooses one, and releases what the pool evicts.
+    devices: list[OffloadDevice] = []
 
     def shared(arch_id: str) -> Runner:
-        chain = chains.get(arch_id)
-        if chain is None:
-            raise ModelError(f"variant {arch_id!r} is not loaded by the offload device")
-        return chain.runner()
+        if not devices:
+            raise ModelError(f"variant {arch_id!r}: the offload device is not open yet")
+        return devices[0].load_variant(arch_id).runner()
 
     controller = open_controller(bundle_path, options, loader=shared)
     budget = controller.budgets.latency_ms if controller.budgets.latency_ms is not None else deadline_ms
@@ -122,8 +122,9 @@ def open_device(bundle_path: Path | str, options: SessionOptions, link: PeerLink
                            planner_config=planner, rng=np.random.default_rng(seed),
                            threads=max(1, options.threads or 1), engine=controller.engine,
                            only=within_memory(controller))
-    chains.update(device.chains)
+    devices.append(device)
     controller.attach_routes(device)
+    controller.on_evicted = lambda evicted: [device.drop_variant(a) for a in evicted]
     device.on_peer_change = controller.request_tick  # a new route soon, not at the next period
     return OffloadingController(controller, device)
 

@@ -93,6 +93,7 @@ class Controller:
         self.joint: JointPath | None = None
         self.route: tuple[Candidate, float, float, float] | None = None
         self.use_adapted = True  # the joint decision's adapt gene (serve --adapt): run the adapted copy
+        self.on_evicted: Callable[[list[str]], object] | None = None  # the offload device releases them too
         # Requests in a row over the budget on the active variant (the switcher's fast attack).
         self._miss_streak = 0
         self._measured_count = 0
@@ -305,7 +306,9 @@ class Controller:
         if self.joint is not None:
             self._route(active)
         adopted = self.adapt.adopted_arch_id if self.adapt is not None else None
-        self.pool.trim(self.capacity_bytes(), keep={active} if adopted is None else {active, adopted})
+        evicted = self.pool.trim(self.capacity_bytes(), keep={active} if adopted is None else {active, adopted})
+        if evicted and self.on_evicted is not None:
+            self.on_evicted(evicted)
         if error is not None:
             self.last_error = error
         elif result.switched or trigger == TRIGGER_INITIAL:

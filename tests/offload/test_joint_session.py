@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -60,3 +62,34 @@ def test_in_peer_mode_a_memory_budget_below_a_variants_footprint_keeps_that_vari
     assert status["offload"]["loaded"] == ["shallow"] and status["pool"]["loaded"] == ["shallow"]
     route = status["offload"]["route"]
     assert route["candidate"] == "shallow@local" and route["memory_bytes"] <= 2_000_000
+
+
+def _tick_until(controller: Any, arch_id: str, timeout_s: float = 10.0) -> None:
+    """Decisions until ``arch_id`` is active (the switcher waits out its violation patience and dwell)."""
+    deadline = time.monotonic() + timeout_s
+    while controller.active_arch_id != arch_id and time.monotonic() < deadline:
+        controller.tick()
+        time.sleep(0.05)
+
+
+def test_a_memory_budget_tightened_at_run_time_releases_the_variant_on_the_device(
+        heavy_deep: OffloadBundles) -> None:
+    wrapped = open_device(heavy_deep.device, SessionOptions(latency_ms=500.0), PeerLink("http://127.0.0.1:9"),
+                          deadline_ms=2000.0)
+    controller = wrapped._controller
+    wrapped.device.start()
+    controller.start(background=False)
+    try:
+        assert controller.active_arch_id == "deep" and sorted(wrapped.device.chains) == ["deep", "shallow"]
+        controller.set_budgets(500.0, 2.0)
+        _tick_until(controller, "shallow")
+        assert controller.active_arch_id == "shallow" and sorted(wrapped.device.chains) == ["shallow"]
+        assert controller.route is not None and controller.route[0].arch_id == "shallow"
+        # The budget lifted: the decision chooses deep again and the device loads it back.
+        controller.set_budgets(500.0, None)
+        _tick_until(controller, "deep")
+        assert controller.active_arch_id == "deep" and "deep" in wrapped.device.chains
+        x = np.random.default_rng(1).standard_normal(INPUT_SHAPE).astype(np.float32)
+        assert wrapped.predict(x).variant.startswith("deep@")
+    finally:
+        wrapped.stop()
