@@ -130,10 +130,13 @@ class Controller:
 
             settings_, canary = adapt
             self.adapt = AdaptService(bundle, self.pool, lambda: self.active_arch_id, settings_, canary, clock=clock)
+            # The adapted copy is a gene of the decision (its memory counts), on a device alone as with a peer.
+            self.attach_routes(None)
 
     def attach_routes(self, provider: Any) -> JointPath:
         """Decide variant, offload cut and codec, and the adapted copy in one pass: ``provider`` (the
-        offload device) supplies the cut costs and the link; it no longer decides itself."""
+        offload device; None: no peer, local routes only) supplies the cut costs and the link; it
+        no longer decides itself."""
         adapt_bytes = self.adapt.adapted_bytes() if self.adapt is not None else None
         precisions = {v.arch_id: str(v.extra.get("precision", "fp32")) for v in self.bundle.spec.variants}
         self.joint = JointPath(self.optimizer, provider, adapt_bytes=adapt_bytes, precisions=precisions,
@@ -345,11 +348,13 @@ class Controller:
         i = joint.route_index(active)
         if i < 0:
             self.route = None
-            self.use_adapted = False
+            self.use_adapted = True
             return
         candidate = joint.candidates[i]
         self.route = (candidate, joint.latency_ms[i], joint.remote_ms[i], joint.energy[i])
-        self.use_adapted = candidate.adapted
+        # A local route runs the adapted copy as soon as one is adopted (before the next decision names it:
+        # same latency and energy as its variant, and adoption already checked its memory); a cut never does.
+        self.use_adapted = candidate.cut is None
 
     def _apply(self, result: Any) -> str | None:
         """Load the switcher's choice if it is not the active runner; a failure reverts the switch."""
