@@ -1,11 +1,16 @@
 """The device side of offloading: plan, run the head, send, and finish locally when the peer fails.
 
-:class:`OffloadDevice` holds every bundled variant as a :class:`SplitChain` (so it can run
+:class:`OffloadDevice` holds the variants it may run as :class:`SplitChain` s (so it can run
 all of a variant, or any head, or any tail as a fallback), a :class:`PeerClient`, a
-:class:`LinkEstimator`, a :class:`CircuitBreaker` and the :class:`OffloadPlanner`.
+:class:`LinkEstimator`, a :class:`CircuitBreaker` and the :class:`OffloadPlanner`. Under
+``hmt serve --peer`` the serve controller decides (:mod:`hmt.serve.deciding.joint`): the device
+supplies its costs and conditions (``route_costs``, ``route_conditions``), loads and releases
+variants as the controller's pool does (``load_variant``, ``drop_variant``) and answers with
+``run(x, option)``; the planner decides only for the standalone device (``predict``).
 
-``predict(x)``:
-1. ask the planner (variant, cut) under the current link, peer load and device slowdown;
+``predict(x)`` / ``run(x, option)``:
+1. ask the planner (variant, cut) under the current link, peer load and device slowdown
+   (``run``: the option serve chose);
 2. run the head; an early exit on the device answers without sending anything;
 3. send the tensor with a time limit: the deadline minus what the device needs to finish
    the tail itself (measured warm time x slowdown, + a margin). When that leaves less
@@ -43,7 +48,7 @@ from hmt.bundle import Bundle
 from hmt.errors import UsageError
 from hmt.offload.breaker import CLOSED, CircuitBreaker
 from hmt.offload.client import PeerClient, PeerFailure, Reply
-from hmt.offload.codec import CODECS, decode, encode
+from hmt.offload.codec import CODECS, codec_times_ms, encode
 from hmt.offload.link import LinkEstimator
 from hmt.offload.parts import Answer, SplitChain
 from hmt.offload.plan import OffloadPlan
@@ -100,20 +105,6 @@ class OffloadResult:
     peer_error: str | None = None
 
 
-def _codec_ms(shape: tuple[int, ...], rng: np.random.Generator) -> dict[str, float]:
-    x = rng.standard_normal(shape).astype(np.float32)
-    out = {}
-    for codec in CODECS:
-        times = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            enc = encode(x, codec)
-            decode(enc.body, enc.headers, shape)
-            times.append((time.perf_counter() - t0) * 1e3)
-        out[codec] = float(np.median(times))
-    return out
-
-
 class OffloadDevice:
     def __init__(self, bundle: Bundle, plan: OffloadPlan, client: PeerClient, options: DeviceOptions, *,
                  planner_config: PlannerConfig | None = None, rng: np.random.Generator,
@@ -142,7 +133,7 @@ class OffloadDevice:
         if not self.chains:
             raise UsageError(f"--variant {options.fixed_variant!r} is not in the bundle" if only is None else
                              "no variant of the bundle fits the memory budget on the device")
-        self._codec_ms = {(a, c.index): _codec_ms(c.tensor.shape, rng) for a, ch in self.chains.items()
+        self._codec_ms = {(a, c.index): codec_times_ms(c.tensor.shape, rng) for a, ch in self.chains.items()
                           for c in ch.cuts}
         self.peer_tail_ms: dict[str, list[float]] = {}
         self.planner_config = planner_config if planner_config is not None else PlannerConfig()
@@ -206,7 +197,7 @@ class OffloadDevice:
         chain = SplitChain(self.bundle, self.bundle.spec.variant(arch_id), self._plan.for_variant(arch_id),
                            self._threads, self._engine)
         chain.warm_up(self._sample, self._warmup_runs)
-        codec_ms = {(arch_id, c.index): _codec_ms(c.tensor.shape, self.rng) for c in chain.cuts}
+        codec_ms = {(arch_id, c.index): codec_times_ms(c.tensor.shape, self.rng) for c in chain.cuts}
         with self._lock:
             self._codec_ms.update(codec_ms)
             self.chains = {**self.chains, arch_id: chain}
