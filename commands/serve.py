@@ -306,8 +306,6 @@ def serve_command(
             raise UsageError("--canary and --adapt-unguarded go with --adapt")
         if canary is not None and adapt_unguarded:
             raise UsageError("--adapt-unguarded drops the canary guard; it does not go with --canary")
-        if adapt and peer is not None:
-            raise UsageError("--adapt is not combined with --peer (the adapted graphs run on the device alone)")
         if scenario is None:
             for name, value in (("--duration-s", duration_s), ("--data", data), ("--timeline-out", timeline_out)):
                 if value is not None:

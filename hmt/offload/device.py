@@ -1,11 +1,16 @@
 """The device side of offloading: plan, run the head, send, and finish locally when the peer fails.
 
-:class:`OffloadDevice` holds every bundled variant as a :class:`SplitChain` (so it can run
+:class:`OffloadDevice` holds the variants it may run as :class:`SplitChain` s (so it can run
 all of a variant, or any head, or any tail as a fallback), a :class:`PeerClient`, a
-:class:`LinkEstimator`, a :class:`CircuitBreaker` and the :class:`OffloadPlanner`.
+:class:`LinkEstimator`, a :class:`CircuitBreaker` and the :class:`OffloadPlanner`. Under
+``hmt serve --peer`` the serve controller decides (:mod:`hmt.serve.deciding.joint`): the device
+supplies its costs and conditions (``route_costs``, ``route_conditions``), loads and releases
+variants as the controller's pool does (``load_variant``, ``drop_variant``) and answers with
+``run(x, option)``; the planner decides only for the standalone device (``predict``).
 
-``predict(x)``:
-1. ask the planner (variant, cut) under the current link, peer load and device slowdown;
+``predict(x)`` / ``run(x, option)``:
+1. ask the planner (variant, cut) under the current link, peer load and device slowdown
+   (``run``: the option serve chose);
 2. run the head; an early exit on the device answers without sending anything;
 3. send the tensor with a time limit: the deadline minus what the device needs to finish
    the tail itself (measured warm time x slowdown, + a margin). When that leaves less
@@ -33,7 +38,7 @@ import math
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,12 +48,13 @@ from hmt.bundle import Bundle
 from hmt.errors import UsageError
 from hmt.offload.breaker import CLOSED, CircuitBreaker
 from hmt.offload.client import PeerClient, PeerFailure, Reply
-from hmt.offload.codec import CODECS, decode, encode
+from hmt.offload.codec import CODECS, codec_times_ms, encode
 from hmt.offload.link import LinkEstimator
 from hmt.offload.parts import Answer, SplitChain
 from hmt.offload.plan import OffloadPlan
 from hmt.offload.planner import Choice, Conditions, CutCost, OffloadPlanner, Option, PlannerConfig, VariantCost
 from hmt.offload.timing import RecentTail
+from hmt.serve.deciding.joint import CutRoute, RouteConditions, VariantRoutes
 
 WHERE_LOCAL = "local"
 WHERE_DEVICE_EXIT = "device_exit"
@@ -99,25 +105,11 @@ class OffloadResult:
     peer_error: str | None = None
 
 
-def _codec_ms(shape: tuple[int, ...], rng: np.random.Generator) -> dict[str, float]:
-    x = rng.standard_normal(shape).astype(np.float32)
-    out = {}
-    for codec in CODECS:
-        times = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            enc = encode(x, codec)
-            decode(enc.body, enc.headers, shape)
-            times.append((time.perf_counter() - t0) * 1e3)
-        out[codec] = float(np.median(times))
-    return out
-
-
 class OffloadDevice:
     def __init__(self, bundle: Bundle, plan: OffloadPlan, client: PeerClient, options: DeviceOptions, *,
                  planner_config: PlannerConfig | None = None, rng: np.random.Generator,
                  clock: Callable[[], float] = time.monotonic, threads: int | None = 1, warmup_runs: int = 5,
-                 engine: str = "auto") -> None:
+                 engine: str = "auto", only: Collection[str] | None = None) -> None:
         self.bundle = bundle
         self.client = client
         self.options = options
@@ -127,19 +119,26 @@ class OffloadDevice:
         self.breaker = CircuitBreaker(clock, rng)
         x = rng.standard_normal(bundle.spec.input.shape).astype(np.float32)
         self._sample = x
+        self._plan, self._threads, self._engine, self._warmup_runs = plan, threads, engine, warmup_runs
+        # Replaced, never changed in place (load_variant, drop_variant): a request reads one dict.
         self.chains: dict[str, SplitChain] = {}
         for variant in bundle.spec.variants:
             if options.fixed_variant is not None and variant.arch_id != options.fixed_variant:
                 continue
+            if only is not None and variant.arch_id not in only:
+                continue  # serve's decision keeps it out (over the memory budget): not loaded at all
             chain = SplitChain(bundle, variant, plan.for_variant(variant.arch_id), threads, engine)
             chain.warm_up(x, warmup_runs)
             self.chains[variant.arch_id] = chain
         if not self.chains:
-            raise UsageError(f"--variant {options.fixed_variant!r} is not in the bundle")
-        self._codec_ms = {(a, c.index): _codec_ms(c.tensor.shape, rng) for a, ch in self.chains.items()
+            raise UsageError(f"--variant {options.fixed_variant!r} is not in the bundle" if only is None else
+                             "no variant of the bundle fits the memory budget on the device")
+        self._codec_ms = {(a, c.index): codec_times_ms(c.tensor.shape, rng) for a, ch in self.chains.items()
                           for c in ch.cuts}
         self.peer_tail_ms: dict[str, list[float]] = {}
         self.planner_config = planner_config if planner_config is not None else PlannerConfig()
+        self.cost_version = 0
+        self._routes: tuple[int, dict[str, VariantRoutes]] | None = None
         self.planner = self._new_planner()
         self.mu = options.mu  # eq. 3's accuracy weight; the serve loop updates it from the battery
         self.device_ratio_mean = 1.0  # smoothed, reported; planning takes the recent tail
@@ -160,6 +159,8 @@ class OffloadDevice:
         # (time, observed / predicted remote time) of recent offloaded requests
         self._remote_ratios: deque[tuple[float, float]] = deque(maxlen=30)
         self.last_choice: Choice | None = None
+        # Called when the peer becomes unusable or usable again (serve: ask its decision loop for a new route).
+        self.on_peer_change: Callable[[], object] | None = None
 
     # -- planning ------------------------------------------------------------------------------
 
@@ -180,11 +181,37 @@ class OffloadDevice:
             if self.options.fixed_cut is not None and self.options.fixed_cut >= 0 and not cuts:
                 raise UsageError(f"variant {arch_id!r} has no cut {self.options.fixed_cut}")
             variants.append(VariantCost(arch_id, v.accuracy, v.energy, chain.device_ms(None), tuple(cuts)))
+        self.costs = tuple(variants)
+        self.cost_version += 1
         planner = OffloadPlanner(variants, self.planner_config, self.clock)
         old = getattr(self, "planner", None)
         if old is not None:
             planner.current, planner.since_s, planner.switches = old.current, old.since_s, old.switches
         return planner
+
+    def load_variant(self, arch_id: str) -> SplitChain:
+        """Load and warm one more variant (serve's pool asks when its decision chose one not loaded)."""
+        chain = self.chains.get(arch_id)
+        if chain is not None:
+            return chain
+        chain = SplitChain(self.bundle, self.bundle.spec.variant(arch_id), self._plan.for_variant(arch_id),
+                           self._threads, self._engine)
+        chain.warm_up(self._sample, self._warmup_runs)
+        codec_ms = {(arch_id, c.index): codec_times_ms(c.tensor.shape, self.rng) for c in chain.cuts}
+        with self._lock:
+            self._codec_ms.update(codec_ms)
+            self.chains = {**self.chains, arch_id: chain}
+            self.planner = self._new_planner()
+        return chain
+
+    def drop_variant(self, arch_id: str) -> bool:
+        """Release a variant's sessions (serve's pool evicted it under the memory budget); the last stays."""
+        with self._lock:
+            if arch_id not in self.chains or len(self.chains) == 1:
+                return False
+            self.chains = {a: c for a, c in self.chains.items() if a != arch_id}
+            self.planner = self._new_planner()
+        return True
 
     def conditions(self) -> Conditions:
         usable = self.breaker.state == CLOSED
@@ -192,6 +219,31 @@ class OffloadDevice:
                           device_ratio=self.device_ratio, peer_ratio=self.peer_ratio,
                           peer_queue_ms=self.peer_queue_ms, mu=self.mu, exchange_ms=self.exchange_ms,
                           remote_factor=self.remote_factor())
+
+    # -- serve's joint decision (hmt.serve.deciding.joint): the device supplies costs, it does not decide
+
+    def route_costs(self) -> tuple[int, dict[str, VariantRoutes]]:
+        """(version, variant -> its warm local time and every cut in every codec), from the same costs
+        the standalone planner scores; a new version when the peer's reported tail times change."""
+        with self._lock:
+            version, costs = self.cost_version, self.costs
+        cached = self._routes
+        if cached is not None and cached[0] == version:
+            return cached
+        codecs = self.planner_config.codecs
+        routes = {v.arch_id: VariantRoutes(v.local_ms, tuple(
+            CutRoute(c.index, codec, c.device_ms, c.codec_ms.get(codec, 0.0), c.peer_ms, c.bytes_by_codec[codec])
+            for c in v.cuts for codec in codecs)) for v in costs}
+        self._routes = (version, routes)
+        return self._routes
+
+    def route_conditions(self) -> RouteConditions:
+        """The link, the peer and this device now; ``rtt_ms=None`` while the breaker is not closed."""
+        if self.breaker.state != CLOSED:
+            return RouteConditions(device_ratio=self.device_ratio, radio_mj_per_kb=self.planner_config.radio_mj_per_kb)
+        link = self.link.estimate()
+        return RouteConditions(link.rtt_ms, link.ms_per_byte, self.device_ratio, self.peer_ratio, self.peer_queue_ms,
+                               self.exchange_ms, self.remote_factor(), self.planner_config.radio_mj_per_kb)
 
     @property
     def device_ratio(self) -> float:
@@ -242,10 +294,19 @@ class OffloadDevice:
     # -- a request ----------------------------------------------------------------------------
 
     def predict(self, x: np.ndarray) -> OffloadResult:
+        """Plan with the standalone planner, then :meth:`run` (the offload benchmarks' device)."""
         start = time.perf_counter()
-        choice = self.choose()
-        option = choice.option
-        chain = self.chains[option.arch_id]
+        return self.run(x, self.choose().option, start)
+
+    def run(self, x: np.ndarray, option: Option, start: float | None = None) -> OffloadResult:
+        """Answer ``x`` as ``option`` says (serve's joint decision chose it): the head here, the tail on
+        the peer, and the tail here when the peer fails."""
+        if start is None:
+            start = time.perf_counter()
+        chain = self.chains.get(option.arch_id)
+        if chain is None:  # dropped since the route was chosen: the variant serve runs now answers
+            chain = next(iter(self.chains.values()))
+            option = Option(chain.arch_id, None, "-", option.predicted_ms, option.energy, option.score, False)
         confidence = self.options.confidence
         budget = self.options.budget_ms
         if option.cut is None:
@@ -277,7 +338,7 @@ class OffloadDevice:
                                             confidence=confidence, limit_ms=limit_ms)
                 body = reply.body
                 remote_ms = self._observe_reply(chain, cut.index, len(encoded.body), reply, body)
-                self.breaker.success()
+                self._success()
                 if option.remote_ms > 0:
                     with self._lock:
                         self._remote_ratios.append((self.clock(), min(20.0, remote_ms / option.remote_ms)))
@@ -286,7 +347,7 @@ class OffloadDevice:
             except (PeerFailure, KeyError, TypeError, ValueError) as exc:
                 error = exc.reason if isinstance(exc, PeerFailure) else "bad_reply"
                 self.errors[error] += 1
-                self.breaker.failure(error)
+                self._failure(error)
         answer = chain.run_tail(head, cut, confidence)
         return self._result(answer, option, WHERE_FALLBACK, start, peer_error=error or "breaker_open")
 
@@ -323,7 +384,7 @@ class OffloadDevice:
             reply = self.client.status(limit_ms)
         except PeerFailure as exc:
             self.errors[f"probe_{exc.reason}"] += 1
-            self.breaker.failure(f"probe: {exc.reason}")
+            self._failure(f"probe: {exc.reason}")
             return False
         body = reply.body
         device_ms = reply.device.wall_ms(self.device_ratio)
@@ -339,15 +400,27 @@ class OffloadDevice:
             if tails != self.peer_tail_ms:
                 self.peer_tail_ms = tails
                 self.planner = self._new_planner()
-        self.breaker.success()
+        self._success()
         return True
+
+    def _failure(self, reason: str) -> None:
+        was = self.breaker.state
+        self.breaker.failure(reason)
+        if was == CLOSED and self.breaker.state != CLOSED and self.on_peer_change is not None:
+            self.on_peer_change()
+
+    def _success(self) -> None:
+        was = self.breaker.state
+        self.breaker.success()
+        if was != CLOSED and self.on_peer_change is not None:
+            self.on_peer_change()
 
     def probe_bandwidth(self, limit_ms: float = 1000.0) -> bool:
         try:
             reply = self.client.probe(self.options.probe_bytes, limit_ms)
         except PeerFailure as exc:
             self.errors[f"probe_{exc.reason}"] += 1
-            self.breaker.failure(f"probe: {exc.reason}")
+            self._failure(f"probe: {exc.reason}")
             return False
         device_ms = reply.device.wall_ms(self.device_ratio)
         self.link.observe_transfer(self.options.probe_bytes, max(0.0, reply.elapsed_ms - device_ms))

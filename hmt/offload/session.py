@@ -1,16 +1,19 @@
 """``hmt serve BUNDLE --peer URL``: the device API with offloading, over the ordinary controller.
 
-The serve controller keeps doing what it does (monitor, load index, ``/v1/status``,
-``/metrics``); :class:`OffloadingController` puts :class:`OffloadDevice` on the request
-path, which chooses variant and cut together and finishes locally when the peer fails.
-It wraps the controller instead of changing it, so the API needs no change: everything
-but ``predict``, ``status`` and ``stop`` is the controller's own.
+The serve controller decides, as without a peer, but over every gene at once
+(:mod:`hmt.serve.deciding.joint`): variant (and precision), offload cut and codec, and the
+adapted copy under ``--adapt``, within the latency, memory and energy budgets, with the load
+index and the measured-first estimates. :class:`OffloadDevice` supplies the cut costs and the
+measured link and runs the route chosen: the head here, the tail on the peer, the tail here
+when the peer fails. Variants over the memory budget are not loaded at all. The wrapper keeps
+the API unchanged: everything but ``predict``, ``status``, ``start`` and ``stop`` is the
+controller's own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +21,10 @@ import numpy as np
 
 from hmt.errors import ModelError
 from hmt.offload.client import PeerClient
-from hmt.offload.device import DeviceOptions, OffloadDevice
-from hmt.offload.parts import SplitChain
+from hmt.offload.device import WHERE_LOCAL, DeviceOptions, OffloadDevice
 from hmt.offload.plan import load_plan
-from hmt.offload.planner import PlannerConfig
+from hmt.offload.planner import Choice as PlannerChoice
+from hmt.offload.planner import Option, PlannerConfig
 from hmt.runtime.chain import Runner
 from hmt.serve.controller import Controller, Prediction
 from hmt.serve.http.api import ApiOptions
@@ -49,23 +52,47 @@ class OffloadingController:
         return getattr(self._controller, name)
 
     def predict(self, x: np.ndarray, queued_ms: float = 0.0) -> Prediction:
-        ticks = self._controller.ticks
-        if ticks:  # the loop's mu (from the battery) weighs accuracy against the device's energy
-            self.device.mu = ticks[-1].mu
-        result = self.device.predict(x)
+        controller = self._controller
+        route = controller.route
+        active = controller.active_arch_id
+        if route is None or route[0].cut is None or route[0].arch_id != active or active not in self.device.chains:
+            # All on the device: the controller's own path (measured into the estimates; the adapted
+            # copy when the decision's adapt gene says so).
+            prediction = controller.predict(x, queued_ms)
+            self.device.counts[WHERE_LOCAL] += 1
+            return replace(prediction, variant=f"{prediction.variant}@local")
+        candidate, predicted_ms, remote_ms, energy = route
+        option = Option(candidate.arch_id, candidate.cut, candidate.codec, predicted_ms, energy, 0.0, True, remote_ms)
+        self.device.last_choice = PlannerChoice(option, option, False, "serve's joint decision")
+        result = self.device.run(x, option)
+        if controller.adapt is not None:
+            controller.adapt.offer(x)  # drift is watched on every input, offloaded or not
         latency_ms = queued_ms + result.latency_ms
+        budget_ms = controller.budgets.latency_ms
+        miss = budget_ms is not None and latency_ms > budget_ms
+        with controller.state_lock:
+            controller.stats.add_request(latency_ms, miss, result.exit, result.variant)
+        if miss:
+            controller.request_tick()
         return Prediction(result.class_index, result.confidence, result.exit,
                           f"{result.variant}@{result.where}" + ("" if result.cut is None else f":cut{result.cut}"),
-                          result.latency_ms, latency_ms, latency_ms > self.device.options.budget_ms)
+                          result.latency_ms, latency_ms, miss)
 
     def status(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         doc: dict[str, Any] = self._controller.status(*args, **kwargs)
-        doc["offload"] = self.device.status()
+        offload = self.device.status()
+        route = self._controller.route
+        offload["route"] = None if route is None else {
+            "candidate": route[0].label, "precision": route[0].precision, "cut": route[0].cut,
+            "codec": route[0].codec, "adapted": route[0].adapted, "predicted_ms": route[1],
+            "memory_bytes": route[0].memory_bytes, "energy": route[3]}
+        offload["loaded"] = sorted(self.device.chains)
+        doc["offload"] = offload
         return doc
 
     def start(self) -> None:
+        self.device.start()  # the peer's status first: the first decision knows whether it is usable
         self._controller.start()
-        self.device.start()
 
     def stop(self) -> None:
         self.device.stop()
@@ -76,13 +103,14 @@ def open_device(bundle_path: Path | str, options: SessionOptions, link: PeerLink
                 planner: PlannerConfig | None = None, seed: int = 0) -> OffloadingController:
     # One set of sessions: the controller's pool gets its runners from the offload device's
     # chains (the same graph objects) instead of loading every variant a second time.
-    chains: dict[str, SplitChain] = {}
+    # The device loads the variants within the memory budget at start, the others when the decision
+    # first chooses one, and releases what the pool evicts.
+    devices: list[OffloadDevice] = []
 
     def shared(arch_id: str) -> Runner:
-        chain = chains.get(arch_id)
-        if chain is None:
-            raise ModelError(f"variant {arch_id!r} is not loaded by the offload device")
-        return chain.runner()
+        if not devices:
+            raise ModelError(f"variant {arch_id!r}: the offload device is not open yet")
+        return devices[0].load_variant(arch_id).runner()
 
     controller = open_controller(bundle_path, options, loader=shared)
     budget = controller.budgets.latency_ms if controller.budgets.latency_ms is not None else deadline_ms
@@ -92,9 +120,22 @@ def open_device(bundle_path: Path | str, options: SessionOptions, link: PeerLink
                            DeviceOptions(budget_ms=budget, confidence=early.confidence if early.enabled else None,
                                          fixed_variant=options.fixed_variant),
                            planner_config=planner, rng=np.random.default_rng(seed),
-                           threads=max(1, options.threads or 1), engine=controller.engine)
-    chains.update(device.chains)
+                           threads=max(1, options.threads or 1), engine=controller.engine,
+                           only=within_memory(controller))
+    devices.append(device)
+    controller.attach_routes(device)
+    controller.on_evicted = lambda evicted: [device.drop_variant(a) for a in evicted]
+    device.on_peer_change = controller.request_tick  # a new route soon, not at the next period
     return OffloadingController(controller, device)
+
+
+def within_memory(controller: Controller) -> list[str]:
+    """The variants the device loads: those within the memory budget (serve.json's preload limit
+    included); the least memory one when none is (the decision's own fallback)."""
+    capacity = controller.capacity_bytes()
+    variants = controller.optimizer.variants
+    fits = [v.arch_id for v in variants if capacity is None or v.memory_bytes <= capacity]
+    return fits or [min(variants, key=lambda v: v.memory_bytes).arch_id]
 
 
 def serve_device_forever(bundle_path: Path | str, options: SessionOptions, api: ApiOptions, server: ServerOptions,

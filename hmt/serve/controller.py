@@ -30,6 +30,7 @@ from hmt.runtime.chain import ChainResult, Runner
 from hmt.runtime.settings import Budgets, ServeSettings
 from hmt.runtime.variant import bundle_providers
 from hmt.serve.deciding.decision import DecisionPath
+from hmt.serve.deciding.joint import Candidate, JointPath
 from hmt.serve.deciding.load import OutsideLoad, ServingOverhead
 from hmt.serve.deciding.monitor import ResourceMonitor, ResourceSample, Sampler
 from hmt.serve.deciding.optimizer import (
@@ -87,6 +88,12 @@ class Controller:
         self._known_ids = frozenset(v.arch_id for v in self.optimizer.variants)
         # The decision path, cached on what a choice depends on (hmt.serve.deciding.decision).
         self.decision = DecisionPath(self.optimizer, fixed_variant, self.settings.switch.score_margin)
+        # With a peer (attach_routes): every gene in one decision (hmt.serve.deciding.joint), and the
+        # route the active variant runs as: (candidate, predicted ms, remote ms, energy) of the last tick.
+        self.joint: JointPath | None = None
+        self.route: tuple[Candidate, float, float, float] | None = None
+        self.use_adapted = True  # the joint decision's adapt gene (serve --adapt): run the adapted copy
+        self.on_evicted: Callable[[list[str]], object] | None = None  # the offload device releases them too
         # Requests in a row over the budget on the active variant (the switcher's fast attack).
         self._miss_streak = 0
         self._measured_count = 0
@@ -123,6 +130,26 @@ class Controller:
 
             settings_, canary = adapt
             self.adapt = AdaptService(bundle, self.pool, lambda: self.active_arch_id, settings_, canary, clock=clock)
+            # The adapted copy is a gene of the decision (its memory counts), on a device alone as with a peer.
+            self.attach_routes(None)
+
+    def attach_routes(self, provider: Any) -> JointPath:
+        """Decide variant, offload cut and codec, and the adapted copy in one pass: ``provider`` (the
+        offload device; None: no peer, local routes only) supplies the cut costs and the link; it
+        no longer decides itself."""
+        adapt_bytes = self.adapt.adapted_bytes() if self.adapt is not None else None
+        precisions = {v.arch_id: str(v.extra.get("precision", "fp32")) for v in self.bundle.spec.variants}
+        self.joint = JointPath(self.optimizer, provider, adapt_bytes=adapt_bytes, precisions=precisions,
+                               fixed_variant=self.fixed_variant, score_margin=self.settings.switch.score_margin)
+        if self.adapt is not None:
+            self.adapt.fits = self._adapted_fits
+        return self.joint
+
+    def _adapted_fits(self, base: str) -> bool:
+        """Whether the adapted copy of ``base`` fits the memory budget beside it (the adapt gene's memory)."""
+        limit = self.budgets.memory_bytes
+        extra = self.adapt.adapted_bytes().get(base) if self.adapt is not None else None
+        return limit is None or extra is None or self.optimizer.variant(base).memory_bytes + extra <= limit
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -213,7 +240,7 @@ class Controller:
             return self._tick(trigger, sample)
 
     def _estimate(self, load_next: float, load_now: float, latency_limit_ms: float,
-                  budgets: Budgets) -> tuple[int, int]:
+                  budgets: Budgets) -> tuple[int, ...]:
         """The estimate stage of a tick (timed as ``estimate_us``): file the samples since the last
         tick under the load measured over them, refresh the estimates (kept up to date on each
         measurement, so this re-reads only what changed) and reduce them to the feasible set
@@ -225,6 +252,11 @@ class Controller:
             estimator.refile(load_now, now_s)
             self._measured_count = estimator.refresh(now_s)
         latencies, ratios = estimator.latencies(1.0 + self.optimizer.alpha_latency * load_next, load_next, load_now)
+        joint = self.joint
+        if joint is not None:
+            self.decision.inputs = (latencies, ratios, 1.0 + self.optimizer.alpha_latency * load_next)
+            adopted = self.adapt.adopted_base if self.adapt is not None else None
+            return joint.feasible(latencies, ratios, load_next, latency_limit_ms, budgets, adopted)
         return self.decision.feasible(latencies, ratios, load_next, latency_limit_ms, budgets)
 
     def _latency_limit_ms(self, budgets: Budgets) -> tuple[float, float]:
@@ -251,7 +283,10 @@ class Controller:
         cpu0 = time.thread_time_ns()  # outside the wall-time span: the call itself costs a few us
         t0 = time.perf_counter()
         switcher = self.switcher
-        choice = self.decision.choose(mask, mu, switcher.active_arch_id, switcher.home)
+        if self.joint is not None:
+            choice = self.joint.choose(mask, mu, switcher.active_arch_id, switcher.home)  # type: ignore[arg-type]
+        else:
+            choice = self.decision.choose(mask, mu, switcher.active_arch_id, switcher.home)  # type: ignore[arg-type]
         result = switcher.offer(choice, confirmed=confirmed)  # the switcher reads our clock if it needs it
         t1 = time.perf_counter()
         decision_cpu_us = (time.thread_time_ns() - cpu0) / 1e3
@@ -271,8 +306,12 @@ class Controller:
         self.last_decision = decision
         error = self._apply(result)
         active = self._active.arch_id if self._active is not None else result.active_arch_id
+        if self.joint is not None:
+            self._route(active)
         adopted = self.adapt.adopted_arch_id if self.adapt is not None else None
-        self.pool.trim(self.capacity_bytes(), keep={active} if adopted is None else {active, adopted})
+        evicted = self.pool.trim(self.capacity_bytes(), keep={active} if adopted is None else {active, adopted})
+        if evicted and self.on_evicted is not None:
+            self.on_evicted(evicted)
         if error is not None:
             self.last_error = error
         elif result.switched or trigger == TRIGGER_INITIAL:
@@ -301,6 +340,21 @@ class Controller:
         if self._on_tick is not None:
             self._on_tick(record)
         return record
+
+    def _route(self, active: str) -> None:
+        """The active variant's route from the joint decision just made (read by the request path)."""
+        joint = self.joint
+        assert joint is not None
+        i = joint.route_index(active)
+        if i < 0:
+            self.route = None
+            self.use_adapted = True
+            return
+        candidate = joint.candidates[i]
+        self.route = (candidate, joint.latency_ms[i], joint.remote_ms[i], joint.energy[i])
+        # A local route runs the adapted copy as soon as one is adopted (before the next decision names it:
+        # same latency and energy as its variant, and adoption already checked its memory); a cut never does.
+        self.use_adapted = candidate.cut is None
 
     def _apply(self, result: Any) -> str | None:
         """Load the switcher's choice if it is not the active runner; a failure reverts the switch."""
@@ -342,7 +396,8 @@ class Controller:
         base = self.serving_runner()
         probe = self.shadow.probe(base, self.optimizer) if base.arch_id in self._known_ids else None
         # serve --adapt: the adapted variant of the active one, when the guard adopted it.
-        runner = probe if probe is not None else base if self.adapt is None else self.adapt.runner_for(base)
+        runner = probe if probe is not None else base if self.adapt is None or not self.use_adapted \
+            else self.adapt.runner_for(base)
         early = self.settings.early_exit
         with self.shadow.serving():
             result = runner.run(x, early.confidence if early.enabled else None)

@@ -80,8 +80,11 @@ def _spec(name: str, shape: list[int]) -> dict[str, Any]:
     return {"name": name, "shape": shape, "dtype": "float32"}
 
 
-def make_conv_bundle(out: Path, seed: int = 0, serve: dict[str, Any] | None = None) -> Path:
-    """Two variants: ``deep`` (both segments, exit 1) and ``shallow`` (exit 0), different weights."""
+def make_conv_bundle(out: Path, seed: int = 0, serve: dict[str, Any] | None = None,
+                     memory_mb: dict[str, float] | None = None) -> Path:
+    """Two variants: ``deep`` (both segments, exit 1) and ``shallow`` (exit 0), different weights
+    (``memory_mb``: their recorded footprints, 1 MB each unless given)."""
+    memory = {"deep": 1.0, "shallow": 1.0} | (memory_mb or {})
     entries, index_entries = [], []
     with ArtifactWriter(out, kind="bundle", config={"test": "offload"}) as writer:
         for arch_id, exit_stage, accuracy, energy in (("deep", 1, 0.9, 2.0), ("shallow", 0, 0.7, 1.0)):
@@ -101,9 +104,9 @@ def make_conv_bundle(out: Path, seed: int = 0, serve: dict[str, Any] | None = No
             per_exit = [accuracy] * (exit_stage + 1)
             entries.append({"arch_id": arch_id, "exit_stage": exit_stage, "accuracy": accuracy,
                             "accuracy_per_exit": per_exit, "latency_ms": 1.0 + exit_stage, "energy": energy,
-                            "memory_mb": 1.0, "segments": segments, "exits": exits,
+                            "memory_mb": memory[arch_id], "segments": segments, "exits": exits,
                             "preferred_engine": "onnxruntime", "engines": ["onnxruntime"]})
-            index_entries.append(IndexEntry(arch_id, accuracy, 1.0 + exit_stage, energy, 1.0, exit_stage,
+            index_entries.append(IndexEntry(arch_id, accuracy, 1.0 + exit_stage, energy, memory[arch_id], exit_stage,
                                             tuple(per_exit), "onnxruntime"))
         writer.write_json("bundle.json", {"version": 1, "target": {"name": "host"}, "classes": CLASSES,
                                           "input": _spec("input", INPUT_SHAPE), "variants": entries})

@@ -193,11 +193,14 @@ class AdaptService:
         self._thread: threading.Thread | None = None
         self.events: deque[dict[str, Any]] = deque(maxlen=32)
         self.counts = {"offered": 0, "dropped": 0, "observed": 0, "drift_starts": 0, "adopted": 0, "refused": 0,
-                       "resets": 0, "evicted": 0, "errors": 0}
+                       "refused_memory": 0, "resets": 0, "evicted": 0, "errors": 0}
         self.busy_s = 0.0
         self.build_ms: float | None = None
         self.last_decision: dict[str, Any] | None = None
         self.started_s = clock()
+        # Whether the adapted copy of a variant may be held beside it (serve's joint decision sets it from
+        # the memory budget: hmt.serve.deciding.joint); refused copies are counted, not built.
+        self.fits: Callable[[str], bool] = lambda base: True
 
     # -- the request side (hot path: no lock, no waiting) -----------------------------------
 
@@ -215,6 +218,16 @@ class AdaptService:
         if adopted is None or adopted.base != base.arch_id:
             return base
         return adopted.runner
+
+    @property
+    def adopted_base(self) -> str | None:
+        """The variant whose adapted copy is adopted now."""
+        adopted = self._adopted
+        return None if adopted is None else adopted.base
+
+    def adapted_bytes(self) -> dict[str, int]:
+        """Per adaptable variant: the bytes its adapted copy adds (its graphs, as deploy recorded them)."""
+        return {a: int(self.bundle.spec.variant(a).extra["adaptable"].get("size_bytes", 0)) for a in self.adaptable}
 
     @property
     def adopted_arch_id(self) -> str | None:
@@ -303,6 +316,8 @@ class AdaptService:
         adopted = self._adopted
         if adopted is not None and adopted.runner.arch_id not in self.pool:
             self._drop_adopted("the pool unloaded it (memory budget)", evicted=True)
+        elif adopted is not None and not self.fits(adopted.base):
+            self._drop_adopted("it does not fit the memory budget beside its variant", evicted=True)
         change = self.monitor.update(x)
         self.counts["observed"] += len(x)
         if change is not None and change.kind == "drift-start":
@@ -326,6 +341,10 @@ class AdaptService:
                     self._event("refused", event.detail, base=base)
 
     def _adopt(self, base: str, chain: Any, detail: str) -> None:
+        if not self.fits(base):
+            self.counts["refused_memory"] += 1
+            self._event("refused", "the adapted copy does not fit the memory budget beside its variant", base=base)
+            return
         start = time.perf_counter()
         variant: BundleVariant = self.bundle.spec.variant(base)
         adapted_id = base + ADAPTED_SUFFIX
