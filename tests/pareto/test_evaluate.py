@@ -120,3 +120,31 @@ def test_validation_split_reproduces_the_trainers_accuracies(tiny_loaded) -> Non
     assert len(subset) == 20 and "stratified subset of 20" in subset.source
     with pytest.raises(Exception, match="max eval samples"):
         held_out_data(tiny_loaded, max_samples=0)
+
+
+def test_validation_split_rebuilt_from_data_given(tiny_loaded, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """split "val" with --data rebuilds the supernet's own validation split from that data (the
+    same file by sha256), on a machine where the recorded path is not there; other data is
+    refused by name."""
+    from pathlib import Path
+
+    import hmt.data
+    from hmt.errors import ArtifactError
+    from hmt.pareto.data import held_out_data
+
+    embedded = Path(hmt.data.__file__).parent / "embedded"
+    recorded = held_out_data(tiny_loaded)
+    given = held_out_data(tiny_loaded, data_path=embedded, split="val")
+    assert "validation split" in given.source
+    np.testing.assert_array_equal(given.x, recorded.x)
+    np.testing.assert_array_equal(given.y, recorded.y)
+    other = tmp_path / "other"
+    other.mkdir()
+    import zipfile
+
+    with zipfile.ZipFile(embedded / "train.zip") as src, zipfile.ZipFile(other / "train.zip", "w") as dst:
+        for entry in src.infolist()[:-1]:  # one training image fewer: another file
+            dst.writestr(entry, src.read(entry))
+    (other / "test.zip").write_bytes((embedded / "test.zip").read_bytes())
+    with pytest.raises(ArtifactError, match="validation split cannot be rebuilt"):
+        held_out_data(tiny_loaded, data_path=other, split="val")
