@@ -151,6 +151,6 @@ def held_out_energy(design: np.ndarray, energy_mj: Sequence[float] | np.ndarray,
     predicted = np.empty(y.shape[0])
     for group in np.unique(labels):
         test = labels == group
-        fit = calibrate_energy(X[~test], y[~test], names=names)
+        fit = calibrate_energy(X[~test], y[~test], names=names, cross_validate=False)
         predicted[test] = fit.predict(X[test])
     return predicted
