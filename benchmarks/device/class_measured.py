@@ -155,7 +155,8 @@ def build_class(name: str, work: Path, args: argparse.Namespace) -> dict[str, An
         _log(f"{name}: pareto, convert, fuse, deploy on the host")
         wall["pareto_s"] = _hmt(["pareto", "--supernet", supernet, "--profile", str(p["profile"]), "--data",
                                  str(REPO / "hmt/data/embedded"), "--evaluations", str(args.evaluations),
-                                 "--population", "12", "--seed", str(args.seed), "--out", str(p["pareto"]), "--force"])
+                                 "--population", "8", "--max-eval-samples", "300", "--calibration-samples", "256",
+                                 "--threads", "1", "--seed", str(args.seed), "--out", str(p["pareto"]), "--force"])
         wall["convert_s"] = _hmt(["convert", "--supernet", supernet, "--pareto", str(p["pareto"]), "--max-variants",
                                   str(args.variants), "--min-accuracy", "60", "--out", str(p["converted"]), "--force"])
         wall["fuse_s"] = _hmt(["fuse", str(p["converted"]), "--engine", "ort", "--out", str(p["fused"]), "--force"])
@@ -264,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-profile", type=Path, default=None,
                         help="the host's profile (default: profiled here, unthrottled, with the same options)")
     parser.add_argument("--variants", type=int, default=6)
-    parser.add_argument("--evaluations", type=int, default=40)
+    parser.add_argument("--evaluations", type=int, default=16,
+                        help="pareto's accuracy evaluations (on 300 embedded test images; accuracy is not the point)")
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--no-scenario", dest="scenario", action="store_false")
     parser.add_argument("--phase-s", type=float, default=3.0)
