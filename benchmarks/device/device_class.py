@@ -6,10 +6,11 @@
 No edge board is lent, so each target's speed class is emulated on x86 with the kernel's CPU
 controller: ``cpuset`` pins the command to the class's cores and a CFS quota (cgroup v2
 ``cpu.max``, v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``) caps the CPU time it may use per
-period; the period is a few milliseconds (see ``MIN_QUOTA_US``), so single inferences slow down
-as on a slower core instead of running at full speed until a 100 ms budget is spent. A class also gets a high CPU weight (v2 ``cpu.weight``, v1 ``cpu.shares``): a board does
-not share its cores with other people's jobs, so on a shared machine the class should receive
-its whole budget, and the quota keeps it from receiving more. What this does not emulate: the
+period; the period is a few milliseconds (see ``PERIOD_US``), so single inferences slow down
+as on a slower core instead of running at full speed until a 100 ms budget is spent. A class
+also gets a high CPU weight (v2 ``cpu.weight``, v1 ``cpu.shares``): a board does not share its
+cores with other people's jobs, so on a shared machine the class should receive its whole
+budget, and the quota keeps it from receiving more. What this does not emulate: the
 board's instruction set, caches, memory bandwidth and clock (an x86 core at 25 % is not a
 Cortex-A72); it emulates a speed class, measured, in place of a datasheet estimate.
 
