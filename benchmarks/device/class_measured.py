@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     shares = {n: round(cpu_seconds_per_second(CLASSES[n]), 3) for n in names}
     checks = {n: {"class": CLASSES[n].describe(), "budget_cpu_s_per_s": CLASSES[n].cpu_budget,
                   "busy_loop_cpu_s_per_s": shares[n]} for n in names}
-    claims = [{"claim": f"{n}: a busy loop inside the class gets its CPU budget ({cgroup})",
+    claims = [{"claim": f"{n}: CPU time a busy loop inside the class gets, against the class's budget ({cgroup})",
                "figure": f"{shares[n]:.2f} CPU s/s (budget {CLASSES[n].cpu_budget:.2f})"} for n in names]
     results: dict[str, Any] = {"cgroup": cgroup, "class_checks": checks}
     if not args.quick:
