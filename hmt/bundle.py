@@ -26,13 +26,14 @@ from hmt.artifacts import Artifact, load_artifact, safe_join
 from hmt.artifacts.checks import check_exact_files
 from hmt.artifacts.signing import SIGNATURE_NAME, SignatureCheck, check_signature
 from hmt.compat import strict_zip
-from hmt.errors import ArtifactError, HmtError
+from hmt.errors import ArtifactError, HmtError, UsageError
 
 BUNDLE_KIND = "bundle"
 BUNDLE_SPEC_NAME = "bundle.json"
 BUNDLE_SPEC_VERSION = 1
 PROFILE_NAME = "profile.json"
 INDEX_NAME = "index.json"
+ENERGY_UNIT = "mJ"  # the unit of an energy budget (per inference); calibrated fronts' energies are in it
 SERVE_CONFIG_NAME = "serve.json"
 VARIANTS_DIR = "variants"
 ENGINES = ("onnxruntime", "tvm")
@@ -297,6 +298,29 @@ class Bundle:
 
     def index_path(self) -> Path:
         return self.path(INDEX_NAME)
+
+    def energy_unit(self) -> str:
+        """The unit of the variants' ``energy``: the front's (``index.json`` ``units.energy``),
+        else what the bundled profile's energy model is in (mJ only when calibrated)."""
+        index = self.artifact.read_json(INDEX_NAME)
+        units = index.get("units") if isinstance(index, dict) else None
+        if isinstance(units, dict) and isinstance(units.get("energy"), str):
+            return str(units["energy"])
+        model = (self.profile().get("models") or {}).get("energy") or {}
+        return "mJ" if model.get("calibrated") else str(model.get("unit", "mac_equivalent"))
+
+    def check_energy_budget(self, energy_mj: float | None, *, what: str = "budgets.energy") -> None:
+        """Refuse an energy budget the variants' energies cannot be held to: a budget is in mJ per
+        inference, and an uncalibrated front's energies are relative (MAC-equivalents), not joules."""
+        if energy_mj is None:
+            return
+        unit = self.energy_unit()
+        if unit != ENERGY_UNIT:
+            raise UsageError(
+                f"{what} = {energy_mj:g} mJ, but this bundle's variant energies are in {unit} (its profile's "
+                "energy model is uncalibrated): an energy budget needs a profile calibrated with a power source "
+                "(hmt profile-device --power ...), then pareto and deploy from it; or drop the energy budget"
+            )
 
 
 def variant_dir(arch_id: str) -> str:

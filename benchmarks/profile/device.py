@@ -29,7 +29,7 @@ def _claims(report: dict[str, Any]) -> list[dict[str, str]]:
                "figure": f"{report['benchmarks.peak_gemm_gmacs']:.1f} / {report['benchmarks.peak_conv_gmacs']:.1f} "
                          "GMAC/s"},
               {"claim": f"latency model ({report['latency_form']}), cross-validated MAPE on the probe layers",
-               "figure": f"{report['models.latency.cv_mape'] * 100:.0f} % (R^2 {report['models.latency.r2']:.2f})"}]
+               "figure": f"{report['models.latency.cv_mape'] * 100:.0f} %"}]
     if "validation.idle.mape" in report:
         claims.append({"claim": "block-table sum against end to end, idle: MAPE corrected (raw)",
                        "figure": f"{report['validation.idle.mape'] * 100:.1f} % "

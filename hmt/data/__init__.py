@@ -6,6 +6,7 @@ features). ``BatchLoader`` keeps a whole split on the training device and batche
 augments and normalises it there. Importing this package does not import torch.
 """
 
+import hmt.offline_python  # noqa: F401 - refuses Python < 3.10 with a message saying what runs there
 from hmt.data.audio import LOG_MEL, LogMelConfig, fit_clip, log_mel_features
 from hmt.data.cache import default_cache_dir
 from hmt.data.load import load_dataset

@@ -351,6 +351,11 @@ def deploy_bundle(
                                           energy=options.energy))
     fused = load_artifact(fused_dir, kind=FUSED_KIND)
     front = load_front(pareto_dir)
+    energy_unit = str((front.doc.get("units") or {}).get("energy", "unknown"))
+    if options.energy is not None and energy_unit != "mJ":
+        raise UsageError(f"--energy {options.energy:g}: the front's energies are in {energy_unit} (pareto ran on a "
+                         "profile with an uncalibrated energy model); an energy budget is in mJ per inference and "
+                         "needs a profile calibrated with a power source (hmt profile-device --power ...)")
     lineage = check_lineage(fused, front.artifact)
     all_fused = read_fused_variants(fused)
     variants, slower_notes = drop_slower_quantised(select_variants(all_fused, options.variants), all_fused,

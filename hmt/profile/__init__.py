@@ -11,6 +11,7 @@ The tree reads as the method (nn-Meter's split of I/O from parsing):
 Importing this package imports neither torch nor onnxruntime.
 """
 
+import hmt.offline_python  # noqa: F401 - refuses Python < 3.10 with a message saying what runs there
 from hmt.profile.devices import DEVICES, shipped_profile
 from hmt.profile.power.registry import POWER_SOURCES, create_power_source
 from hmt.profile.predictor import Predictor

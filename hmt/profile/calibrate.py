@@ -131,3 +131,26 @@ def calibrate_from_trace(trace: PowerTrace, windows: Sequence[Window], *, names:
     fit = calibrate_energy(design[positive], np.asarray(energies)[positive], names=names)
     return CalibrationResult(fit, idle_w, tuple(windows), tuple(float(e) for e in energies), source,
                              (trace.t_start, trace.t_end))
+
+
+def held_out_energy(design: np.ndarray, energy_mj: Sequence[float] | np.ndarray, *, names: Sequence[str],
+                    groups: Sequence[str]) -> np.ndarray:
+    """Each row's eq. 1 prediction from a fit that never saw its group (leave one group out).
+
+    ``groups`` names what a row belongs to (a variant measured several times is one group), so
+    a prediction is always of a workload the fit did not see: the error it gives is the
+    held-out error, not the in-sample one.
+    """
+    X = np.asarray(design, float)
+    y = np.asarray(energy_mj, float)
+    labels = np.asarray(list(groups))
+    if X.shape[0] != y.shape[0] or labels.shape[0] != y.shape[0]:
+        raise ValueError(f"design {X.shape}, {y.shape[0]} energies and {labels.shape[0]} groups do not match")
+    if np.unique(labels).size < 2:
+        raise InputError("held-out energy needs workloads of at least 2 groups")
+    predicted = np.empty(y.shape[0])
+    for group in np.unique(labels):
+        test = labels == group
+        fit = calibrate_energy(X[~test], y[~test], names=names, cross_validate=False)
+        predicted[test] = fit.predict(X[test])
+    return predicted

@@ -118,9 +118,10 @@ def _fit_entry(fit: LinearFit, pid: str, unit_of: Mapping[str, str]) -> dict[str
     entry: dict[str, Any] = {
         "form": fit.form,
         "coefficients": {n: quantity(c, unit_of.get(n, "1"), pid) for n, c in fit.as_dict().items()},
-        "r2": quantity(fit.r2, "1", pid), "mape": quantity(fit.mape, "fraction", pid),
         "n": quantity(fit.n, "count", pid),
     }
+    # The error reported is the held-out one only (k-fold, or leave-one-out on few rows): an in-sample
+    # R^2 or MAPE says how well the fit bends to the rows it saw, not how it predicts.
     if fit.cv_mape is not None:
         entry["cv_mape"] = quantity(fit.cv_mape, "fraction", pid)
     if fit.notes:

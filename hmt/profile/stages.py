@@ -268,8 +268,7 @@ def composition_section(d: _Doc, options: ProfileOptions, runner: Any, loaded: A
     m = result.model
     d.note(f"composition correction of the block-table sum (batch {m.batch}, {result.fit.n} variants): T = "
            f"{m.a_scale:.3g}*raw + {m.b_ms_per_block:.3g} ms/block + {m.l_ms_per_layer:.3g} ms/layer + {m.c_ms:.3g} "
-           f"ms; in-sample MAPE {result.fit.mape:.1%}"
-           + (f", CV MAPE {result.fit.cv_mape:.1%}" if result.fit.cv_mape is not None else ""))
+           "ms" + (f"; cross-validated MAPE {result.fit.cv_mape:.1%}" if result.fit.cv_mape is not None else ""))
 
 
 def _metrics_doc(metrics: Any, pid: str) -> dict[str, Any]:
@@ -367,7 +366,7 @@ def summary(profile: DeviceProfile) -> dict[str, Any]:
     out: dict[str, Any] = {"device": profile.name, "device_id": profile.device_id,
                            "origin": profile.doc["device"]["origin"]}
     for key in ("benchmarks.peak_gemm_gmacs", "benchmarks.peak_conv_gmacs", "benchmarks.dram_read_gbps",
-                "benchmarks.cache_read_gbps", "models.latency.r2", "models.latency.cv_mape", "models.load.alpha",
+                "benchmarks.cache_read_gbps", "models.latency.cv_mape", "models.energy.cv_mape", "models.load.alpha",
                 "validation.idle.kendall_tau", "validation.idle.mape", "validation.idle.within_10pct",
                 "validation.loaded.within_20pct", "validation.idle_raw.kendall_tau", "validation.idle_raw.mape",
                 "validation.idle_raw.within_10pct", "validation.loaded_raw.within_20pct",

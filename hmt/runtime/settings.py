@@ -3,7 +3,8 @@
 It sits in the runtime floor (torch-free, no serve import) so that deploy and serve share one
 schema without deploy importing serve. Budgets have one type, :class:`Budgets`, in the units
 users give them (``deploy --latency-ms/--memory-mb/--energy``, serve.json ``budgets``): ms, MB and
-the profile's energy unit; serve.json, the optimizer and the loop all take it as it is.
+mJ per inference (refused where the variants' energies are relative, from an uncalibrated profile);
+serve.json, the optimizer and the loop all take it as it is.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Budgets:
 
     latency_ms: float | None = None  # whole server-side request: queue + parse + compute
     memory_mb: float | None = None  # loaded variants (10**6 bytes)
-    energy: float | None = None  # per inference, in the profile's energy unit
+    energy: float | None = None  # mJ per inference (a calibrated profile's unit; refused on relative energies)
 
     def __post_init__(self) -> None:
         for name in ("latency_ms", "memory_mb", "energy"):

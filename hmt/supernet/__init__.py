@@ -1,5 +1,6 @@
 """The elastic supernet: backbones, compression operators, exits, search space, training."""
 
+import hmt.offline_python  # noqa: F401 - refuses Python < 3.10 with a message saying what runs there
 from hmt.supernet.space import ArchConfig, BlockPosition, SearchSpace
 
 __all__ = ["ArchConfig", "BlockPosition", "SearchSpace", "build_supernet", "load_supernet"]

@@ -55,15 +55,17 @@ DATASET = {"name": "cifar10", "modality": "image", "input_shape": [3, 32, 32], "
 
 
 def make_pareto(out: Path, points: Sequence[dict[str, Any]], *, parents: Sequence[ParentRecord] = (),
-                dataset: dict[str, Any] | None = DATASET) -> Path:
+                dataset: dict[str, Any] | None = DATASET, energy_unit: str = "mJ") -> Path:
     from hmt.pareto.artifact import FRONT_SCHEMA, FRONT_SCHEMA_VERSION, write_pareto_artifact
     from hmt.pareto.index import FrontIndex, IndexEntry
 
     doc = {"schema": FRONT_SCHEMA, "schema_version": FRONT_SCHEMA_VERSION, "points": list(points),
-           "profile": {"id": "amd-epyc-2c-cpu_onnxruntime1.32"}}
+           "profile": {"id": "amd-epyc-2c-cpu_onnxruntime1.32"},
+           "units": {"accuracy": "fraction", "latency_ms": "ms", "energy": energy_unit, "memory_mb": "MB (1e6 B)"}}
     if dataset is not None:
         doc["dataset"] = dataset
-    index = FrontIndex([IndexEntry.from_json_dict(p) for p in points], meta={"space_tag": "test"})
+    index = FrontIndex([IndexEntry.from_json_dict(p) for p in points], meta={"space_tag": "test"},
+                       units={"accuracy": "fraction", "latency_ms": "ms", "energy": energy_unit, "memory_mb": "MB"})
     return write_pareto_artifact(out, front_doc=doc, index=index, archive_rows=[], plot_png=b"", config={},
                                  parents=parents, metrics={})
 

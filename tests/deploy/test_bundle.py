@@ -179,3 +179,18 @@ def test_deploy_energy_budget_reaches_the_decision(fused_dir: Path, pareto_dir: 
         assert record.energy_budget == energy and c.status()["energy_budget"] == energy
         verdicts[energy] = record.feasible
     assert verdicts == {50.0: False, 200.0: True}
+
+
+def test_deploy_refuses_an_energy_budget_on_relative_energies(fused_dir: Path, variant_id: str,
+                                                              tmp_path: Path) -> None:
+    """An energy budget is in mJ: a front from an uncalibrated profile (MAC-equivalents) cannot hold it."""
+    from tests.deploy.conftest import make_pareto, point
+
+    relative = make_pareto(tmp_path / "pareto", [point(variant_id)], energy_unit="mac_equivalent")
+    with pytest.raises(UsageError, match=r"--energy 50: the front's energies are in mac_equivalent.*calibrated"):
+        deploy_bundle(fused_dir, relative, tmp_path / "b", options=DeployOptions(
+            target="x86-64", engines=("onnxruntime",), energy=50.0, archive=False))
+    assert not (tmp_path / "b").exists()
+    deploy_bundle(fused_dir, relative, tmp_path / "free", options=DeployOptions(
+        target="x86-64", engines=("onnxruntime",), archive=False))  # no energy budget: deployed
+    assert load_bundle(tmp_path / "free").energy_unit() == "mac_equivalent"

@@ -18,6 +18,7 @@ from hmt.profile.fits import (
     kendall_tau,
     latency_design,
     mape,
+    nnls_fit,
     r2_score,
     share_within,
 )
@@ -146,3 +147,28 @@ def test_robust_fit_trims_a_contended_measurement() -> None:
     fit = fit_latency(samples, eps, y.tolist(), form="eq2+overhead", labels=[f"p{i}" for i in range(30)])
     assert fit.n == 29 and "p7" in fit.notes[0]
     np.testing.assert_allclose(fit.coefficients, truth, rtol=0.02)
+
+
+def test_few_rows_are_cross_validated_leave_one_out() -> None:
+    """Below 2*folds rows the fit's error is still held out (leave one out), never in-sample only."""
+    rng = np.random.default_rng(3)
+    design = rng.uniform(1.0, 10.0, size=(6, 2))
+    y = design @ np.asarray([2.0, 0.5])
+    y_off = y.copy()
+    y_off[0] *= 3.0  # one row the others cannot explain: its held-out error shows, in-sample it is spread
+    exact = nnls_fit(design, y, names=("a", "b"), form="t")
+    off = nnls_fit(design, y_off, names=("a", "b"), form="t")
+    assert exact.cv_mape is not None and exact.cv_mape < 1e-9
+    assert off.cv_mape is not None and off.cv_mape > off.mape
+    assert nnls_fit(design[:2], y[:2], names=("a", "b"), form="t").cv_mape is None  # 1 row left for 2 coefficients
+
+
+def test_energy_calibration_reports_its_held_out_error() -> None:
+    rng = np.random.default_rng(4)
+    design = rng.uniform(1e6, 1e8, size=(8, 3))
+    truth = np.asarray([2e-9, 1.2e-8, 4e-7])
+    fit = calibrate_energy(design, design @ truth, names=("d1", "d2", "d3"))
+    assert fit.cv_mape is not None and fit.cv_mape < 1e-6
+    noisy = design @ truth * rng.uniform(0.5, 1.5, size=8)
+    assert calibrate_energy(design, noisy, names=("d1", "d2", "d3")).cv_mape > 0.1
+    assert calibrate_energy(design, noisy, names=("d1", "d2", "d3"), cross_validate=False).cv_mape is None

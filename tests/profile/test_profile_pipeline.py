@@ -40,8 +40,10 @@ def test_end_to_end_with_supernet_fake_power_and_validation(tmp_path: Path, fast
     energy = profile.doc["models"]["energy"]
     assert energy["calibrated"] and energy["unit"] == "mJ"
     assert profile.doc["provenance"]["power"]["origin"] == "measured"
-    # Both eq. 2 forms were fitted and reported.
+    # Both eq. 2 forms were fitted and reported, each with its held-out error only (no in-sample R^2/MAPE).
     assert set(profile.doc["models"]["latency_fits"]) == {"eq2", "eq2+overhead"}
+    for entry in [*profile.doc["models"]["latency_fits"].values(), profile.doc["models"]["latency"], energy]:
+        assert "cv_mape" in entry and "mape" not in entry and "r2" not in entry
     # Validation metrics and the scatter plot in the artifact; the supernet is a parent.
     assert result.validation is not None and result.validation.idle.n == 4
     assert result.validation.loaded is not None and result.validation.loaded.n == 4

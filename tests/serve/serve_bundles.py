@@ -98,8 +98,9 @@ DEFAULT_VARIANTS = (
 
 def make_bundle(out: Path, variants: tuple[VariantDef, ...] | list[VariantDef] = DEFAULT_VARIANTS,
                 serve: dict[str, Any] | None = None, target: dict[str, Any] | None = None,
-                dynamic_batch: bool = False) -> Path:
-    """``dynamic_batch``: the graphs take a batch (their first axis is symbolic, bundle.json still says 1)."""
+                dynamic_batch: bool = False, energy_unit: str = "mJ") -> Path:
+    """``dynamic_batch``: the graphs take a batch (their first axis is symbolic, bundle.json still says 1);
+    ``energy_unit``: the front's energy unit in index.json ("mac_equivalent": from an uncalibrated profile)."""
     batch: int | str = "N" if dynamic_batch else 1
     entries = []
     index_entries = []
@@ -124,7 +125,8 @@ def make_bundle(out: Path, variants: tuple[VariantDef, ...] | list[VariantDef] =
             "version": 1, "target": target or {"name": "host"}, "classes": CLASSES,
             "input": {"name": "input", "shape": [1, WIDTH], "dtype": "float32"}, "variants": entries})
         writer.write_json("profile.json", {"device": "test"})
-        writer.write_json("index.json", FrontIndex(index_entries).to_json_dict())
+        units = {"accuracy": "fraction", "latency_ms": "ms", "energy": energy_unit, "memory_mb": "MB"}
+        writer.write_json("index.json", FrontIndex(index_entries, units=units).to_json_dict())
         writer.write_json("serve.json", serve if serve is not None else {})
     return out
 

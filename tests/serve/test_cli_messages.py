@@ -89,3 +89,19 @@ def test_serve_takes_the_archive_and_removes_what_it_extracted(bundle_dir: Path,
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_an_energy_budget_on_relative_energies_is_refused(tmp_path: Path) -> None:
+    """serve's energy budget is in mJ: on a bundle whose energies are MAC-equivalents (an uncalibrated
+    profile) it is a usage error (exit 2) naming where the budget came from, never a silent relative cap."""
+    from serve_bundles import make_bundle
+
+    relative = make_bundle(tmp_path / "relative", energy_unit="mac_equivalent")
+    done = subprocess.run([sys.executable, "-m", "commands.app", "serve", str(relative), "--port", "0",
+                           "--set", "budgets.energy=25"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "budgets.energy (--set) = 25 mJ, but this bundle's variant energies are in mac_equivalent" in done.stderr
+    assert "Traceback" not in done.stderr
+    from_json = make_bundle(tmp_path / "in-json", energy_unit="mac_equivalent", serve={"budgets": {"energy": 25.0}})
+    code, output = _invoke("serve", str(from_json), "--port", "0")
+    assert code == 2 and "budgets.energy (bundle serve.json) = 25 mJ" in output and "uncalibrated" in output

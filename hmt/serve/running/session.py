@@ -98,6 +98,9 @@ def open_controller(bundle_path: Path | str, options: SessionOptions, **kwargs: 
     # The same structural checks as deploy --verify (no extra files, no symlinks, ELF machine, signature).
     bundle = load_checked_bundle(bundle_path, trusted_key=options.trusted_key, rollback=options.rollback)
     settings, report = settings_for(bundle, options)
+    # An energy budget is in mJ: refused on a bundle whose energies are relative, never applied as MAC-equivalents.
+    bundle.check_energy_budget(settings.budgets.energy,
+                               what=f"budgets.energy ({report.get('budgets.energy', {}).get('source', 'serve.json')})")
     if options.adapt is not None:
         from hmt.serve.running.adapt import canary_for
 

@@ -1,0 +1,329 @@
+"""Device classes measured, not estimated: profile inside an emulated class, predict, deploy, measure there.
+
+    python -m benchmarks.device.class_measured [--quick] [--classes rpi4-class,nano-class] [--out PATH]
+
+Per class of ``benchmarks/device/device_class.py`` (a cgroup CPU quota on pinned cores):
+
+1. ``hmt profile-device --quick --supernet <shipped supernet>`` runs *inside* the class (micro-
+   benchmarks, probe layers, block table) with the class's thread count;
+2. ``hmt pareto`` predicts from that profile (on the host: accuracy is not the device's business),
+   then ``convert``, ``fuse`` (ONNX Runtime) and ``deploy --target x86-64 --profile <class profile>``
+   make the bundle;
+3. every bundle variant is loaded as serve loads it (hmt.runtime) inside the class and timed end to
+   end (batch 1, all its segments and its exit): measured p50 against the front's prediction. The
+   baseline, in the same run: the prediction from the host's own profile (measured unthrottled, the
+   figure a user without the class would have had) for the same variants;
+4. ``benchmarks.serve.scenario`` runs inside the class (server, its clients and the scenario's busy
+   processes all share the class's CPU budget): adaptive against static largest and smallest under
+   the same busy phases as on the host.
+
+The Jetson and Raspberry Pi profiles shipped in ``profiles/`` stay what they are, datasheet
+estimates; a class is an x86 core at a quota (no Arm caches or memory system), measured.
+``--quick`` only checks the classes (a busy loop's CPU share inside each) and writes to a
+temporary folder; without writable cgroups it says so and skips.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.device.device_class import CLASSES, CgroupUnavailable, cpu_seconds_per_second, layout, run_in_class
+from benchmarks.harness import EMBEDDED_SUPERNET, REPO, Driver, machine, make_result, write_result
+
+RESULTS = Path(__file__).parent / "results"
+SEED = 0
+TOLERANCE = 0.15
+THREADS = {"rpi4-class": 1, "nano-class": 2}
+RATE_HZ = {"rpi4-class": 8.0, "nano-class": 20.0}
+
+
+def _summary(report: Any) -> Any:
+    return report.get("results", report)
+
+
+def _claims(report: Any) -> list[dict[str, str]]:
+    return list(report.get("claims", []))
+
+
+BENCH = Driver(
+    baseline="the same variants predicted from the host's own (unthrottled) profile; static largest and smallest "
+             "serving the same scenario in the class",
+    quick=["--quick", "--out", "{report}"],
+    default=["--out", "{report}"],
+    seed=SEED,
+    summarise=_summary,
+    claims=_claims,
+    timeout_s=7200,
+)
+
+
+def _log(text: str) -> None:
+    print(f"[class_measured] {time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+
+
+def _hmt(args: list[str], *, device_class: str | None = None, timeout_s: float = 3600) -> float:
+    """Run ``python -m commands ARGS`` (inside the class when given); its wall time in s."""
+    argv = [sys.executable, "-m", "commands", *args, "--quiet"]
+    started = time.monotonic()
+    if device_class is None:
+        done = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, timeout=timeout_s)
+    else:
+        done = run_in_class(CLASSES[device_class], argv, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, timeout_s=timeout_s)
+    if done.returncode != 0:
+        raise RuntimeError(f"hmt {args[0]} exited {done.returncode}: {done.stderr.decode()[-1500:]}")
+    return time.monotonic() - started
+
+
+# --------------------------------------------------------------------------- inside the class
+
+
+def measure_bundle(bundle_dir: Path, threads: int, repeats: int, seed: int) -> dict[str, Any]:
+    """Every variant of the bundle loaded as serve loads it, timed end to end at batch 1 (ms)."""
+    import numpy as np
+
+    from hmt.bundle import load_bundle
+    from hmt.runtime.variant import example_input, load_variant
+
+    bundle = load_bundle(bundle_dir)
+    x = example_input(bundle, np.random.default_rng(seed))
+    out: dict[str, Any] = {"cpu_affinity": sorted(os.sched_getaffinity(0)), "threads": threads, "variants": {}}
+    for variant in bundle.spec.variants:
+        runner = load_variant(bundle, variant.arch_id, "onnxruntime", threads, early_exit=False)
+        for _ in range(5):
+            runner.run(x, None)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            runner.run(x, None)
+            times.append((time.perf_counter() - t0) * 1e3)
+        q = np.percentile(times, [10, 50, 90])
+        out["variants"][variant.arch_id] = {"p10_ms": float(q[0]), "p50_ms": float(q[1]), "p90_ms": float(q[2]),
+                                            "runs": repeats}
+    return out
+
+
+# --------------------------------------------------------------------------- on the host
+
+
+def predict(profile_dir: Path, arch_ids: list[str]) -> dict[str, float]:
+    """Latency of each variant as pareto predicts it from ``profile_dir`` (same cost model and predictor)."""
+    from hmt.pareto.objectives import ProfilePredictor, VariantCostModel, measure_block_costs
+    from hmt.precision import split_variant_id
+    from hmt.profile import load_profile
+    from hmt.supernet import load_supernet
+
+    loaded = load_supernet(REPO / EMBEDDED_SUPERNET)
+    blocks = measure_block_costs(loaded.net)
+    model = VariantCostModel(loaded.net, blocks, ProfilePredictor(load_profile(profile_dir), blocks, loaded.space))
+    return {a: model.costs(loaded.space.parse(split_variant_id(a)[0])).latency_ms for a in arch_ids}
+
+
+def _errors(measured: dict[str, float], predicted: dict[str, float]) -> dict[str, Any]:
+    rel = {a: (predicted[a] - measured[a]) / measured[a] for a in measured}
+    within = [abs(r) <= TOLERANCE for r in rel.values()]
+    return {"share_within_15pct": round(sum(within) / len(within), 4),
+            "mape": round(statistics.fmean(abs(r) for r in rel.values()), 4),
+            "relative_error": {a: round(r, 4) for a, r in rel.items()}}
+
+
+def build_class(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    supernet = str(REPO / EMBEDDED_SUPERNET)
+    threads = str(THREADS.get(name, 2))
+    p = {k: work / f"{k}-{name}" for k in ("profile", "pareto", "converted", "fused", "bundle")}
+    wall: dict[str, float] = {}
+    if not (p["profile"] / "manifest.json").is_file():
+        _log(f"{name}: profile-device inside the class")
+        wall["profile_device_s"] = _hmt(["profile-device", "--quick", "--supernet", supernet, "--no-load-model",
+                                         "--threads", threads, "--seed", str(args.seed), "--out", str(p["profile"]),
+                                         "--force"], device_class=name)
+    if not (p["bundle"] / "manifest.json").is_file():
+        _log(f"{name}: pareto, convert, fuse, deploy on the host")
+        wall["pareto_s"] = _hmt(["pareto", "--supernet", supernet, "--profile", str(p["profile"]), "--data",
+                                 str(REPO / "hmt/data/embedded"), "--evaluations", str(args.evaluations),
+                                 "--population", "8", "--max-eval-samples", "300", "--calibration-samples", "256",
+                                 "--threads", "1", "--seed", str(args.seed), "--out", str(p["pareto"]), "--force"])
+        wall["convert_s"] = _hmt(["convert", "--supernet", supernet, "--pareto", str(p["pareto"]), "--max-variants",
+                                  str(args.variants), "--min-accuracy", "60", "--out", str(p["converted"]), "--force"])
+        wall["fuse_s"] = _hmt(["fuse", str(p["converted"]), "--engine", "ort", "--out", str(p["fused"]), "--force"])
+        wall["deploy_s"] = _hmt(["deploy", "--fused", str(p["fused"]), "--pareto", str(p["pareto"]), "--target",
+                                 "x86-64", "--engine", "onnxruntime", "--profile", str(p["profile"]), "--out",
+                                 str(p["bundle"]), "--force"])
+    return {"paths": p, "wall_s": {k: round(v, 1) for k, v in wall.items()}}
+
+
+def bench_class(name: str, work: Path, host_profile: Path, args: argparse.Namespace) -> dict[str, Any]:
+    from hmt.bundle import load_bundle
+
+    built = build_class(name, work, args)
+    bundle_dir = built["paths"]["bundle"]
+    bundle = load_bundle(bundle_dir)
+    predicted = {v.arch_id: float(v.latency_ms) for v in bundle.spec.variants}
+    _log(f"{name}: timing {len(predicted)} bundle variants inside the class")
+    out_json = work / f"measured-{name}.json"
+    done = run_in_class(CLASSES[name], [sys.executable, "-m", "benchmarks.device.class_measured", "measure",
+                                        str(bundle_dir), "--threads", str(THREADS[name]), "--repeats",
+                                        str(args.repeats), "--out", str(out_json)],
+                        cwd=REPO, env=_env(), stderr=subprocess.PIPE, timeout_s=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"measuring inside {name} failed: {done.stderr.decode()[-1500:]}")
+    measured_doc = json.loads(out_json.read_text())
+    measured = {a: v["p50_ms"] for a, v in measured_doc["variants"].items()}
+    host = predict(host_profile, list(predicted))
+    order = sorted(predicted, key=lambda k: predicted[k])
+    result: dict[str, Any] = {
+        "class": CLASSES[name].describe(), "threads": THREADS[name], "wall_s": built["wall_s"],
+        "variants": [{"arch_id": a, "predicted_ms": round(predicted[a], 3), "measured_p50_ms": round(measured[a], 3),
+                      "measured_p10_ms": round(measured_doc["variants"][a]["p10_ms"], 3),
+                      "measured_p90_ms": round(measured_doc["variants"][a]["p90_ms"], 3),
+                      "host_profile_predicted_ms": round(host[a], 3)} for a in order],
+        "class_profile": _errors(measured, predicted),
+        "host_profile_baseline": _errors(measured, host),
+        "repeats": args.repeats,
+    }
+    if args.scenario:
+        result["serve"] = serve_in_class(name, bundle_dir, work, args)
+    return result
+
+
+def serve_in_class(name: str, bundle_dir: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    out = work / f"serve-{name}"
+    _log(f"{name}: the serve scenario inside the class")
+    done = run_in_class(CLASSES[name], [sys.executable, "-m", "benchmarks.serve.scenario", "--bundle",
+                                        str(bundle_dir), "--out", str(out), "--engines",
+                                        f"onnxruntime@{THREADS[name]}", "--load-s", "0", "--phase-s",
+                                        str(args.phase_s), "--reps", str(args.scenario_reps), "--clients", "2",
+                                        "--rate-hz", str(RATE_HZ[name]), "--samples", "500"],
+                        cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout_s=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"serve scenario inside {name} failed: {done.stderr.decode()[-1500:]}")
+    report = json.loads((out / "results.json").read_text())
+    engine = next(iter(report["engines"].values()))
+    mean = engine["scenario"]["mean"]
+
+    def miss(mode: str) -> Any:
+        return (mean.get(mode) or {}).get("deadline_miss_share")
+
+    def acc(mode: str) -> Any:
+        return (mean.get(mode) or {}).get("accuracy")
+
+    return {"budget_ms": round(engine["budget_ms"], 3), "rate_hz": RATE_HZ[name], "phase_s": args.phase_s,
+            "repetitions": args.scenario_reps,
+            "deadline_miss_share": {m: miss(m) for m in ("adaptive", "static_largest", "static_smallest")},
+            "accuracy": {m: acc(m) for m in ("adaptive", "static_largest", "static_smallest")},
+            "switches_adaptive": (mean.get("adaptive") or {}).get("switches")}
+
+
+def _claims_of(per_class: dict[str, Any]) -> list[dict[str, str]]:
+    claims = []
+    for name, r in per_class.items():
+        c, h = r["class_profile"], r["host_profile_baseline"]
+        claims.append({"claim": f"{name}: the class's measured profile predicts the bundle variants' p50 measured "
+                                f"inside the class ({len(r['variants'])} variants; target >= 90 % within 15 %)",
+                       "figure": f"{c['share_within_15pct']:.0%} within 15 %, MAPE {c['mape']:.1%} (host profile: "
+                                 f"{h['share_within_15pct']:.0%}, MAPE {h['mape']:.1%})"})
+        serve = r.get("serve")
+        if serve:
+            m = serve["deadline_miss_share"]
+            claims.append({"claim": f"{name}: serve's adaptive loop under the scenario's busy phases, deadline misses "
+                                    f"against static largest (budget {serve['budget_ms']} ms)",
+                           "figure": f"{(m['adaptive'] or {}).get('mean', float('nan')):.1%} vs "
+                                     f"{(m['static_largest'] or {}).get('mean', float('nan')):.1%}"})
+    return claims
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["measure"]:
+        parser = argparse.ArgumentParser(prog="class_measured measure")
+        parser.add_argument("bundle", type=Path)
+        parser.add_argument("--threads", type=int, required=True)
+        parser.add_argument("--repeats", type=int, default=50)
+        parser.add_argument("--out", type=Path, required=True)
+        parser.add_argument("--seed", type=int, default=SEED)
+        ns = parser.parse_args(argv[1:])
+        ns.out.write_text(json.dumps(measure_bundle(ns.bundle, ns.threads, ns.repeats, ns.seed)) + "\n")
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="check the classes only (a busy loop in each)")
+    parser.add_argument("--classes", default="rpi4-class,nano-class")
+    parser.add_argument("--work", type=Path, default=None, help="keep (and reuse) the artifacts here")
+    parser.add_argument("--host-profile", type=Path, default=None,
+                        help="the host's profile (default: profiled here, unthrottled, with the same options)")
+    parser.add_argument("--variants", type=int, default=6)
+    parser.add_argument("--evaluations", type=int, default=16,
+                        help="pareto's accuracy evaluations (on 300 embedded test images; accuracy is not the point)")
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--no-scenario", dest="scenario", action="store_false")
+    parser.add_argument("--phase-s", type=float, default=3.0)
+    parser.add_argument("--scenario-reps", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    typed = shlex.join(["python", "-m", "benchmarks.device.class_measured", *argv])
+    out = args.out or (Path(tempfile.mkdtemp(prefix="hmt-bench-class-")) / "class_measured.json" if args.quick
+                       else RESULTS / "class_measured.json")
+    names = [n.strip() for n in args.classes.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CLASSES]
+    if unknown:
+        parser.error(f"unknown class(es) {unknown}; known: {sorted(CLASSES)}")
+    info = {**machine(), "note": "shared machine (other developers' jobs running); each class has a high CPU weight "
+                                 "so it receives its quota"}
+    try:
+        cgroup = f"cgroup v{layout().version}"
+        if os.geteuid() != 0:
+            raise CgroupUnavailable("writing cgroups needs root")
+    except CgroupUnavailable as exc:
+        print(f"class_measured: device classes unavailable here: {exc}", file=sys.stderr)
+        if not args.quick:
+            return 7
+        write_result(out, make_result(area="device", name="class_measured", command=typed, seed=args.seed,
+                                      baseline=BENCH.baseline, results={"skipped": str(exc)}, claims=[],
+                                      machine_info=info))
+        return 0
+    shares = {n: round(cpu_seconds_per_second(CLASSES[n]), 3) for n in names}
+    checks = {n: {"class": CLASSES[n].describe(), "budget_cpu_s_per_s": CLASSES[n].cpu_budget,
+                  "busy_loop_cpu_s_per_s": shares[n]} for n in names}
+    claims = [{"claim": f"{n}: CPU time a busy loop inside the class gets, against the class's budget ({cgroup})",
+               "figure": f"{shares[n]:.2f} CPU s/s (budget {CLASSES[n].cpu_budget:.2f})"} for n in names]
+    results: dict[str, Any] = {"cgroup": cgroup, "class_checks": checks}
+    if not args.quick:
+        work_ctx = None if args.work else tempfile.TemporaryDirectory(prefix="hmt-class-")
+        work = args.work or Path(work_ctx.name)  # type: ignore[union-attr]
+        work.mkdir(parents=True, exist_ok=True)
+        try:
+            host_profile = args.host_profile or work / "profile-host"
+            if not (host_profile / "manifest.json").is_file():
+                _log("host profile (unthrottled), the baseline's")
+                _hmt(["profile-device", "--quick", "--supernet", str(REPO / EMBEDDED_SUPERNET), "--no-load-model",
+                      "--seed", str(args.seed), "--out", str(host_profile), "--force"])
+            per_class = {n: bench_class(n, work, host_profile, args) for n in names}
+        finally:
+            if work_ctx is not None:
+                work_ctx.cleanup()
+        results["classes"] = per_class
+        claims += _claims_of(per_class)
+    doc = make_result(area="device", name="class_measured", command=typed, seed=args.seed, baseline=BENCH.baseline,
+                      results=results, claims=claims, machine_info=info)
+    write_result(out, doc)
+    for claim in claims:
+        print(f"{claim['claim']}: {claim['figure']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

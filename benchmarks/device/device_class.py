@@ -1,0 +1,224 @@
+"""Emulated device classes: a command run under a cgroup CPU quota on pinned cores.
+
+    python -m benchmarks.device.device_class CLASS [--] COMMAND [ARGS ...]
+    python -m benchmarks.device.device_class --check        # what this machine's cgroups allow
+
+No edge board is lent, so each target's speed class is emulated on x86 with the kernel's CPU
+controller: ``cpuset`` pins the command to the class's cores and a CFS quota (cgroup v2
+``cpu.max``, v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``) caps the CPU time it may use per
+period; the period is a few milliseconds (see ``PERIOD_US``), so single inferences slow down
+as on a slower core instead of running at full speed until a 100 ms budget is spent. A class
+also gets a high CPU weight (v2 ``cpu.weight``, v1 ``cpu.shares``): a board does not share its
+cores with other people's jobs, so on a shared machine the class should receive its whole
+budget, and the quota keeps it from receiving more. What this does not emulate: the
+board's instruction set, caches, memory bandwidth and clock (an x86 core at 25 % is not a
+Cortex-A72); it emulates a speed class, measured, in place of a datasheet estimate.
+
+Classes (``CLASSES``): ``rpi4-class`` one core at 25 %; ``nano-class`` two cores at 40 % each.
+Needs root and a writable cgroup hierarchy (v2 with the cpu and cpuset controllers, or v1's cpu
+and cpuset hierarchies); :func:`check` says which and why not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+# The kernel's smallest quota is 1 ms. With the default 100 ms period a short inference runs at full
+# speed until the period's budget is spent: a throughput cap, not a slower core. Measured on this
+# VM with a 9.3 ms single-thread workload at 25 %: 100 ms period, p50 14 ms and p90 89 ms; 4 ms period,
+# p50 43 ms and p90 53 ms (9.3 / 0.25 = 37). On two cores a 4 ms period delivers about 0.6 of a 0.8
+# budget (the kernel's 5 ms bandwidth slice); --check and the benchmark report what a class delivered.
+MIN_QUOTA_US = 1_000
+PERIOD_US = 4_000  # rpi4-class: the 1 ms minimum quota at 25 %; measured, shorter periods lose budget on 2 cores
+CLASS_WEIGHT_V1 = 10_240  # cpu.shares (default 1024)
+CLASS_WEIGHT_V2 = 1_000  # cpu.weight (default 100)
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    name: str
+    cpus: tuple[int, ...]
+    share_per_core: float
+    emulates: str
+
+    @property
+    def period_us(self) -> int:
+        return max(PERIOD_US, round(MIN_QUOTA_US / self.cpu_budget))
+
+    @property
+    def quota_us(self) -> int:
+        return round(self.period_us * self.cpu_budget)
+
+    @property
+    def cpu_budget(self) -> float:
+        """CPU cores' worth of time per second the class may use."""
+        return self.share_per_core * len(self.cpus)
+
+    def describe(self) -> str:
+        cores = ",".join(str(c) for c in self.cpus)
+        return (f"{self.name}: core(s) {cores} at {self.share_per_core:.0%} each (quota {self.quota_us} us per "
+                f"{self.period_us} us), the speed class of {self.emulates}")
+
+
+CLASSES = {
+    "rpi4-class": DeviceClass("rpi4-class", (0,), 0.25, "a Raspberry Pi 4B-class CPU budget"),
+    "nano-class": DeviceClass("nano-class", (0, 1), 0.40, "a Jetson Nano-class CPU (its four A57 cores, scaled)"),
+}
+
+
+class CgroupUnavailable(RuntimeError):
+    """This machine's cgroups cannot be written (not root, not mounted, controllers missing)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    version: int
+    cpu: Path  # parent folder the class's cpu cgroup goes under
+    cpuset: Path
+
+
+def layout(root: Path = CGROUP_ROOT) -> Layout:
+    """Where class cgroups can be made: cgroup v2 (one tree) or v1 (cpu and cpuset trees)."""
+    controllers = root / "cgroup.controllers"
+    if controllers.is_file():
+        have = set(controllers.read_text().split())
+        missing = {"cpu", "cpuset"} - have
+        if missing:
+            raise CgroupUnavailable(f"cgroup v2 at {root} lacks the {', '.join(sorted(missing))} controller(s)")
+        return Layout(2, root, root)
+    cpu, cpuset = root / "cpu", root / "cpuset"
+    if (cpu / "cpu.cfs_quota_us").is_file() and (cpuset / "cpuset.cpus").is_file():
+        return Layout(1, cpu, cpuset)
+    raise CgroupUnavailable(f"no cgroup v2 with cpu+cpuset and no v1 cpu and cpuset hierarchies under {root}")
+
+
+def _write(path: Path, value: str) -> None:
+    try:
+        path.write_text(value)
+    except OSError as exc:
+        raise CgroupUnavailable(f"cannot write {value!r} to {path}: {exc.strerror or exc}") from exc
+
+
+@contextmanager
+def class_cgroup(device_class: DeviceClass, *, root: Path = CGROUP_ROOT) -> Iterator[list[Path]]:
+    """Make the class's cgroup(s) and yield the ``cgroup.procs`` files a process joins; removed after."""
+    where = layout(root)
+    name = f"hmt-{device_class.name}-{os.getpid()}"
+    made: list[Path] = []
+    try:
+        if where.version == 2:
+            _write(root / "cgroup.subtree_control", "+cpu +cpuset")
+            group = root / name
+            group.mkdir()
+            made.append(group)
+            _write(group / "cpuset.cpus", ",".join(str(c) for c in device_class.cpus))
+            _write(group / "cpu.max", f"{device_class.quota_us} {device_class.period_us}")
+            _write(group / "cpu.weight", str(CLASS_WEIGHT_V2))
+            procs = [group / "cgroup.procs"]
+        else:
+            cpu, cpuset = where.cpu / name, where.cpuset / name
+            for group in (cpu, cpuset):
+                group.mkdir()
+                made.append(group)
+            _write(cpuset / "cpuset.cpus", ",".join(str(c) for c in device_class.cpus))
+            _write(cpuset / "cpuset.mems", (where.cpuset / "cpuset.mems").read_text().strip() or "0")
+            _write(cpu / "cpu.cfs_period_us", str(device_class.period_us))
+            _write(cpu / "cpu.cfs_quota_us", str(device_class.quota_us))
+            _write(cpu / "cpu.shares", str(CLASS_WEIGHT_V1))
+            procs = [cpu / "cgroup.procs", cpuset / "cgroup.procs"]
+        yield procs
+    except PermissionError as exc:
+        raise CgroupUnavailable(f"cannot create a cgroup under {root}: {exc}") from exc
+    finally:
+        for group in reversed(made):
+            with contextlib.suppress(OSError):
+                group.rmdir()  # only our own, empty once its processes have exited
+
+
+def _joiner(procs: Sequence[Path]):  # type: ignore[no-untyped-def]
+    def join() -> None:
+        for path in procs:
+            path.write_text("0")  # "0": the writing process itself, before it execs the command
+
+    return join
+
+
+def popen_in_class(device_class: DeviceClass, procs: Sequence[Path], argv: Sequence[str],
+                   **kwargs: object) -> subprocess.Popen[bytes]:
+    """Start ``argv`` inside the class (it joins the cgroups before exec, so every child it makes does too)."""
+    return subprocess.Popen(list(argv), preexec_fn=_joiner(procs), **kwargs)  # type: ignore[call-overload]
+
+
+def run_in_class(device_class: DeviceClass, argv: Sequence[str], *, root: Path = CGROUP_ROOT,
+                 timeout_s: float | None = None, **kwargs: object) -> subprocess.CompletedProcess[bytes]:
+    with class_cgroup(device_class, root=root) as procs:
+        proc = popen_in_class(device_class, procs, argv, **kwargs)
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+
+
+def cpu_seconds_per_second(device_class: DeviceClass, seconds: float = 2.0) -> float:
+    """Measured CPU share of a busy loop inside the class (its budget, if the controller works)."""
+    code = ("import time\nt0=time.time();c0=time.process_time()\n"
+            f"while time.time()-t0<{seconds}: pass\n"
+            "print((time.process_time()-c0)/(time.time()-t0))")
+    done = run_in_class(device_class, [sys.executable, "-c", code], stdout=subprocess.PIPE, timeout_s=seconds + 30)
+    return float(done.stdout.decode().strip())
+
+
+def check() -> str:
+    """One line per class: the cgroup layout and the busy loop's measured CPU share, or why not."""
+    try:
+        where = layout()
+    except CgroupUnavailable as exc:
+        return f"cgroups unavailable: {exc}"
+    if os.geteuid() != 0:
+        return f"cgroup v{where.version} found, but writing it needs root"
+    lines = [f"cgroup v{where.version} (cpu: {where.cpu}, cpuset: {where.cpuset})"]
+    for device_class in CLASSES.values():
+        try:
+            share = cpu_seconds_per_second(device_class)
+        except CgroupUnavailable as exc:
+            lines.append(f"{device_class.name}: {exc}")
+            continue
+        lines.append(f"{device_class.describe()}: a busy loop got {share:.2f} CPU s/s "
+                     f"(budget {device_class.cpu_budget:.2f})")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="say what this machine's cgroups allow, and exit")
+    parser.add_argument("device_class", nargs="?", choices=sorted(CLASSES))
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.check:
+        print(check())
+        return 0
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.device_class is None or not command:
+        parser.error("give a class and a command: CLASS -- COMMAND [ARGS ...]")
+    try:
+        with class_cgroup(CLASSES[args.device_class]) as procs:
+            return popen_in_class(CLASSES[args.device_class], procs, command).wait()
+    except CgroupUnavailable as exc:
+        print(f"device_class: {exc}", file=sys.stderr)
+        return 7
+
+
+if __name__ == "__main__":
+    sys.exit(main())
