@@ -37,3 +37,23 @@ def written_blocks(tmp_path_factory: pytest.TempPathFactory) -> Any:
     artifact = load_artifact(root / "art", kind="blocks-test")
     return SimpleNamespace(bundle=SimpleNamespace(artifact=artifact, root=artifact.root), summary=summary,
                            loaded=loaded, ids=ids, root=root)
+
+
+def build_blocks_bundle(root: Path, arch_ids: list[str], *, data: Path, latency_ms: float | None = None) -> Path:
+    """convert + fuse ``arch_ids`` of the shipped supernet, a front naming the supernet, deploy --blocks."""
+    from hmt.artifacts import load_artifact
+    from hmt.convert import SupernetSource, convert_model
+    from hmt.deploy import DeployOptions, deploy_bundle
+    from hmt.fuse import FuseOptions, fuse_model
+    from tests.deploy.conftest import make_pareto, point
+
+    convert_model(SupernetSource(SHIPPED, tuple(arch_ids)), root / "converted")
+    fuse_model(root / "converted", root / "fused", options=FuseOptions(engines=("ort",), repeats=1, warmup=1))
+    points = [point(a, accuracy=0.5 + 0.1 * i, latency_ms=1.0 + i) | {"exit_stage": 0, "accuracy_per_exit": [0.5]}
+              for i, a in enumerate(arch_ids)]
+    pareto = make_pareto(root / "pareto", points, parents=[load_artifact(SHIPPED, kind="supernet").as_parent()])
+    out = root / "bundle"
+    deploy_bundle(root / "fused", pareto, out, options=DeployOptions(
+        target="x86-64", engines=("onnxruntime",), blocks=True, blocks_data=data, supernet=SHIPPED,
+        latency_ms=latency_ms))
+    return out

@@ -346,6 +346,8 @@ def adopt(controller: Any, measured: Measured, runner: ComposedRunner) -> None:
     from hmt.serve.deciding.estimates import LatencyEstimator
     from hmt.serve.deciding.optimizer import Optimizer
 
+    if not runner.warm:  # per-graph times for early exit and r, as the pool's loads do
+        runner.warm_up(controller.pool._warm_input, controller.pool.warmup_runs)
     with controller._tick_lock:
         old_opt, old_est = controller.optimizer, controller.estimator
         if measured.arch_id in {v.arch_id for v in old_opt.variants}:
