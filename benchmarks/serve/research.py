@@ -1,7 +1,7 @@
 """On-device re-search when a budget tightens below every variant in the pool (a held-out-style scenario).
 
 A bundle from ``hmt deploy --blocks --blocks-data`` is served in process with ``--blocks`` (the
-real controller, its 1 Hz loop and switcher as the bundle configures them); one client sends
+real controller, its loop and switcher as the bundle's serve.json configures them); one client sends
 labelled CIFAR-10 test images (not the bundle's calibration images) at ``--rate-hz``:
 
 1. ``--before-s`` seconds with no latency budget;
@@ -33,8 +33,6 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness import Driver
-
-FAST = {"switch": {"min_dwell_s": 1.0}}
 
 
 def held_out(bundle: Any, space: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -75,7 +73,7 @@ def one_run(bundle_path: Path, mode: str, args: argparse.Namespace, seed: int, x
     from hmt.serve.running.session import SessionOptions, open_controller
 
     research = ResearchSettings(time_bound_s=args.time_bound_s, seed=seed) if mode == "research" else None
-    controller = open_controller(bundle_path, SessionOptions(blocks=True, research=research, serve_overrides=FAST))
+    controller = open_controller(bundle_path, SessionOptions(blocks=True, research=research))
     controller.start(background=True)
     records: list[tuple[float, float, bool, str, bool]] = []
     stop = threading.Event()

@@ -80,7 +80,8 @@ def test_found_variant_joins_the_table_and_is_chosen_when_only_it_fits(blocks_bu
                             0.42, "calibration set, on the device")
         adopt(controller, measured, runner)
         assert config.arch_id in controller.pool.loaded_ids()
-        assert config.arch_id in {v.arch_id for v in controller.optimizer.variants}
+        table = {v.arch_id: v for v in controller.optimizer.variants}
+        assert table[config.arch_id].accuracy == pytest.approx(0.42)  # no search ran: its own measure as it is
         controller.set_budgets(latency_ms=tiny, memory_mb=None)
         record = controller.tick()
         assert record.proposed == config.arch_id and record.feasible
@@ -88,5 +89,46 @@ def test_found_variant_joins_the_table_and_is_chosen_when_only_it_fits(blocks_bu
         prediction = controller.predict(np.zeros((1, 3, 32, 32), dtype=np.float32))
         assert prediction.variant == config.arch_id
         assert controller.status()["research"]["searches"] == 0  # adopted by hand here: no search ran
+    finally:
+        controller.stop()
+
+
+def test_the_loop_searches_only_when_nothing_fits_and_serves_meanwhile(blocks_bundle: Path) -> None:
+    import time
+
+    from hmt.serve.deciding.research import ResearchSettings
+    from hmt.serve.running.session import SessionOptions, open_controller
+
+    controller = open_controller(blocks_bundle, SessionOptions(
+        blocks=True, research=ResearchSettings(time_bound_s=1.5, patience=2, min_gap_s=60.0, latency_runs=3)))
+    controller.start(background=False)
+    x = np.zeros((1, 3, 32, 32), dtype=np.float32)
+    try:
+        for _ in range(6):  # no budget: every variant fits
+            controller.predict(x)
+            controller.tick()
+        assert controller.research.searches == 0
+        controller.set_budgets(latency_ms=1e-6, memory_mb=None)  # nothing can fit
+        started = None
+        for _ in range(6):
+            controller.predict(x)
+            controller.tick()
+            if controller.research.running:
+                started = time.monotonic()
+                break
+        assert started is not None, controller.status()["research"]
+        served = 0
+        while controller.research.running:  # the current variant keeps answering meanwhile
+            assert controller.predict(x).variant in (SMALLEST, OTHER)
+            served += 1
+        elapsed = time.monotonic() - started
+        assert served > 0 and elapsed <= 1.5 + 1.0
+        status = controller.status()["research"]
+        assert status["searches"] == 1 and status["last"]["found"] is None and status["last"]["evaluated"] >= 1
+        assert status["last"]["reason"] and status["last"]["started_s"] >= 0
+        for _ in range(4):  # min_gap_s: no second search right after
+            controller.predict(x)
+            controller.tick()
+        assert controller.research.searches == 1
     finally:
         controller.stop()

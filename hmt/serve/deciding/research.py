@@ -335,12 +335,31 @@ def _remap_estimator(old: Any, new: Any, order: Sequence[int]) -> Any:
     return new
 
 
+def table_accuracy(controller: Any, measured: Measured) -> float:
+    """``measured``'s accuracy on the optimizer table's scale: the bundled variants' table accuracies
+    come from pareto (their own BN statistics, its data), the found one's from the calibration set.
+    When the search's start variant is in the table and blocks.json has its calibration accuracy,
+    the found variant gets the start's table accuracy plus the difference the calibration set
+    measured between them; otherwise its calibration accuracy as it is."""
+    accuracy = measured.accuracy if measured.accuracy is not None else 0.0
+    research = controller.research
+    if research is None or not research.outcomes:
+        return accuracy
+    start = research.outcomes[-1].start_arch_id
+    start_calibration = research.space.accuracy.get(start)
+    table = {v.arch_id: v.accuracy for v in controller.optimizer.variants}
+    if start_calibration is None or start not in table:
+        return accuracy
+    return table[start] + accuracy - start_calibration
+
+
 def adopt(controller: Any, measured: Measured, runner: ComposedRunner) -> None:
     """Add what re-search found to ``controller``'s pool and optimizer table, keeping every other
     variant's estimates: its prior is its measured median (so the engine's r and the load scale,
     which multiply a prior, give it back at the load it was measured under), and its timed runs
-    are its first samples. Energy: the active variant's, scaled by the latency ratio (profiles
-    give energy as power x time; nothing measured it for this variant)."""
+    are its first samples; its accuracy is :func:`table_accuracy`. Energy: the active variant's,
+    scaled by the latency ratio (profiles give energy as power x time; nothing measured it for
+    this variant)."""
     from hmt.serve.deciding.costs import Variant
     from hmt.serve.deciding.decision import DecisionPath
     from hmt.serve.deciding.estimates import LatencyEstimator
@@ -358,7 +377,7 @@ def adopt(controller: Any, measured: Measured, runner: ComposedRunner) -> None:
         r = old_est.engine_ratio(runner.engine) or 1.0
         prior_ms = measured.latency_ms / (scale * r)
         energy = ref.energy_mj * prior_ms / ref.latency_ms
-        accuracy = measured.accuracy if measured.accuracy is not None else 0.0
+        accuracy = table_accuracy(controller, measured)
         variant = Variant(measured.arch_id, accuracy, prior_ms, energy, measured.memory_bytes)
         optimizer = Optimizer([*old_opt.variants, variant], old_opt.config)
         ids = [v.arch_id for v in optimizer.variants]
