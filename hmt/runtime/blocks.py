@@ -280,7 +280,10 @@ class BlockStore:
         spec = self.space.units.get(unit)
         if spec is None:
             raise ModelError(f"unit {unit} is not shipped in {self.bundle.root / BLOCKS_DIR}")
-        options = replace(SERVE_DEFAULT_ORT, intra_op_threads=self.threads)
+        # No per-session arena or memory pattern: a composed variant is tens of small sessions, and
+        # each arena keeps its own reserve (measured on the demo bundle's 4 variants, 94 sessions:
+        # 36 MB resident with arenas, 26 MB without; the composed run no slower).
+        options = replace(SERVE_DEFAULT_ORT, intra_op_threads=self.threads, cpu_arena=False, mem_pattern=False)
         session = ort_session(read_verified(self.bundle.artifact, spec.onnx), options, providers=self.providers,
                               what=str(self.bundle.root / spec.onnx))
         self.loads += 1
