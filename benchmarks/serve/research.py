@@ -120,7 +120,8 @@ def one_run(bundle_path: Path, mode: str, args: argparse.Namespace, seed: int, x
         controller.t0_s + last["started_s"] - drop,
         "found_after_drop_s": None if found_at is None else found_at - drop,
         "served_after_drop_s": None if served_at is None else served_at - drop,
-        "search_evaluated": last.get("evaluated"),
+        "search_evaluated": last.get("evaluated"), "search_fastest_ms": last.get("fastest_ms"),
+        "latency_limit_ms": last.get("latency_limit_ms"),
         "search_s": None if not last else last["ended_s"] - last["started_s"],
         "found_calibration_accuracy": (last.get("found") or {}).get("accuracy"),
         "miss_share_before": float(np.mean(before)) if before else None, "requests_before": len(before),
@@ -168,7 +169,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     summary = {
         "research": {key: median([r[key] for r in research]) for key in (
             "budget_ms", "pool_fastest_ms", "found_after_drop_s", "served_after_drop_s", "search_s",
-            "search_evaluated", "miss_share_before", "miss_share_after", "split_after_drop_s")},
+            "search_evaluated", "search_fastest_ms", "latency_limit_ms", "miss_share_before", "miss_share_after", "split_after_drop_s")},
         "static": {key: median([r[key] for r in static]) for key in (
             "budget_ms", "pool_fastest_ms", "miss_share_before", "miss_share_after", "split_after_drop_s")},
         "found_in": f"{sum(1 for r in research if r['found'])}/{len(research)} searches",

@@ -192,6 +192,14 @@ def export_unit(module: Any, shape: tuple[int, ...], path: Path) -> tuple[list[i
     return list(out.shape), "float32"
 
 
+def is_identity(path: Path) -> bool:
+    """Whether the ONNX graph at ``path`` is one Identity node (a skipped block on its stream)."""
+    import onnx
+
+    graph = onnx.load(str(path)).graph
+    return len(graph.node) == 1 and graph.node[0].op_type == "Identity" and not graph.initializer
+
+
 def read_labelled(source: Path, input_shape: Sequence[int], *, seed: int, max_samples: int
                   ) -> tuple[np.ndarray, np.ndarray, int]:
     """A seeded subset of the labelled set ``source`` (x: float model inputs, y: integer labels)."""
@@ -250,7 +258,7 @@ def write_blocks(writer: ArtifactWriter, loaded: Any, arch_ids: Sequence[str], o
         records.append({"kind": unit[0], "index": unit[1], "key": unit[2], "onnx": unit_file(unit),
                         "input": {"name": "x", "shape": [1, *shape], "dtype": "float32"},
                         "output": {"name": "y", "shape": out_shape, "dtype": dtype},
-                        "size_bytes": path.stat().st_size})
+                        "size_bytes": path.stat().st_size, "identity": is_identity(path)})
     doc: dict[str, Any] = {
         "version": BLOCKS_SPEC_VERSION, "space_tag": space.tag, "num_stages": space.num_stages,
         "positions": [{"name": p.name, "stage": p.stage, "index": p.index, "kind": p.kind,

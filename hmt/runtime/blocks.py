@@ -73,6 +73,7 @@ class UnitSpec:
     input: TensorSpec
     output: TensorSpec
     size_bytes: int
+    identity: bool = False  # the graph is one Identity node (a skipped block): composed without a session
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,8 @@ class BlockSpace:
                 unit = (str(u["kind"]), int(u["index"]), str(u["key"]))
                 where_unit = f"{where}: units[{i}]"
                 units[unit] = UnitSpec(unit, str(u["onnx"]), TensorSpec.from_mapping(u["input"], where_unit),
-                                       TensorSpec.from_mapping(u["output"], where_unit), int(u["size_bytes"]))
+                                       TensorSpec.from_mapping(u["output"], where_unit), int(u["size_bytes"]),
+                                       bool(u.get("identity", False)))
             space = cls(space_tag=str(data["space_tag"]), num_stages=int(data["num_stages"]), positions=positions,
                         entries=tuple(bool(e) for e in data["entries"]), exits=tuple(int(e) for e in data["exits"]),
                         units=units, accuracy={str(k): float(v) for k, v in dict(data.get("accuracy", {})).items()},
@@ -290,14 +292,19 @@ class BlockStore:
         return session.graph_fn()
 
     def acquire(self, units: Sequence[Unit]) -> list[GraphFn]:
+        """The unit graphs' functions, loading the missing ones; an identity unit runs no session."""
         with self._lock:
-            fns = []
+            fns: list[GraphFn] = []
             for unit in units:
+                spec = self.space.units.get(unit)
+                if spec is not None and spec.identity:
+                    fns.append(_identity)
+                    continue
                 fn = self._fns.get(unit)
                 if fn is None:
                     fn = self._fns[unit] = self._load(unit)
                 fns.append(fn)
-            for unit in set(units):
+            for unit in set(units) - {u for u in units if self.space.units[u].identity}:
                 self._users[unit] = self._users.get(unit, 0) + 1
             return fns
 
@@ -319,7 +326,12 @@ class BlockStore:
         return sum(self.space.units[u].size_bytes for u in list(self._fns))
 
 
+def _identity(x: np.ndarray) -> np.ndarray:
+    return x
+
+
 def _chain(fns: Sequence[GraphFn]) -> GraphFn:
+    fns = [fn for fn in fns if fn is not _identity] or [_identity]
     if len(fns) == 1:
         return fns[0]
 

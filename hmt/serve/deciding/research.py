@@ -83,6 +83,8 @@ class Outcome:
     found: Measured | None
     found_after_s: float | None
     start_accuracy: float | None
+    fastest_arch_id: str | None = None  # the fastest candidate measured (how close a failed search got)
+    fastest_ms: float | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -293,7 +295,9 @@ class Research:
                           time_bound_s=s.time_bound_s, latency_limit_ms=limit_ms, memory_limit_bytes=memory_limit,
                           evaluated=evaluated, found=best,
                           found_after_s=None if found_at is None else found_at - started,
-                          start_accuracy=self.space.accuracy.get(active))
+                          start_accuracy=self.space.accuracy.get(active),
+                          fastest_arch_id=None if evaluated == 0 else fastest[1].arch_id,
+                          fastest_ms=None if evaluated == 0 else fastest[0])
         self.outcomes = [*self.outcomes[-7:], outcome]
         return outcome, best_runner
 
