@@ -169,7 +169,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     summary = {
         "research": {key: median([r[key] for r in research]) for key in (
             "budget_ms", "pool_fastest_ms", "found_after_drop_s", "served_after_drop_s", "search_s",
-            "search_evaluated", "search_fastest_ms", "latency_limit_ms", "miss_share_before", "miss_share_after", "split_after_drop_s")},
+            "search_evaluated", "search_fastest_ms", "latency_limit_ms", "miss_share_before", "miss_share_after",
+            "split_after_drop_s")},
         "static": {key: median([r[key] for r in static]) for key in (
             "budget_ms", "pool_fastest_ms", "miss_share_before", "miss_share_after", "split_after_drop_s")},
         "found_in": f"{sum(1 for r in research if r['found'])}/{len(research)} searches",
