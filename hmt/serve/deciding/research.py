@@ -12,8 +12,8 @@ while the current variant keeps serving:
   most accurate one that fits;
 - *latency measured on the device*: each candidate is composed from the blocks
   (:func:`hmt.runtime.blocks.compose`) and timed on single inputs (``latency_runs``; it
-  fits when its p90 is within ``margin`` of the compute budget and its blocks within the
-  memory budget);
+  fits when its median is within ``margin`` of the compute budget and its blocks within the
+  memory budget); while nothing fits, each change goes to a cheaper choice;
 - *accuracy*: a bundled variant's from ``blocks.json`` (measured by deploy on the shipped
   calibration set), any other's measured now on that same labelled set;
 - *bounded in time*: the deadline is checked before every timed run and every batch.
@@ -43,10 +43,12 @@ class ResearchSettings:
     time_bound_s: float = 10.0  # one search's wall time at most
     patience: int = 2  # infeasible decisions in a row (active variant measured) before a search starts
     min_gap_s: float = 30.0  # after a search ends, before the next may start
-    latency_runs: int = 9  # timed single-input runs per candidate
+    latency_runs: int = 15  # timed single-input runs per candidate
     mutations: int = 4  # candidates per step
     max_positions: int = 2  # positions one mutation changes
-    margin: float = 0.9  # a candidate fits when its p90 <= margin x the compute budget
+    # A candidate fits when its median <= margin x the compute budget: room for the tail the loop's
+    # estimates decide on (a p90 of a few runs on a busy CPU is a preemption, not the variant).
+    margin: float = 0.8
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -176,8 +178,9 @@ class Research:
         units, _, exits = self.space.units_of(config)
         return sum(self.space.units[u].size_bytes for u in {*units, *exits.values()})
 
-    def mutate(self, config: Config) -> Config | None:
-        """A nearby config: the exit one stage earlier (sometimes), or 1..max_positions positions changed."""
+    def mutate(self, config: Config, cheaper: bool = False) -> Config | None:
+        """A nearby config: the exit one stage earlier (sometimes), or 1..max_positions positions changed;
+        ``cheaper``: each to a cheaper choice where there is one (skip < w25 < w50 < w75 < the rest)."""
         rng, space = self._rng, self.space
         earlier = [e for e in space.exits if e < config.exit_stage]
         choices = [c if c != NOT_EXECUTED else p.choices[0] for p, c in zip(space.positions, config.choices)]
@@ -191,6 +194,8 @@ class Research:
         for i in rng.choice(len(movable), size=count, replace=False):
             p = movable[int(i)]
             others = [c for c in space.positions[p].choices if c != choices[p]]
+            if cheaper:
+                others = [c for c in others if _cost(c) < _cost(choices[p])] or others
             choices[p] = others[int(rng.integers(len(others)))]
         try:
             mutated = space.make(choices, config.exit_stage)
@@ -230,7 +235,7 @@ class Research:
                 return None, None
             median, tail = float(np.median(times)), float(np.percentile(times, 90))
             memory = self.space.footprint_bytes(config)
-            fits = tail <= self.settings.margin * limit_ms and (memory_limit is None or memory <= memory_limit)
+            fits = median <= self.settings.margin * limit_ms and (memory_limit is None or memory <= memory_limit)
             accuracy, source = None, None
             if fits:
                 accuracy = self.space.accuracy.get(config.arch_id)
@@ -263,7 +268,8 @@ class Research:
         failures = 0
         while self._clock() < deadline and not self._stop.is_set() and failures < 50:
             anchor = best_config if best_config is not None else fastest[1]
-            batch = [m for m in (self.mutate(anchor) for _ in range(4 * s.mutations)) if m is not None]
+            batch = [m for m in (self.mutate(anchor, cheaper=best is None) for _ in range(4 * s.mutations))
+                     if m is not None]
             fresh = list({c.arch_id: c for c in batch if c.arch_id not in seen}.values())
             if not fresh:
                 failures += 1
@@ -406,6 +412,13 @@ def adopt(controller: Any, measured: Measured, runner: ComposedRunner) -> None:
             controller.shadow._known_ids = controller._known_ids
         controller.pool.add(measured.arch_id, runner)
     controller.request_tick()
+
+
+_COSTS = {"skip": 0, "w25": 1, "w50": 2, "w75": 3}
+
+
+def _cost(choice: str) -> int:
+    return _COSTS.get(choice, 4)
 
 
 def attach(controller: Any, settings: ResearchSettings | None = None) -> Research:
