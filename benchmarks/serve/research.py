@@ -226,7 +226,7 @@ def main() -> None:
     parser.add_argument("--before-s", type=float, default=5.0)
     parser.add_argument("--after-s", type=float, default=35.0)
     parser.add_argument("--time-bound-s", type=float, default=15.0)
-    parser.add_argument("--factor", type=float, default=0.85, help="budget = factor x the pool's fastest median")
+    parser.add_argument("--factor", type=float, default=0.95, help="budget = factor x the pool's fastest median")
     parser.add_argument("--split-s", type=float, default=15.0,
                         help="where 'before' ends when nothing found serves (static, or a failed search)")
     parser.add_argument("--rate-hz", type=float, default=20.0)

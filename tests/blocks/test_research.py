@@ -46,7 +46,7 @@ def test_search_stops_within_its_time_bound(written_blocks: Any) -> None:
     elapsed = time.monotonic() - t0
     assert runner is None and outcome.found is None
     assert outcome.evaluated >= 1
-    assert 0.6 <= elapsed <= 0.6 + 0.4, elapsed  # one timed run of slack at most
+    assert elapsed <= 0.6 + 0.4, elapsed  # one timed run of slack at most (it may stop early: nothing new near)
 
 
 @pytest.mark.slow

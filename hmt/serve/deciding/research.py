@@ -366,8 +366,10 @@ def table_accuracy(controller: Any, measured: Measured) -> float:
 def adopt(controller: Any, measured: Measured, runner: ComposedRunner) -> None:
     """Add what re-search found to ``controller``'s pool and optimizer table, keeping every other
     variant's estimates: its prior is its measured median (so the engine's r and the load scale,
-    which multiply a prior, give it back at the load it was measured under), and its timed runs
-    are its first samples; its accuracy is :func:`table_accuracy`. Energy: the active variant's,
+    which multiply a prior, give it back at the load it was measured under) until its own requests
+    measure it (the search's few timed runs are not filed as samples: on a busy CPU one preempted
+    run sets a window's p95, and the fallback, the fastest by estimate, then kept the slower pool
+    variant); its accuracy is :func:`table_accuracy`. Energy: the active variant's,
     scaled by the latency ratio (profiles give energy as power x time; nothing measured it for
     this variant)."""
     from hmt.serve.deciding.costs import Variant
@@ -400,9 +402,6 @@ def adopt(controller: Any, measured: Measured, runner: ComposedRunner) -> None:
                                alpha_latency=old_est.alpha_latency)
         position = {a: i for i, a in enumerate(ids)}
         estimator = _remap_estimator(old_est, new, [position[a] for a in old_est.arch_ids])
-        now_s = controller.now_s()
-        for ms in measured.samples_ms:
-            estimator.observe(measured.arch_id, ms, 0.0, now_s, controller.load.now)
         runner.variant = replace(runner.variant, latency_ms=prior_ms, accuracy=accuracy)
         decision = DecisionPath(optimizer, controller.fixed_variant, controller.settings.switch.score_margin)
         with controller.state_lock:
