@@ -90,3 +90,21 @@ def test_a_found_variant_joins_the_table_keeping_the_estimates() -> None:
     assert after["a"] == pytest.approx(before["a"]) and after["c"] == pytest.approx(before["c"])
     assert after["b"] < after["c"]  # its own prior, not a neighbour's measurements
     assert extended.ratio("c") == pytest.approx(old.ratio("c")) and extended.ratio("b") is None
+
+
+def test_blocks_and_research_need_a_bundle_with_blocks(tmp_path: Any) -> None:
+    import sys
+    from pathlib import Path
+
+    from hmt.errors import UsageError
+    from hmt.serve.running.session import SessionOptions, open_controller
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serve"))
+    from serve_bundles import make_bundle
+
+    bundle = make_bundle(tmp_path / "bundle")
+    for options in (SessionOptions(blocks=True), SessionOptions(research=ResearchSettings())):
+        with pytest.raises(UsageError, match="ships no block graphs"):
+            open_controller(bundle, options)
+    with pytest.raises(UsageError, match="time_bound_s > 0"):
+        ResearchSettings(time_bound_s=0)
