@@ -52,14 +52,17 @@ def held_out(bundle: Any, space: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def fastest_ms(controller: Any, x: np.ndarray, runs: int = 30) -> tuple[str, float]:
-    """The pool's fastest variant (median compute of ``runs`` single inputs each, measured now)."""
+    """The pool's fastest variant (median compute of ``runs`` single inputs each, measured now, run as
+    serve runs them: early exit at the bundle's confidence)."""
+    early = controller.settings.early_exit
+    confidence = early.confidence if early.enabled else None
     best = ("", float("inf"))
     for arch_id in controller.pool.loaded_ids():
         runner = controller.pool.get(arch_id)
         times = []
         for i in range(runs):
             t0 = time.perf_counter()
-            runner.run(x[i % len(x)][None], None)
+            runner.run(x[i % len(x)][None], confidence)
             times.append((time.perf_counter() - t0) * 1e3)
         median = float(np.median(times))
         if median < best[1]:

@@ -100,8 +100,11 @@ class Research:
 
     def __init__(self, space: BlockSpace, store: BlockStore, calibration: tuple[np.ndarray, np.ndarray],
                  settings: ResearchSettings | None = None, *, clock: Callable[[], float] = time.monotonic,
-                 on_found: Callable[[Measured, ComposedRunner], None] | None = None) -> None:
+                 on_found: Callable[[Measured, ComposedRunner], None] | None = None,
+                 confidence: float | None = None) -> None:
         self.space = space
+        # Candidates are timed as serve runs them: early exit at this confidence (None: off).
+        self.confidence = confidence
         self.store = store
         self.x, self.y = calibration
         self.settings = settings if settings is not None else ResearchSettings()
@@ -204,14 +207,14 @@ class Research:
         return mutated if mutated != config and space.composable(mutated) else None
 
     def _timed(self, runner: ComposedRunner, deadline: float) -> list[float] | None:
-        x1 = self.x[:1]
-        runner.run(x1, None)  # first call: ORT's lazy allocations
+        runner.run(self.x[:1], self.confidence)  # first call: ORT's lazy allocations
         times: list[float] = []
-        for _ in range(self.settings.latency_runs):
+        for i in range(self.settings.latency_runs):
             if self._clock() >= deadline or self._stop.is_set():
                 return None
+            x = self.x[i % len(self.x)][None]  # real inputs: with early exit, where they leave counts
             t0 = time.perf_counter()
-            runner.run(x1, None)
+            runner.run(x, self.confidence)
             times.append((time.perf_counter() - t0) * 1e3)
         return times
 
@@ -432,7 +435,9 @@ def attach(controller: Any, settings: ResearchSettings | None = None) -> Researc
         space = load_block_space(controller.bundle)
         store = BlockStore(controller.bundle, space, providers=controller.providers)
     calibration = load_calibration(controller.bundle, store.space)
+    early = controller.settings.early_exit
     research = Research(store.space, store, calibration, settings, clock=controller._clock,
-                        on_found=lambda measured, runner: adopt(controller, measured, runner))
+                        on_found=lambda measured, runner: adopt(controller, measured, runner),
+                        confidence=early.confidence if early.enabled else None)
     controller.research = research
     return research
