@@ -16,7 +16,8 @@ while the current variant keeps serving:
   memory budget); while nothing fits, each change goes to a cheaper choice;
 - *accuracy*: a bundled variant's from ``blocks.json`` (measured by deploy on the shipped
   calibration set), any other's measured now on that same labelled set;
-- *bounded in time*: the deadline is checked before every timed run and every batch.
+- *bounded in time*: the deadline is checked before every timed run and every batch; once a
+  candidate fits, the search looks ``improve_s`` longer for a more accurate one, then ends.
 
 The most accurate candidate that fits joins the pool and the optimizer's table
 (:func:`adopt`), and :meth:`Research.status` says why the search ran, when, what it
@@ -41,6 +42,7 @@ from hmt.runtime.blocks import NOT_EXECUTED, BlockSpace, BlockStore, ComposedRun
 @dataclass(frozen=True)
 class ResearchSettings:
     time_bound_s: float = 10.0  # one search's wall time at most
+    improve_s: float = 2.0  # once a variant fits, how much longer the search looks for a more accurate one
     patience: int = 2  # infeasible decisions in a row (active variant measured) before a search starts
     min_gap_s: float = 30.0  # after a search ends, before the next may start
     latency_runs: int = 15  # timed single-input runs per candidate
@@ -52,10 +54,11 @@ class ResearchSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not (self.time_bound_s > 0 and self.patience >= 1 and self.min_gap_s >= 0 and self.latency_runs >= 1
-                and self.mutations >= 1 and self.max_positions >= 1 and 0 < self.margin <= 1):
-            raise UsageError("research settings: time_bound_s > 0, patience >= 1, min_gap_s >= 0, latency_runs >= 1,"
-                             " mutations >= 1, max_positions >= 1 and 0 < margin <= 1")
+        if not (self.time_bound_s > 0 and self.improve_s >= 0 and self.patience >= 1 and self.min_gap_s >= 0
+                and self.latency_runs >= 1 and self.mutations >= 1 and self.max_positions >= 1
+                and 0 < self.margin <= 1):
+            raise UsageError("research settings: time_bound_s > 0, improve_s >= 0, patience >= 1, min_gap_s >= 0, "
+                             "latency_runs >= 1, mutations >= 1, max_positions >= 1 and 0 < margin <= 1")
 
 
 @dataclass(frozen=True)
@@ -296,6 +299,8 @@ class Research:
                                                                                 -best.latency_ms):
                     if best_runner is not None:
                         best_runner.close()
+                    if best is None:  # the first fit: a little longer for a better one, then hand it over
+                        deadline = min(deadline, self._clock() + s.improve_s)
                     best, best_runner, best_config, found_at = measured, runner, config, self._clock()
                 else:
                     runner.close()
