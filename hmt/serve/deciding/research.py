@@ -19,7 +19,8 @@ while the current variant keeps serving:
 - *bounded in time*: the deadline is checked before every timed run and every batch; once a
   candidate fits, the search looks ``improve_s`` longer for a more accurate one, then ends.
 
-The most accurate candidate that fits joins the pool and the optimizer's table
+The most accurate candidate that fits (and loses at most ``max_accuracy_drop`` of accuracy against
+the start variant on the calibration set) joins the pool and the optimizer's table
 (:func:`adopt`), and :meth:`Research.status` says why the search ran, when, what it
 evaluated and what it found.
 """
@@ -51,14 +52,18 @@ class ResearchSettings:
     # A candidate fits when its median <= margin x the compute budget: room for the tail the loop's
     # estimates decide on (a p90 of a few runs on a busy CPU is a preemption, not the variant).
     margin: float = 0.8
+    # A fitting candidate is taken only if its accuracy is at most this far below the start
+    # variant's on the same calibration set (when blocks.json has the start's).
+    max_accuracy_drop: float = 0.10
     seed: int = 0
 
     def __post_init__(self) -> None:
         if not (self.time_bound_s > 0 and self.improve_s >= 0 and self.patience >= 1 and self.min_gap_s >= 0
                 and self.latency_runs >= 1 and self.mutations >= 1 and self.max_positions >= 1
-                and 0 < self.margin <= 1):
+                and 0 < self.margin <= 1 and self.max_accuracy_drop >= 0):
             raise UsageError("research settings: time_bound_s > 0, improve_s >= 0, patience >= 1, min_gap_s >= 0, "
-                             "latency_runs >= 1, mutations >= 1, max_positions >= 1 and 0 < margin <= 1")
+                             "latency_runs >= 1, mutations >= 1, max_positions >= 1, 0 < margin <= 1, "
+                             "max_accuracy_drop >= 0")
 
 
 @dataclass(frozen=True)
@@ -270,6 +275,8 @@ class Research:
         best_config: Config | None = None
         found_at: float | None = None
         fastest: tuple[float, Config] = (math.inf, start)
+        start_accuracy = self.space.accuracy.get(start.arch_id)
+        floor = None if start_accuracy is None else start_accuracy - s.max_accuracy_drop
         evaluated = 0
         failures = 0
         while self._clock() < deadline and not self._stop.is_set() and failures < 50:
@@ -295,6 +302,9 @@ class Research:
                 if not measured.fits or runner is None:
                     continue
                 assert measured.accuracy is not None
+                if floor is not None and measured.accuracy < floor:
+                    runner.close()
+                    continue
                 if best is None or (measured.accuracy, -measured.latency_ms) > (best.accuracy or 0.0,
                                                                                 -best.latency_ms):
                     if best_runner is not None:
