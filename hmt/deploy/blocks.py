@@ -290,7 +290,7 @@ def write_blocks(writer: ArtifactWriter, loaded: Any, arch_ids: Sequence[str], o
         "entries": [stage.entry is not None for stage in net.definition.stages],
         "exits": list(sub.exits), "units": records, "accuracy": {}, "calibration": None,
         "bn": {"method": "shared statistics re-estimated over the bundled variants and seeded sub-space samples",
-               "variants": len(archs) + len(extra), "samples": seen // max(1, len(archs) + len(extra)),
+               "variants": len(archs) + len(extra), "samples": seen,
                "seed": options.seed},
     }
     notes = [f"{BLOCKS_SPEC_NAME}: {len(units)} shared block graphs composing any of the sub-space's variants "
