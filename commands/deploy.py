@@ -162,9 +162,17 @@ def deploy_command(
         "--canary-data", help="With --adaptable: a labelled .npz (x: inputs or uint8 pixels, y: labels), held out "
                               "from what clients send; up to 256 samples ship as adapt/canary.npz, the set serve "
                               "--adapt checks every adapted variant against (clients cannot steer it).")] = None,
+    blocks: Annotated[bool, typer.Option(
+        "--blocks", help="Also ship the fp32 variants as shared block graphs (one per block choice and position of "
+                         "the sub-space they span, plus exit heads): serve --blocks composes any variant of that "
+                         "sub-space from them and pages blocks, not copies; needs the supernet.")] = False,
+    blocks_data: Annotated[Path | None, typer.Option(
+        "--blocks-data", help="With --blocks: a labelled .npz (x: model inputs, y: labels); a seeded subset of up "
+                              "to 256 ships as blocks/calibration.npz, on which serve --research measures the "
+                              "accuracy of the variants it finds.")] = None,
     supernet: Annotated[Path | None, typer.Option(
-        "--supernet", help="With --adaptable: the supernet the variants come from (default: the one the pareto "
-                           "front records).")] = None,
+        "--supernet", help="With --adaptable or --blocks: the supernet the variants come from (default: the one "
+                           "the pareto front records).")] = None,
     offload_out: Annotated[Path | None, typer.Option(
         "--offload-out", help="Also split the bundle (built, or the --verify one) for offloading: OUT/device "
                               "(every segment + the heads and tails of the cuts) for `hmt serve --peer`, OUT/peer "
@@ -225,8 +233,8 @@ def deploy_command(
         if gen_key is not None:
             _gen_key(output, gen_key)
             return
-        if supernet is not None and not adaptable:
-            raise UsageError("--supernet goes with --adaptable")
+        if supernet is not None and not (adaptable or blocks):
+            raise UsageError("--supernet goes with --adaptable or --blocks")
         if canary_data is not None and not adaptable:
             raise UsageError("--canary-data goes with --adaptable")
         if trusted_key is not None and verify is None:
@@ -265,7 +273,7 @@ def deploy_command(
             engines=tuple(e.value for e in engines) if engines else None,
             strict=strict, latency_ms=latency_ms, memory_mb=memory_mb, energy=energy, sign_key=sign_key,
             version=bundle_version, adaptable=adaptable, supernet=supernet, allow_missing_preprocess=no_preprocess,
-            canary_data=canary_data, seed=seed,
+            canary_data=canary_data, blocks=blocks, blocks_data=blocks_data, seed=seed,
         )
         with output.progress() as progress:
             result = deploy_bundle(fused, pareto, out_dir, options=options, progress=progress, force=force)

@@ -225,6 +225,16 @@ def serve_command(
         "--adapt-max-share", help="--adapt: most of one core's time the adaptation worker may use.")] = 0.5,
     canary_tolerance: Annotated[float, typer.Option(
         "--canary-tolerance", help="--adapt: canary accuracy (0..1) the adapted variant may lose.")] = 0.0,
+    blocks: Annotated[bool, typer.Option(
+        "--blocks", help="Compose the variants from the bundle's shared block graphs (`hmt deploy --blocks`): the "
+                         "pool loads and evicts blocks, each once however many variants use it.")] = False,
+    research: Annotated[bool, typer.Option(
+        "--research", help="When no variant fits the budgets (measured), search the bundle's block sub-space on "
+                           "the device (nearby variants of the current one, timed here, accuracy on the bundle's "
+                           "calibration set) while the current variant keeps serving; what fits joins the pool. "
+                           "Needs `hmt deploy --blocks --blocks-data`.")] = False,
+    research_time_s: Annotated[float, typer.Option(
+        "--research-time-s", help="--research: the most wall time one search may take.")] = 10.0,
 
     role: Annotated[RoleChoice, typer.Option(
         help="device: serve predictions (offloading to --peer when given); peer: run the tails of an offload "
@@ -254,6 +264,13 @@ def serve_command(
 
         return AdaptSettings(window=adapt_window, adapt_after=adapt_after, max_share=adapt_max_share,
                              canary_tolerance=canary_tolerance, unguarded=adapt_unguarded)
+
+    def research_settings() -> Any:
+        if not research:
+            return None
+        from hmt.serve.deciding.research import ResearchSettings
+
+        return ResearchSettings(time_bound_s=research_time_s, seed=seed)
 
     def body(output: Output) -> None:
         from commands._checks import check_budget_flags
@@ -306,6 +323,13 @@ def serve_command(
             raise UsageError("--canary and --adapt-unguarded go with --adapt")
         if canary is not None and adapt_unguarded:
             raise UsageError("--adapt-unguarded drops the canary guard; it does not go with --canary")
+        if (blocks or research) and (peer is not None or adapt):
+            raise UsageError("--blocks and --research are not combined with --peer or --adapt (they compose the "
+                             "device's own variants from block graphs)")
+        if research_time_s != 10.0 and not research:
+            raise UsageError("--research-time-s goes with --research")
+        if not research_time_s > 0:
+            raise UsageError(f"--research-time-s must be > 0, got {research_time_s}")
         if scenario is None:
             for name, value in (("--duration-s", duration_s), ("--data", data), ("--timeline-out", timeline_out)):
                 if value is not None:
@@ -316,6 +340,7 @@ def serve_command(
                                  no_early_exit=no_early_exit, fixed_variant=variant, trusted_key=trusted_key,
                                  rollback=rollback,
                                  providers=parse_providers(providers), adapt=adapt_settings(), canary=canary,
+                                 blocks=blocks, research=research_settings(),
                                  layers=(*([file_layer(serve_config)] if serve_config is not None else []),
                                          env_layer(os.environ), set_layer(set_ or [])))
         api = ApiOptions(token=resolved_token, max_body_bytes=None if max_body_kb is None else max_body_kb * 1024,

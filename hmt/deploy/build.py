@@ -83,6 +83,10 @@ class DeployOptions:
     # With adaptable: a labelled .npz (x, y) whose seeded subset ships as adapt/canary.npz, the set
     # serve --adapt checks adoptions against by default.
     canary_data: Path | None = None
+    # Also ship the variants as shared block graphs (hmt.deploy.blocks) for serve --blocks, with
+    # a labelled calibration set (x, y) for on-device re-search when given.
+    blocks: bool = False
+    blocks_data: Path | None = None
     seed: int = 0
     supernet: Path | None = None
     # A bundle whose input preprocessing is unknown is refused (serve would normalise images
@@ -304,6 +308,8 @@ def resolve_engines(options: DeployOptions, target: Target) -> tuple[tuple[str, 
 
 
 def _check_options(engines: tuple[str, ...], options: DeployOptions, target: Target) -> None:
+    if options.blocks_data is not None and not options.blocks:
+        raise UsageError("--blocks-data goes with --blocks")
     unknown = [e for e in engines if e not in ENGINES]
     if unknown or not engines:
         raise UsageError(f"unknown or no engine(s) {unknown}; choose from {', '.join(ENGINES)}")
@@ -315,6 +321,20 @@ def _check_options(engines: tuple[str, ...], options: DeployOptions, target: Tar
                          f"({target.memory_bytes / 1e6:.0f} MB)")
     if "tvm" in engines:
         target.compiler()  # a missing cross-compiler is a clear error before any work
+
+
+def _add_blocks(writer: ArtifactWriter, bundled: list[BundleVariant], front: Any, options: DeployOptions,
+                progress: ProgressCallback) -> list[str]:
+    """``--blocks``: the fp32 variants' shared block graphs (hmt.deploy.blocks); the notes it adds."""
+    from hmt.deploy.adaptable import supernet_of
+    from hmt.deploy.blocks import BlocksOptions, write_blocks
+
+    ids = [v.arch_id for v in bundled if str(v.extra.get("precision", "fp32")) == "fp32"]
+    if not ids:
+        raise UsageError("--blocks needs fp32 variants (the blocks are float graphs); every bundled one is quantised")
+    loaded = supernet_of(front, options.supernet)
+    summary = write_blocks(writer, loaded, ids, BlocksOptions(data=options.blocks_data, seed=options.seed), progress)
+    return list(summary["notes"])
 
 
 def deploy_bundle(
@@ -339,7 +359,8 @@ def deploy_bundle(
     target = get_target(options.target)
     engines, engine_notes = resolve_engines(options, target)
     _check_options(engines, options, target)
-    inputs = [p for p in (fused_dir, pareto_dir, options.profile, options.sign_key, options.supernet) if p]
+    inputs = [p for p in (fused_dir, pareto_dir, options.profile, options.sign_key, options.supernet,
+                        options.blocks_data) if p]
     check_output_dir(out_dir, kind=BUNDLE_KIND, inputs=inputs, force=force)
     out_abs = Path(os.path.abspath(out_dir))
     archive = archive_path_for(out_abs) if options.archive else None
@@ -385,6 +406,7 @@ def deploy_bundle(
         "strict": options.strict,
         "budgets": {"latency_ms": options.latency_ms, "memory_mb": options.memory_mb, "energy": options.energy},
         "adaptable": options.adaptable,
+        **({"blocks": True} if options.blocks else {}),
         "toolchain": {"hmt": __version__, "tvm_target": target.tvm_target,
                       "compiler": _compiler_version(target) if "tvm" in engines else None},
     }
@@ -442,6 +464,8 @@ def deploy_bundle(
             else:
                 notes.append("no canary set shipped (deploy --canary-data): serve --adapt will need --canary")
             progress("adaptable", len(bundled), len(bundled), None)
+        if options.blocks:
+            notes.extend(_add_blocks(writer, bundled, front, options, progress))
         if meta_note is not None:
             notes.append(meta_note)
         if class_names is not None and len(class_names) != int(classes):

@@ -69,6 +69,7 @@ class Controller:
         warmup_runs: int = 3,
         providers: Sequence[str] | None = None,
         adapt: Any = None,
+        blocks: bool = False,
     ) -> None:
         self.bundle = bundle
         # None: the providers the bundle's target lists (hmt.deploy.targets), CPU for older bundles.
@@ -99,8 +100,16 @@ class Controller:
         self._measured_count = 0
         self.load = OutsideLoad(self.settings.load_weights)
         self.monitor = ResourceMonitor(sampler, frequency_hz=1.0 / self.settings.monitor_period_s)
-        self.pool = VariantPool(bundle, engine=self.engine, threads=threads, warmup_runs=warmup_runs, loader=loader,
-                                early_exit=self.settings.early_exit.enabled, providers=self.providers)
+        pool_kwargs: dict[str, Any] = {"threads": threads, "warmup_runs": warmup_runs, "providers": self.providers,
+                                       "early_exit": self.settings.early_exit.enabled}
+        if blocks:  # serve --blocks: variants composed from shared block graphs (hmt.serve.running.blocks)
+            from hmt.serve.running.blocks import BlockPool
+
+            self.pool: VariantPool = BlockPool(bundle, **pool_kwargs)
+        else:
+            self.pool = VariantPool(bundle, engine=self.engine, loader=loader, **pool_kwargs)
+        # serve --research (hmt.serve.deciding.research.attach): offered every decision, searches when none fits.
+        self.research: Any = None
         self.budgets: Budgets = self.settings.budgets
         self._active: Runner | None = None
         self.load_scale = 1.0  # (1 + alpha * I) of the last decision
@@ -195,6 +204,8 @@ class Controller:
         self.loop.stop()
         if self.adapt is not None:
             self.adapt.stop(timeout_s)
+        if self.research is not None:
+            self.research.stop(timeout_s)
         self.loop.join(timeout_s)
         self.monitor.stop()
 
@@ -318,6 +329,9 @@ class Controller:
             self.last_error = None  # a stale error must not outlive the state it described
         estimates = {e.arch_id: e for e in self.estimator.estimates(self.now_s(), load_scale, load_next)}
         active_estimate = estimates[active]
+        if self.research is not None:
+            self.research.offer(decision.feasible, active_estimate.source != "prior", active, latency_limit_ms,
+                                budgets.memory_bytes, decision.reason)
         record = TickRecord(
             time_s=self.now_s(), trigger=trigger, cpu_util=sample.cpu_util, mem_util=sample.mem_util,
             gpu_util=sample.gpu_util, battery_percent=sample.battery_percent, temperature_c=sample.temperature_c,

@@ -75,5 +75,9 @@ def controller_status(c: Any, last: int = 10) -> dict[str, Any]:
         "decision_us_p50": None if dec is None else float(np.median(dec)),
         "last_error": c.last_error,
         "adapt": None if c.adapt is None else c.adapt.status(),
+        # serve --blocks / --research (hmt.serve.running.blocks, hmt.serve.deciding.research)
+        "blocks": c.pool.status() if hasattr(c.pool, "status") else None,
+        "research": None if getattr(c, "research", None) is None else
+        c.research.status(lambda t: t - c.t0_s),
         "last_decisions": [t.to_json_dict() for t in ticks[-last:]],
     }

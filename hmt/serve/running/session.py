@@ -69,6 +69,10 @@ class SessionOptions:
     # serve --adapt (hmt.serve.running.adapt.AdaptSettings) and its labelled canary set (default: the bundle's).
     adapt: Any = None
     canary: Path | None = None
+    # serve --blocks (compose variants from the bundle's block graphs) and --research
+    # (hmt.serve.deciding.research.ResearchSettings: re-search the block sub-space when nothing fits).
+    blocks: bool = False
+    research: Any = None
 
     def __post_init__(self) -> None:
         if self.engine is not None and self.engine not in ENGINE_CHOICES:
@@ -105,9 +109,20 @@ def open_controller(bundle_path: Path | str, options: SessionOptions, **kwargs: 
         from hmt.serve.running.adapt import canary_for
 
         kwargs["adapt"] = (options.adapt, canary_for(bundle, options.canary, options.adapt))
+    if options.blocks or options.research is not None:
+        from hmt.runtime.blocks import has_blocks
+
+        if not has_blocks(bundle):
+            raise UsageError(f"{bundle.root}: ships no block graphs; --blocks and --research need a bundle from "
+                             "`hmt deploy --blocks`")
     controller = Controller(bundle, settings, engine=settings.engine, threads=options.threads,
-                            fixed_variant=options.fixed_variant, providers=options.providers, **kwargs)
+                            fixed_variant=options.fixed_variant, providers=options.providers,
+                            blocks=options.blocks, **kwargs)
     controller.settings_report = report
+    if options.research is not None:
+        from hmt.serve.deciding.research import attach
+
+        attach(controller, options.research)
     return controller
 
 

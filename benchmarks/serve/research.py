@@ -1,0 +1,249 @@
+"""On-device re-search when a budget tightens below every variant in the pool (a held-out-style scenario).
+
+A bundle from ``hmt deploy --blocks --blocks-data`` is served in process with ``--blocks`` (the
+real controller, its loop and switcher as the bundle's serve.json configures them); one client sends
+labelled CIFAR-10 test images (not the bundle's calibration images) at ``--rate-hz``:
+
+1. ``--before-s`` seconds with no latency budget;
+2. then the budget drops to ``--factor`` x the median compute time of the pool's fastest variant,
+   measured just before in the same process: below every variant the bundle ships; it stays there
+   for ``--after-s`` seconds.
+
+Two modes per repetition, alternating: ``research`` (serve --research, time bound
+``--time-bound-s``) and ``static`` (the same loop without it: serve runs the fastest and misses).
+Reported per mode, medians over the repetitions: the time from the budget drop until re-search
+found a variant that fits and until that variant first answered; the deadline-miss share before
+it answered (from the drop) and after; for ``static`` the same two windows. The variant found is
+compared with the pool's fastest on the bundle's calibration set (what the search used) and on
+the held-out test images (the embedded CIFAR-10 test subset minus the calibration images).
+
+    PYTHONPATH=$PWD python -m benchmarks.serve research --bundle runs/demo/bundle-blocks --reps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.harness import Driver
+
+
+def held_out(bundle: Any, space: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The embedded CIFAR-10 test subset, normalised as in training, minus the bundle's calibration images."""
+    from hmt.data.load import load_dataset
+    from hmt.runtime.blocks import load_calibration
+
+    data = load_dataset("cifar10")
+    mean = np.asarray(data.info.mean, dtype=np.float32).reshape(1, -1, 1, 1)
+    std = np.asarray(data.info.std, dtype=np.float32).reshape(1, -1, 1, 1)
+    x = ((data.test_x.astype(np.float32) / 255.0 - mean) / std).astype(np.float32)
+    y = data.test_y.astype(np.int64)
+    cal_x, _ = load_calibration(bundle, space)
+    shipped = {hashlib.sha256(row.tobytes()).hexdigest() for row in cal_x}
+    keep = np.array([hashlib.sha256(row.tobytes()).hexdigest() not in shipped for row in x])
+    return x[keep], y[keep]
+
+
+def fastest_ms(controller: Any, x: np.ndarray, runs: int = 30) -> tuple[str, float]:
+    """The pool's fastest variant (median compute of ``runs`` single inputs each, measured now, run as
+    serve runs them: early exit at the bundle's confidence)."""
+    early = controller.settings.early_exit
+    confidence = early.confidence if early.enabled else None
+    best = ("", float("inf"))
+    for arch_id in controller.pool.loaded_ids():
+        runner = controller.pool.get(arch_id)
+        times = []
+        for i in range(runs):
+            t0 = time.perf_counter()
+            runner.run(x[i % len(x)][None], confidence)
+            times.append((time.perf_counter() - t0) * 1e3)
+        median = float(np.median(times))
+        if median < best[1]:
+            best = (arch_id, median)
+    return best
+
+
+def one_run(bundle_path: Path, mode: str, args: argparse.Namespace, seed: int, x: np.ndarray, y: np.ndarray
+            ) -> dict[str, Any]:
+    from hmt.serve.deciding.research import ResearchSettings
+    from hmt.serve.running.session import SessionOptions, open_controller
+
+    research = ResearchSettings(time_bound_s=args.time_bound_s, seed=seed) if mode == "research" else None
+    controller = open_controller(bundle_path, SessionOptions(blocks=True, research=research))
+    controller.start(background=True)
+    records: list[tuple[float, float, bool, str, bool]] = []
+    stop = threading.Event()
+    try:
+        fastest_id, fastest = fastest_ms(controller, x)
+        budget_ms = args.factor * fastest
+
+        def client() -> None:
+            period = 1.0 / args.rate_hz
+            i = 0
+            while not stop.is_set():
+                t0 = time.monotonic()
+                p = controller.predict(x[i % len(x)][None])
+                records.append((t0, p.latency_ms, p.deadline_miss, p.variant, p.class_index == int(y[i % len(x)])))
+                i += 1
+                stop.wait(max(0.0, period - (time.monotonic() - t0)))
+
+        thread = threading.Thread(target=client, daemon=True)
+        start = time.monotonic()
+        thread.start()
+        time.sleep(args.before_s)
+        drop = time.monotonic()
+        controller.set_budgets(latency_ms=budget_ms, memory_mb=None)
+        time.sleep(args.after_s)
+        stop.set()
+        thread.join(10.0)
+        status = controller.status()
+    finally:
+        stop.set()
+        controller.stop()
+    last = (status.get("research") or {}).get("last") or {}
+    found = (last.get("found") or {}).get("arch_id")
+    found_at = None
+    if found is not None and last.get("found_after_s") is not None:
+        found_at = controller.t0_s + last["started_s"] + last["found_after_s"]
+    served_at = next((t for t, _, _, v, _ in records if t >= drop and v == found), None) if found else None
+    split = served_at if served_at is not None else drop + args.split_s
+    before = [m for t, _, m, _, _ in records if drop <= t < split]
+    after = [m for t, _, m, _, _ in records if t >= split]
+    return {
+        "mode": mode, "seed": seed, "budget_ms": budget_ms, "pool_fastest": fastest_id, "pool_fastest_ms": fastest,
+        "requests": len(records), "before_drop_requests": sum(t < drop for t, *_ in records),
+        "found": found, "search_started_after_drop_s": None if not last else
+        controller.t0_s + last["started_s"] - drop,
+        "found_after_drop_s": None if found_at is None else found_at - drop,
+        "served_after_drop_s": None if served_at is None else served_at - drop,
+        "search_evaluated": last.get("evaluated"), "search_fastest_ms": last.get("fastest_ms"),
+        "latency_limit_ms": last.get("latency_limit_ms"),
+        "search_s": None if not last else last["ended_s"] - last["started_s"],
+        "found_calibration_accuracy": (last.get("found") or {}).get("accuracy"),
+        "miss_share_before": float(np.mean(before)) if before else None, "requests_before": len(before),
+        "miss_share_after": float(np.mean(after)) if after else None, "requests_after": len(after),
+        "split_after_drop_s": split - drop, "elapsed_s": time.monotonic() - start,
+    }
+
+
+def accuracy_of(bundle_path: Path, arch_ids: list[str], x: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    from hmt.bundle import load_bundle
+    from hmt.runtime.blocks import BlockStore, accuracy_on, compose, load_block_space
+
+    bundle = load_bundle(bundle_path)
+    space = load_block_space(bundle)
+    store = BlockStore(bundle, space)
+    return {a: accuracy_on(compose(store, space.parse(a)), x, y) for a in arch_ids}
+
+
+def median(values: list[Any]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return float(np.median(kept)) if kept else None
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from hmt.bundle import load_bundle
+    from hmt.runtime.blocks import BlockStore, accuracy_on, compose, load_block_space, load_calibration
+
+    bundle = load_bundle(args.bundle)
+    space = load_block_space(bundle)
+    x, y = held_out(bundle, space)
+    runs: list[dict[str, Any]] = []
+    for rep in range(args.reps):
+        for mode in ("research", "static") if rep % 2 == 0 else ("static", "research"):
+            runs.append(one_run(args.bundle, mode, args, args.seed + rep, x[:args.client_images],
+                                y[:args.client_images]))
+    research = [r for r in runs if r["mode"] == "research"]
+    static = [r for r in runs if r["mode"] == "static"]
+    # the found variant vs the pool's fastest: on the calibration set (the search's measure) and held out
+    found = sorted({r["found"] for r in research if r["found"]})
+    fastest = sorted({r["pool_fastest"] for r in runs})
+    cal_x, cal_y = load_calibration(bundle, space)
+    store = BlockStore(bundle, space)
+    calibration = {a: accuracy_on(compose(store, space.parse(a)), cal_x, cal_y) for a in [*found, *fastest]}
+    held = accuracy_of(args.bundle, [*found, *fastest], x, y)  # no image here chose anything
+    summary = {
+        "research": {key: median([r[key] for r in research]) for key in (
+            "budget_ms", "pool_fastest_ms", "found_after_drop_s", "served_after_drop_s", "search_s",
+            "search_evaluated", "search_fastest_ms", "latency_limit_ms", "miss_share_before", "miss_share_after",
+            "split_after_drop_s")},
+        "static": {key: median([r[key] for r in static]) for key in (
+            "budget_ms", "pool_fastest_ms", "miss_share_before", "miss_share_after", "split_after_drop_s")},
+        "found_in": f"{sum(1 for r in research if r['found'])}/{len(research)} searches",
+    }
+    return {"summary": summary, "runs": runs, "calibration_accuracy": calibration,
+            "held_out_accuracy": held, "held_out_images": len(y),
+            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out"}}
+
+
+def summarise(report: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in report.items() if k != "runs"} | {"repetitions": len(report["runs"]) // 2}
+
+
+def claims(report: dict[str, Any]) -> list[dict[str, str]]:
+    s, r, st = report["summary"], report["summary"]["research"], report["summary"]["static"]
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{100 * v:.1f}%"
+
+    def sec(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f} s"
+
+    out = [{"claim": "time from the budget drop until re-search found a variant that fits / until it served "
+                     "(median)", "figure": f"{sec(r['found_after_drop_s'])} / {sec(r['served_after_drop_s'])} "
+                                           f"({s['found_in']})"},
+           {"claim": "deadline-miss share before / after the found variant serves, with re-search",
+            "figure": f"{pct(r['miss_share_before'])} / {pct(r['miss_share_after'])}"},
+           {"claim": "the same windows without re-search (static: serves the pool's fastest)",
+            "figure": f"{pct(st['miss_share_before'])} / {pct(st['miss_share_after'])}"}]
+    held, cal = report["held_out_accuracy"], report["calibration_accuracy"]
+    fastest = sorted({run["pool_fastest"] for run in report["runs"]})
+    found = sorted({run["found"] for run in report["runs"] if run["found"]})
+    for arch in found:
+        out.append({"claim": f"accuracy of a found variant vs the pool's fastest ({arch.split('.', 1)[1]} vs "
+                             f"{', '.join(f.split('.', 1)[1] for f in fastest)}), held out / calibration set",
+                    "figure": f"{pct(held[arch])} vs {', '.join(pct(held[f]) for f in fastest)} / "
+                              f"{pct(cal[arch])} vs {', '.join(pct(cal[f]) for f in fastest)}"})
+    return out
+
+
+BENCH = Driver(
+    baseline="the same scenario without re-search (static), alternating with it in the same run",
+    needs="a bundle from hmt deploy --blocks --blocks-data (--bundle)",
+    summarise=summarise,
+    claims=claims,
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bundle", type=Path, required=True, help="a bundle from hmt deploy --blocks --blocks-data")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--before-s", type=float, default=5.0)
+    parser.add_argument("--after-s", type=float, default=35.0)
+    parser.add_argument("--time-bound-s", type=float, default=15.0)
+    parser.add_argument("--factor", type=float, default=0.95, help="budget = factor x the pool's fastest median")
+    parser.add_argument("--split-s", type=float, default=15.0,
+                        help="where 'before' ends when nothing found serves (static, or a failed search)")
+    parser.add_argument("--rate-hz", type=float, default=20.0)
+    parser.add_argument("--client-images", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="write the report here (JSON)")
+    args = parser.parse_args()
+    report = run(args)
+    text = json.dumps(report, indent=2)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(json.dumps(report["summary"], indent=2))
+
+
+if __name__ == "__main__":
+    main()

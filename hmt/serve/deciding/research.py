@@ -1,0 +1,458 @@
+"""On-device re-search (AdaptiveNet's on-device stage): when nothing fits, look for a variant that does.
+
+serve ``--research`` on a bundle with block graphs (``deploy --blocks --blocks-data``). The
+loop offers each decision to :meth:`Research.offer`; when the decision found no feasible
+variant for ``patience`` ticks in a row and the active variant's estimate is measured (the
+measurements, not a prediction, say it is too slow), a search starts on its own thread
+while the current variant keeps serving:
+
+- *nearby mutations* of the current variant within the shipped sub-space: one or two
+  positions take another shipped choice, or the exit moves one stage earlier; while
+  nothing fits, the search walks from the fastest candidate measured so far, then from the
+  most accurate one that fits;
+- *latency measured on the device*: each candidate is composed from the blocks
+  (:func:`hmt.runtime.blocks.compose`) and timed on single inputs (``latency_runs``; it
+  fits when its median is within ``margin`` of the compute budget and its blocks within the
+  memory budget); while nothing fits, each change goes to a cheaper choice;
+- *accuracy*: a bundled variant's from ``blocks.json`` (measured by deploy on the shipped
+  calibration set), any other's measured now on that same labelled set;
+- *bounded in time*: the deadline is checked before every timed run and every batch; once a
+  candidate fits, the search looks ``improve_s`` longer for a more accurate one, then ends.
+
+The most accurate candidate that fits (and loses at most ``max_accuracy_drop`` of accuracy against
+the start variant on the calibration set) joins the pool and the optimizer's table
+(:func:`adopt`), and :meth:`Research.status` says why the search ran, when, what it
+evaluated and what it found.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable
+
+import numpy as np
+
+from hmt.errors import HmtError, UsageError
+from hmt.runtime.blocks import NOT_EXECUTED, BlockSpace, BlockStore, ComposedRunner, Config, compose
+
+
+@dataclass(frozen=True)
+class ResearchSettings:
+    time_bound_s: float = 10.0  # one search's wall time at most
+    improve_s: float = 2.0  # once a variant fits, how much longer the search looks for a more accurate one
+    patience: int = 2  # infeasible decisions in a row (active variant measured) before a search starts
+    min_gap_s: float = 30.0  # after a search ends, before the next may start
+    latency_runs: int = 15  # timed single-input runs per candidate
+    mutations: int = 4  # candidates per step
+    max_positions: int = 2  # positions one mutation changes
+    # A candidate fits when its median <= margin x the compute budget: room for the tail the loop's
+    # estimates decide on (a p90 of a few runs on a busy CPU is a preemption, not the variant).
+    margin: float = 0.8
+    # A fitting candidate is taken only if its accuracy is at most this far below the start
+    # variant's on the same calibration set (when blocks.json has the start's).
+    max_accuracy_drop: float = 0.10
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.time_bound_s > 0 and self.improve_s >= 0 and self.patience >= 1 and self.min_gap_s >= 0
+                and self.latency_runs >= 1 and self.mutations >= 1 and self.max_positions >= 1
+                and 0 < self.margin <= 1 and self.max_accuracy_drop >= 0):
+            raise UsageError("research settings: time_bound_s > 0, improve_s >= 0, patience >= 1, min_gap_s >= 0, "
+                             "latency_runs >= 1, mutations >= 1, max_positions >= 1, 0 < margin <= 1, "
+                             "max_accuracy_drop >= 0")
+
+
+@dataclass(frozen=True)
+class Measured:
+    arch_id: str
+    latency_ms: float  # median of the timed runs
+    tail_ms: float  # their p90
+    samples_ms: tuple[float, ...]
+    memory_bytes: int
+    fits: bool
+    accuracy: float | None = None
+    accuracy_source: str | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One search: why it ran, when, its bounds, what it evaluated, what it found (``found``: None)."""
+
+    reason: str
+    start_arch_id: str
+    started_s: float
+    ended_s: float
+    time_bound_s: float
+    latency_limit_ms: float
+    memory_limit_bytes: int | None
+    evaluated: int
+    found: Measured | None
+    found_after_s: float | None
+    start_accuracy: float | None
+    fastest_arch_id: str | None = None  # the fastest candidate measured (how close a failed search got)
+    fastest_ms: float | None = None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.found is not None:
+            data["found"]["samples_ms"] = None  # kept out of status (the tail and median say it)
+        return data
+
+
+class Research:
+    """The trigger, the bounded search and its status (see the module docstring)."""
+
+    def __init__(self, space: BlockSpace, store: BlockStore, calibration: tuple[np.ndarray, np.ndarray],
+                 settings: ResearchSettings | None = None, *, clock: Callable[[], float] = time.monotonic,
+                 on_found: Callable[[Measured, ComposedRunner], None] | None = None,
+                 confidence: float | None = None) -> None:
+        self.space = space
+        # Candidates are timed as serve runs them: early exit at this confidence (None: off).
+        self.confidence = confidence
+        self.store = store
+        self.x, self.y = calibration
+        self.settings = settings if settings is not None else ResearchSettings()
+        self._clock = clock
+        self.on_found = on_found
+        self._rng = np.random.default_rng(self.settings.seed)
+        self._streak = 0
+        self._last_end_s = -math.inf
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.searches = 0
+        self.outcomes: list[Outcome] = []
+        self.running_since_s: float | None = None
+        self.error: str | None = None
+
+    # -- the trigger -----------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def offer(self, feasible: bool, measured: bool, active_arch_id: str | None, latency_limit_ms: float,
+              memory_limit_bytes: int | None, reason: str) -> bool:
+        """One decision of the loop; starts a search (on its own thread) when nothing has fitted for
+        ``patience`` decisions in a row and the active variant is measured. Whether it started one."""
+        if feasible or not measured or active_arch_id is None or not math.isfinite(latency_limit_ms):
+            self._streak = 0
+            return False
+        self._streak += 1
+        now = self._clock()
+        if self._streak < self.settings.patience or self.running or now - self._last_end_s < self.settings.min_gap_s:
+            return False
+        self._streak = 0
+        self.running_since_s = now
+        self._thread = threading.Thread(target=self._run, name="hmt-research", daemon=True,
+                                        args=(active_arch_id, latency_limit_ms, memory_limit_bytes, reason))
+        self._thread.start()
+        return True
+
+    def _run(self, active: str, limit_ms: float, memory_limit: int | None, reason: str) -> None:
+        try:
+            outcome, runner = self.search(active, limit_ms, memory_limit, reason)
+            if runner is not None and outcome.found is not None and self.on_found is not None:
+                self.on_found(outcome.found, runner)
+        except HmtError as exc:
+            self.error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - a failed search must not take serve down; status says why
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._last_end_s = self._clock()
+            self.running_since_s = None
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+
+    # -- the search ------------------------------------------------------------------------
+
+    def start_config(self, arch_id: str) -> Config:
+        """``arch_id`` as a config of the sub-space; a variant outside it starts from the sub-space's
+        cheapest-looking variant (fewest block bytes among the shipped accuracies' variants)."""
+        try:
+            return self.space.parse(arch_id)
+        except UsageError:
+            known = [self.space.parse(a) for a in self.space.accuracy]
+            if not known:
+                raise
+            return min(known, key=self.weight_bytes)
+
+    def weight_bytes(self, config: Config) -> int:
+        units, _, exits = self.space.units_of(config)
+        return sum(self.space.units[u].size_bytes for u in {*units, *exits.values()})
+
+    def mutate(self, config: Config, cheaper: bool = False) -> Config | None:
+        """A nearby config: the exit one stage earlier (sometimes), or 1..max_positions positions changed;
+        ``cheaper``: each to a cheaper choice where there is one (skip < w25 < w50 < w75 < the rest)."""
+        rng, space = self._rng, self.space
+        earlier = [e for e in space.exits if e < config.exit_stage]
+        choices = [c if c != NOT_EXECUTED else p.choices[0] for p, c in zip(space.positions, config.choices)]
+        if earlier and rng.random() < 0.25:
+            return space.make(choices, max(earlier))
+        movable = [i for i, p in enumerate(space.positions)
+                   if p.stage <= config.exit_stage and len(p.choices) > 1]
+        if not movable:
+            return None
+        count = int(rng.integers(1, min(self.settings.max_positions, len(movable)) + 1))
+        for i in rng.choice(len(movable), size=count, replace=False):
+            p = movable[int(i)]
+            others = [c for c in space.positions[p].choices if c != choices[p]]
+            if cheaper:
+                others = [c for c in others if _cost(c) < _cost(choices[p])] or others
+            choices[p] = others[int(rng.integers(len(others)))]
+        try:
+            mutated = space.make(choices, config.exit_stage)
+        except UsageError:
+            return None
+        return mutated if mutated != config and space.composable(mutated) else None
+
+    def _timed(self, runner: ComposedRunner, deadline: float) -> list[float] | None:
+        runner.run(self.x[:1], self.confidence)  # first call: ORT's lazy allocations
+        times: list[float] = []
+        for i in range(self.settings.latency_runs):
+            if self._clock() >= deadline or self._stop.is_set():
+                return None
+            x = self.x[i % len(self.x)][None]  # real inputs: with early exit, where they leave counts
+            t0 = time.perf_counter()
+            runner.run(x, self.confidence)
+            times.append((time.perf_counter() - t0) * 1e3)
+        return times
+
+    def _accuracy(self, runner: ComposedRunner, deadline: float, batch: int = 32) -> float | None:
+        correct = 0
+        for start in range(0, len(self.x), batch):
+            if self._clock() >= deadline or self._stop.is_set():
+                return None
+            results = runner.run_batch(self.x[start:start + batch], None)
+            correct += sum(int(r.class_index == int(t)) for r, t in zip(results, self.y[start:start + batch]))
+        return correct / len(self.x)
+
+    def evaluate(self, config: Config, limit_ms: float, memory_limit: int | None, deadline: float
+                 ) -> tuple[Measured | None, ComposedRunner | None]:
+        """Compose and time ``config``; if it fits, its accuracy too. (None, None) past the deadline."""
+        runner = compose(self.store, config)
+        keep = False
+        try:
+            times = self._timed(runner, deadline)
+            if times is None:
+                return None, None
+            median, tail = float(np.median(times)), float(np.percentile(times, 90))
+            memory = self.space.footprint_bytes(config)
+            fits = median <= self.settings.margin * limit_ms and (memory_limit is None or memory <= memory_limit)
+            accuracy, source = None, None
+            if fits:
+                accuracy = self.space.accuracy.get(config.arch_id)
+                source = "blocks.json (deploy, calibration set)"
+                if accuracy is None:
+                    accuracy, source = self._accuracy(runner, deadline), "calibration set, on the device"
+                    if accuracy is None:
+                        return None, None
+            keep = fits
+            return Measured(config.arch_id, median, tail, tuple(times), memory, fits, accuracy, source), runner
+        finally:
+            if not keep:
+                runner.close()
+
+    def search(self, active: str, limit_ms: float, memory_limit: int | None, reason: str = ""
+               ) -> tuple[Outcome, ComposedRunner | None]:
+        """One bounded search from ``active`` (synchronous; :meth:`offer` runs it on a thread)."""
+        s = self.settings
+        started = self._clock()
+        deadline = started + s.time_bound_s
+        self.searches += 1
+        start = self.start_config(active)
+        seen = {start.arch_id}
+        best: Measured | None = None
+        best_runner: ComposedRunner | None = None
+        best_config: Config | None = None
+        found_at: float | None = None
+        fastest: tuple[float, Config] = (math.inf, start)
+        start_accuracy = self.space.accuracy.get(start.arch_id)
+        floor = None if start_accuracy is None else start_accuracy - s.max_accuracy_drop
+        evaluated = 0
+        failures = 0
+        while self._clock() < deadline and not self._stop.is_set() and failures < 50:
+            anchor = best_config if best_config is not None else fastest[1]
+            batch = [m for m in (self.mutate(anchor, cheaper=best is None) for _ in range(4 * s.mutations))
+                     if m is not None]
+            fresh = list({c.arch_id: c for c in batch if c.arch_id not in seen}.values())
+            if not fresh:
+                failures += 1
+                continue
+            if best is None:  # nothing fits yet: the lightest first
+                fresh.sort(key=self.weight_bytes)
+            for config in fresh[:s.mutations]:
+                if self._clock() >= deadline:
+                    break
+                seen.add(config.arch_id)
+                measured, runner = self.evaluate(config, limit_ms, memory_limit, deadline)
+                if measured is None:
+                    break
+                evaluated += 1
+                if measured.latency_ms < fastest[0]:
+                    fastest = (measured.latency_ms, config)
+                if not measured.fits or runner is None:
+                    continue
+                assert measured.accuracy is not None
+                if floor is not None and measured.accuracy < floor:
+                    runner.close()
+                    continue
+                if best is None or (measured.accuracy, -measured.latency_ms) > (best.accuracy or 0.0,
+                                                                                -best.latency_ms):
+                    if best_runner is not None:
+                        best_runner.close()
+                    if best is None:  # the first fit: a little longer for a better one, then hand it over
+                        deadline = min(deadline, self._clock() + s.improve_s)
+                    best, best_runner, best_config, found_at = measured, runner, config, self._clock()
+                else:
+                    runner.close()
+        ended = self._clock()
+        outcome = Outcome(reason=reason, start_arch_id=active, started_s=started, ended_s=ended,
+                          time_bound_s=s.time_bound_s, latency_limit_ms=limit_ms, memory_limit_bytes=memory_limit,
+                          evaluated=evaluated, found=best,
+                          found_after_s=None if found_at is None else found_at - started,
+                          start_accuracy=self.space.accuracy.get(active),
+                          fastest_arch_id=None if evaluated == 0 else fastest[1].arch_id,
+                          fastest_ms=None if evaluated == 0 else fastest[0])
+        self.outcomes = [*self.outcomes[-7:], outcome]
+        return outcome, best_runner
+
+    def status(self, now_s: Callable[[float], float] = lambda t: t) -> dict[str, Any]:
+        """What ``/v1/status`` shows (key ``research``); ``now_s`` maps this clock to the controller's time."""
+        last = self.outcomes[-1] if self.outcomes else None
+        data = last.to_json_dict() if last is not None else None
+        if data is not None:
+            data["started_s"], data["ended_s"] = now_s(last.started_s), now_s(last.ended_s)  # type: ignore[union-attr]
+        return {"searches": self.searches, "running": self.running, "error": self.error,
+                "settings": asdict(self.settings), "last": data,
+                "found": [o.found.arch_id for o in self.outcomes if o.found is not None]}
+
+
+# -- joining the table --------------------------------------------------------------------------
+
+
+def _remap_estimator(old: Any, new: Any, order: Sequence[int]) -> Any:
+    """Carry ``old``'s state into ``new`` (built for the extended table): every per-variant list
+    moves to the variant's new place (``order[i]``: old index i's new index); the added variant
+    keeps ``new``'s fresh entry; the (variant, level) sets are renumbered; the rest is copied."""
+    n = len(old.arch_ids)
+    fresh_keys = {"arch_ids", "predicted_ms", "engines", "_index", "_latency_key", "_latency_value"}
+    for name, value in vars(old).items():
+        if name in fresh_keys:
+            continue
+        current = getattr(new, name, None)
+        if isinstance(value, list) and isinstance(current, list) and len(value) == n and len(current) == n + 1:
+            merged = list(current)
+            for i, item in enumerate(value):
+                merged[order[i]] = item
+            setattr(new, name, merged)
+        elif isinstance(value, set) and all(isinstance(k, tuple) and len(k) == 2 for k in value):
+            setattr(new, name, {(order[i], level) for i, level in value})
+        else:
+            setattr(new, name, value)
+    new.version = old.version + 1
+    new._latency_key = None
+    return new
+
+
+def table_accuracy(controller: Any, measured: Measured) -> float:
+    """``measured``'s accuracy on the optimizer table's scale: the bundled variants' table accuracies
+    come from pareto (their own BN statistics, its data), the found one's from the calibration set.
+    When the search's start variant is in the table and blocks.json has its calibration accuracy,
+    the found variant gets the start's table accuracy plus the difference the calibration set
+    measured between them; otherwise its calibration accuracy as it is."""
+    accuracy = measured.accuracy if measured.accuracy is not None else 0.0
+    research = controller.research
+    if research is None or not research.outcomes:
+        return accuracy
+    start = research.outcomes[-1].start_arch_id
+    start_calibration = research.space.accuracy.get(start)
+    table = {v.arch_id: v.accuracy for v in controller.optimizer.variants}
+    if start_calibration is None or start not in table:
+        return accuracy
+    return table[start] + accuracy - start_calibration
+
+
+def adopt(controller: Any, measured: Measured, runner: ComposedRunner) -> None:
+    """Add what re-search found to ``controller``'s pool and optimizer table, keeping every other
+    variant's estimates: its prior is its measured median (so the engine's r and the load scale,
+    which multiply a prior, give it back at the load it was measured under) until its own requests
+    measure it (the search's few timed runs are not filed as samples: on a busy CPU one preempted
+    run sets a window's p95, and the fallback, the fastest by estimate, then kept the slower pool
+    variant); its accuracy is :func:`table_accuracy`. Energy: the active variant's,
+    scaled by the latency ratio (profiles give energy as power x time; nothing measured it for
+    this variant)."""
+    from hmt.serve.deciding.costs import Variant
+    from hmt.serve.deciding.decision import DecisionPath
+    from hmt.serve.deciding.estimates import LatencyEstimator
+    from hmt.serve.deciding.optimizer import Optimizer
+
+    if not runner.warm:  # per-graph times for early exit and r, as the pool's loads do
+        runner.warm_up(controller.pool._warm_input, controller.pool.warmup_runs)
+    with controller._tick_lock:
+        old_opt, old_est = controller.optimizer, controller.estimator
+        if measured.arch_id in {v.arch_id for v in old_opt.variants}:
+            return
+        active = controller.active_arch_id
+        ref = old_opt.variant(active) if active in {v.arch_id for v in old_opt.variants} else old_opt.variants[0]
+        scale = 1.0 + old_opt.alpha_latency * controller.load.now
+        r = old_est.engine_ratio(runner.engine) or 1.0
+        prior_ms = measured.latency_ms / (scale * r)
+        energy = ref.energy_mj * prior_ms / ref.latency_ms
+        accuracy = table_accuracy(controller, measured)
+        variant = Variant(measured.arch_id, accuracy, prior_ms, energy, measured.memory_bytes)
+        optimizer = Optimizer([*old_opt.variants, variant], old_opt.config)
+        ids = [v.arch_id for v in optimizer.variants]
+        engines = {a: e for a, e in zip(old_est.arch_ids, old_est.engines)}
+        engines[measured.arch_id] = runner.engine
+        priors = {a: p for a, p in zip(old_est.arch_ids, old_est.predicted_ms)}
+        priors[measured.arch_id] = prior_ms
+        new = LatencyEstimator(ids, [priors[a] for a in ids], [engines[a] for a in ids], old_est.settings,
+                               smoothing=old_est.smoothing, r_min=old_est.r_min, r_max=old_est.r_max,
+                               alpha_latency=old_est.alpha_latency)
+        position = {a: i for i, a in enumerate(ids)}
+        estimator = _remap_estimator(old_est, new, [position[a] for a in old_est.arch_ids])
+        runner.variant = replace(runner.variant, latency_ms=prior_ms, accuracy=accuracy)
+        decision = DecisionPath(optimizer, controller.fixed_variant, controller.settings.switch.score_margin)
+        with controller.state_lock:
+            controller.optimizer, controller.estimator, controller.decision = optimizer, estimator, decision
+            controller._known_ids = frozenset(ids)
+            controller.shadow.estimator = estimator
+            controller.shadow._known_ids = controller._known_ids
+        controller.pool.add(measured.arch_id, runner)
+    controller.request_tick()
+
+
+_COSTS = {"skip": 0, "w25": 1, "w50": 2, "w75": 3}
+
+
+def _cost(choice: str) -> int:
+    return _COSTS.get(choice, 4)
+
+
+def attach(controller: Any, settings: ResearchSettings | None = None) -> Research:
+    """Re-search for ``controller`` (its bundle ships blocks and a calibration set): the loop offers
+    it every decision, what it finds is :func:`adopt`-ed. Uses the pool's block store under serve
+    --blocks (candidates share its loaded blocks), else a store of its own."""
+    from hmt.runtime.blocks import load_block_space, load_calibration
+
+    pool = controller.pool
+    store = getattr(pool, "store", None)
+    if store is None:
+        space = load_block_space(controller.bundle)
+        store = BlockStore(controller.bundle, space, providers=controller.providers)
+    calibration = load_calibration(controller.bundle, store.space)
+    early = controller.settings.early_exit
+    research = Research(store.space, store, calibration, settings, clock=controller._clock,
+                        on_found=lambda measured, runner: adopt(controller, measured, runner),
+                        confidence=early.confidence if early.enabled else None)
+    controller.research = research
+    return research

@@ -1,0 +1,110 @@
+"""On-device re-search over the shipped sub-space: it triggers only when nothing fits (and the measurements
+say so), stops within its time bound, finds a variant that fits when one exists, and what it finds joins the
+optimizer's table without losing the other variants' estimates."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from hmt.runtime.blocks import BlockStore, load_block_space, load_calibration
+from hmt.serve.deciding.research import Research, ResearchSettings
+
+
+def _research(written_blocks: Any, **settings: Any) -> Research:
+    space = load_block_space(written_blocks.bundle)
+    store = BlockStore(written_blocks.bundle, space)
+    return Research(space, store, load_calibration(written_blocks.bundle, space),
+                    ResearchSettings(**{"latency_runs": 3, "min_gap_s": 0.0, **settings}))
+
+
+def test_triggers_only_when_nothing_fits_for_patience_decisions_and_measured(written_blocks: Any) -> None:
+    research = _research(written_blocks, patience=2, time_bound_s=0.5)
+    start = written_blocks.ids[1]
+    for _ in range(5):  # something fits: never
+        assert not research.offer(True, True, start, 1e-6, None, "")
+    for _ in range(5):  # nothing fits, but only the prior says so: never
+        assert not research.offer(False, False, start, 1e-6, None, "")
+    assert not research.offer(False, True, start, 1e-6, None, "nothing fits")  # 1 of 2
+    assert not research.offer(True, True, start, 1e-6, None, "")  # the streak breaks
+    assert not research.offer(False, True, start, 1e-6, None, "nothing fits")
+    assert research.offer(False, True, start, 1e-6, None, "nothing fits")  # 2 in a row: starts
+    assert research.running
+    for _ in range(3):  # one search at a time
+        assert not research.offer(False, True, start, 1e-6, None, "nothing fits")
+    research.stop(5.0)
+    assert not research.running and research.searches == 1
+    assert research.outcomes[-1].reason == "nothing fits"
+
+
+def test_search_stops_within_its_time_bound(written_blocks: Any) -> None:
+    research = _research(written_blocks, time_bound_s=0.6)
+    t0 = time.monotonic()
+    outcome, runner = research.search(written_blocks.ids[1], 1e-6, None, "test")  # nothing can fit 1 ns
+    elapsed = time.monotonic() - t0
+    assert runner is None and outcome.found is None
+    assert outcome.evaluated >= 1
+    assert elapsed <= 0.6 + 0.4, elapsed  # one timed run of slack at most (it may stop early: nothing new near)
+
+
+@pytest.mark.slow
+def test_search_finds_a_variant_that_fits_and_measures_its_accuracy(written_blocks: Any) -> None:
+    research = _research(written_blocks, time_bound_s=3.0, seed=1)
+    start = written_blocks.ids[1]
+    outcome, runner = research.search(start, 1e3, None, "test")  # 1 s: every candidate fits
+    assert runner is not None and outcome.found is not None
+    found = outcome.found
+    assert found.fits and found.latency_ms <= 0.8e3 and found.arch_id != start
+    assert found.accuracy is not None and 0.0 <= found.accuracy <= 1.0
+    if found.arch_id not in research.space.accuracy:
+        assert found.accuracy_source == "calibration set, on the device"
+        from hmt.runtime.blocks import accuracy_on
+
+        x, y = load_calibration(written_blocks.bundle, research.space)
+        assert accuracy_on(runner, x, y) == pytest.approx(found.accuracy)
+    assert outcome.found_after_s is not None and outcome.found_after_s <= 3.0
+    # a memory limit below every candidate's blocks: nothing fits
+    research2 = _research(written_blocks, time_bound_s=0.5)
+    outcome2, runner2 = research2.search(start, 1e3, 1, "test")
+    assert runner2 is None and outcome2.found is None and outcome2.evaluated >= 1
+
+
+def test_a_found_variant_joins_the_table_keeping_the_estimates() -> None:
+    from hmt.serve.deciding.estimates import LatencyEstimator
+    from hmt.serve.deciding.research import _remap_estimator
+
+    ids, priors = ["a", "c"], [1.0, 3.0]
+    old = LatencyEstimator(ids, priors, ["onnxruntime"] * 2)
+    for k in range(8):
+        old.observe("a", 1.5 + 0.01 * k, 1.0, 0.01 * k)
+        old.observe("c", 4.0 + 0.01 * k, 3.0, 0.01 * k)
+    old.refresh(0.1)
+    before = dict(zip(ids, old.latencies(1.0, 0.0, 0.0)[0], strict=True))
+    new_ids = ["a", "b", "c"]  # the optimizer's latency order puts the new variant between them
+    new = LatencyEstimator(new_ids, [1.0, 2.0, 3.0], ["onnxruntime"] * 3)
+    extended = _remap_estimator(old, new, [0, 2])
+    extended.refresh(0.1)
+    after = dict(zip(new_ids, extended.latencies(1.0, 0.0, 0.0)[0], strict=True))
+    assert after["a"] == pytest.approx(before["a"]) and after["c"] == pytest.approx(before["c"])
+    assert after["b"] < after["c"]  # its own prior, not a neighbour's measurements
+    assert extended.ratio("c") == pytest.approx(old.ratio("c")) and extended.ratio("b") is None
+
+
+def test_blocks_and_research_need_a_bundle_with_blocks(tmp_path: Any) -> None:
+    import sys
+    from pathlib import Path
+
+    from hmt.errors import UsageError
+    from hmt.serve.running.session import SessionOptions, open_controller
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serve"))
+    from serve_bundles import make_bundle
+
+    bundle = make_bundle(tmp_path / "bundle")
+    for options in (SessionOptions(blocks=True), SessionOptions(research=ResearchSettings())):
+        with pytest.raises(UsageError, match="ships no block graphs"):
+            open_controller(bundle, options)
+    with pytest.raises(UsageError, match="time_bound_s > 0"):
+        ResearchSettings(time_bound_s=0)
