@@ -116,6 +116,7 @@ class Controller:
         self.overhead_ms = 0.0
         self.shadow = ShadowRuns(self.pool, self.estimator, self.settings, self.stats, self.state_lock,
                                  self._known_ids, fixed=fixed_variant is not None, now_s=self.now_s)
+        self.shadow.optimizer = self.optimizer  # the neighbours it keeps fresh at any load
         # serve --adapt (hmt.serve.running.adapt.AdaptSettings, canary): BN re-estimation off the request path.
         self.adapt: Any = None
         if adapt is not None:
