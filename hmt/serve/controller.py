@@ -225,7 +225,8 @@ class Controller:
         with self.state_lock:
             estimator.refile(load_now, now_s)
             self._measured_count = estimator.refresh(now_s)
-        latencies, ratios = estimator.latencies(1.0 + self.optimizer.alpha_latency * load_next, load_next, load_now)
+        latencies, ratios = estimator.latencies(1.0 + self.optimizer.alpha_latency * load_next, load_next, load_now,
+                                                self.switcher.active_arch_id)
         return self.decision.feasible(latencies, ratios, load_next, latency_limit_ms, budgets)
 
     def _latency_limit_ms(self, budgets: Budgets) -> tuple[float, float]:
