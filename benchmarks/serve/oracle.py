@@ -207,7 +207,7 @@ def _claims(report: dict[str, Any]) -> list[dict[str, str]]:
 BENCH = Driver(
     baseline="every bundled variant served alone (static) over the same scenario in the same run: the oracle "
              "per phase and the static largest",
-    quick=["--synthetic", "--shapes", "burn2", "--phase-s", "2", "--reps", "1", "--rate-hz", "40",
+    quick=["--synthetic", "--shapes", "burn2", "--phase-s", "1.5", "--reps", "1", "--rate-hz", "40",
            "--out", "{report}"],
     default=["--bundle", "runs/demo/bundle-x86-64", "--out", "{report}"],
     needs="the demo bundle (bash scripts/demo.sh) for the default run",
