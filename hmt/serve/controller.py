@@ -242,6 +242,7 @@ class Controller:
         budgets = self.budgets
         latency_limit_ms, overhead_ms = self._latency_limit_ms(budgets)
         self.overhead_ms = overhead_ms
+        self.shadow.limit_ms = latency_limit_ms  # a slower neighbour is measured under load only with room for it
         miss_streak = self.settings.switch.miss_streak
         confirmed = miss_streak > 0 and self._miss_streak >= miss_streak
         # mu from the battery reading, like the load index from the CPU reading: an input of the

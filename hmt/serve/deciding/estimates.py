@@ -459,6 +459,11 @@ class LatencyEstimator:
         return {a: r for a, r in strict_zip(self.arch_ids, self._r_variant)
                 if r is not None and not self.r_min <= r <= self.r_max}
 
+    def latest(self, arch_id: str) -> float | None:
+        """``arch_id``'s estimate as of the last :meth:`latencies` (None before the first)."""
+        values = self._latency_value[0]
+        return values[self._index[arch_id]] if values else None
+
     def measured_since(self, arch_id: str, since_s: float) -> bool:
         """Whether ``arch_id`` has a sample taken at or after ``since_s`` (any load level)."""
         last = self._last[self._index[arch_id]]

@@ -5,7 +5,10 @@
   where the loop falls back to, and the nearest slower and more accurate one, where it climbs
   to) are kept fresh at any load: each is run in a burst until its window at the current load
   level holds ``min_samples`` samples within ``max_age_s``, so the decision compares estimates
-  of the machine as it is now. Other variants are measured only while the device is idle.
+  of the machine as it is now. The slower one only while there is room for it: the active
+  variant's estimate, scaled by their profiled latencies, within the compute limit (a burst of
+  a variant that cannot fit costs the requests CPU and tells the loop nothing it can use). Other
+  variants are measured only while the device is idle.
 
   Without the neighbours' refresh (issue 28) a variant measured during a spike kept that
   estimate for ``memory_s`` (30 s): on a shared or busy machine the outside load index sits over
@@ -54,6 +57,7 @@ class ShadowRuns:
         self._next = 0
         self._burst: str | None = None  # the variant being refreshed (run until it is fresh)
         self.optimizer: Optimizer | None = None  # the table's latency order (set by the controller)
+        self.limit_ms = float("inf")  # the compute share of the latency budget (set by each tick)
         share = settings.estimates.probe_share
         self._probe_every = round(1.0 / share) if share > 0 else 0  # requests (see probe)
         self._request_count = 0
@@ -92,7 +96,19 @@ class ShadowRuns:
         if load_now < self.settings.estimates.shadow_max_load:
             return stale
         near = self.neighbours(active_arch_id)
-        return [a for a in stale if a in near]
+        return [a for a in stale if a in near and self._room_for(a, active_arch_id)]
+
+    def _room_for(self, arch_id: str, active_arch_id: str | None) -> bool:
+        """Whether ``arch_id`` would fit the compute limit if it ran as much slower than the profile
+        says as the active variant runs now (always, for a variant faster than the active one)."""
+        optimizer = self.optimizer
+        if optimizer is None or active_arch_id is None:
+            return True
+        mine, active = optimizer.variant(arch_id), optimizer.variant(active_arch_id)
+        if mine.latency_ms <= active.latency_ms:
+            return True
+        now_ms = self.estimator.latest(active_arch_id)
+        return now_ms is None or now_ms * mine.latency_ms / active.latency_ms <= self.limit_ms
 
     def wanted(self, active_arch_id: str | None, load_now: float) -> bool:
         share = self.settings.estimates.shadow_share
