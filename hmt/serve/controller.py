@@ -248,6 +248,7 @@ class Controller:
         # mu from the battery reading, like the load index from the CPU reading: an input of the
         # decision, derived from the sample before it.
         mu = self.decision.mu(sample)
+        self.shadow.mu = mu  # the climb target the shadow runs keep fresh scores with it
         e0 = time.perf_counter()
         mask = self._estimate(load_next, load_now, latency_limit_ms, budgets)
         e1 = time.perf_counter()

@@ -2,13 +2,15 @@
 
 - shadow runs: between decisions, a stale, loaded, idle variant runs on a recent input, within a
   bounded share of the wall time. The active variant's *neighbours* (the nearest faster variant,
-  where the loop falls back to, and the nearest slower and more accurate one, where it climbs
-  to) are kept fresh at any load: each is run in a burst until its window at the current load
-  level holds ``min_samples`` samples within ``max_age_s``, so the decision compares estimates
-  of the machine as it is now. The slower one only while there is room for it: the active
-  variant's estimate, scaled by their profiled latencies, within the compute limit (a burst of
-  a variant that cannot fit costs the requests CPU and tells the loop nothing it can use). Other
-  variants are measured only while the device is idle.
+  where the loop falls back to, and its *climb target*, where it would go up to) are kept fresh
+  at any load: each is run in a burst until its window at the current load level holds
+  ``min_samples`` samples within ``max_age_s``, so the decision compares estimates of the
+  machine as it is now. The climb target is the best-scoring slower variant (eq. 3) that beats
+  the active one by the switcher's margin (one within the margin is never switched to, so
+  measuring it would not move the loop) and for which there is room: the active variant's
+  estimate, scaled by their profiled latencies, within the compute limit (a burst of a variant
+  that cannot fit costs the requests CPU and tells the loop nothing it can use). Other variants
+  are measured only while the device is idle.
 
   Without the neighbours' refresh (issue 28) a variant measured during a spike kept that
   estimate for ``memory_s`` (30 s): on a shared or busy machine the outside load index sits over
@@ -58,6 +60,7 @@ class ShadowRuns:
         self._burst: str | None = None  # the variant being refreshed (run until it is fresh)
         self.optimizer: Optimizer | None = None  # the table's latency order (set by the controller)
         self.limit_ms = float("inf")  # the compute share of the latency budget (set by each tick)
+        self.mu = 1.0  # eq. 3's accuracy weight of the last decision (set by each tick)
         share = settings.estimates.probe_share
         self._probe_every = round(1.0 / share) if share > 0 else 0  # requests (see probe)
         self._request_count = 0
@@ -73,17 +76,21 @@ class ShadowRuns:
             self.inflight -= 1
 
     def neighbours(self, active_arch_id: str | None) -> tuple[str, ...]:
-        """The nearest faster variant and the nearest slower, more accurate one (by the profile's
-        order), loaded or not: where the loop falls back to and where it climbs to."""
+        """The nearest faster variant (by the profile's order) and the climb target (see the module
+        docstring), loaded or not: where the loop falls back to and where it would climb to."""
         optimizer = self.optimizer
         if optimizer is None or active_arch_id is None or active_arch_id not in self._known_ids:
             return ()
         variants = optimizer.variants
         i = optimizer.position(active_arch_id)
-        accuracy = variants[i].accuracy
         out = [variants[i - 1].arch_id] if i > 0 else []
-        above = next((v.arch_id for v in variants[i + 1:] if v.accuracy > accuracy), None)
-        return (*out, above) if above is not None else tuple(out)
+        scores = optimizer.scores(self.mu)
+        margin = self.settings.switch.score_margin
+        above = sorted((k for k in range(i + 1, len(variants)) if scores[k] > scores[i] + margin),
+                       key=lambda k: -scores[k])
+        target = next((variants[k].arch_id for k in above if self._room_for(variants[k].arch_id, active_arch_id)),
+                      None)
+        return (*out, target) if target is not None else tuple(out)
 
     def _candidates(self, active_arch_id: str | None, load_now: float) -> list[str]:
         """Stale, loaded variants to measure: the neighbours at any load, the others while idle."""
@@ -96,7 +103,7 @@ class ShadowRuns:
         if load_now < self.settings.estimates.shadow_max_load:
             return stale
         near = self.neighbours(active_arch_id)
-        return [a for a in stale if a in near and self._room_for(a, active_arch_id)]
+        return [a for a in stale if a in near]
 
     def _room_for(self, arch_id: str, active_arch_id: str | None) -> bool:
         """Whether ``arch_id`` would fit the compute limit if it ran as much slower than the profile
