@@ -330,7 +330,8 @@ def next_arrival_s(last_s: float, period_s: float, start_s: float, arrivals: str
         # Twice the rate in the first half of each cycle, nothing in the second: the same mean.
         due = last_s + period_s / 2
         cycle, into = divmod(due - start_s, ONOFF_PERIOD_S)
-        return due if into < ONOFF_PERIOD_S / 2 else start_s + (cycle + 1) * ONOFF_PERIOD_S
+        # (a hair under the half: the sum of gaps lands on it in floating point, one send too many)
+        return due if into < ONOFF_PERIOD_S / 2 - 1e-9 else start_s + (cycle + 1) * ONOFF_PERIOD_S
     return last_s + period_s
 
 
