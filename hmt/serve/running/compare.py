@@ -74,7 +74,12 @@ def replay_compare(bundle_path: Path | str, scenario: Scenario, options: Session
     accuracy = {a: float(table[a].accuracy) for a in names}
     largest = max(names, key=lambda a: (accuracy[a], -table[a].latency_ms))
     runs: dict[str, ScenarioResult] = {}
-    for name in [*names, ADAPTIVE]:
+    # The runs follow one another; on a machine whose other load drifts (a shared one), runs next to
+    # each other share its state. The order turns with the seed, so repetitions with different seeds
+    # do not always put the adaptive run beside the same static one.
+    order = [*names, ADAPTIVE]
+    turn = seed % len(order)
+    for name in order[turn:] + order[:turn]:
         fixed = None if name == ADAPTIVE else name
         result = run_scenario(bundle_path, scenario, dataclasses.replace(options, fixed_variant=fixed), drive,
                               api=api, server=server, data=data, rng=np.random.default_rng(seed),
