@@ -196,11 +196,25 @@ def _claims(report: dict[str, Any]) -> list[dict[str, str]]:
             busy = m["phases"][1]
             claims.append({
                 "claim": f"{engine}, {shape}: phases where the adaptive run tracks the oracle (medians of "
-                         f"{len(d['reps'])} repetitions); middle-phase misses adaptive / oracle / static largest",
+                         f"{len(d['reps'])} repetitions); middle-phase misses and accuracy, adaptive / oracle / "
+                         f"static largest; switches (in steady phases)",
                 "figure": f"{m['phases_tracked_by_median']}/{len(m['phases'])}; "
                           f"{100 * (busy['adaptive']['miss_share'] or 0):.1f}% / "
                           f"{100 * (busy['oracle']['miss_share'] or 0):.1f}% / "
-                          f"{100 * (busy['static_largest']['miss_share'] or 0):.1f}%"})
+                          f"{100 * (busy['static_largest']['miss_share'] or 0):.1f}%; "
+                          f"{100 * (busy['adaptive']['table_accuracy'] or 0):.1f}% / "
+                          f"{100 * (busy['oracle']['table_accuracy'] or 0):.1f}% / "
+                          f"{100 * (busy['static_largest']['table_accuracy'] or 0):.1f}%; "
+                          f"{m['switches_median']:g} ({m['switches_steady_phases_median']:g})"})
+    if claims:
+        decision = [d["median"]["decision_us_p50_median"] for v in report["engines"].values()
+                    for d in v["shapes"].values() if d["median"]["decision_us_p50_median"] is not None]
+        clean = [d["median"]["first_clean_window_s_max_median"] for v in report["engines"].values()
+                 for d in v["shapes"].values() if d["median"]["first_clean_window_s_max_median"] is not None]
+        claims.append({"claim": "decision time p50 in the loop (median per shape) and the latest first clean 0.5 s "
+                                "window after a step (median per shape), range over the shapes",
+                       "figure": f"{min(decision):.1f}-{max(decision):.1f} us; {min(clean):.2f}-{max(clean):.2f} s"
+                       if decision and clean else "-"})
     return claims
 
 
