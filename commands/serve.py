@@ -389,8 +389,11 @@ def serve_command(
             return (("-" if miss is None else f"{100 * miss:.1f}%") + " / "
                     + ("-" if acc is None else f"{100 * acc:.1f}%"))
 
+        import os
+
+        common = len(os.path.commonprefix(list(comparison.accuracy))) if len(comparison.accuracy) > 1 else 0
         rows = [[f"{p['start_s']:g}-{p['stop_s']:g} s", cell(p["adaptive"]),
-                 f"{p['oracle_variant']}: {cell(p['oracle'])}",
+                 f"{p['oracle_variant'][common:]}: {cell(p['oracle'])}",
                  cell(p["static_largest"]), "yes" if p["tracks_oracle"] else "no"] for p in comparison.phases]
         output.table(f"adaptive vs oracle vs static largest ({comparison.largest}): misses / accuracy",
                      ["phase", "adaptive", "oracle", "static largest", "tracks oracle"], rows)
