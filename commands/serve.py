@@ -389,9 +389,10 @@ def serve_command(
             return (("-" if miss is None else f"{100 * miss:.1f}%") + " / "
                     + ("-" if acc is None else f"{100 * acc:.1f}%"))
 
-        import os
-
-        common = len(os.path.commonprefix(list(comparison.accuracy))) if len(comparison.accuracy) > 1 else 0
+        # Variant ids share their supernet's prefix: shown up to its last dot, they fit the table.
+        first, last = min(comparison.accuracy), max(comparison.accuracy)
+        common = next((k for k, (a, b) in enumerate(zip(first, last)) if a != b), min(len(first), len(last)))
+        common = first.rfind(".", 0, common) + 1 if first != last else 0
         rows = [[f"{p['start_s']:g}-{p['stop_s']:g} s", cell(p["adaptive"]),
                  f"{p['oracle_variant'][common:]}: {cell(p['oracle'])}",
                  cell(p["static_largest"]), "yes" if p["tracks_oracle"] else "no"] for p in comparison.phases]
