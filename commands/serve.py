@@ -391,7 +391,8 @@ def serve_command(
 
         # Variant ids share their supernet's prefix: shown up to its last dot, they fit the table.
         first, last = min(comparison.accuracy), max(comparison.accuracy)
-        common = next((k for k, (a, b) in enumerate(zip(first, last)) if a != b), min(len(first), len(last)))
+        shorter = min(len(first), len(last))
+        common = next((k for k in range(shorter) if first[k] != last[k]), shorter)
         common = first.rfind(".", 0, common) + 1 if first != last else 0
         rows = [[f"{p['start_s']:g}-{p['stop_s']:g} s", cell(p["adaptive"]),
                  f"{p['oracle_variant'][common:]}: {cell(p['oracle'])}",
