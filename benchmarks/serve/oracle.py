@@ -116,7 +116,9 @@ def main() -> None:
     if unknown:
         parser.error(f"--shapes: unknown {unknown}; expected some of {list(SHAPES)}")
     overrides = json.loads(args.serve_json)
-    report: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "machine_details": machine_details(),
+    # No path of this machine in the report: the bundle by its folder name, the output not at all.
+    recorded = {k: (v.name if isinstance(v, Path) else str(v)) for k, v in vars(args).items() if k != "out"}
+    report: dict[str, Any] = {"args": recorded, "machine_details": machine_details(),
                               "engines": {}}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hmt-oracle-") as tmp:
