@@ -195,6 +195,10 @@ def serve_command(
                                    "not inflated by the clients sharing its interpreter).")] = False,
     timeline_out: Annotated[Path | None, typer.Option(
         help="Scenario: write timeline.csv, requests.csv, timeline.png and summary.json here.")] = None,
+    compare: Annotated[bool, typer.Option(
+        "--compare", help="Scenario: also replay it once per variant served alone, and print per phase the "
+                          "adaptive run beside the best static choice in hindsight (the oracle: the most accurate "
+                          "variant with at most 5% misses in that phase) and the static largest.")] = False,
     trusted_key: Annotated[Path | None, typer.Option(
         "--trusted-key", help="ed25519 public key (PEM): refuse a bundle not signed by it (hmt deploy --sign-key; "
                               "see hmt deploy --help).")] = None,
@@ -331,9 +335,12 @@ def serve_command(
         if not research_time_s > 0:
             raise UsageError(f"--research-time-s must be > 0, got {research_time_s}")
         if scenario is None:
-            for name, value in (("--duration-s", duration_s), ("--data", data), ("--timeline-out", timeline_out)):
+            for name, value in (("--duration-s", duration_s), ("--data", data), ("--timeline-out", timeline_out),
+                                ("--compare", compare or None)):
                 if value is not None:
                     raise UsageError(f"{name} needs --scenario")
+        if compare and variant is not None:
+            raise UsageError("--compare replays every variant itself; drop --variant")
         resolved_token = resolve_token(host, token)
         session = SessionOptions(engine=None if engine is None else engine.value, threads=threads,
                                  latency_ms=latency_ms, memory_mb=memory_mb, exit_confidence=exit_confidence,
@@ -367,6 +374,9 @@ def serve_command(
                              client_mode="processes" if client_processes else "threads")
         output.note(f"replaying {scenario} for {duration:g} s on {bundle} ({load.value} load, {clients} clients, "
                     f"{rate_hz:g} req/s, {'in process' if in_process else 'through the API'})")
+        if compare:
+            replay_compared(output, bundle, plan, session, drive, api, None if in_process else server)
+            return
         result = run_scenario(bundle, plan, session, drive, api=api, server=None if in_process else server,
                               data=data, timeline_dir=timeline_out, rng=np.random.default_rng(seed))
         s = result.summary
@@ -387,5 +397,38 @@ def serve_command(
         output.result({"summary": s, "files": result.files},
                       f"done: {s['ok']} answered, {s['failed']} failed" +
                       (f"; timeline in {timeline_out}" if timeline_out else ""))
+
+    def replay_compared(output: Output, bundle: Path, plan: Any, session: Any, drive: Any, api: Any,
+                        server: Any) -> None:
+        from hmt.serve.running.compare import replay_compare
+
+        comparison = replay_compare(
+            bundle, plan, session, drive, api=api, server=server, data=data, seed=seed, timeline_dir=timeline_out,
+            on_run=lambda name, r: output.note(f"  {name}: {100 * (r.summary['deadline_miss_share'] or 0):.1f}% "
+                                               f"missed, {r.summary['switches']} switches"))
+
+        def cell(run: dict[str, Any]) -> str:
+            miss, acc = run["miss_share"], run["table_accuracy"]
+            return (("-" if miss is None else f"{100 * miss:.1f}%") + " / "
+                    + ("-" if acc is None else f"{100 * acc:.1f}%"))
+
+        # Variant ids share their supernet's prefix: shown up to its last dot, they fit the table.
+        first, last = min(comparison.accuracy), max(comparison.accuracy)
+        shorter = min(len(first), len(last))
+        common = next((k for k in range(shorter) if first[k] != last[k]), shorter)
+        common = first.rfind(".", 0, common) + 1 if first != last else 0
+        rows = [[f"{p['start_s']:g}-{p['stop_s']:g} s", cell(p["adaptive"]),
+                 f"{p['oracle_variant'][common:]}: {cell(p['oracle'])}",
+                 cell(p["static_largest"]), "yes" if p["tracks_oracle"] else "no"] for p in comparison.phases]
+        output.table(f"adaptive vs oracle vs static largest ({comparison.largest}): misses / accuracy",
+                     ["phase", "adaptive", "oracle", "static largest", "tracks oracle"], rows)
+        summary = comparison.summary()
+        a, o, s = summary["adaptive"], summary["oracle"], summary["static_largest"]
+        output.result({"comparison": summary, "phases": comparison.phases,
+                       "files": comparison.runs["adaptive"].files},
+                      f"done: adaptive {100 * (a['miss_share'] or 0):.1f}% missed, oracle "
+                      f"{100 * (o['miss_share'] or 0):.1f}%, static largest {100 * (s['miss_share'] or 0):.1f}%; "
+                      f"{a['switches']} switches; adaptive tracks the oracle in {summary['phases_tracked']} of "
+                      f"{summary['phases']} phases")
 
     run_command(body, json_mode=json_mode, quiet=quiet, debug=debug)

@@ -22,5 +22,8 @@ hmt fuse "$OUT/converted" --out "$OUT/fused"
 hmt deploy --fused "$OUT/fused" --pareto "$OUT/pareto" --target x86-64 --out "$OUT/bundle-x86-64"
 # 14 s of the on-device loop on that bundle: a real busy process on one core from 4 s to 11 s,
 # the battery falling, a memory cut at 8 s; requests through the HTTP API, timeline PNG + CSV.
-hmt serve "$OUT/bundle-x86-64" --port 0 --scenario scripts/demo_scenario.csv --load burn --timeline-out "$OUT/serve"
+# --compare replays the same scenario once per variant served alone and prints, per phase, the
+# adaptive run beside the best static choice in hindsight (the oracle) and the static largest.
+hmt serve "$OUT/bundle-x86-64" --port 0 --scenario scripts/demo_scenario.csv --load burn --compare \
+    --timeline-out "$OUT/serve"
 echo "demo done: artifacts in $OUT"

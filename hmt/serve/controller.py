@@ -132,6 +132,7 @@ class Controller:
         self.overhead_ms = 0.0
         self.shadow = ShadowRuns(self.pool, self.estimator, self.settings, self.stats, self.state_lock,
                                  self._known_ids, fixed=fixed_variant is not None, now_s=self.now_s)
+        self.shadow.optimizer = self.optimizer  # the neighbours it keeps fresh at any load
         # serve --adapt (hmt.serve.running.adapt.AdaptSettings, canary): BN re-estimation off the request path.
         self.adapt: Any = None
         if adapt is not None:
@@ -262,7 +263,8 @@ class Controller:
         with self.state_lock:
             estimator.refile(load_now, now_s)
             self._measured_count = estimator.refresh(now_s)
-        latencies, ratios = estimator.latencies(1.0 + self.optimizer.alpha_latency * load_next, load_next, load_now)
+        latencies, ratios = estimator.latencies(1.0 + self.optimizer.alpha_latency * load_next, load_next, load_now,
+                                                self.switcher.active_arch_id)
         joint = self.joint
         if joint is not None:
             self.decision.inputs = (latencies, ratios, 1.0 + self.optimizer.alpha_latency * load_next)
@@ -283,11 +285,13 @@ class Controller:
         budgets = self.budgets
         latency_limit_ms, overhead_ms = self._latency_limit_ms(budgets)
         self.overhead_ms = overhead_ms
+        self.shadow.limit_ms = latency_limit_ms  # a slower neighbour is measured under load only with room for it
         miss_streak = self.settings.switch.miss_streak
         confirmed = miss_streak > 0 and self._miss_streak >= miss_streak
         # mu from the battery reading, like the load index from the CPU reading: an input of the
         # decision, derived from the sample before it.
         mu = self.decision.mu(sample)
+        self.shadow.mu = mu  # the climb target the shadow runs keep fresh scores with it
         e0 = time.perf_counter()
         mask = self._estimate(load_next, load_now, latency_limit_ms, budgets)
         e1 = time.perf_counter()

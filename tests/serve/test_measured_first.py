@@ -164,8 +164,17 @@ def test_shadow_runs_measure_idle_variants_within_their_share(bundle_dir: Path) 
     busy = Controller(bundle, settings, sampler=sample, warmup_runs=1)
     busy.start(background=False)
     busy.predict(X)
-    busy.tick(sample=sample(cpu=0.9))  # the device is busy: no shadow runs on its cores
-    assert not busy.shadow_run()
+    busy.tick(sample=sample(cpu=0.9))
+    # The device is busy: only the active variant's neighbours are measured (where the loop falls
+    # back to and climbs to), in a burst until fresh; the others wait for an idle device.
+    assert busy.active_arch_id == "big" and busy.shadow.neighbours("big") == ("mid",)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and busy.estimator.stale("mid", busy.now_s()):
+        busy.shadow_run()
+        time.sleep(0.001)
+    assert not busy.estimator.stale("mid", busy.now_s())
+    assert not busy.shadow_run()  # mid is fresh, small is not a neighbour
+    assert busy.estimator.stale("small", busy.now_s())
     busy.tick(sample=sample(cpu=0.1))
     assert busy.shadow_run()
 

@@ -180,7 +180,7 @@ def test_one_new_sample_does_not_empty_a_level_the_loop_comes_back_to() -> None:
     t += 10.0
     est.observe("big", 5.5, 1.0, t, 0.0)
     est.refresh(t)
-    (latency,), _ = est.latencies(1.0, 0.0)
+    (latency,), _ = est.latencies(1.0, 0.0, active="big")  # big serves: the low side of its p95
     assert latency == pytest.approx(5.0)  # the p95 of the 31 (not 20 x 1.2 scaled from the busy level)
     assert est.estimates(t, 1.0, 0.0)[0].source == SOURCE_MEASURED
     for _ in range(5):

@@ -10,7 +10,15 @@ made the loop climb to a bigger variant every dwell and fall back 0.3 s later). 
 a decision at load ``I`` is:
 
 - **measured**: the p95 of its window at ``I``'s level once that holds ``min_samples`` samples
-  (feasibility is judged on the tail, not the mean);
+  (feasibility is judged on the tail, not the mean). Which p95: a window of ``n`` samples knows
+  its p95 only to about one order statistic either side (the count of samples under the true
+  p95 is binomial, ``0.95 n +- sqrt(0.95 * 0.05 n)``), so the *active* variant is judged on the
+  lower of them and every other variant on the upper: the loop leaves a variant once its window
+  says, beyond that error, that the variant misses more than 5% of deadlines, and moves to one
+  only when its window says, within it, that it does not. Judged on the point p95 both ways,
+  a variant whose true miss share is near 5% crossed the line every few windows on sampling
+  noise alone, and the loop oscillated in steady phases (issue 28: 6-12 switches in an 18 s
+  replay on ONNX Runtime, below a largest variant that met the budget);
 - **scaled** otherwise, if another level holds ``min_samples``: the nearest such level's p95,
   scaled by the load model from that level's mean load to ``I``
   (``(1 + alpha * I) / (1 + alpha * I_level)``);
@@ -109,6 +117,11 @@ class LatencyEstimator:
         # Per variant and level, as of the last refresh: the tail, the median, the mean load (in
         # LEVEL_LOAD_STEP steps, so that a sample moving the mean by a hair does not bump the version).
         self._tails: list[list[float | None]] = [[None] * n_levels for _ in self.arch_ids]
+        # The tails one order statistic-error below / above (the active variant's / the others'; see
+        # the module docstring).
+        self._tails_low: list[list[float | None]] = [[None] * n_levels for _ in self.arch_ids]
+        self._tails_high: list[list[float | None]] = [[None] * n_levels for _ in self.arch_ids]
+        self._active = -1  # the active variant's index, as last given to latencies
         self._medians: list[list[float | None]] = [[None] * n_levels for _ in self.arch_ids]
         # A level with 2..min_samples-1 samples: their lower median, a floor under whatever the
         # estimate is scaled or prior from (the measurements at this load win over the load model).
@@ -132,7 +145,7 @@ class LatencyEstimator:
         self._refiled_s = -math.inf
         # Bumped whenever an estimate the decision reads changed (see the module docstring).
         self.version = 0
-        self._latency_key: tuple[int, float, int, int] | None = None
+        self._latency_key: tuple[int, float, int, int, int] | None = None
         self._latency_value: tuple[list[float], list[float]] = ([], [])
         self._sources: list[str] = [SOURCE_PRIOR] * len(self.arch_ids)
 
@@ -267,13 +280,19 @@ class LatencyEstimator:
             tail: float | None = None
             median: float | None = None
             floor: float | None = None
+            low: float | None = None
+            high: float | None = None
             if len(times) >= s.min_samples:
                 tail, median = window.quantiles(s.quantile)
+                low, high = window.tail_bounds(s.quantile)
             elif len(times) >= 2:
                 floor = window.recent_floor(s.max_age_s)
             self._medians[i][level] = median
             if floor != self._floors[i][level]:
                 self._floors[i][level] = floor
+                changed = True
+            if low != self._tails_low[i][level] or high != self._tails_high[i][level]:
+                self._tails_low[i][level], self._tails_high[i][level] = low, high
                 changed = True
             mean_load = round(window.mean_load() / LEVEL_LOAD_STEP) * LEVEL_LOAD_STEP
             if tail != tails[level] or (tail is not None and mean_load != self._level_loads[i][level]):
@@ -335,7 +354,7 @@ class LatencyEstimator:
         return changed
 
     def latencies(self, load_scale: float, load: float | None = None,
-                  load_now: float | None = None) -> tuple[list[float], list[float]]:
+                  load_now: float | None = None, active: str | None = None) -> tuple[list[float], list[float]]:
         """Per variant (as of the last :meth:`refresh`), at outside load index ``load`` (None: the
         last one given): the tail latency to decide on, and its ratio to the load-scaled prediction
         (energy is scaled by it). ``load_scale`` is the load model's ``1 + alpha * load``.
@@ -346,13 +365,19 @@ class LatencyEstimator:
         smooths a step over several ticks, the requests at the new load show it at once. A rise
         of the load index alone changes nothing; slow samples at that load do.
 
-        Cached per (version, load scale, levels): the lists are shared, do not modify them."""
+        ``active`` (None: the last one given): the variant serving now, whose measured tail is the
+        lower bound of its window's p95; every other variant's is the upper (see the module docstring).
+
+        Cached per (version, load scale, levels, active): the lists are shared, do not modify them."""
         level = self._level if load is None else self.level_of(load)
         self._level = level
         if load_now is not None:
             self._now_level = self.level_of(load_now)
+        if active is not None:
+            self._active = self._index.get(active, -1)
         now_level = self._now_level
-        key = (self.version, load_scale, level, now_level)
+        active_i = self._active
+        key = (self.version, load_scale, level, now_level, active_i)
         if key == self._latency_key:
             return self._latency_value
         predicted = self.predicted_ms
@@ -368,7 +393,9 @@ class LatencyEstimator:
             n_levels = self.settings.load_buckets
             floors = self._floors
             last_floor = self._last_floor
-            for i, tails in enumerate(self._tails):
+            for i in range(len(self.arch_ids)):
+                # The active variant on the low side of its p95, the others on the high side.
+                tails = self._tails_low[i] if i == active_i else self._tails_high[i]
                 prior_ms = predicted[i] * load_scale
                 tail = tails[level]
                 source = SOURCE_MEASURED
@@ -431,6 +458,11 @@ class LatencyEstimator:
         """Variants whose measured/predicted ratio is outside [r_min, r_max]: the measurement wins."""
         return {a: r for a, r in strict_zip(self.arch_ids, self._r_variant)
                 if r is not None and not self.r_min <= r <= self.r_max}
+
+    def latest(self, arch_id: str) -> float | None:
+        """``arch_id``'s estimate as of the last :meth:`latencies` (None before the first)."""
+        values = self._latency_value[0]
+        return values[self._index[arch_id]] if values else None
 
     def measured_since(self, arch_id: str, since_s: float) -> bool:
         """Whether ``arch_id`` has a sample taken at or after ``since_s`` (any load level)."""

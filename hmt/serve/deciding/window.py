@@ -98,6 +98,18 @@ class SampleWindow:
         recent = sorted(self.values[k] for k in range(len(times) - n, len(times)))
         return recent[(n - 1) // 2]
 
+    def tail_bounds(self, quantile: float) -> tuple[float, float]:
+        """The order statistics one standard error below and above the ``quantile``'s (the count
+        of samples under the true quantile is binomial: ``n q`` +- ``sqrt(n q (1 - q))``): the
+        tail a window of this size cannot tell apart from its p95 (see :mod:`hmt.serve.deciding.estimates`)."""
+        ordered = self.ordered
+        n = len(ordered)
+        k = quantile * n
+        spread = math.sqrt(n * quantile * (1.0 - quantile))
+        low = min(n - 1, max(0, math.ceil(k - spread) - 1))
+        high = min(n - 1, max(0, math.ceil(k + spread) - 1))
+        return ordered[low], ordered[high]
+
     def quantiles(self, quantile: float) -> tuple[float, float]:
         """(tail, median) of the samples in the window."""
         ordered = self.ordered

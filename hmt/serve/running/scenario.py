@@ -273,6 +273,10 @@ def http_sender(url: str, token: str | None = None, timeout_s: float = 30.0) -> 
 
 
 CLIENT_MODES = ("threads", "processes")
+# How requests arrive: evenly spaced per client; a Poisson process (exponential gaps of the same
+# mean); or on/off bursts (each ONOFF_PERIOD_S, the first half at twice the rate, then nothing).
+ARRIVALS = ("constant", "poisson", "onoff")
+ONOFF_PERIOD_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -284,6 +288,8 @@ class DriveOptions:
     # "processes": each client in its own process, so the clients do not share the server's
     # interpreter lock and the server's measured latency is its own (API mode only).
     client_mode: str = "threads"
+    arrivals: str = "constant"  # one of ARRIVALS, the same mean rate
+    seed: int = 0  # the Poisson gaps (each client draws from its own stream)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.duration_s) and self.duration_s > 0):
@@ -296,6 +302,8 @@ class DriveOptions:
             raise UsageError(f"load mode must be one of {list(LOAD_MODES)}, got {self.load_mode!r}")
         if self.client_mode not in CLIENT_MODES:
             raise UsageError(f"client mode must be one of {list(CLIENT_MODES)}, got {self.client_mode!r}")
+        if self.arrivals not in ARRIVALS:
+            raise UsageError(f"arrivals must be one of {list(ARRIVALS)}, got {self.arrivals!r}")
 
 
 @dataclass(frozen=True)
@@ -312,12 +320,30 @@ def budget_at(rows: Sequence[ScenarioRow], base_latency_ms: float | None, time_s
     return row.latency_budget_ms if row.latency_budget_ms is not None else base_latency_ms
 
 
+def next_arrival_s(last_s: float, period_s: float, start_s: float, arrivals: str,
+                   rng: np.random.Generator | None) -> float:
+    """When a client's next request is due after one due at ``last_s`` (mean gap ``period_s``)."""
+    if arrivals == "poisson":
+        assert rng is not None
+        return last_s + float(rng.exponential(period_s))
+    if arrivals == "onoff":
+        # Twice the rate in the first half of each cycle, nothing in the second: the same mean.
+        due = last_s + period_s / 2
+        cycle, into = divmod(due - start_s, ONOFF_PERIOD_S)
+        # (a hair under the half: the sum of gaps lands on it in floating point, one send too many)
+        return due if into < ONOFF_PERIOD_S / 2 - 1e-9 else start_s + (cycle + 1) * ONOFF_PERIOD_S
+    return last_s + period_s
+
+
 def _client_loop(send: Send, inputs: Inputs, client: int, clients: int, period_s: float, start_s: float,
                  stop_s: float, budget: Callable[[float], float | None], stop: threading.Event | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> list[RequestRecord]:
-    """One client: samples ``client, client + clients, ...`` (cycling), one every ``period_s``, until ``stop_s``."""
+                 clock: Callable[[], float] = time.monotonic, arrivals: str = "constant",
+                 seed: int = 0) -> list[RequestRecord]:
+    """One client: samples ``client, client + clients, ...`` (cycling), at ``arrivals`` with a mean gap of
+    ``period_s``, until ``stop_s``."""
     records: list[RequestRecord] = []
     n = len(inputs.x)
+    rng = np.random.default_rng([seed, client]) if arrivals == "poisson" else None
     next_s = max(clock(), start_s) + period_s * client / max(1, clients)  # stagger the clients
     k = 0
     while True:
@@ -329,7 +355,9 @@ def _client_loop(send: Send, inputs: Inputs, client: int, clients: int, period_s
         sent_s = clock()
         if sent_s >= stop_s or (stop is not None and stop.is_set()):
             break
-        next_s = max(next_s + period_s, sent_s)
+        next_s = next_arrival_s(next_s, period_s, start_s, arrivals, rng)
+        if arrivals == "constant":
+            next_s = max(next_s, sent_s)  # fell behind: do not burst
         i = (client + k * clients) % n
         k += 1
         label = None if inputs.y is None else int(inputs.y[i])
@@ -351,12 +379,12 @@ def _client_loop(send: Send, inputs: Inputs, client: int, clients: int, period_s
 
 def _client_process(url: str, token: str | None, inputs_path: str, client: int, clients: int, period_s: float,
                     start_s: float, stop_s: float, rows: tuple[ScenarioRow, ...], base_latency_ms: float | None,
-                    out: Any) -> None:  # pragma: no cover - runs in a child process
+                    out: Any, arrivals: str = "constant", seed: int = 0) -> None:  # pragma: no cover - a child process
     with np.load(inputs_path, allow_pickle=False) as archive:
         inputs = Inputs(archive["x"], archive["y"] if "y" in archive.files else None)
     send = http_sender(url, token)()
     records = _client_loop(send, inputs, client, clients, period_s, start_s, stop_s,
-                           lambda t: budget_at(rows, base_latency_ms, t))
+                           lambda t: budget_at(rows, base_latency_ms, t), arrivals=arrivals, seed=seed)
     out.put(records)
 
 
@@ -402,7 +430,7 @@ def drive(
         if sender_factory is None:
             return
         got = _client_loop(sender_factory(), inputs, index, options.clients, period_s, start_s, stop_s, budget,
-                           stop)
+                           stop, arrivals=options.arrivals, seed=options.seed)
         with lock:
             records.extend(got)
 
@@ -420,7 +448,7 @@ def drive(
             np.savez(inputs_path, x=inputs.x, y=inputs.y)
         procs = [ctx.Process(target=_client_process, name=f"hmt-scenario-client-{i}", daemon=True,
                              args=(url[0], url[1], inputs_path, i, options.clients, period_s, start_s, stop_s,
-                                   tuple(rows), base_latency_ms, queue))
+                                   tuple(rows), base_latency_ms, queue, options.arrivals, options.seed))
                  for i in range(options.clients)]
         for proc in procs:
             proc.start()

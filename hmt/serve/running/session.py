@@ -225,8 +225,12 @@ def run_scenario(
     timeline_dir: Path | None = None,
     rng: np.random.Generator | None = None,
     label: str = "scenario",
+    trace: Callable[[Controller, TickRecord], None] | None = None,
 ) -> ScenarioResult:
-    """Replay ``scenario``; ``server=None`` sends in process, else through the API on ``server``."""
+    """Replay ``scenario``; ``server=None`` sends in process, else through the API on ``server``.
+
+    ``trace`` (benchmarks): called on the control thread after each tick with the controller and
+    the tick's record, to read what the loop saw (its estimates per variant) at that moment."""
     rng = rng if rng is not None else np.random.default_rng(0)
     state = ScenarioState()
     ticks: list[TickRecord] = []
@@ -235,6 +239,8 @@ def run_scenario(
     def on_tick(record: TickRecord) -> None:
         with ticks_lock:
             ticks.append(record)
+        if trace is not None:
+            trace(controller, record)
 
     sampler = ScenarioSampler(state, synthetic_cpu=drive_options.load_mode == "synthetic")
     controller = open_controller(bundle_path, options, sampler=sampler, on_tick=on_tick)

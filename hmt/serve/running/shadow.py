@@ -1,7 +1,24 @@
 """Measuring the variants that are not serving (issue 14 item 1), so their estimates stay measured.
 
-- shadow runs: between decisions, a stale, loaded, idle variant runs on a recent input, while
-  the device is idle and within a bounded share of the wall time;
+- shadow runs: between decisions, a stale, loaded, idle variant runs on a recent input, within a
+  bounded share of the wall time. The active variant's *neighbours* (the nearest faster variant,
+  where the loop falls back to, and its *climb target*, where it would go up to) are kept fresh
+  at any load: each is run in a burst until its window at the current load level holds
+  ``min_samples`` samples within ``max_age_s``, so the decision compares estimates of the
+  machine as it is now. The climb target is the best-scoring slower variant (eq. 3) that beats
+  the active one by the switcher's margin (one within the margin is never switched to, so
+  measuring it would not move the loop) and for which there is room: the active variant's
+  estimate, scaled by their profiled latencies, within the compute limit (a burst of a variant
+  that cannot fit costs the requests CPU and tells the loop nothing it can use). Other variants
+  are measured only while the device is idle.
+
+  Without the neighbours' refresh (issue 28) a variant measured during a spike kept that
+  estimate for ``memory_s`` (30 s): on a shared or busy machine the outside load index sits over
+  ``shadow_max_load`` (0.8 on a 2-core machine with other jobs, idle phase and busy phase
+  alike), so no shadow run ever happened, and probes re-measure a faster variant only once per
+  ``memory_s``. The loop then stayed below a largest variant that fitted again, or fell back
+  to the variant whose stale estimate from a quiet moment was the lowest, and missed as often
+  as the static largest (``benchmarks/serve/results/loop_trace.json``);
 - probes: every ``1 / estimates.probe_share``-th request is served by the nearest faster
   variant not measured lately, whose measurement calibrates its prior.
 """
@@ -40,6 +57,10 @@ class ShadowRuns:
         self._now_s = now_s
         self.last_input: np.ndarray | None = None  # the latest request's input, run by shadow runs
         self._next = 0
+        self._burst: str | None = None  # the variant being refreshed (run until it is fresh)
+        self.optimizer: Optimizer | None = None  # the table's latency order (set by the controller)
+        self.limit_ms = float("inf")  # the compute share of the latency budget (set by each tick)
+        self.mu = 1.0  # eq. 3's accuracy weight of the last decision (set by each tick)
         share = settings.estimates.probe_share
         self._probe_every = round(1.0 / share) if share > 0 else 0  # requests (see probe)
         self._request_count = 0
@@ -54,34 +75,71 @@ class ShadowRuns:
         finally:
             self.inflight -= 1
 
-    def _candidates(self, active_arch_id: str | None) -> list[str]:
+    def neighbours(self, active_arch_id: str | None) -> tuple[str, ...]:
+        """The nearest faster variant (by the profile's order) and the climb target (see the module
+        docstring), loaded or not: where the loop falls back to and where it would climb to."""
+        optimizer = self.optimizer
+        if optimizer is None or active_arch_id is None or active_arch_id not in self._known_ids:
+            return ()
+        variants = optimizer.variants
+        i = optimizer.position(active_arch_id)
+        out = [variants[i - 1].arch_id] if i > 0 else []
+        scores = optimizer.scores(self.mu)
+        margin = self.settings.switch.score_margin
+        above = sorted((k for k in range(i + 1, len(variants)) if scores[k] > scores[i] + margin),
+                       key=lambda k: -scores[k])
+        target = next((variants[k].arch_id for k in above if self._room_for(variants[k].arch_id, active_arch_id)),
+                      None)
+        return (*out, target) if target is not None else tuple(out)
+
+    def _candidates(self, active_arch_id: str | None, load_now: float) -> list[str]:
+        """Stale, loaded variants to measure: the neighbours at any load, the others while idle."""
         if self._fixed or not self.estimator.measure or self.last_input is None:
             return []
         now = self._now_s()
         known = self._known_ids
-        return [a for a in self.pool.loaded_ids()
-                if a != active_arch_id and a in known and self.estimator.stale(a, now)]
+        stale = [a for a in self.pool.loaded_ids()
+                 if a != active_arch_id and a in known and self.estimator.stale(a, now)]
+        if load_now < self.settings.estimates.shadow_max_load:
+            return stale
+        near = self.neighbours(active_arch_id)
+        return [a for a in stale if a in near]
+
+    def _room_for(self, arch_id: str, active_arch_id: str | None) -> bool:
+        """Whether ``arch_id`` would fit the compute limit if it ran as much slower than the profile
+        says as the active variant runs now (always, for a variant faster than the active one)."""
+        optimizer = self.optimizer
+        if optimizer is None or active_arch_id is None:
+            return True
+        mine, active = optimizer.variant(arch_id), optimizer.variant(active_arch_id)
+        if mine.latency_ms <= active.latency_ms:
+            return True
+        now_ms = self.estimator.latest(active_arch_id)
+        return now_ms is None or now_ms * mine.latency_ms / active.latency_ms <= self.limit_ms
 
     def wanted(self, active_arch_id: str | None, load_now: float) -> bool:
-        estimates = self.settings.estimates
-        share = estimates.shadow_share
-        return share > 0 and load_now < estimates.shadow_max_load and bool(self._candidates(active_arch_id)) \
-            and self.stats.shadow_s <= share * max(self._now_s(), 1e-3)
+        share = self.settings.estimates.shadow_share
+        return share > 0 and self.stats.shadow_s <= share * max(self._now_s(), 1e-3) \
+            and bool(self._candidates(active_arch_id, load_now))
 
     def run(self, active_arch_id: str | None, load_now: float, load_scale: float) -> tuple[bool, str | None]:
         """Run one stale, loaded, idle variant on a recent input and record its time; (whether a run
         happened, the error of a failed one).
 
-        Only while the device is idle (outside load index below ``estimates.shadow_max_load``)
-        and the shadow time so far is within ``estimates.shadow_share`` of the wall time:
-        measurements of the alternatives must not cost the requests being served (on busy cores
-        the priors follow the engine's r instead). The caller checks no request is in flight.
+        Within ``estimates.shadow_share`` of the wall time; on a busy device (outside load index
+        at or over ``estimates.shadow_max_load``) only the active variant's neighbours. A variant
+        is run again and again (a burst) until it is fresh, so that its window at this load level
+        is replaced as a whole, not mixed one sample at a time into the spike it kept. The caller
+        checks no request is in flight.
         """
         if not self.wanted(active_arch_id, load_now):
             return False, None
-        candidates = self._candidates(active_arch_id)
-        arch_id = candidates[self._next % len(candidates)]
-        self._next += 1
+        candidates = self._candidates(active_arch_id, load_now)
+        if self._burst in candidates:
+            arch_id = self._burst
+        else:
+            arch_id = self._burst = candidates[self._next % len(candidates)]
+            self._next += 1
         runner = self.pool.get(arch_id)
         x = self.last_input
         if runner is None or x is None or not runner.warm:

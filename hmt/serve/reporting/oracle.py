@@ -1,0 +1,120 @@
+"""The best static choice in hindsight: what the adaptive loop is measured against (issue 28).
+
+The same scenario is replayed once per bundled variant, each served alone (``serve --variant``),
+and once adaptively. Per phase of the scenario (the interval between two of its rows' times):
+
+- each run's *deadline-miss share* over the requests sent in the phase (judged against the
+  budget in force when sent, failures count as misses) and its *accuracy*: the share of
+  labelled requests answered right when the inputs carry labels, and the *table accuracy*,
+  the bundle's measured accuracy of the variant that answered each request (its mean over the
+  phase; free of which images happened to fall in the phase, so runs compare on the variant
+  choice alone);
+- the *oracle* of the phase is the most accurate variant (by the table) whose static run missed
+  at most ``max_miss_share`` of the phase's deadlines; where none did, the one with the fewest
+  misses.
+
+The adaptive run *tracks* the oracle in a phase when its miss share is at most the oracle's plus
+``miss_slack`` and its table accuracy at least the oracle's less ``accuracy_slack``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hmt.compat import strict_zip
+from hmt.serve.running.scenario import RequestRecord
+
+MAX_MISS_SHARE = 0.05  # a variant "meets" a phase with at most this share of misses
+MISS_SLACK = 0.05  # the adaptive run may miss this much more than the oracle (share)
+ACCURACY_SLACK = 0.02  # and lose this much table accuracy (share)
+
+
+@dataclass(frozen=True)
+class PhaseScore:
+    """One run over one phase."""
+
+    start_s: float
+    stop_s: float
+    judged: int
+    misses: int
+    miss_share: float | None  # None: no judged request in the phase
+    accuracy: float | None  # labelled requests answered right (None: no labels)
+    table_accuracy: float | None  # mean of the bundle's accuracy of the variant that answered each request
+    variants: dict[str, int]  # requests answered per variant
+
+
+def _missed(r: RequestRecord) -> bool:
+    assert r.latency_budget_ms is not None
+    return not r.ok or r.latency_ms is None or r.latency_ms > r.latency_budget_ms
+
+
+def phase_bounds(step_times: Sequence[float], end_s: float) -> list[tuple[float, float]]:
+    """(start, stop) of each phase: from each row time before ``end_s`` to the next (or the end)."""
+    starts = sorted({t for t in step_times if t < end_s} | {0.0})
+    return [(a, b) for a, b in strict_zip(starts, [*starts[1:], end_s]) if b > a]
+
+
+def phase_scores(records: Sequence[RequestRecord], bounds: Sequence[tuple[float, float]],
+                 table: Mapping[str, float], warmup_s: float = 0.0) -> list[PhaseScore]:
+    """Each phase's score of one run. ``table``: each variant's accuracy in the bundle (with early exit
+    on, a request that left at an earlier exit counts at its variant's accuracy: the bundle's is the
+    variant's as served, and an exit's own table entry is its accuracy on every input, not on the
+    confident ones that leave there).
+    ``warmup_s``: requests sent this soon after a phase starts are left out of that phase (0: none)."""
+    out = []
+    for start, stop in bounds:
+        rows = [r for r in records if start + warmup_s <= r.time_s < stop]
+        judged = [r for r in rows if r.latency_budget_ms is not None]
+        misses = sum(_missed(r) for r in judged)
+        labelled = [r for r in rows if r.ok and r.label is not None]
+        known = [table[r.variant] for r in rows if r.ok and r.variant is not None and r.variant in table]
+        variants: dict[str, int] = {}
+        for r in rows:
+            if r.ok and r.variant is not None:
+                variants[r.variant] = variants.get(r.variant, 0) + 1
+        out.append(PhaseScore(
+            start_s=start, stop_s=stop, judged=len(judged), misses=misses,
+            miss_share=misses / len(judged) if judged else None,
+            accuracy=sum(r.predicted == r.label for r in labelled) / len(labelled) if labelled else None,
+            table_accuracy=sum(known) / len(known) if known else None, variants=variants))
+    return out
+
+
+def oracle_choice(static: Mapping[str, Sequence[PhaseScore]], accuracy: Mapping[str, float],
+                  max_miss_share: float = MAX_MISS_SHARE) -> list[str]:
+    """Per phase, the oracle variant (see the module docstring). ``static``: each variant's run;
+    ``accuracy``: each variant's accuracy in the bundle's table (the ranking)."""
+    names = list(static)
+    phases = len(static[names[0]])
+    out = []
+    for k in range(phases):
+        shares = {v: static[v][k].miss_share for v in names}
+        meeting = [v for v in names if shares[v] is not None and shares[v] <= max_miss_share]  # type: ignore[operator]
+        if meeting:
+            out.append(max(meeting, key=lambda v: (accuracy[v], -(shares[v] or 0.0))))
+        else:
+            out.append(min(names, key=lambda v: (1.0 if shares[v] is None else shares[v], -accuracy[v])))
+    return out
+
+
+def compare(adaptive: Sequence[PhaseScore], static: Mapping[str, Sequence[PhaseScore]],
+            accuracy: Mapping[str, float], *, largest: str, max_miss_share: float = MAX_MISS_SHARE,
+            miss_slack: float = MISS_SLACK, accuracy_slack: float = ACCURACY_SLACK) -> list[dict[str, Any]]:
+    """Per phase: the adaptive run, the oracle (its variant and run) and the static largest, and
+    whether the adaptive run tracks the oracle (see the module docstring)."""
+    choices = oracle_choice(static, accuracy, max_miss_share)
+    rows = []
+    for k, (mine, best) in enumerate(strict_zip(adaptive, choices)):
+        oracle_run = static[best][k]
+        miss_ok = (mine.miss_share is not None and oracle_run.miss_share is not None
+                   and mine.miss_share <= oracle_run.miss_share + miss_slack)
+        acc_ok = (mine.table_accuracy is not None and oracle_run.table_accuracy is not None
+                  and mine.table_accuracy >= oracle_run.table_accuracy - accuracy_slack)
+        rows.append({"start_s": mine.start_s, "stop_s": mine.stop_s, "oracle_variant": best,
+                     "adaptive": asdict(mine), "oracle": asdict(oracle_run),
+                     "static_largest": asdict(static[largest][k]),
+                     "misses_within_slack": miss_ok, "accuracy_within_slack": acc_ok,
+                     "tracks_oracle": miss_ok and acc_ok})
+    return rows

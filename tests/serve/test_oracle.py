@@ -1,0 +1,73 @@
+"""The oracle the loop is measured against (issue 28): per phase, the most accurate variant whose static
+run missed at most 5% of that phase's deadlines, else the one that missed fewest."""
+
+from __future__ import annotations
+
+from hmt.serve.reporting.oracle import compare, oracle_choice, phase_bounds, phase_scores
+from hmt.serve.running.scenario import RequestRecord
+
+ACCURACY = {"big": 0.92, "mid": 0.88, "small": 0.80}
+
+
+def records(variant: str, miss_every: dict[int, int], per_phase: int = 100, phase_s: float = 5.0,
+            budget_ms: float = 10.0) -> list[RequestRecord]:
+    """``per_phase`` requests per phase; in phase k one in ``miss_every[k]`` is over the budget (0: none)."""
+    out = []
+    for k in range(3):
+        every = miss_every.get(k, 0)
+        for j in range(per_phase):
+            missed = every and j % every == 0
+            out.append(RequestRecord(time_s=k * phase_s + j * phase_s / per_phase, status=200, client_ms=1.0,
+                                     latency_ms=2 * budget_ms if missed else budget_ms / 2, compute_ms=1.0,
+                                     variant=variant, exit=1, predicted=0, label=None, latency_budget_ms=budget_ms))
+    return out
+
+
+def test_the_oracle_is_the_most_accurate_variant_within_five_percent_per_phase() -> None:
+    bounds = phase_bounds([0.0, 5.0, 10.0], 15.0)
+    assert bounds == [(0.0, 5.0), (5.0, 10.0), (10.0, 15.0)]
+    static = {
+        "big": phase_scores(records("big", {1: 2}), bounds, ACCURACY),  # 50% misses when loaded
+        "mid": phase_scores(records("mid", {1: 25}), bounds, ACCURACY),  # 4%: meets the phase
+        "small": phase_scores(records("small", {}), bounds, ACCURACY),
+    }
+    assert static["mid"][1].miss_share == 0.04 and static["big"][0].miss_share == 0.0
+    assert oracle_choice(static, ACCURACY) == ["big", "mid", "big"]
+    # Nothing within 5%: the fewest misses.
+    worse = {"big": phase_scores(records("big", {1: 2}), bounds, ACCURACY),
+             "mid": phase_scores(records("mid", {1: 5}), bounds, ACCURACY)}
+    assert oracle_choice(worse, ACCURACY)[1] == "mid"
+
+
+def test_the_adaptive_run_tracks_the_oracle_within_the_slack() -> None:
+    bounds = phase_bounds([0.0, 5.0, 10.0], 15.0)
+    static = {"big": phase_scores(records("big", {1: 2}), bounds, ACCURACY),
+              "mid": phase_scores(records("mid", {}), bounds, ACCURACY)}
+    # Adaptive: big, then mid with 6% misses (oracle mid: 0%, slack 5 points: not tracked), then big.
+    adaptive = [r for r in records("big", {}) if not 5.0 <= r.time_s < 10.0]
+    adaptive += [r for r in records("mid", {1: 16}) if 5.0 <= r.time_s < 10.0]
+    rows = compare(phase_scores(sorted(adaptive, key=lambda r: r.time_s), bounds, ACCURACY), static, ACCURACY,
+                   largest="big")
+    assert [r["oracle_variant"] for r in rows] == ["big", "mid", "big"]
+    assert [r["tracks_oracle"] for r in rows] == [True, False, True]
+    assert rows[1]["accuracy_within_slack"] and not rows[1]["misses_within_slack"]
+    assert rows[1]["static_largest"]["miss_share"] == 0.5
+
+
+def test_replay_arrivals_keep_the_mean_rate() -> None:
+    """Poisson and on/off arrivals (the bursty load shapes) send at the constant rate's mean."""
+    import numpy as np
+
+    from hmt.serve.running.scenario import ONOFF_PERIOD_S, DriveOptions, next_arrival_s
+
+    period_s, end_s = 0.1, 100.0
+    for arrivals in ("constant", "poisson", "onoff"):
+        rng = np.random.default_rng(0)
+        t, times = 0.0, []
+        while t < end_s:
+            t = next_arrival_s(t, period_s, 0.0, arrivals, rng)
+            times.append(t)
+        assert abs(len(times) - end_s / period_s) <= 0.05 * end_s / period_s, arrivals
+        if arrivals == "onoff":  # nothing in the second half of a cycle
+            assert all(t % ONOFF_PERIOD_S < ONOFF_PERIOD_S / 2 + 1e-9 or t % ONOFF_PERIOD_S > 1 - 1e-9 for t in times)
+    assert DriveOptions(duration_s=1.0, arrivals="poisson").arrivals == "poisson"
