@@ -100,14 +100,7 @@ class Controller:
         self._measured_count = 0
         self.load = OutsideLoad(self.settings.load_weights)
         self.monitor = ResourceMonitor(sampler, frequency_hz=1.0 / self.settings.monitor_period_s)
-        pool_kwargs: dict[str, Any] = {"threads": threads, "warmup_runs": warmup_runs, "providers": self.providers,
-                                       "early_exit": self.settings.early_exit.enabled}
-        if blocks:  # serve --blocks: variants composed from shared block graphs (hmt.serve.running.blocks)
-            from hmt.serve.running.blocks import BlockPool
-
-            self.pool: VariantPool = BlockPool(bundle, **pool_kwargs)
-        else:
-            self.pool = VariantPool(bundle, engine=self.engine, loader=loader, **pool_kwargs)
+        self.pool = self._make_pool(bundle, blocks=blocks, loader=loader, threads=threads, warmup_runs=warmup_runs)
         # serve --research (hmt.serve.deciding.research.attach): offered every decision, searches when none fits.
         self.research: Any = None
         self.budgets: Budgets = self.settings.budgets
@@ -321,12 +314,7 @@ class Controller:
         self.last_decision = decision
         error = self._apply(result)
         active = self._active.arch_id if self._active is not None else result.active_arch_id
-        if self.joint is not None:
-            self._route(active)
-        adopted = self.adapt.adopted_arch_id if self.adapt is not None else None
-        evicted = self.pool.trim(self.capacity_bytes(), keep={active} if adopted is None else {active, adopted})
-        if evicted and self.on_evicted is not None:
-            self.on_evicted(evicted)
+        self._settle(active)
         if error is not None:
             self.last_error = error
         elif result.switched or trigger == TRIGGER_INITIAL:
@@ -358,6 +346,26 @@ class Controller:
         if self._on_tick is not None:
             self._on_tick(record)
         return record
+
+    def _make_pool(self, bundle: Any, *, blocks: bool, loader: Any, threads: int | None,
+                   warmup_runs: int) -> VariantPool:
+        pool_kwargs: dict[str, Any] = {"threads": threads, "warmup_runs": warmup_runs, "providers": self.providers,
+                                       "early_exit": self.settings.early_exit.enabled}
+        if blocks:  # serve --blocks: variants composed from shared block graphs (hmt.serve.running.blocks)
+            from hmt.serve.running.blocks import BlockPool
+
+            return BlockPool(bundle, **pool_kwargs)
+        return VariantPool(bundle, engine=self.engine, loader=loader, **pool_kwargs)
+
+    def _settle(self, active: str) -> None:
+        """After a decision: the active variant's route (joint decision), and the pool trimmed to the
+        memory budget, keeping the active variant and the adopted adapted copy's base."""
+        if self.joint is not None:
+            self._route(active)
+        adopted = self.adapt.adopted_arch_id if self.adapt is not None else None
+        evicted = self.pool.trim(self.capacity_bytes(), keep={active} if adopted is None else {active, adopted})
+        if evicted and self.on_evicted is not None:
+            self.on_evicted(evicted)
 
     def _route(self, active: str) -> None:
         """The active variant's route from the joint decision just made (read by the request path)."""

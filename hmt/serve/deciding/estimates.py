@@ -389,8 +389,6 @@ class LatencyEstimator:
             sources = self._sources
             tail_factor = self.tail_factor
             prior_r = self._prior_r
-            alpha = self.alpha_latency
-            n_levels = self.settings.load_buckets
             floors = self._floors
             last_floor = self._last_floor
             for i in range(len(self.arch_ids)):
@@ -401,17 +399,8 @@ class LatencyEstimator:
                 source = SOURCE_MEASURED
                 floor = floors[i][level]
                 if tail is None:
-                    # The nearest level measured; on a tie the busier one (the cautious side).
-                    for d in range(1, n_levels):
-                        for other in (level + d, level - d):
-                            if 0 <= other < n_levels and tails[other] is not None:
-                                t = tails[other]
-                                assert t is not None
-                                tail = t * load_scale / (1.0 + alpha * self._level_loads[i][other])
-                                source = SOURCE_SCALED
-                                break
-                        if tail is not None:
-                            break
+                    tail = self._nearest_level_tail(tails, i, level, load_scale)
+                    source = SOURCE_SCALED
                 if tail is None:
                     r = prior_r[i]
                     tail = prior_ms * r * tail_factor
@@ -438,6 +427,19 @@ class LatencyEstimator:
             value = out, ratios
         self._latency_key, self._latency_value = key, value
         return value
+
+    def _nearest_level_tail(self, tails: Sequence[float | None], i: int, level: int,
+                            load_scale: float) -> float | None:
+        """Variant ``i``'s tail at the nearest load level measured, scaled to ``load_scale``; on a
+        tie the busier level (the cautious side). None when no level is measured."""
+        n_levels = self.settings.load_buckets
+        for d in range(1, n_levels):
+            for other in (level + d, level - d):
+                if 0 <= other < n_levels:
+                    t = tails[other]
+                    if t is not None:
+                        return t * load_scale / (1.0 + self.alpha_latency * self._level_loads[i][other])
+        return None
 
     def estimates(self, now_s: float, load_scale: float, load: float | None = None) -> list[Estimate]:
         """Every variant's estimate with its source (for status and metrics)."""
