@@ -51,6 +51,16 @@ def _protected(real: Path) -> str | None:
     return None
 
 
+def _refuse_protected(given: Path, inputs: Iterable[Path | str], what: str, expected: str) -> None:
+    """A protected place (a user folder, ``.``, home, a system folder) or one of the command's inputs
+    is refused by name; ``expected`` says what to give instead."""
+    real = _real(given)
+    reason = _protected(real)
+    if reason is not None:
+        raise InputError(f"{what} {given}: is {reason}; {expected}")
+    _check_inputs(given, real, inputs, what)
+
+
 def _check_inputs(given: Path, real: Path, inputs: Iterable[Path | str], what: str) -> None:
     for item in inputs:
         source = _real(item)
@@ -97,12 +107,7 @@ def check_output_dir(out: Path | str, *, kind: str, inputs: Iterable[Path | str]
     kind with ``force``) holding nothing but what its manifest lists. Returns ``out`` as a Path.
     """
     given = Path(out)
-    real = _real(given)
-    reason = _protected(real)
-    if reason is not None:
-        raise InputError(f"{what} {given}: is {reason}; hmt writes its output into a folder of its own, "
-                         "e.g. runs/NAME")
-    _check_inputs(given, real, inputs, what)
+    _refuse_protected(given, inputs, what, "hmt writes its output into a folder of its own, e.g. runs/NAME")
     if os.path.islink(given):
         raise InputError(f"{what} {given}: is a symbolic link; give the folder it points to, or a new path")
     if not os.path.lexists(given):
@@ -135,11 +140,7 @@ def check_output_file(path: Path | str, *, recognise: Callable[[Path], bool], de
     """Refuse to replace ``path`` unless it does not exist or ``recognise(path)`` says it is hmt's
     own file of the kind the caller writes (``description`` names that kind in the error)."""
     given = Path(path)
-    real = _real(given)
-    reason = _protected(real)
-    if reason is not None:
-        raise InputError(f"{what} {given}: is {reason}; expected a file path")
-    _check_inputs(given, real, inputs, what)
+    _refuse_protected(given, inputs, what, "expected a file path")
     if not os.path.lexists(given):
         return given
     if os.path.islink(given) or not given.is_file():
@@ -167,11 +168,7 @@ def check_owned_folder(folder: Path | str, *, names: Iterable[str], what: str,
     """Refuse ``folder`` (a working folder hmt fills and later empties, such as checkpoints) unless it
     does not exist, or holds only files named in ``names`` (and hmt's temporaries of them)."""
     given = Path(folder)
-    real = _real(given)
-    reason = _protected(real)
-    if reason is not None:
-        raise InputError(f"{what} {given}: is {reason}; give a folder of its own")
-    _check_inputs(given, real, inputs, what)
+    _refuse_protected(given, inputs, what, "give a folder of its own")
     if not os.path.lexists(given):
         return given
     if os.path.islink(given) or not given.is_dir():

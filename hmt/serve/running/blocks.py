@@ -15,7 +15,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from hmt.bundle import Bundle
-from hmt.errors import ModelError
 from hmt.runtime.blocks import BlockSpace, BlockStore, ComposedRunner, compose, load_block_space
 from hmt.runtime.chain import Runner
 from hmt.serve.running.pool import VariantPool
@@ -63,19 +62,6 @@ class BlockPool(VariantPool):
     def remove(self, arch_id: str) -> None:
         with self._load_lock:
             self._release(self._loaded.pop(arch_id, None))
-
-    def preload(self, order: Iterable[str], capacity_bytes: int | None) -> list[str]:
-        done: list[str] = []
-        for arch_id in order:
-            if arch_id not in self._loaded and capacity_bytes is not None and \
-                    self.loaded_bytes() + self.added_bytes(arch_id) > capacity_bytes:
-                continue
-            try:
-                self.load(arch_id)
-            except ModelError:
-                continue
-            done.append(arch_id)
-        return done
 
     def trim(self, capacity_bytes: int | None, keep: Iterable[str]) -> list[str]:
         if capacity_bytes is None:

@@ -63,6 +63,10 @@ class VariantPool:
     def loaded_bytes(self) -> int:
         return sum(r.memory_bytes for r in list(self._loaded.values()))
 
+    def added_bytes(self, arch_id: str) -> int:
+        """What loading ``arch_id`` adds: its recorded memory footprint."""
+        return int(self.bundle.spec.variant(arch_id).memory_mb * 1e6)
+
     def get(self, arch_id: str) -> Runner | None:
         runner = self._loaded.get(arch_id)
         if runner is not None:
@@ -121,9 +125,8 @@ class VariantPool:
         """Load variants in ``order`` while the total stays within ``capacity_bytes``; failures are skipped."""
         done: list[str] = []
         for arch_id in order:
-            size = int(self.bundle.spec.variant(arch_id).memory_mb * 1e6)
             if arch_id not in self._loaded and capacity_bytes is not None and \
-                    self.loaded_bytes() + size > capacity_bytes:
+                    self.loaded_bytes() + self.added_bytes(arch_id) > capacity_bytes:
                 continue
             try:
                 self.load(arch_id)
