@@ -6,7 +6,8 @@
 # limited to 10 minutes):
 #   bash scripts/gpu_originals.sh BLOB WORKDIR [JOBS...]   (BLOB: scripts/gpu_pack_cifar.py pack output)
 # JOBS (default: all): r18 mbv2 r56-measure r56 r18-elastic mbv2-elastic r56-elastic r18-front
-#   mbv2-front r56-front (a front job waits for its elastic job: benchmarks/supernet/front.py on the GPU,
+#   mbv2-front r56-front, r18b-elastic r18b-front (a second ResNet-18 recipe, R18B_CONFIG), energy (issue 23's
+#   NVML energy benchmark on ENERGY_GPU, alone on its GPU) (a front job waits for its elastic job: benchmarks/supernet/front.py on the GPU,
 #   validation and test accuracy per variant, greedy paths chosen on the validation split)
 # ELASTIC_CONFIG names the recipe of the elastic jobs (a train-supernet --config JSON); R18_CONFIG,
 # MBV2_CONFIG and R56_CONFIG override it per model. A job whose weights were made elsewhere is marked
@@ -22,14 +23,21 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 [ -d "$W/cifar" ] || python3 scripts/gpu_pack_cifar.py unpack "$BLOB" "$W/cifar"
 [ -f "$W/machine.txt" ] || { nvidia-smi -L > "$W/machine.txt"; lscpu | head -20 >> "$W/machine.txt"; }
 started() { [ -f "$W/$1.started" ]; }
-gpu_of() {  # R18_GPU and OTHER_GPU spread the jobs over two GPUs (default: all on GPU 0)
-  case $1 in r18*) echo "${R18_GPU:-0}" ;; *) echo "${OTHER_GPU:-0}" ;; esac
+gpu_of() {  # R18_GPU and OTHER_GPU spread the jobs over GPUs (default: all on GPU 0); R18B_GPU,
+  # MBV2_GPU and R56_GPU override them per model
+  case $1 in
+    r18b*) echo "${R18B_GPU:-${R18_GPU:-0}}" ;;
+    r18*) echo "${R18_GPU:-0}" ;;
+    mbv2*) echo "${MBV2_GPU:-${OTHER_GPU:-0}}" ;;
+    r56*) echo "${R56_GPU:-${OTHER_GPU:-0}}" ;;
+    *) echo "${OTHER_GPU:-0}" ;;
+  esac
 }
 bg() {  # name, command...: start once, in its own session (it outlives this command's return)
   local name=$1; shift
   started "$name" && return
   touch "$W/$name.started"
-  CUDA_VISIBLE_DEVICES=$(gpu_of "$name") setsid nohup bash -c "$* > '$W/$name.log' 2>&1 && touch '$W/$name.done'" \
+  CUDA_VISIBLE_DEVICES=${ON_GPU:-$(gpu_of "$name")} setsid nohup bash -c "$* > '$W/$name.log' 2>&1 && touch '$W/$name.done'" \
       < /dev/null > /dev/null 2>&1 &
 }
 orig() {  # name, model, extra args
@@ -48,7 +56,7 @@ front() {  # name of the elastic job (waits for it)
   local name=$1
   [ -f "$W/$name-elastic.done" ] || return
   bg "$name-front" python3 -m benchmarks.supernet.front --supernet "$W/$name-elastic" --data "$W/cifar" \
-      --random 60 --greedy 40 --device cuda --out "$W/$name-front.csv"
+      --random "${FRONT_RANDOM:-60}" --greedy "${FRONT_GREEDY:-40}" --device cuda --out "$W/$name-front.csv"
 }
 for job in $JOBS; do
   case $job in
@@ -61,7 +69,9 @@ for job in $JOBS; do
     r18-elastic) elastic r18-elastic cifar_resnet18.py:build r18 "${R18_CONFIG:-$CFG}" ;;
     mbv2-elastic) elastic mbv2-elastic cifar_mobilenetv2.py:build mbv2 "${MBV2_CONFIG:-$CFG}" ;;
     r56-elastic) elastic r56-elastic cifar_resnet56.py:build r56 "${R56_CONFIG:-$CFG}" ;;
-    r18-front|mbv2-front|r56-front) front "${job%-front}" ;;
+    r18b-elastic) elastic r18b-elastic cifar_resnet18.py:build r18 "${R18B_CONFIG:-$CFG}" ;;
+    r18-front|r18b-front|mbv2-front|r56-front) front "${job%-front}" ;;
+    energy) ON_GPU=${ENERGY_GPU:-0} bg energy python3 -m benchmarks.device.energy_heldout --out "$W/energy_heldout.json" ;;
   esac
 done
 sleep "${POLL_S:-0}"

@@ -3,7 +3,8 @@
 Each variant is materialised and its BN statistics re-estimated on the artifact's stored
 calibration images (what convert ships), then scored at its exit on the supernet's validation split
 (what a variant is chosen on; rebuilt from ``--data``, checked by sha256) and on the test split (which
-only reports).
+only reports), also per seeded half (``test_a_acc``, ``test_b_acc``: for an original that was trained on
+every training image, validation included, half A chooses and half B reports).
 Variants: the largest; structured families (every stream width x every inner width, with
 and without the skippable blocks); and ``--random`` uniform samples at the last exit and
 at random exits, all from a seeded generator. MACs and parameters are counted on the
@@ -102,8 +103,11 @@ def main() -> None:
     test_x, test_y = data.test_x, data.test_y
     if args.max_test:
         test_x, test_y = test_x[: args.max_test], test_y[: args.max_test]
-    loader = eval_loader(test_x, test_y, info=data.info, batch_size=500, device=torch.device(args.device),
-                         channels_last=False)
+    # Two seeded halves of the test images: an original pretrained on every training image has seen
+    # the validation split, so for it variants are chosen on half A and reported on half B.
+    halves = np.array_split(np.random.default_rng(args.seed).permutation(len(test_y)), 2)
+    loaders = [eval_loader(test_x[h], test_y[h], info=data.info, batch_size=500, device=torch.device(args.device),
+                           channels_last=False) for h in halves]
     from hmt.pareto.data import held_out_data
 
     val = held_out_data(loaded, data_path=args.data, split="val", max_samples=args.max_test, seed=args.seed)
@@ -119,18 +123,20 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["arch_id", "exit_stage", "val_acc", "test_acc", "macs", "params", "eval_s"])
+        writer.writerow(["arch_id", "exit_stage", "val_acc", "test_acc", "test_a_acc", "test_b_acc", "macs",
+                         "params", "eval_s"])
         for arch in archs:
             if arch.arch_id in seen:
                 continue
             seen.add(arch.arch_id)
             started = time.perf_counter()
             variant = loaded.materialize(arch)
-            acc = evaluate_variant(variant, loader)[-1]
+            acc_a, acc_b = (evaluate_variant(variant, half)[-1] for half in loaders)
+            acc = (acc_a * len(halves[0]) + acc_b * len(halves[1])) / len(test_y)
             val_acc = evaluate_variant(variant, val_loader)[-1]
             macs, params = count_macs(variant, tuple(space.input_shape))
-            writer.writerow([arch.arch_id, arch.exit_stage, f"{val_acc:.4f}", f"{acc:.4f}", macs, params,
-                             f"{time.perf_counter() - started:.2f}"])
+            writer.writerow([arch.arch_id, arch.exit_stage, f"{val_acc:.4f}", f"{acc:.4f}", f"{acc_a:.4f}",
+                             f"{acc_b:.4f}", macs, params, f"{time.perf_counter() - started:.2f}"])
             handle.flush()
 
 

@@ -217,12 +217,14 @@ class SearchSpace:
         picks = [pos.choices[int(rng.integers(len(pos.choices)))] for pos in self.positions]
         return self.make(picks, exit_stage)
 
-    def sample_structured(self, rng: np.random.Generator, *, exit_stage: int | None = None) -> ArchConfig:
+    def sample_structured(self, rng: np.random.Generator, *, exit_stage: int | None = None,
+                          tied: bool = False) -> ArchConfig:
         """A width-level subnet: one stream width for every stream position and one inner
         width for every block (each drawn uniformly from the widths the space offers), and
         a random exit. Uniform per-block sampling almost never draws these, yet uniform
         slimming is where the fast, accurate variants of a front live (BigNAS samples
-        per-stage widths for the same reason)."""
+        per-stage widths for the same reason). ``tied`` draws one level for both (the
+        width-multiplier networks: every channel count scaled alike)."""
         exit_stage = int(rng.integers(self.num_stages)) if exit_stage is None else exit_stage
         picks = []
         levels: dict[bool, str] = {}
@@ -230,7 +232,10 @@ class SearchSpace:
             stream = pos.kind == WIDTH_KIND
             if stream not in levels:
                 widths = [c for c in WIDTH_RATIOS if c in pos.choices] or ["base"]
-                levels[stream] = widths[int(rng.integers(len(widths)))]
+                if tied and levels:
+                    levels[stream] = next(iter(levels.values()))
+                else:
+                    levels[stream] = widths[int(rng.integers(len(widths)))]
             picks.append(levels[stream] if levels[stream] in pos.choices else "base")
         return self.make(picks, exit_stage)
 

@@ -36,6 +36,20 @@ def test_structured_subnets_share_one_stream_and_one_inner_width(net) -> None:  
     assert len(seen) == 16  # every (stream, inner) level pair is drawn
 
 
+def test_tied_levels_scale_stream_and_inner_widths_alike(net) -> None:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(3)
+    seen = set()
+    for _ in range(100):
+        arch = net.space.sample_structured(rng, exit_stage=net.space.num_stages - 1, tied=True)
+        levels = {c for p, c in zip(net.space.positions, arch.choices, strict=True) if c != "skip"}
+        assert len(levels) == 1, arch.arch_id
+        seen |= levels
+    assert seen == {"base", "w75", "w50", "w25"}
+    tied = SubnetSampling(random_subnets=1, structured_share=1.0, exits="late", tied_share=1.0)
+    arch = tied.draw(net.space, np.random.default_rng(4))
+    assert len({c for c in arch.choices if c != "-"}) == 1
+
+
 def test_late_exits_and_full_structured_share(net) -> None:  # type: ignore[no-untyped-def]
     sampling = SubnetSampling(random_subnets=3, structured_share=1.0, exits="late")
     rng = np.random.default_rng(1)

@@ -57,6 +57,10 @@ class TrainConfig:
     # Share of the random subnets drawn as width levels (SearchSpace.sample_structured)
     # instead of a uniform choice per block; 0 keeps plain uniform sampling.
     finetune_structured_share: float = 0.0
+    # Share of those width levels drawn tied (one level for the stream and the inner widths:
+    # the width-multiplier networks, where the fronts' fast accurate variants sit); 0 keeps
+    # independent levels.
+    finetune_tied_share: float = 0.0
     # Exits of the random subnets: "uniform" over stages, or "late" (the last two stages
     # only), where a front's accurate variants leave; early exits still learn from the
     # original's logits every step.
@@ -99,8 +103,9 @@ class TrainConfig:
         for name in ("backbone_lr", "partition_lr", "distill_lr", "finetune_lr"):
             if not 0.0 < getattr(self, name) <= 10.0:
                 raise UsageError(f"{name} must be in (0, 10], got {getattr(self, name)}")
-        if not 0.0 <= self.finetune_structured_share <= 1.0:
-            raise UsageError(f"finetune_structured_share must be in [0, 1], got {self.finetune_structured_share}")
+        for name in ("finetune_structured_share", "finetune_tied_share"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise UsageError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.finetune_exits not in FINETUNE_EXITS:
             raise UsageError(f"finetune_exits must be one of {FINETUNE_EXITS}, got {self.finetune_exits!r}")
         if self.max_train_samples is not None and self.max_train_samples < 10:

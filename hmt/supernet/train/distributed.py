@@ -3,7 +3,7 @@ gradient all-reduce per step.
 
 Gradients are averaged by hand rather than through DistributedDataParallel because each
 step runs several different subnets and per-block distillation calls; every rank samples
-the same subnets (same seeds), and parameters a step did not use contribute zeros.
+the same subnets (same seeds), so parameters a step did not use are left out on every rank.
 """
 
 from __future__ import annotations
@@ -49,11 +49,12 @@ def all_reduce_gradients(params: list[torch.nn.Parameter], ctx: DistContext) -> 
         return
     import torch.distributed as dist
 
-    grads = []
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        grads.append(p.grad)
+    # Every rank samples the same subnets (same seeds), so the parameters a step left without
+    # a gradient are the same on every rank: they stay out of the reduction, and stay without a
+    # gradient, as on one device (SGD then neither decays nor moves them).
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat)
     flat /= ctx.world_size

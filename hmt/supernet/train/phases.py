@@ -117,16 +117,19 @@ def kd_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) ->
 @dataclass(frozen=True)
 class SubnetSampling:
     """Which subnets a sandwich step trains besides the largest: the smallest, then
-    ``random_subnets`` random ones, ``structured_share`` of them width levels, with exits
-    drawn over every stage (``uniform``) or the last two (``late``)."""
+    ``random_subnets`` random ones, ``structured_share`` of them width levels (``tied_share``
+    of those with one level for stream and inner widths), with exits drawn over every stage
+    (``uniform``) or the last two (``late``)."""
 
     random_subnets: int
     structured_share: float = 0.0
     exits: str = "uniform"
+    tied_share: float = 0.0
 
     @classmethod
     def of(cls, config: TrainConfig) -> SubnetSampling:
-        return cls(config.finetune_random_subnets, config.finetune_structured_share, config.finetune_exits)
+        return cls(config.finetune_random_subnets, config.finetune_structured_share, config.finetune_exits,
+                   config.finetune_tied_share)
 
     def exit_stage(self, space: SearchSpace, rng: np.random.Generator) -> int | None:
         if self.exits == "late":
@@ -137,7 +140,8 @@ class SubnetSampling:
         exit_stage = self.exit_stage(space, rng)
         # No extra draw when the share is 0, so runs of the plain recipe replay exactly.
         if self.structured_share > 0.0 and rng.random() < self.structured_share:
-            return space.sample_structured(rng, exit_stage=exit_stage)
+            tied = self.tied_share > 0.0 and rng.random() < self.tied_share
+            return space.sample_structured(rng, exit_stage=exit_stage, tied=tied)
         return space.sample(rng, exit_stage=exit_stage)
 
 
