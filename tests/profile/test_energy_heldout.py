@@ -108,15 +108,20 @@ def test_the_benchmark_quick_run_on_a_gpu(tmp_path: Path) -> None:
 class _FakeLib:
     """libnvidia-ml's C calls as ctypes sees them: out-parameters arrive as byref() objects."""
 
-    def __init__(self, *, energy_supported: bool = True) -> None:
+    def __init__(self, *, energy_supported: bool = True, gpus: int = 1) -> None:
         self.energy_supported = energy_supported
+        self.gpus = gpus
+        self.opened: list[Any] = []  # the index or UUID of every handle asked for
         self.nvmlErrorString = _Fn(lambda code: b"Not Supported" if code == 3 else b"Unknown Error")
 
     def __getattr__(self, name: str) -> Any:
         table = {
             "nvmlInit_v2": lambda: 0,
-            "nvmlDeviceGetCount_v2": lambda count: self._set(count, 1),
-            "nvmlDeviceGetHandleByIndex_v2": lambda index, handle: self._set(handle, 1234),
+            "nvmlDeviceGetCount_v2": lambda count: self._set(count, self.gpus),
+            "nvmlDeviceGetHandleByIndex_v2": lambda index, handle: (self.opened.append(index.value),
+                                                                    self._set(handle, 1234))[1],
+            "nvmlDeviceGetHandleByUUID": lambda uuid, handle: (self.opened.append(uuid.value),
+                                                               self._set(handle, 1235))[1],
             "nvmlDeviceGetTotalEnergyConsumption": lambda handle, out: (
                 self._set(out, 5_000_000) if self.energy_supported else 3),
             "nvmlDeviceGetPowerUsage": lambda handle, out: self._set(out, 71_500),
@@ -169,4 +174,24 @@ def test_nvml_without_pynvml_or_driver_names_both(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(nvml.ctypes, "CDLL", missing)
     monkeypatch.setattr(nvml.ctypes.util, "find_library", lambda name: None)
     with pytest.raises(DeviceError, match="no NVIDIA GPU / NVML.*nvidia-ml-py.*libnvidia-ml.so.1"):
+        nvml.NvmlSource()
+
+
+def test_nvml_meters_the_gpu_cuda_visible_devices_selects(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA device 0 of a process started with CUDA_VISIBLE_DEVICES=3 is the host's GPU 3: NVML,
+    which counts every GPU of the host, must read that one, not the host's GPU 0 (another job's)."""
+    lib = _FakeLib(gpus=4)
+    _ctypes_nvml(monkeypatch, lib)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert nvml.NvmlSource().nvml_gpu == 0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    source = nvml.NvmlSource()
+    assert source.nvml_gpu == 3 and lib.opened[-1] == 3 and "host GPU 3" in source.describe()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-f003b975-272f,1")
+    assert nvml.NvmlSource().nvml_gpu == "GPU-f003b975-272f" and lib.opened[-1] == b"GPU-f003b975-272f"
+    assert nvml.NvmlSource(index=1).nvml_gpu == 1
+    with pytest.raises(DeviceError, match="CUDA_VISIBLE_DEVICES='GPU-f003b975-272f,1' makes 2 visible"):
+        nvml.NvmlSource(index=2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    with pytest.raises(DeviceError, match="no GPU 7; this machine has 4"):
         nvml.NvmlSource()

@@ -15,6 +15,7 @@ from typing import Any
 
 from hmt.errors import DeviceError
 from hmt.profile.power.base import PollingSource
+from hmt.runtime.gpus import visible_gpu
 
 NVML_SUCCESS = 0
 NVML_LIBRARIES = ("libnvidia-ml.so.1", "libnvidia-ml.so", "nvml.dll")
@@ -72,6 +73,12 @@ class CtypesNvml:
         self._call("nvmlDeviceGetHandleByIndex_v2", ctypes.c_uint(index), ctypes.byref(handle))
         return handle
 
+    def nvmlDeviceGetHandleByUUID(self, uuid: bytes | str) -> ctypes.c_void_p:  # noqa: N802
+        handle = ctypes.c_void_p()
+        text = uuid.encode() if isinstance(uuid, str) else uuid
+        self._call("nvmlDeviceGetHandleByUUID", ctypes.c_char_p(text), ctypes.byref(handle))
+        return handle
+
     def nvmlDeviceGetName(self, handle: ctypes.c_void_p) -> str:  # noqa: N802
         buffer = ctypes.create_string_buffer(96)
         self._call("nvmlDeviceGetName", handle, buffer, ctypes.c_uint(len(buffer)))
@@ -116,13 +123,19 @@ class NvmlSource(PollingSource):
     name = "nvml"
 
     def __init__(self, *, index: int = 0, interval_s: float = 0.02) -> None:
+        """``index``: the CUDA device as this process sees it (CUDA_VISIBLE_DEVICES applied)."""
         super().__init__(interval_s=interval_s)
         self._nv = _nvml()
         self.binding = "ctypes" if isinstance(self._nv, CtypesNvml) else "pynvml"
         count = self._nv.nvmlDeviceGetCount()
-        if not 0 <= index < count:
-            raise DeviceError(f"NVML: no GPU {index}; this machine has {count}")
-        self.handle = self._nv.nvmlDeviceGetHandleByIndex(index)
+        gpu = visible_gpu(index)  # the GPU this process runs on, not NVML's GPU ``index`` of the host
+        if isinstance(gpu, str):
+            self.handle = self._nv.nvmlDeviceGetHandleByUUID(gpu)
+        elif 0 <= gpu < count:
+            self.handle = self._nv.nvmlDeviceGetHandleByIndex(gpu)
+        else:
+            raise DeviceError(f"NVML: no GPU {gpu}; this machine has {count}")
+        self.nvml_gpu = gpu
         try:
             self._nv.nvmlDeviceGetTotalEnergyConsumption(self.handle)
             self.cumulative = True
@@ -141,4 +154,4 @@ class NvmlSource(PollingSource):
         return float(self._nv.nvmlDeviceGetPowerUsage(self.handle)) / 1000.0  # mW -> W
 
     def describe(self) -> str:
-        return f"nvml ({self.mode}, through {self.binding})"
+        return f"nvml ({self.mode}, through {self.binding}, host GPU {self.nvml_gpu})"

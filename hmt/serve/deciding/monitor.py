@@ -22,6 +22,7 @@ from typing import Any, Callable
 import psutil
 
 from hmt.errors import DeviceError, UsageError
+from hmt.runtime.gpus import visible_gpu
 
 Sampler = Callable[[], "ResourceSample"]
 
@@ -65,7 +66,9 @@ class _Nvml:
             return
         try:
             if pynvml.nvmlDeviceGetCount() > 0:
-                self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+                gpu = visible_gpu(0)  # CUDA device 0 of this process, CUDA_VISIBLE_DEVICES applied
+                self._handle = (pynvml.nvmlDeviceGetHandleByUUID(gpu) if isinstance(gpu, str)
+                                else pynvml.nvmlDeviceGetHandleByIndex(gpu))
                 self._nvml = pynvml
             else:
                 pynvml.nvmlShutdown()
