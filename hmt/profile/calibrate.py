@@ -84,6 +84,10 @@ def record_timeline(source: PowerSource, workloads: Sequence[Workload], *, windo
             windows.append(_run_for(workload, window_s))
             progress("energy calibration", index + 1, len(workloads), workload.label)
         time.sleep(0.05)
+        t_end = time.time()  # a closing idle window: the baseline must not have moved meanwhile
+        time.sleep(idle_s)
+        windows.append(Window("idle-end", t_end, time.time(), 0))
+        time.sleep(0.05)  # the trace runs past the last window
     except BaseException:
         with contextlib.suppress(Exception):
             source.stop()
@@ -94,15 +98,30 @@ def record_timeline(source: PowerSource, workloads: Sequence[Workload], *, windo
     return windows, trace
 
 
+# Idle power before and after the workloads may differ this much (a GPU's clocks and temperature
+# settle after a run); more means another consumer shared the meter and every figure is off.
+IDLE_DRIFT_SHARE = 0.5
+IDLE_DRIFT_W = 2.0
+
+
 def energy_per_inference(trace: PowerTrace, windows: Sequence[Window]) -> tuple[float, list[float]]:
     """(idle watts, dynamic mJ per inference of each workload window)."""
     idle = [w for w in windows if w.label == "idle"]
     if not idle:
         raise InputError("the timeline has no idle window to take the baseline power from")
     idle_w = trace.mean_power_w(idle[0].t_start, idle[0].t_end)
+    closing = [w for w in windows if w.label == "idle-end"]
+    if closing:
+        end_w = trace.mean_power_w(closing[0].t_start, closing[0].t_end)
+        low, high = sorted((idle_w, end_w))
+        if high - low > max(IDLE_DRIFT_W, IDLE_DRIFT_SHARE * max(low, 1e-9)):
+            raise InputError(
+                f"the meter's idle power moved from {idle_w:.1f} W before the workloads to {end_w:.1f} W after "
+                "them: something else drew power during the run (another process on this GPU or CPU package?); "
+                "rerun with the device otherwise idle")
     energies = []
     for window in windows:
-        if window.label == "idle" or window.label.startswith("sync-") or window.runs == 0:
+        if window.label.startswith("idle") or window.label.startswith("sync-") or window.runs == 0:
             continue
         total_j = trace.energy_j(window.t_start, window.t_end)
         energies.append((total_j - idle_w * window.duration_s) * 1e3 / window.runs)
@@ -120,7 +139,7 @@ def calibrate_from_trace(trace: PowerTrace, windows: Sequence[Window], *, names:
                          source: str) -> CalibrationResult:
     """Fit eq. 1 from a trace and a timeline (also used for a trace recorded elsewhere)."""
     idle_w, energies = energy_per_inference(trace, windows)
-    work = [w for w in windows if w.label != "idle" and not w.label.startswith("sync-") and w.runs > 0]
+    work = [w for w in windows if not w.label.startswith(("idle", "sync-")) and w.runs > 0]
     design = np.asarray([w.design_row for w in work], float)
     positive = np.asarray(energies) > 0
     if positive.sum() < 1:

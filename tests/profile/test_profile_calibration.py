@@ -35,7 +35,24 @@ def test_fake_source_calibration_recovers_coefficients() -> None:
     np.testing.assert_allclose(result.fit.coefficients, TRUTH, rtol=0.05)
     assert result.fit.r2 > 0.99
     labels = [w.label for w in result.windows]
-    assert labels[0] == "idle" and labels[1].startswith("sync-busy") and labels[-1] == "w8"
+    assert labels[0] == "idle" and labels[1].startswith("sync-busy") and labels[-2:] == ["w8", "idle-end"]
+
+
+def test_a_baseline_that_moves_during_the_run_is_refused() -> None:
+    """Idle power before and after the workloads differs threefold (another job shared the meter,
+    as when NVML read a GPU that another training used): refused, not fitted."""
+    from hmt.errors import InputError
+    from hmt.profile.calibrate import Window, energy_per_inference
+    from hmt.profile.power.base import PowerTrace
+
+    times = np.linspace(0.0, 3.0, 3001)
+    windows = [Window("idle", 0.0, 1.0, 0), Window("w0", 1.0, 2.0, 100, (1.0,)), Window("idle-end", 2.0, 3.0, 0)]
+    steady = PowerTrace(times, np.where((times > 1.0) & (times < 2.0), 120.0, 70.0), "fake")
+    idle_w, energies = energy_per_inference(steady, windows)
+    assert idle_w == pytest.approx(70.0, abs=0.5) and energies[0] == pytest.approx(500.0, rel=0.02)
+    moved = PowerTrace(times, np.where(times < 1.0, 70.0, 230.0), "fake")
+    with pytest.raises(InputError, match=r"idle power moved from 70\.\d W .* to 230\.0 W"):
+        energy_per_inference(moved, windows)
 
 
 def _recorded_relative_trace_fit(tmp_path: Path, attempt: int) -> tuple[Any, Any]:
