@@ -30,6 +30,7 @@ from hmt.data import BatchLoader
 from hmt.errors import UsageError, VerificationError
 from hmt.progress import ProgressCallback, no_progress
 from hmt.supernet.elastify.distill import FRESH
+from hmt.supernet.elastify.epochs import ELASTIC_PHASES, EpochResume, run_epochs, to_cpu
 from hmt.supernet.elastify.evaluate import evaluate, table_metrics
 from hmt.supernet.elastify.source import ModelSpec, build_model, sha256_file
 from hmt.supernet.elastify.supernet import ElastifiedSupernet, largest_error
@@ -89,52 +90,6 @@ def _loader(x: np.ndarray, y: np.ndarray, info: Any, config: TrainConfig, device
                        channels_last=channels_last)
 
 
-def _run_epochs(
-    name: str,
-    epochs: int,
-    lr: float,
-    params: list[nn.Parameter],
-    step: Callable[[torch.Tensor, torch.Tensor, np.random.Generator], torch.Tensor],
-    loader: BatchLoader,
-    config: TrainConfig,
-    history: list[dict[str, Any]],
-    progress: ProgressCallback,
-    *,
-    weight_decay: float,
-    autocast: bool,
-    device: torch.device,
-    seed_word: int,
-) -> None:
-    """SGD (Nesterov) with the trainer's one-cycle schedule; one history record per epoch."""
-    from hmt.supernet.train.trainer import derive_seed, lr_at
-
-    if epochs == 0 or not params:
-        return
-    optimizer = torch.optim.SGD(params, lr=lr, momentum=config.momentum, nesterov=True, weight_decay=weight_decay)
-    total = len(loader) * epochs
-    for epoch in range(epochs):
-        loader.set_epoch(derive_seed(seed_word, epoch))
-        rng = np.random.default_rng(derive_seed(config.seed, 40 + seed_word, epoch))
-        started = time.perf_counter()
-        loss_sum = torch.zeros((), device=device)
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(derive_seed(config.seed, 50 + seed_word, epoch))  # dropout, scoped
-            for i, (xb, yb) in enumerate(loader):
-                for group in optimizer.param_groups:
-                    group["lr"] = lr_at(lr, epoch * len(loader) + i, total)
-                optimizer.zero_grad(set_to_none=True)
-                with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
-                    loss = step(xb, yb, rng)
-                optimizer.step()
-                loss_sum += loss.detach()
-                if i % 10 == 0 or i == len(loader) - 1:
-                    progress(name, epoch * len(loader) + i + 1, total, f"epoch {epoch + 1}/{epochs}")
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        history.append({"phase": name, "epoch": epoch, "train_loss": float(loss_sum) / max(1, len(loader)),
-                        "epoch_s": time.perf_counter() - started})
-
-
 def _train_original(model: nn.Module, loader: BatchLoader, config: TrainConfig, history: list[dict[str, Any]],
                     progress: ProgressCallback, autocast: bool, device: torch.device) -> None:
     model.train()
@@ -144,7 +99,7 @@ def _train_original(model: nn.Module, loader: BatchLoader, config: TrainConfig, 
         loss.backward()
         return loss
 
-    _run_epochs("original", config.backbone_epochs, config.backbone_lr, list(model.parameters()), step, loader,
+    run_epochs("original", config.backbone_epochs, config.backbone_lr, list(model.parameters()), step, loader,
                 config, history, progress, weight_decay=config.weight_decay, autocast=autocast, device=device,
                 seed_word=1)
     model.eval()
@@ -264,10 +219,12 @@ def elastify_supernet(
     keep_checkpoint: bool = False,
     force: bool = False,
     notify: Callable[[str], None] = lambda message: None,
+    stop_after_epochs: int | None = None,
 ) -> ElastifyResult:
     """Elastify ``config.extra['elastify']``'s model on ``config.dataset`` and write the
-    supernet artifact to ``out_dir`` (atomically). A checkpoint after every phase (in
-    ``checkpoint_dir``, default OUT.ckpt) lets a killed run resume at the next phase."""
+    supernet artifact to ``out_dir`` (atomically). A checkpoint after every phase and every two
+    minutes within one (in ``checkpoint_dir``, default OUT.ckpt) lets a killed run resume where it
+    stood. ``stop_after_epochs`` (tests) simulates a kill after that many epochs, checkpoint written."""
     from hmt.data import eval_loader
     from hmt.supernet.train import check_training_outputs, default_checkpoint_dir
     from hmt.supernet.train.checkpoint import open_checkpoint, release_checkpoint_dir, resume_message, save_checkpoint
@@ -298,7 +255,10 @@ def elastify_supernet(
 
     saved = open_checkpoint(checkpoint_dir, config_fingerprint=config.fingerprint(), restart=restart) or {}
     if saved:
-        notify(resume_message(checkpoint_dir, saved.get("history", []), "done: " + ", ".join(saved.get("phases", []))))
+        within_note = (f"; {saved['within_phase']['phase']} resumes at its epoch {saved['within_phase']['epoch'] + 1}"
+                       if saved.get("within_phase") else "")
+        notify(resume_message(checkpoint_dir, saved.get("history", []),
+                              "done: " + ", ".join(saved.get("phases", [])) + within_note))
     history: list[dict[str, Any]] = list(saved.get("history", []))
     if "original" in saved:
         model.load_state_dict(saved["original"])
@@ -309,11 +269,13 @@ def elastify_supernet(
     original_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     done: list[str] = sorted(set(saved.get("phases", [])) | {"original"})
 
-    def checkpoint(net_state: dict[str, torch.Tensor] | None) -> None:
+    def checkpoint(net_state: dict[str, torch.Tensor] | None, within: dict[str, Any] | None = None) -> None:
         state: dict[str, Any] = {"config_fingerprint": config.fingerprint(), "phases": done, "history": history,
                                  "original": original_state}
         if net_state is not None:
             state["supernet"] = {k: v.detach().cpu() for k, v in net_state.items()}
+        if within is not None:  # a phase stopped between two of its epochs
+            state["within_phase"] = within
         save_checkpoint(checkpoint_dir, state)
 
     if "supernet" not in saved:
@@ -339,7 +301,12 @@ def elastify_supernet(
         done.append(name)
         checkpoint(net.state_dict())
 
-    _train_elastic(net, loader, config, history, progress, autocast, device, finetune_original, set(done), phase_done)
+    def epoch_saved(phase: str, epoch: int, optimizer_state: dict[str, Any]) -> None:
+        checkpoint(net.state_dict(), {"phase": phase, "epoch": epoch, "optimizer": to_cpu(optimizer_state)})
+
+    resumes = _resumes(saved.get("within_phase") or {}, epoch_saved, stop_after_epochs)
+    _train_elastic(net, loader, config, history, progress, autocast, device, finetune_original, set(done), phase_done,
+                   resumes)
     train_s = time.perf_counter() - train_start
     net.eval()
     error_after = _check_largest(net, model, seed=config.seed + 1, when="after training")
@@ -348,6 +315,7 @@ def elastify_supernet(
                                          calibration_x, config, channels_last=channels_last, autocast=autocast,
                                          progress=progress)
     metrics = {
+        **_run_metrics(device, provenance, started),
         **table_metrics(table),
         "original_test_acc": original_test_acc,
         "largest_vs_original_max_abs_before": error_before,
@@ -362,9 +330,6 @@ def elastify_supernet(
         "analysis_s": analysis_s,
         "elastic_train_s": train_s,
         "elastify_s": analysis_s + train_s,
-        "wall_s": time.perf_counter() - started,
-        "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
-        **{k: v for k, v in provenance.items() if k.endswith("sha256") or k == "factory"},
     }
     report = {**net.report(), "provenance": provenance, "exactness": {
         "atol": EXACT_ATOL, "before_training": error_before, "after_training": error_after}}
@@ -372,6 +337,22 @@ def elastify_supernet(
     if not keep_checkpoint:
         release_checkpoint_dir(checkpoint_dir)
     return ElastifyResult(out_dir=out_dir, metrics=metrics, variants=table, report=report)
+
+
+def _run_metrics(device: torch.device, provenance: dict[str, Any], started: float) -> dict[str, Any]:
+    return {"wall_s": time.perf_counter() - started,
+            "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
+            **{k: v for k, v in provenance.items() if k.endswith("sha256") or k == "factory"}}
+
+
+def _resumes(within: dict[str, Any], save: Callable[[str, int, dict[str, Any]], None],
+             stop_after_epochs: int | None) -> dict[str, EpochResume]:
+    """Each phase's resume point: the checkpoint's epoch for the phase it stopped inside, else 0."""
+    ran = [0]  # epochs of this invocation, over every phase
+    return {name: EpochResume(name, int(within.get("epoch", 0)) if within.get("phase") == name else 0,
+                              within.get("optimizer") if within.get("phase") == name else None, save,
+                              stop_after_epochs=stop_after_epochs, ran=ran)
+            for name in ELASTIC_PHASES}
 
 
 def _check_largest(net: ElastifiedSupernet, model: nn.Module, *, seed: int, when: str) -> float:
@@ -402,7 +383,8 @@ def _user_model(spec: ModelSpec, config: TrainConfig, num_classes: int) -> nn.Mo
 
 def _train_elastic(net: ElastifiedSupernet, loader: BatchLoader, config: TrainConfig, history: list[dict[str, Any]],
                    progress: ProgressCallback, autocast: bool, device: torch.device, finetune_original: bool,
-                   done: set[str], phase_done: Callable[[str], None]) -> None:
+                   done: set[str], phase_done: Callable[[str], None],
+                   resumes: dict[str, EpochResume] | None = None) -> None:
     """The three phases in order, skipping those a checkpoint says are done."""
     exit_params = [p for head in list(net.exits)[:-1] for p in head.parameters()]
     block_alt_params = net.elastic_parameters()
@@ -427,8 +409,8 @@ def _train_elastic(net: ElastifiedSupernet, loader: BatchLoader, config: TrainCo
     for name, word, epochs, lr, group, step, decay in phases:
         if name in done:
             continue
-        _run_epochs(name, epochs, lr, group, step, loader, config, history, progress, weight_decay=decay,
-                    autocast=autocast, device=device, seed_word=word)
+        run_epochs(name, epochs, lr, group, step, loader, config, history, progress, weight_decay=decay,
+                    autocast=autocast, device=device, seed_word=word, resume=(resumes or {}).get(name))
         phase_done(name)
 
 

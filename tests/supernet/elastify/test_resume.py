@@ -49,3 +49,30 @@ def test_killed_run_resumes_at_the_next_phase(tmp_path: Path) -> None:
     b = load_file(str(tmp_path / "resumed" / "weights.safetensors"))
     assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
     assert not (tmp_path / "resumed.ckpt").exists()
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_within_its_phase_at_the_checkpointed_epoch(tmp_path: Path) -> None:
+    """Killed after 2 of fine-tuning's 3 epochs (a checkpoint between epochs, optimizer state
+    included): the rerun runs only the third and ends bit for bit where an uninterrupted run ends."""
+    from dataclasses import replace
+
+    from hmt.supernet.train.trainer import TrainingInterrupted
+
+    config = replace(_config(), finetune_epochs=3)  # type: ignore[type-var]
+    elastify_supernet(config, tmp_path / "whole")  # type: ignore[arg-type]
+    with pytest.raises(TrainingInterrupted):
+        # exits 1 epoch, distill 1 (each phase's own checkpoint), then 2 of fine-tuning's 3
+        elastify_supernet(config, tmp_path / "resumed", stop_after_epochs=4)  # type: ignore[arg-type]
+    notes: list[str] = []
+    seen: list[str] = []
+    elastify_supernet(config, tmp_path / "resumed", notify=notes.append,  # type: ignore[arg-type]
+                      progress=lambda task, done, total, info=None: seen.append(f"{task} {info}"))
+    assert any("finetune resumes at its epoch 3" in n for n in notes), notes
+    assert {s for s in seen if s.startswith("finetune")} == {"finetune epoch 3/3"}
+    history = json.loads((tmp_path / "resumed" / "history.json").read_text())
+    assert [(h["phase"], h["epoch"]) for h in history if h["phase"] == "finetune"] == [
+        ("finetune", 0), ("finetune", 1), ("finetune", 2)]
+    a = load_file(str(tmp_path / "whole" / "weights.safetensors"))
+    b = load_file(str(tmp_path / "resumed" / "weights.safetensors"))
+    assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
