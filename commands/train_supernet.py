@@ -262,6 +262,8 @@ def _elastify(
         result = elastify_supernet(resolved, out, cache_dir=cache_dir, progress=progress,
                                    checkpoint_dir=checkpoint_dir, restart=restart, keep_checkpoint=keep_checkpoint,
                                    force=force, notify=output.note)
+    if result is None:
+        return  # another torchrun rank: rank 0 writes and reports
     m, report = result.metrics, result.report
     rows = [[b["name"], _modules_label(b), b["kind"], " ".join(b["choices"])] for b in report["blocks"]]
     output.table("blocks (choices offered; notes in elastify.json)", ["block", "module", "kind", "choices"], rows)

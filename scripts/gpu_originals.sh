@@ -48,7 +48,9 @@ orig() {  # name, model, extra args
 elastic() {  # name, model, weights, recipe (waits for the weights' job)
   local name=$1 model=$2 parent=$3 cfg=$4
   [ -f "$W/$parent.done" ] || return
-  bg "$name" python3 -m commands train-supernet --model "$M/$model" --weights "$W/$parent.safetensors" \
+  local launch="python3 -m commands"  # NPROC > 1: data parallel over the GPUs the model's *_GPU lists (torchrun)
+  [ "${NPROC:-1}" -gt 1 ] && launch="torchrun --standalone --nproc-per-node $NPROC -m commands"
+  bg "$name" $launch train-supernet --model "$M/$model" --weights "$W/$parent.safetensors" \
       --input-shape 1,3,32,32 --data "$W/cifar" --config "$cfg" --cache-dir "$W/cache-$name" \
       --out "$W/$name"
 }

@@ -146,6 +146,7 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     else:
         result = elastify_supernet(config, out_dir / "supernet", cache_dir=args.cache_dir,
                                    progress=_progress if args.progress else _quiet)
+        assert result is not None  # one process: it is rank 0
         m, table = result.metrics, result.variants
     wall_s = time.perf_counter() - started
     if m["largest_test_acc"] != m["original_test_acc"]:

@@ -14,6 +14,7 @@ from torch import nn
 from hmt.data import BatchLoader
 from hmt.progress import ProgressCallback
 from hmt.supernet.train.config import TrainConfig
+from hmt.supernet.train.distributed import DistContext, all_reduce_gradients
 
 ELASTIC_PHASES = ("exits", "distill", "distill_fresh", "finetune")
 
@@ -74,6 +75,7 @@ def run_epochs(
     device: torch.device,
     seed_word: int,
     resume: EpochResume | None = None,
+    ctx: DistContext | None = None,
 ) -> None:
     """SGD (Nesterov) with the trainer's one-cycle schedule; one history record per epoch.
     ``resume`` starts at a checkpointed epoch with its optimizer state and is told after each
@@ -101,6 +103,8 @@ def run_epochs(
                 optimizer.zero_grad(set_to_none=True)
                 with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
                     loss = step(xb, yb, rng)
+                if ctx is not None:
+                    all_reduce_gradients(params, ctx)  # torchrun: the ranks' mean gradient
                 optimizer.step()
                 loss_sum += loss.detach()
                 if i % 10 == 0 or i == len(loader) - 1:

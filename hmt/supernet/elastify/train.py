@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from hmt.supernet.elastify.supernet import ElastifiedSupernet, largest_error
 from hmt.supernet.elastify.trace import trace_model
 from hmt.supernet.space import ArchConfig
 from hmt.supernet.train.config import TrainConfig
+from hmt.supernet.train.distributed import DistContext
 
 # The largest variant must reproduce the user's model to this max abs error (eval mode).
 EXACT_ATOL = 1e-5
@@ -84,14 +84,16 @@ def spec_from_config(config: TrainConfig) -> ModelSpec:
 
 
 def _loader(x: np.ndarray, y: np.ndarray, info: Any, config: TrainConfig, device: torch.device, seed: int,
-            channels_last: bool) -> BatchLoader:
+            channels_last: bool, ctx: DistContext) -> BatchLoader:
+    """Training batches; under torchrun each rank draws its own share (``batch_size`` per rank)."""
     return BatchLoader(x, y, info=info, batch_size=config.batch_size, device=device, augment=True, shuffle=True,
-                       generator=torch.Generator().manual_seed(seed), drop_last=len(x) >= 2 * config.batch_size,
-                       channels_last=channels_last)
+                       generator=torch.Generator().manual_seed(seed),
+                       drop_last=len(x) >= 2 * config.batch_size * ctx.world_size, channels_last=channels_last,
+                       rank=ctx.rank, world_size=ctx.world_size)
 
 
 def _train_original(model: nn.Module, loader: BatchLoader, config: TrainConfig, history: list[dict[str, Any]],
-                    progress: ProgressCallback, autocast: bool, device: torch.device) -> None:
+                    progress: ProgressCallback, autocast: bool, device: torch.device, ctx: DistContext) -> None:
     model.train()
 
     def step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
@@ -101,7 +103,7 @@ def _train_original(model: nn.Module, loader: BatchLoader, config: TrainConfig, 
 
     run_epochs("original", config.backbone_epochs, config.backbone_lr, list(model.parameters()), step, loader,
                 config, history, progress, weight_decay=config.weight_decay, autocast=autocast, device=device,
-                seed_word=1)
+                seed_word=1, ctx=ctx)
     model.eval()
 
 
@@ -220,7 +222,7 @@ def elastify_supernet(
     force: bool = False,
     notify: Callable[[str], None] = lambda message: None,
     stop_after_epochs: int | None = None,
-) -> ElastifyResult:
+) -> ElastifyResult | None:
     """Elastify ``config.extra['elastify']``'s model on ``config.dataset`` and write the
     supernet artifact to ``out_dir`` (atomically). A checkpoint after every phase and every two
     minutes within one (in ``checkpoint_dir``, default OUT.ckpt) lets a killed run resume where it
@@ -228,18 +230,18 @@ def elastify_supernet(
     from hmt.data import eval_loader
     from hmt.supernet.train import check_training_outputs, default_checkpoint_dir
     from hmt.supernet.train.checkpoint import open_checkpoint, release_checkpoint_dir, resume_message, save_checkpoint
-    from hmt.supernet.train.distributed import DistContext
+    from hmt.supernet.train.distributed import broadcast_state, init_distributed
     from hmt.supernet.train.trainer import _prepare_data, calibration_subset, derive_seed, resolve_device
 
     started = time.perf_counter()
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise UsageError("elastification runs on one device for now; start it without torchrun")
     spec = spec_from_config(config)
     checkpoint_dir = Path(checkpoint_dir or default_checkpoint_dir(Path(out_dir)))
     check_training_outputs(config, Path(out_dir), checkpoint_dir, force=force, inputs=(spec.file, spec.weights))
     trained_original = train_original_of(config, spec)
     finetune_original = bool(config.extra.get("finetune_original", False))
-    device = resolve_device(config.device, DistContext(rank=0, world_size=1, local_rank=0))
+    cuda = config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available())
+    ctx = init_distributed("cuda" if cuda else "cpu")  # torchrun: one process per GPU, gradients averaged
+    device = resolve_device(config.device, ctx)
     data, train, val = _prepare_data(config, cache_dir, progress)
     _check_data(spec, data.info)
     provenance = {**_provenance(spec), "original_trained_here": trained_original,
@@ -247,7 +249,7 @@ def elastify_supernet(
     model = _user_model(spec, config, data.info.num_classes)
     channels_last = device.type == "cuda" and data.info.modality == "image"
     autocast = device.type == "cuda" and config.amp
-    loader = _loader(train.x, train.y, data.info, config, device, derive_seed(config.seed, 3), channels_last)
+    loader = _loader(train.x, train.y, data.info, config, device, derive_seed(config.seed, 3), channels_last, ctx)
 
     def evaluation(x: np.ndarray, y: np.ndarray | None) -> BatchLoader:
         return eval_loader(x, y, info=data.info, batch_size=config.eval_batch_size, device=device,
@@ -264,7 +266,7 @@ def elastify_supernet(
         model.load_state_dict(saved["original"])
     elif trained_original:
         model.to(device)
-        _train_original(model, loader, config, history, progress, autocast, device)
+        _train_original(model, loader, config, history, progress, autocast, device, ctx)
     model.cpu().float().eval()
     original_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     done: list[str] = sorted(set(saved.get("phases", [])) | {"original"})
@@ -276,7 +278,8 @@ def elastify_supernet(
             state["supernet"] = {k: v.detach().cpu() for k, v in net_state.items()}
         if within is not None:  # a phase stopped between two of its epochs
             state["within_phase"] = within
-        save_checkpoint(checkpoint_dir, state)
+        if ctx.is_main:  # every rank holds the same weights
+            save_checkpoint(checkpoint_dir, state)
 
     if "supernet" not in saved:
         checkpoint(None)
@@ -295,6 +298,7 @@ def elastify_supernet(
     net.to(device)
     if channels_last:
         net.to(memory_format=torch.channels_last)
+    broadcast_state(net, ctx)
     train_start = time.perf_counter()
 
     def phase_done(name: str) -> None:
@@ -306,7 +310,9 @@ def elastify_supernet(
 
     resumes = _resumes(saved.get("within_phase") or {}, epoch_saved, stop_after_epochs)
     _train_elastic(net, loader, config, history, progress, autocast, device, finetune_original, set(done), phase_done,
-                   resumes)
+                   resumes, ctx)
+    if not ctx.is_main:
+        return None  # rank 0 evaluates and writes the artifact
     train_s = time.perf_counter() - train_start
     net.eval()
     error_after = _check_largest(net, model, seed=config.seed + 1, when="after training")
@@ -384,7 +390,7 @@ def _user_model(spec: ModelSpec, config: TrainConfig, num_classes: int) -> nn.Mo
 def _train_elastic(net: ElastifiedSupernet, loader: BatchLoader, config: TrainConfig, history: list[dict[str, Any]],
                    progress: ProgressCallback, autocast: bool, device: torch.device, finetune_original: bool,
                    done: set[str], phase_done: Callable[[str], None],
-                   resumes: dict[str, EpochResume] | None = None) -> None:
+                   resumes: dict[str, EpochResume] | None = None, ctx: DistContext | None = None) -> None:
     """The three phases in order, skipping those a checkpoint says are done."""
     exit_params = [p for head in list(net.exits)[:-1] for p in head.parameters()]
     block_alt_params = net.elastic_parameters()
@@ -410,7 +416,7 @@ def _train_elastic(net: ElastifiedSupernet, loader: BatchLoader, config: TrainCo
         if name in done:
             continue
         run_epochs(name, epochs, lr, group, step, loader, config, history, progress, weight_decay=decay,
-                    autocast=autocast, device=device, seed_word=word, resume=(resumes or {}).get(name))
+                    autocast=autocast, device=device, seed_word=word, resume=(resumes or {}).get(name), ctx=ctx)
         phase_done(name)
 
 
