@@ -106,6 +106,26 @@ class LoadChoice(str, Enum):
 TIMELINE_FILES = ("timeline.csv", "requests.csv", "timeline.png", "summary.json")
 
 
+def refuse_block_modes(*, blocks: bool, research: bool, peer: bool, adapt: bool, peer_role: bool) -> None:
+    """--blocks / --research with --peer, --role peer or --adapt: a usage error (exit 2) naming the flags.
+    The device half of an offload bundle is cut graphs, which block graphs do not compose; --adapt
+    builds BN-adapted copies of the bundled variants' whole graphs, which a composed or found variant
+    does not have."""
+    from hmt.errors import UsageError
+
+    given = [flag for flag, on in (("--blocks", blocks), ("--research", research)) if on]
+    others = [flag for flag, on in (("--peer", peer), ("--role peer", peer_role), ("--adapt", adapt)) if on]
+    if not given or not others:
+        return
+    why = []
+    if peer or peer_role:
+        why.append("offload serves cut graphs of the bundled variants, which block graphs do not compose")
+    if adapt:
+        why.append("--adapt needs each served variant's BN-adaptable whole graph, which composed variants lack")
+    raise UsageError(f"{' and '.join(given)} cannot be combined with {' and '.join(others)}: {'; '.join(why)}; "
+                     f"drop {' and '.join(given)} or {' and '.join(others)}")
+
+
 @app.command("serve", epilog=_EPILOG)
 def serve_command(
     bundle: Annotated[Path, typer.Argument(
@@ -311,6 +331,8 @@ def serve_command(
             raise UsageError("--allow-rollback and --state-dir go with --trusted-key (only signed releases are "
                              "ordered)")
 
+        refuse_block_modes(blocks=blocks, research=research, peer=peer is not None, adapt=adapt,
+                           peer_role=role is RoleChoice.peer)
         if role is RoleChoice.peer or peer is not None:
             from commands.serve_offload import run_device, run_peer
 
@@ -327,9 +349,6 @@ def serve_command(
             raise UsageError("--canary and --adapt-unguarded go with --adapt")
         if canary is not None and adapt_unguarded:
             raise UsageError("--adapt-unguarded drops the canary guard; it does not go with --canary")
-        if (blocks or research) and (peer is not None or adapt):
-            raise UsageError("--blocks and --research are not combined with --peer or --adapt (they compose the "
-                             "device's own variants from block graphs)")
         if research_time_s != 10.0 and not research:
             raise UsageError("--research-time-s goes with --research")
         if not research_time_s > 0:

@@ -14,6 +14,13 @@ variant's own graphs, fuse's layout), ``blocks`` is :class:`~hmt.serve.running.b
 (the variants composed from ``blocks/``, each block once). Repetitions interleave the modes;
 the report gives medians.
 
+What a variant costs on top of those already served is the slope of resident memory over N
+(least squares over the nearby family's N >= 2, per mode), beside the slope of the weights the
+pool counts and of the ONNX Runtime sessions alive. Why the bundle's own variants show little:
+the pool's count of their bytes, blocks against whole, says how much of their weights they share
+(Pareto variants spread along the front share few blocks), and every unit graph is one more
+session, whose fixed cost is of the order of a small block's weights.
+
     PYTHONPATH=$PWD python -m benchmarks.serve blocks_memory --bundle runs/demo/bundle-blocks --reps 3
 
 The bundle comes from ``hmt deploy --blocks`` (its variants run both ways).
@@ -146,7 +153,7 @@ def run(bundle: Path, reps: int, nearby: int) -> dict[str, Any]:
     count = len(load_bundle(bundle).spec.variants)
     rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
     cases = [(mode, n) for n in range(1, count + 1) for mode in MODES]
-    cases += [(mode, n) for n in sorted({1, 2, 4, nearby}) if n <= nearby for mode in NEARBY_MODES]
+    cases += [(mode, n) for n in nearby_counts(nearby) for mode in NEARBY_MODES]
     for _ in range(reps):
         for mode, n in cases:
             done = subprocess.run([sys.executable, "-m", "benchmarks.serve.blocks_memory", "--bundle", str(bundle),
@@ -159,7 +166,63 @@ def run(bundle: Path, reps: int, nearby: int) -> dict[str, Any]:
                       "rss_mb_added_median": float(np.median([r["rss_mb_added"] for r in runs])),
                       "rss_mb_added_all": [round(r["rss_mb_added"], 2) for r in runs],
                       "pool_mb": runs[0]["pool_mb"], "ort_sessions": runs[0]["ort_sessions"]})
-    return {"bundle_variants": count, "nearby_variants": nearby, "table": table}
+    return {"bundle_variants": count, "nearby_variants": nearby, "table": table,
+            "shared": shared_weights(bundle), "marginal": marginal(table)}
+
+
+def nearby_counts(nearby: int) -> list[int]:
+    """N of the nearby family: 1, 2, 4, ... up to ``nearby``."""
+    counts, n = [], 1
+    while n < nearby:
+        counts.append(n)
+        n *= 2
+    return [*counts, nearby]
+
+
+def shared_weights(bundle_path: Path) -> dict[str, Any]:
+    """Of the bundle's variants: the bytes of the units each runs, summed per variant, against the
+    distinct units among them (what blocks load once), and the units used by more than one."""
+    from hmt.bundle import load_bundle
+    from hmt.runtime.blocks import load_block_space
+
+    bundle = load_bundle(bundle_path)
+    space = load_block_space(bundle)
+    used: list[set[Any]] = []
+    for variant in bundle.spec.variants:
+        units, _, exits = space.units_of(space.parse(variant.arch_id))
+        used.append({u for u in [*units, *exits.values()] if not space.units[u].identity})
+    distinct = set().union(*used)
+    shared = {u for u in distinct if sum(u in s for s in used) > 1}
+    return {"per_variant_sum_mb": sum(space.units[u].size_bytes for s in used for u in s) / 1e6,
+            "distinct_mb": sum(space.units[u].size_bytes for u in distinct) / 1e6,
+            "units_distinct": len(distinct), "units_shared": len(shared),
+            "shared_mb": sum(space.units[u].size_bytes for u in shared) / 1e6}
+
+
+def marginal(table: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per nearby mode: least-squares slopes over N >= 2 of resident MB, weights MB and sessions per
+    added variant; and the fixed cost of one more session, from N = 1 (blocks: many sessions, whole:
+    one) after the weights are taken out."""
+    out: dict[str, Any] = {}
+    for mode in NEARBY_MODES:
+        rows = sorted((r for r in table if r["mode"] == mode and r["variants"] >= 2), key=lambda r: r["variants"])
+        if len(rows) < 2:
+            continue
+        n = np.array([r["variants"] for r in rows], dtype=float)
+
+        def slope(key: str, rows: list[dict[str, Any]] = rows, n: np.ndarray = n) -> float:
+            return float(np.polyfit(n, np.array([r[key] for r in rows], dtype=float), 1)[0])
+
+        out[mode] = {"rss_mb_per_variant": slope("rss_mb_added_median"), "weights_mb_per_variant": slope("pool_mb"),
+                     "sessions_per_variant": slope("ort_sessions"), "n": [int(v) for v in n]}
+    one = {r["mode"]: r for r in table if r["variants"] == 1 and r["mode"] in NEARBY_MODES}
+    if len(one) == 2:
+        b, w = one["nearby-blocks"], one["nearby-whole"]
+        extra = b["ort_sessions"] - w["ort_sessions"]
+        if extra > 0:
+            out["session_mb"] = ((b["rss_mb_added_median"] - w["rss_mb_added_median"])
+                                 - (b["pool_mb"] - w["pool_mb"])) / extra
+    return out
 
 
 def summarise(report: dict[str, Any]) -> dict[str, Any]:
@@ -176,6 +239,28 @@ def claims(report: dict[str, Any]) -> list[dict[str, str]]:
                              f"(median of {whole['repetitions']} fresh processes)",
                     "figure": f"{blocks['rss_mb_added_median']:.1f} MB vs {whole['rss_mb_added_median']:.1f} MB "
                               f"(pool's own count {blocks['pool_mb']:.2f} vs {whole['pool_mb']:.2f} MB)"})
+    shared = report.get("shared")
+    if shared:
+        out.append({"claim": f"why the bundle's {n} variants save little: the weights of the units each runs, "
+                             "summed per variant, against the distinct units among them (units shared by two or "
+                             "more)",
+                    "figure": f"{shared['per_variant_sum_mb']:.2f} MB vs {shared['distinct_mb']:.2f} MB "
+                              f"({shared['units_shared']} of {shared['units_distinct']} units, "
+                              f"{shared['shared_mb']:.2f} MB)"})
+    m = report.get("marginal") or {}
+    if "nearby-blocks" in m and "nearby-whole" in m:
+        b, w = m["nearby-blocks"], m["nearby-whole"]
+        out.append({"claim": "per added nearby variant (slope over N = "
+                             f"{', '.join(str(v) for v in b['n'])}): resident memory, blocks vs one whole graph each",
+                    "figure": f"{b['rss_mb_per_variant']:.3f} MB vs {w['rss_mb_per_variant']:.3f} MB"})
+        out.append({"claim": "per added nearby variant: weights the pool counts / ONNX Runtime sessions, blocks vs "
+                             "whole",
+                    "figure": f"{b['weights_mb_per_variant']:.3f} vs {w['weights_mb_per_variant']:.3f} MB / "
+                              f"{b['sessions_per_variant']:.1f} vs {w['sessions_per_variant']:.1f}"})
+    if "session_mb" in m:
+        out.append({"claim": "resident cost of one more ONNX Runtime session beyond its weights (N = 1: the "
+                             "composed variant's unit sessions against one whole graph)",
+                    "figure": f"{m['session_mb']:.3f} MB"})
     k = report.get("nearby_variants")
     if k and ("nearby-blocks", k) in by:
         whole, blocks = by[("nearby-whole", k)], by[("nearby-blocks", k)]
@@ -198,7 +283,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bundle", type=Path, required=True, help="a bundle from hmt deploy --blocks")
     parser.add_argument("--reps", type=int, default=3, help="fresh processes per (mode, N)")
-    parser.add_argument("--nearby", type=int, default=8,
+    parser.add_argument("--nearby", type=int, default=32,
                         help="also: the fastest variant and up to this many-1 variants near it (re-search's)")
     parser.add_argument("--one", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help="write the report here (JSON)")

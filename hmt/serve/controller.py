@@ -322,8 +322,9 @@ class Controller:
         estimates = {e.arch_id: e for e in self.estimator.estimates(self.now_s(), load_scale, load_next)}
         active_estimate = estimates[active]
         if self.research is not None:
-            self.research.offer(decision.feasible, active_estimate.source != "prior", active, latency_limit_ms,
-                                budgets.memory_bytes, decision.reason)
+            measured = active_estimate.source != "prior"
+            self.research.offer(decision.feasible, measured, active, latency_limit_ms, budgets.memory_bytes,
+                                decision.reason, active_estimate.latency_ms if measured else None)
         record = TickRecord(
             time_s=self.now_s(), trigger=trigger, cpu_util=sample.cpu_util, mem_util=sample.mem_util,
             gpu_util=sample.gpu_util, battery_percent=sample.battery_percent, temperature_c=sample.temperature_c,

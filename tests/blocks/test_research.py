@@ -108,3 +108,20 @@ def test_blocks_and_research_need_a_bundle_with_blocks(tmp_path: Any) -> None:
             open_controller(bundle, options)
     with pytest.raises(UsageError, match="time_bound_s > 0"):
         ResearchSettings(time_bound_s=0)
+
+
+def test_candidates_are_judged_at_the_serving_ratio_of_the_start_variant(written_blocks: Any) -> None:
+    research = _research(written_blocks, time_bound_s=1.0, latency_runs=5)
+    start = research.space.parse(written_blocks.ids[1])
+    # No measured estimate: the fixed margin alone.
+    ratio, timed = research.serving_ratio(start, None, time.monotonic() + 5.0)
+    assert ratio == pytest.approx(1 / research.settings.margin) and timed is None
+    ratio, timed = research.serving_ratio(start, 1e4, time.monotonic() + 5.0)
+    assert timed is not None and ratio == pytest.approx(1e4 / timed)
+    # A limit nearby candidates meet on their medians with the margin alone (50 x the start's), but
+    # not once scaled by a serving ratio of 1e4: nothing fits.
+    limit_ms = 50 * timed
+    outcome, runner = research.search(start.arch_id, limit_ms, None, "test", active_estimate_ms=1e4 * timed)
+    assert runner is None and outcome.found is None and outcome.evaluated >= 1
+    assert outcome.serving_ratio is not None and outcome.serving_ratio > 1e3
+    assert outcome.active_estimate_ms == pytest.approx(1e4 * timed) and outcome.start_timed_ms is not None

@@ -89,6 +89,11 @@ def test_found_variant_joins_the_table_and_is_chosen_when_only_it_fits(blocks_bu
         prediction = controller.predict(np.zeros((1, 3, 32, 32), dtype=np.float32))
         assert prediction.variant == config.arch_id
         assert controller.status()["research"]["searches"] == 0  # adopted by hand here: no search ran
+        # The shadow runs read the extended table too: the found variant active, its neighbours are
+        # known (they read the bundle's table alone before, and the loop thread died on its id).
+        assert controller.shadow.optimizer is controller.optimizer
+        assert controller.shadow.neighbours(config.arch_id) is not None
+        controller.shadow.wanted(config.arch_id, 1.0)
     finally:
         controller.stop()
 

@@ -105,3 +105,12 @@ def test_an_energy_budget_on_relative_energies_is_refused(tmp_path: Path) -> Non
     from_json = make_bundle(tmp_path / "in-json", energy_unit="mac_equivalent", serve={"budgets": {"energy": 25.0}})
     code, output = _invoke("serve", str(from_json), "--port", "0")
     assert code == 2 and "budgets.energy (bundle serve.json) = 25 mJ" in output and "uncalibrated" in output
+
+
+def test_blocks_and_research_with_peer_or_adapt_are_refused_naming_the_flags(bundle_dir: Path) -> None:
+    code, output = _invoke("serve", str(bundle_dir), "--blocks", "--peer", "http://127.0.0.1:9")
+    assert code == 2 and "--blocks cannot be combined with --peer: offload serves cut graphs" in output
+    code, output = _invoke("serve", str(bundle_dir), "--research", "--adapt")
+    assert code == 2 and "--research cannot be combined with --adapt: --adapt needs" in output
+    code, output = _invoke("serve", str(bundle_dir), "--blocks", "--research", "--role", "peer")
+    assert code == 2 and "--blocks and --research cannot be combined with --role peer" in output

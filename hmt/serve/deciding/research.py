@@ -11,9 +11,16 @@ while the current variant keeps serving:
   nothing fits, the search walks from the fastest candidate measured so far, then from the
   most accurate one that fits;
 - *latency measured on the device*: each candidate is composed from the blocks
-  (:func:`hmt.runtime.blocks.compose`) and timed on single inputs (``latency_runs``; it
-  fits when its median is within ``margin`` of the compute budget and its blocks within the
-  memory budget); while nothing fits, each change goes to a cheaper choice;
+  (:func:`hmt.runtime.blocks.compose`) and timed on single inputs (``latency_runs``), and
+  it fits when its median times the *serving ratio* is within the compute budget and its
+  blocks within the memory budget; while nothing fits, each change goes to a cheaper choice.
+  The serving ratio is what the loop's measured estimate of the start variant (the p95 of its
+  served requests, which feasibility is judged on) says over the start's median timed the
+  search's way, just before; at least ``1 / margin``. Back-to-back medians alone understate
+  what serving measures (requests arrive apart, the loop and the other threads run between
+  them, and feasibility reads a tail): a candidate taken on its median with a fixed margin
+  was judged too slow as soon as its own requests measured it (on a busy 2-core machine,
+  serving p95 ran 2-5x the timed median);
 - *accuracy*: a bundled variant's from ``blocks.json`` (measured by deploy on the shipped
   calibration set), any other's measured now on that same labelled set;
 - *bounded in time*: the deadline is checked before every timed run and every batch; once a
@@ -49,8 +56,8 @@ class ResearchSettings:
     latency_runs: int = 15  # timed single-input runs per candidate
     mutations: int = 4  # candidates per step
     max_positions: int = 2  # positions one mutation changes
-    # A candidate fits when its median <= margin x the compute budget: room for the tail the loop's
-    # estimates decide on (a p90 of a few runs on a busy CPU is a preemption, not the variant).
+    # A candidate fits when its median x the serving ratio <= the compute budget; the ratio is at
+    # least 1 / margin (the room left when the start variant has no measured estimate).
     margin: float = 0.8
     # A fitting candidate is taken only if its accuracy is at most this far below the start
     # variant's on the same calibration set (when blocks.json has the start's).
@@ -95,6 +102,11 @@ class Outcome:
     start_accuracy: float | None
     fastest_arch_id: str | None = None  # the fastest candidate measured (how close a failed search got)
     fastest_ms: float | None = None
+    # The loop's measured estimate of the start variant, its median timed by the search, and the
+    # ratio candidates' medians were scaled by (see the module docstring).
+    active_estimate_ms: float | None = None
+    start_timed_ms: float | None = None
+    serving_ratio: float | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -136,9 +148,10 @@ class Research:
         return thread is not None and thread.is_alive()
 
     def offer(self, feasible: bool, measured: bool, active_arch_id: str | None, latency_limit_ms: float,
-              memory_limit_bytes: int | None, reason: str) -> bool:
+              memory_limit_bytes: int | None, reason: str, active_estimate_ms: float | None = None) -> bool:
         """One decision of the loop; starts a search (on its own thread) when nothing has fitted for
-        ``patience`` decisions in a row and the active variant is measured. Whether it started one."""
+        ``patience`` decisions in a row and the active variant is measured (``active_estimate_ms``:
+        its estimate, what the serving ratio is taken from). Whether it started one."""
         if feasible or not measured or active_arch_id is None or not math.isfinite(latency_limit_ms):
             self._streak = 0
             return False
@@ -149,13 +162,15 @@ class Research:
         self._streak = 0
         self.running_since_s = now
         self._thread = threading.Thread(target=self._run, name="hmt-research", daemon=True,
-                                        args=(active_arch_id, latency_limit_ms, memory_limit_bytes, reason))
+                                        args=(active_arch_id, latency_limit_ms, memory_limit_bytes, reason,
+                                              active_estimate_ms))
         self._thread.start()
         return True
 
-    def _run(self, active: str, limit_ms: float, memory_limit: int | None, reason: str) -> None:
+    def _run(self, active: str, limit_ms: float, memory_limit: int | None, reason: str,
+             active_estimate_ms: float | None) -> None:
         try:
-            outcome, runner = self.search(active, limit_ms, memory_limit, reason)
+            outcome, runner = self.search(active, limit_ms, memory_limit, reason, active_estimate_ms)
             if runner is not None and outcome.found is not None and self.on_found is not None:
                 self.on_found(outcome.found, runner)
         except HmtError as exc:
@@ -235,9 +250,29 @@ class Research:
             correct += sum(int(r.class_index == int(t)) for r, t in zip(results, self.y[start:start + batch]))
         return correct / len(self.x)
 
-    def evaluate(self, config: Config, limit_ms: float, memory_limit: int | None, deadline: float
-                 ) -> tuple[Measured | None, ComposedRunner | None]:
-        """Compose and time ``config``; if it fits, its accuracy too. (None, None) past the deadline."""
+    def serving_ratio(self, start: Config, active_estimate_ms: float | None, deadline: float
+                      ) -> tuple[float, float | None]:
+        """(ratio, the start's timed median): the loop's measured estimate of the start variant over
+        its median timed as candidates are, at least ``1 / margin``; ``1 / margin`` alone when there
+        is no estimate or the start cannot be composed from the blocks."""
+        floor = 1.0 / self.settings.margin
+        if active_estimate_ms is None or not math.isfinite(active_estimate_ms) or not self.space.composable(start):
+            return floor, None
+        runner = compose(self.store, start)
+        try:
+            times = self._timed(runner, deadline)
+        finally:
+            runner.close()
+        if not times:
+            return floor, None
+        median = float(np.median(times))
+        return max(floor, active_estimate_ms / median), median
+
+    def evaluate(self, config: Config, limit_ms: float, memory_limit: int | None, deadline: float,
+                 ratio: float | None = None) -> tuple[Measured | None, ComposedRunner | None]:
+        """Compose and time ``config``; if it fits (median x ``ratio``, default ``1 / margin``, within
+        ``limit_ms``), its accuracy too. (None, None) past the deadline."""
+        ratio = 1.0 / self.settings.margin if ratio is None else ratio
         runner = compose(self.store, config)
         keep = False
         try:
@@ -246,7 +281,7 @@ class Research:
                 return None, None
             median, tail = float(np.median(times)), float(np.percentile(times, 90))
             memory = self.space.footprint_bytes(config)
-            fits = median <= self.settings.margin * limit_ms and (memory_limit is None or memory <= memory_limit)
+            fits = median * ratio <= limit_ms and (memory_limit is None or memory <= memory_limit)
             accuracy, source = None, None
             if fits:
                 accuracy = self.space.accuracy.get(config.arch_id)
@@ -261,14 +296,16 @@ class Research:
             if not keep:
                 runner.close()
 
-    def search(self, active: str, limit_ms: float, memory_limit: int | None, reason: str = ""
-               ) -> tuple[Outcome, ComposedRunner | None]:
+    def search(self, active: str, limit_ms: float, memory_limit: int | None, reason: str = "",
+               active_estimate_ms: float | None = None) -> tuple[Outcome, ComposedRunner | None]:
         """One bounded search from ``active`` (synchronous; :meth:`offer` runs it on a thread)."""
         s = self.settings
         started = self._clock()
         deadline = started + s.time_bound_s
         self.searches += 1
         start = self.start_config(active)
+        ratio, start_ms = self.serving_ratio(start, active_estimate_ms if start.arch_id == active else None,
+                                             deadline)
         seen = {start.arch_id}
         best: Measured | None = None
         best_runner: ComposedRunner | None = None
@@ -293,7 +330,7 @@ class Research:
                 if self._clock() >= deadline:
                     break
                 seen.add(config.arch_id)
-                measured, runner = self.evaluate(config, limit_ms, memory_limit, deadline)
+                measured, runner = self.evaluate(config, limit_ms, memory_limit, deadline, ratio)
                 if measured is None:
                     break
                 evaluated += 1
@@ -321,7 +358,8 @@ class Research:
                           found_after_s=None if found_at is None else found_at - started,
                           start_accuracy=self.space.accuracy.get(active),
                           fastest_arch_id=None if evaluated == 0 else fastest[1].arch_id,
-                          fastest_ms=None if evaluated == 0 else fastest[0])
+                          fastest_ms=None if evaluated == 0 else fastest[0],
+                          active_estimate_ms=active_estimate_ms, start_timed_ms=start_ms, serving_ratio=ratio)
         self.outcomes = [*self.outcomes[-7:], outcome]
         return outcome, best_runner
 
@@ -426,6 +464,7 @@ def adopt(controller: Any, measured: Measured, runner: ComposedRunner) -> None:
             controller.optimizer, controller.estimator, controller.decision = optimizer, estimator, decision
             controller._known_ids = frozenset(ids)
             controller.shadow.estimator = estimator
+            controller.shadow.optimizer = optimizer  # its neighbours: positions in the extended table
             controller.shadow._known_ids = controller._known_ids
         controller.pool.add(measured.arch_id, runner)
     controller.request_tick()

@@ -79,8 +79,13 @@ class ControlThread:
             wait_s = next_s - now
             if self.pending:
                 wait_s = min(wait_s, self.last_tick_s + min_gap_s - now)
-            # Idle variants are measured between decisions (bounded share), never instead of one.
-            if wait_s > 0.02 and self._idle_work():
+            # Idle variants are measured between decisions (bounded share), never instead of one; a
+            # failed shadow run must not end the loop (the decisions go on without it).
+            idle_ran = False
+            if wait_s > 0.02:
+                with contextlib.suppress(HmtError):
+                    idle_ran = self._idle_work()
+            if idle_ran:
                 continue
             self._wake.wait(max(0.0, min(wait_s, 0.1) if self._idle_wanted() else wait_s))
             self._wake.clear()
