@@ -2,7 +2,7 @@
 
 The scenario column ``memory_squeeze_mb`` says how much memory another process holds from that
 row on. :class:`MemorySqueeze` makes it real: one child process (spawned: safe beside threads)
-allocates that many MB and writes every page of it, so the machine's available memory (what the
+allocates that many MB and makes every page of it resident, so the machine's available memory (what the
 serve monitor reads) falls by that much, and frees it when the next row asks for less. The
 child keeps at most :data:`MAX_SQUEEZE_MB` and never more than the available memory less
 :data:`KEEP_FREE_MB`, so a scenario cannot push the machine into swapping or the OOM killer.
@@ -10,6 +10,7 @@ child keeps at most :data:`MAX_SQUEEZE_MB` and never more than the available mem
 
 from __future__ import annotations
 
+import mmap
 import multiprocessing
 import os
 from typing import Any
@@ -22,21 +23,33 @@ _PAGE = 4096
 _CHUNK_MB = 64
 
 
+def _chunk() -> Any:
+    """64 MB, resident: mapped with MAP_POPULATE (the kernel faults every page in, one call), else
+    a buffer whose every page is written."""
+    size = _CHUNK_MB * 1_000_000
+    populate = getattr(mmap, "MAP_POPULATE", 0)
+    if populate and hasattr(mmap, "MAP_ANONYMOUS"):
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
+    chunk = bytearray(size)
+    for i in range(0, size, _PAGE):
+        chunk[i] = 1
+    return chunk
+
+
 def _hold(wanted: Any, held: Any, stop: Any) -> None:  # pragma: no cover - runs in a child process
-    chunks: list[bytearray] = []
+    chunks: list[Any] = []
     parent = os.getppid()
     # An orphan (the parent was killed before it could set ``stop``) must not hold memory forever.
     while not stop.is_set() and os.getppid() == parent:
         target = int(float(wanted.value) // _CHUNK_MB)
         while len(chunks) > target:
-            chunks.pop()
+            chunk = chunks.pop()
+            if isinstance(chunk, mmap.mmap):
+                chunk.close()
         while len(chunks) < target:
             if psutil.virtual_memory().available / 1e6 < KEEP_FREE_MB + _CHUNK_MB:
                 break
-            chunk = bytearray(_CHUNK_MB * 1_000_000)
-            for i in range(0, len(chunk), _PAGE):  # touch every page: resident, not just reserved
-                chunk[i] = 1
-            chunks.append(chunk)
+            chunks.append(_chunk())
         held.value = float(len(chunks) * _CHUNK_MB)
         stop.wait(0.02)
 
