@@ -150,9 +150,15 @@ def available_mb() -> float:
     return float(psutil.virtual_memory().available) / 1e6
 
 
+def short(arch_id: str) -> str:
+    """A variant's id, short enough for a console line: its exit and first genes."""
+    parts = arch_id.split(".")
+    return ".".join(parts[1:])[:10] if len(parts) > 1 else arch_id[-10:]
+
+
 def _line(phases: list[dict[str, Any]]) -> str:
     return "  ".join(
-        f"[{p['start_s']:g}s oracle {p['oracle_variant'][-8:]} "
+        f"[{p['start_s']:g}s oracle {short(p['oracle_variant'])} "
         f"{100 * (p['oracle']['miss_share'] or 0):.1f}%/{100 * (p['oracle']['table_accuracy'] or 0):.1f} "
         f"adaptive {100 * (p['adaptive']['miss_share'] or 0):.1f}%/{100 * (p['adaptive']['table_accuracy'] or 0):.1f}"
         f" largest {100 * (p['static_largest']['miss_share'] or 0):.1f}% "
