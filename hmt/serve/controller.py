@@ -373,8 +373,14 @@ class Controller:
             self._route(active)
         adopted = self.adapt.adopted_arch_id if self.adapt is not None else None
         evicted = self.pool.trim(self.capacity_bytes(), keep={active} if adopted is None else {active, adopted})
-        if evicted and self.on_evicted is not None:
-            self.on_evicted(evicted)
+        self.loads.dropped.update(evicted)
+        if evicted:
+            if self.on_evicted is not None:
+                self.on_evicted(evicted)
+        elif self.loads.dropped:  # a memory cut lifted: load back what it unloaded, one per decision
+            runner = self.loads.refill(self.pool.preload_order(active), self.capacity_bytes())
+            if runner is not None:
+                self.estimator.set_engine(runner.arch_id, runner.engine)
 
     def _route(self, active: str) -> None:
         """The active variant's route from the joint decision just made (read by the request path)."""

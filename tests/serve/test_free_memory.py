@@ -45,8 +45,10 @@ def test_a_squeeze_below_the_reserve_moves_the_loop_to_the_least_memory_and_unlo
         tmp_path: Path) -> None:
     """Real runners; the sampler reports 3000 MB available, then 500 MB (another process took it),
     then 3000 MB again. The reserve is 2000 MB: under the squeeze no variant fits, the loop serves
-    the variant of least memory and the pool keeps it alone; after it, big comes back."""
-    variants = (VariantDef("big", 0.92, 2.0, 2.0), VariantDef("small", 0.80, 1.0, 1.0))
+    the variant of least memory and the pool keeps it alone; after it, big comes back and the pool
+    is refilled."""
+    variants = (VariantDef("big", 0.92, 2.0, 2.0), VariantDef("mid", 0.88, 1.5, 1.5),
+                VariantDef("small", 0.80, 1.0, 1.0))
     bundle = load_bundle(make_bundle(tmp_path / "b", variants))
     now = [0.0]
     available = [3000.0]
@@ -54,7 +56,7 @@ def test_a_squeeze_below_the_reserve_moves_the_loop_to_the_least_memory_and_unlo
                                            "switch": {"min_dwell_s": 0.0, "violation_patience": 1}})
     c = Controller(bundle, settings, sampler=lambda: sample(available[0]), warmup_runs=1, clock=lambda: now[0])
     c.start(background=False)
-    assert c.active_arch_id == "big" and set(c.pool.loaded_ids()) == {"big", "small"}
+    assert c.active_arch_id == "big" and set(c.pool.loaded_ids()) == {"big", "mid", "small"}
     available[0] = 500.0
     for _ in range(3):
         now[0] += 0.25
@@ -67,6 +69,8 @@ def test_a_squeeze_below_the_reserve_moves_the_loop_to_the_least_memory_and_unlo
         now[0] += 0.25
         c.tick()
     assert c.active_arch_id == "big"
+    # What the cut unloaded is loaded back (one per decision), so it can be measured and climbed to.
+    assert set(c.pool.loaded_ids()) == {"big", "mid", "small"} and not c.loads.dropped
 
 
 def test_a_scenario_squeeze_lowers_the_available_memory_the_loop_reads() -> None:
