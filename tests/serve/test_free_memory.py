@@ -105,3 +105,27 @@ def test_the_squeeze_process_takes_and_frees_the_memory() -> None:
         assert squeeze.held_mb == 0.0
     finally:
         squeeze.stop()
+
+
+@pytest.mark.slow
+def test_a_replayed_squeeze_reaches_the_loop_and_the_oracle(tmp_path: Path) -> None:
+    """serve --scenario --compare in process (synthetic load mode): a squeeze of more than the headroom
+    above the reserve makes the loop's memory budget 0 in that phase; the oracle there is the variant
+    of least memory, and the adaptive run serves it."""
+    import psutil
+
+    from hmt.serve.running.compare import replay_compare
+    from hmt.serve.running.scenario import DriveOptions
+    from hmt.serve.running.session import SessionOptions
+
+    variants = (VariantDef("big", 0.92, 2.0, 2.0), VariantDef("small", 0.80, 1.0, 1.0))
+    bundle = make_bundle(tmp_path / "b", variants)
+    reserve_mb = psutil.virtual_memory().available / 1e6 - 4000.0  # 4 GB of headroom
+    scenario = Scenario.from_text("time_s,memory_squeeze_mb\n0,\n1.0,8000\n")
+    options = SessionOptions(serve_overrides={"memory_reserve_mb": reserve_mb})
+    comparison = replay_compare(bundle, scenario, options, DriveOptions(duration_s=2.0, clients=1, rate_hz=40.0),
+                                api=None, server=None)
+    quiet, squeezed = comparison.phases
+    assert quiet["memory_budget_mb"] > 1000.0 and quiet["oracle_variant"] == "big"
+    assert squeezed["memory_budget_mb"] == 0.0 and squeezed["oracle_variant"] == "small"
+    assert squeezed["adaptive"]["variants"].get("small", 0) > squeezed["adaptive"]["variants"].get("big", 0)
