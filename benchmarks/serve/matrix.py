@@ -77,7 +77,7 @@ def _all_claims(report: dict[str, Any]) -> list[dict[str, str]]:
 BENCH = Driver(
     baseline="every bundled variant served alone (static) over the same scenario in the same run: the oracle "
              "per phase and the static largest",
-    quick=["--synthetic", "--shapes", "squeeze", "--phase-s", "1.5", "--reps", "1", "--squeeze-headroom-mb", "256",
+    quick=["--synthetic", "--shapes", "squeeze", "--phase-s", "1.0", "--reps", "1", "--squeeze-headroom-mb", "256",
            "--out", "{report}"],
     needs="the demo bundle and a second bundle, given with --bundle",
     summarise=_summary,
