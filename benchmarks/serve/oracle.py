@@ -8,8 +8,11 @@ deadlines (else the one with the fewest misses), and the adaptive run *tracks* i
 are at most the oracle's plus 5 points and its table accuracy (the bundle's accuracy of the exit
 that answered each request) at most 2 points below. The static largest is reported beside both.
 
-Shapes (``--shapes``): ``burn1`` / ``burn2`` (a busy process on one / both cores), ``memory`` (the
-memory budget cut to the smaller half of the variants), ``poisson`` / ``onoff`` (Poisson or on/off
+Shapes (``--shapes``): ``burn1`` / ``burn2`` (a busy process on one / both cores), ``squeeze``
+(real memory pressure: serve keeps all but ``--squeeze-headroom-mb`` of the machine's available
+memory free, serve.json ``memory_reserve_mb``, and another process takes and touches twice that:
+the free memory serve reads falls below its reserve), ``memory`` (the memory budget cut to the
+smaller half of the variants), ``poisson`` / ``onoff`` (Poisson or on/off
 bursty arrivals at the same mean rate for the whole run, one core busy in the middle phase),
 ``budget`` (the latency budget stepped to ``--budget-step`` x in the middle phase, no load).
 
@@ -39,19 +42,20 @@ from hmt.serve.running.compare import replay_compare
 from hmt.serve.running.scenario import DriveOptions, Scenario
 from hmt.serve.running.session import SessionOptions
 
-SHAPES = ("burn1", "burn2", "memory", "poisson", "onoff", "budget")
+SHAPES = ("burn1", "burn2", "squeeze", "memory", "poisson", "onoff", "budget")
 
 
 def shape_scenario(shape: str, phase_s: float, budget_ms: float, memory_cut_mb: float,
-                   budget_step: float) -> tuple[str, str]:
+                   budget_step: float, squeeze_mb: float = 2048.0) -> tuple[str, str]:
     """(scenario CSV text, arrivals) of one load shape: quiet, the shape, quiet."""
     p = phase_s
-    middle = {"burn1": ("0.5", "", budget_ms), "burn2": ("1.0", "", budget_ms),
-              "memory": ("", f"{memory_cut_mb:.4f}", budget_ms), "poisson": ("0.5", "", budget_ms),
-              "onoff": ("0.5", "", budget_ms), "budget": ("", "", budget_step * budget_ms)}[shape]
-    cpu, memory, budget = middle
-    text = (f"time_s,cpu_load,memory_budget_mb,latency_budget_ms\n0,,,{budget_ms:.4f}\n"
-            f"{p:g},{cpu},{memory},{budget:.4f}\n{2 * p:g},,,{budget_ms:.4f}\n")
+    middle = {"burn1": ("0.5", "", budget_ms, ""), "burn2": ("1.0", "", budget_ms, ""),
+              "squeeze": ("", "", budget_ms, f"{squeeze_mb:g}"),
+              "memory": ("", f"{memory_cut_mb:.4f}", budget_ms, ""), "poisson": ("0.5", "", budget_ms, ""),
+              "onoff": ("0.5", "", budget_ms, ""), "budget": ("", "", budget_step * budget_ms, "")}[shape]
+    cpu, memory, budget, squeeze = middle
+    text = (f"time_s,cpu_load,memory_budget_mb,latency_budget_ms,memory_squeeze_mb\n0,,,{budget_ms:.4f},\n"
+            f"{p:g},{cpu},{memory},{budget:.4f},{squeeze}\n{2 * p:g},,,{budget_ms:.4f},\n")
     arrivals = shape if shape in ("poisson", "onoff") else "constant"
     return text, arrivals
 
@@ -94,9 +98,75 @@ def steady_switches(ticks: list[Any], bounds: list[tuple[float, float]], settle_
     return sum(1 for t in ticks if t.switched and any(a + settle_s <= t.time_s < b for a, b in bounds))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bundle", type=Path, default=None)
+def bundle_facts(bundle_path: Path) -> tuple[str, dict[str, Any], float]:
+    """(the most accurate variant, each variant's table figures, the memory shape's budget cut)."""
+    variants = sorted(load_bundle(bundle_path).spec.variants, key=lambda v: v.latency_ms)
+    largest = max(variants, key=lambda v: v.accuracy).arch_id
+    by_memory = sorted(v.memory_mb for v in variants)
+    memory_cut_mb = by_memory[max(0, len(by_memory) // 2 - 1)] * 1.001
+    return largest, {v.arch_id: {"accuracy": v.accuracy, "latency_ms_profile": v.latency_ms,
+                                 "memory_mb": v.memory_mb} for v in variants}, memory_cut_mb
+
+
+def run_engine(bundle_path: Path, data: Path | None, engine: str, shapes: list[str], args: argparse.Namespace,
+               out: dict[str, Any], save: Any) -> None:
+    """Every shape of ``shapes`` on ``engine``, ``args.reps`` times, into ``out`` (``save()`` after each)."""
+    largest, _, memory_cut_mb = bundle_facts(bundle_path)
+    overrides = json.loads(args.serve_json)
+    api = ApiOptions(max_queue=64, workers=2, deadline_ms=2000.0)
+    idle_p95 = calibrate_ms(bundle_path, largest, data, engine=engine, rate_hz=args.rate_hz, clients=args.clients)
+    budget_ms = args.budget_ms if args.budget_ms is not None else args.budget_factor * idle_p95
+    print(f"{engine}: budget {budget_ms:.3f} ms (largest idle p95 {idle_p95:.3f} ms)", flush=True)
+    out.update({"budget_ms": budget_ms, "largest_idle_p95_ms": idle_p95, "shapes": {}})
+    for shape in shapes:
+        text, arrivals = shape_scenario(shape, args.phase_s, budget_ms, memory_cut_mb, args.budget_step,
+                                        2.0 * args.squeeze_headroom_mb)
+        scenario = Scenario.from_text(text)
+        reps = []
+        for rep in range(args.reps):
+            drive = DriveOptions(duration_s=3 * args.phase_s, clients=args.clients, rate_hz=args.rate_hz,
+                                 load_mode="burn", arrivals=arrivals, seed=rep)
+            serve_json = dict(overrides)
+            if shape == "squeeze":  # the loop keeps all but the headroom of what is available now free
+                serve_json["memory_reserve_mb"] = max(0.0, available_mb() - args.squeeze_headroom_mb)
+            options = SessionOptions(engine=engine, serve_overrides=serve_json)
+            comparison = replay_compare(bundle_path, scenario, options, drive, api=api,
+                                        server=ServerOptions(port=0), data=data, seed=rep, warmup_s=args.settle_s)
+            adaptive = comparison.runs["adaptive"]
+            bounds = [(p["start_s"], p["stop_s"]) for p in comparison.phases]
+            doc: dict[str, Any] = {"phases": comparison.phases, "summary": comparison.summary(),
+                                   "steady_switches": steady_switches(adaptive.ticks, bounds, 1.0)}
+            reps.append(doc)
+            print(f"{engine} {shape} rep {rep}: switches {doc['summary']['adaptive']['switches']} "
+                  f"(steady {doc['steady_switches']}) {_line(comparison.phases)}", flush=True)
+        out["shapes"][shape] = {"arrivals": arrivals, "scenario": text, "reps": reps, "median": aggregate(reps)}
+        save()
+
+
+def available_mb() -> float:
+    """The machine's available memory now (what serve's monitor reads), MB."""
+    import psutil
+
+    return float(psutil.virtual_memory().available) / 1e6
+
+
+def short(arch_id: str) -> str:
+    """A variant's id, short enough for a console line: its exit and first genes."""
+    parts = arch_id.split(".")
+    return ".".join(parts[1:])[:10] if len(parts) > 1 else arch_id[-10:]
+
+
+def _line(phases: list[dict[str, Any]]) -> str:
+    return "  ".join(
+        f"[{p['start_s']:g}s oracle {short(p['oracle_variant'])} "
+        f"{100 * (p['oracle']['miss_share'] or 0):.1f}%/{100 * (p['oracle']['table_accuracy'] or 0):.1f} "
+        f"adaptive {100 * (p['adaptive']['miss_share'] or 0):.1f}%/{100 * (p['adaptive']['table_accuracy'] or 0):.1f}"
+        f" largest {100 * (p['static_largest']['miss_share'] or 0):.1f}% "
+        f"{'ok' if p['tracks_oracle'] else 'MISS'}]" for p in phases)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options the oracle and matrix drivers share."""
     parser.add_argument("--synthetic", action="store_true", help="a synthetic MatMul bundle, seeded noise inputs")
     parser.add_argument("--engines", default="onnxruntime")
     parser.add_argument("--shapes", default=",".join(SHAPES))
@@ -107,20 +177,40 @@ def main() -> None:
     parser.add_argument("--budget-factor", type=float, default=1.3)
     parser.add_argument("--budget-step", type=float, default=0.6, help="the budget shape's middle-phase factor")
     parser.add_argument("--budget-ms", type=float, default=None, help="a fixed budget instead of calibrating")
+    parser.add_argument("--squeeze-headroom-mb", type=float, default=1024.0,
+                        help="squeeze shape: serve keeps all but this much of the available memory free "
+                             "(memory_reserve_mb); the squeeze takes twice this")
+    parser.add_argument("--settle-s", type=float, default=0.0,
+                        help="requests sent this soon after a step are left out of the phase's scores (the "
+                             "step's reaction is judged by the first clean window instead)")
     parser.add_argument("--samples", type=int, default=2000, help="CIFAR-10 test images to cycle through")
     parser.add_argument("--serve-json", default="{}", help="serve.json overrides of every run (JSON)")
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+
+
+def parse_shapes(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    shapes = [s.strip() for s in text.split(",") if s.strip()]
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:
         parser.error(f"--shapes: unknown {unknown}; expected some of {list(SHAPES)}")
-    overrides = json.loads(args.serve_json)
+    return shapes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bundle", type=Path, default=None)
+    add_arguments(parser)
+    args = parser.parse_args()
+    shapes = parse_shapes(parser, args.shapes)
     # No path of this machine in the report: the bundle by its folder name, the output not at all.
     recorded = {k: (v.name if isinstance(v, Path) else str(v)) for k, v in vars(args).items() if k != "out"}
-    report: dict[str, Any] = {"args": recorded, "machine_details": machine_details(),
-                              "engines": {}}
+    report: dict[str, Any] = {"args": recorded, "machine_details": machine_details(), "engines": {}}
     started = time.monotonic()
+
+    def save() -> None:  # partial results survive
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+
     with tempfile.TemporaryDirectory(prefix="hmt-oracle-") as tmp:
         work = Path(tmp)
         if args.synthetic:
@@ -129,56 +219,13 @@ def main() -> None:
             if args.bundle is None:
                 parser.error("--bundle or --synthetic")
             bundle_path, data = args.bundle, export_cifar(work / "cifar.npz", args.samples)
-        bundle = load_bundle(bundle_path)
-        variants = sorted(bundle.spec.variants, key=lambda v: v.latency_ms)
-        largest = max(variants, key=lambda v: v.accuracy).arch_id
-        by_memory = sorted(v.memory_mb for v in variants)
-        memory_cut_mb = by_memory[max(0, len(by_memory) // 2 - 1)] * 1.001
+        _, report["variants"], report["memory_cut_mb"] = bundle_facts(bundle_path)
         report["bundle"] = "synthetic" if args.synthetic else bundle_path.name
-        report["variants"] = {v.arch_id: {"accuracy": v.accuracy, "latency_ms_profile": v.latency_ms,
-                                          "memory_mb": v.memory_mb} for v in variants}
-        report["memory_cut_mb"] = memory_cut_mb
-        api = ApiOptions(max_queue=64, workers=2, deadline_ms=2000.0)
         for engine in [e.strip() for e in args.engines.split(",") if e.strip()]:
-            idle_p95 = calibrate_ms(bundle_path, largest, data, engine=engine, rate_hz=args.rate_hz,
-                                    clients=args.clients)
-            budget_ms = args.budget_ms if args.budget_ms is not None else args.budget_factor * idle_p95
-            print(f"{engine}: budget {budget_ms:.3f} ms (largest idle p95 {idle_p95:.3f} ms)", flush=True)
-            out: dict[str, Any] = {"budget_ms": budget_ms, "largest_idle_p95_ms": idle_p95, "shapes": {}}
-            report["engines"][engine] = out
-            for shape in shapes:
-                text, arrivals = shape_scenario(shape, args.phase_s, budget_ms, memory_cut_mb, args.budget_step)
-                scenario = Scenario.from_text(text)
-                reps = []
-                for rep in range(args.reps):
-                    drive = DriveOptions(duration_s=3 * args.phase_s, clients=args.clients, rate_hz=args.rate_hz,
-                                         load_mode="burn", arrivals=arrivals, seed=rep)
-                    comparison = replay_compare(bundle_path, scenario,
-                                                SessionOptions(engine=engine, serve_overrides=overrides), drive,
-                                                api=api, server=ServerOptions(port=0), data=data, seed=rep)
-                    adaptive = comparison.runs["adaptive"]
-                    bounds = [(p["start_s"], p["stop_s"]) for p in comparison.phases]
-                    doc: dict[str, Any] = {"phases": comparison.phases, "summary": comparison.summary(),
-                           "steady_switches": steady_switches(adaptive.ticks, bounds, 1.0)}
-                    reps.append(doc)
-                    line = "  ".join(
-                        f"[{p['start_s']:g}s oracle {p['oracle_variant'][-8:]} "
-                        f"{100 * (p['oracle']['miss_share'] or 0):.1f}%/"
-                        f"{100 * (p['oracle']['table_accuracy'] or 0):.1f} "
-                        f"adaptive {100 * (p['adaptive']['miss_share'] or 0):.1f}%/"
-                        f"{100 * (p['adaptive']['table_accuracy'] or 0):.1f} largest "
-                        f"{100 * (p['static_largest']['miss_share'] or 0):.1f}% "
-                        f"{'ok' if p['tracks_oracle'] else 'MISS'}]" for p in comparison.phases)
-                    print(f"{engine} {shape} rep {rep}: switches {doc['summary']['adaptive']['switches']} "
-                          f"(steady {doc['steady_switches']}) {line}", flush=True)
-                shapes_out: dict[str, Any] = out["shapes"]
-                shapes_out[shape] = {"arrivals": arrivals, "scenario": text, "reps": reps,
-                                        "median": aggregate(reps)}
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps(report, indent=1, default=str) + "\n")  # partial results survive
+            report["engines"][engine] = {}
+            run_engine(bundle_path, data, engine, shapes, args, report["engines"][engine], save)
     report["wall_s"] = time.monotonic() - started
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    save()
 
 
 def _summarise(report: dict[str, Any]) -> dict[str, Any]:

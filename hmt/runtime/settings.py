@@ -273,6 +273,9 @@ class ServeSettings:
     correction: CorrectionSettings = field(default_factory=CorrectionSettings)
     estimates: EstimatorSettings = field(default_factory=EstimatorSettings)
     preload_memory_mb: float | None = None
+    # Keep this much of the device's available memory free (MB; None: off): the loaded variants grow
+    # only into what is available above it (hmt.serve.deciding.free_memory).
+    memory_reserve_mb: float | None = None
     # Periodic decisions (misses ask for one at once anyway): 4 a second, so improvement patience
     # (2 ticks) and the load forecast follow a step within half a second. A tick costs ~1 ms of CPU.
     monitor_period_s: float = 0.25
@@ -289,6 +292,10 @@ class ServeSettings:
             raise UsageError(f"on_demand_min_interval_s must be >= 0, got {self.on_demand_min_interval_s}")
         if self.preload_memory_mb is not None and not self.preload_memory_mb >= 0:
             raise UsageError(f"preload_memory_mb must be >= 0 or null, got {self.preload_memory_mb}")
+        reserve = self.memory_reserve_mb
+        if reserve is not None and (isinstance(reserve, bool) or not isinstance(reserve, (int, float))
+                                    or not (math.isfinite(reserve) and reserve >= 0)):
+            raise UsageError(f"memory_reserve_mb must be a number >= 0 or null, got {reserve!r}")
 
     @classmethod
     def from_mapping(cls, data: Any, where: str = "serve.json") -> ServeSettings:

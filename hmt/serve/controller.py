@@ -30,6 +30,7 @@ from hmt.runtime.chain import ChainResult, Runner
 from hmt.runtime.settings import Budgets, ServeSettings
 from hmt.runtime.variant import bundle_providers
 from hmt.serve.deciding.decision import DecisionPath
+from hmt.serve.deciding.free_memory import FreeMemory
 from hmt.serve.deciding.joint import Candidate, JointPath
 from hmt.serve.deciding.load import OutsideLoad, ServingOverhead
 from hmt.serve.deciding.monitor import ResourceMonitor, ResourceSample, Sampler
@@ -104,6 +105,8 @@ class Controller:
         # serve --research (hmt.serve.deciding.research.attach): offered every decision, searches when none fits.
         self.research: Any = None
         self.budgets: Budgets = self.settings.budgets
+        # The memory budget cut to the device's free memory above serve.json memory_reserve_mb.
+        self.free_memory = FreeMemory(self.settings.memory_reserve_mb)
         self._active: Runner | None = None
         self.load_scale = 1.0  # (1 + alpha * I) of the last decision
         self.state_lock = threading.Lock()
@@ -150,7 +153,7 @@ class Controller:
 
     def _adapted_fits(self, base: str) -> bool:
         """Whether the adapted copy of ``base`` fits the memory budget beside it (the adapt gene's memory)."""
-        limit = self.budgets.memory_bytes
+        limit = self.effective_budgets.memory_bytes
         extra = self.adapt.adapted_bytes().get(base) if self.adapt is not None else None
         return limit is None or extra is None or self.optimizer.variant(base).memory_bytes + extra <= limit
 
@@ -233,8 +236,13 @@ class Controller:
             self.budgets = new
             self.request_tick()
 
+    @property
+    def effective_budgets(self) -> Budgets:
+        """The budgets the loop decides with: the memory budget cut to the free memory above the reserve."""
+        return self.free_memory.cap(self.budgets)
+
     def capacity_bytes(self) -> int | None:
-        limits = [m for m in (self.settings.preload_memory_mb, self.budgets.memory_mb) if m is not None]
+        limits = [m for m in (self.settings.preload_memory_mb, self.effective_budgets.memory_mb) if m is not None]
         return int(min(limits) * 1e6) if limits else None
 
     # -- the decision ------------------------------------------------------------------------
@@ -275,7 +283,8 @@ class Controller:
             sample = self.monitor.sample_now()
         load_now, load_next, own = self.load.update(sample)
         load_next = round(load_next / LOAD_STEP) * LOAD_STEP  # the load index bucket
-        budgets = self.budgets
+        self.free_memory.update(self.now_s(), sample, self.pool.loaded_bytes())
+        budgets = self.effective_budgets
         latency_limit_ms, overhead_ms = self._latency_limit_ms(budgets)
         self.overhead_ms = overhead_ms
         self.shadow.limit_ms = latency_limit_ms  # a slower neighbour is measured under load only with room for it
@@ -365,8 +374,14 @@ class Controller:
             self._route(active)
         adopted = self.adapt.adopted_arch_id if self.adapt is not None else None
         evicted = self.pool.trim(self.capacity_bytes(), keep={active} if adopted is None else {active, adopted})
-        if evicted and self.on_evicted is not None:
-            self.on_evicted(evicted)
+        self.loads.dropped.update(evicted)
+        if evicted:
+            if self.on_evicted is not None:
+                self.on_evicted(evicted)
+        elif self.loads.dropped:  # a memory cut lifted: load back what it unloaded, one per decision
+            runner = self.loads.refill(self.pool.preload_order(active), self.capacity_bytes())
+            if runner is not None:
+                self.estimator.set_engine(runner.arch_id, runner.engine)
 
     def _route(self, active: str) -> None:
         """The active variant's route from the joint decision just made (read by the request path)."""

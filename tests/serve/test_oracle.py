@@ -71,3 +71,21 @@ def test_replay_arrivals_keep_the_mean_rate() -> None:
         if arrivals == "onoff":  # nothing in the second half of a cycle
             assert all(t % ONOFF_PERIOD_S < ONOFF_PERIOD_S / 2 + 1e-9 or t % ONOFF_PERIOD_S > 1 - 1e-9 for t in times)
     assert DriveOptions(duration_s=1.0, arrivals="poisson").arrivals == "poisson"
+
+
+def test_the_oracle_competes_within_the_phases_memory_budget() -> None:
+    """A phase whose memory budget keeps big out: the oracle is the most accurate variant that fits
+    (even though big's static run met its deadlines); nothing fits: the variant of least memory."""
+    from types import SimpleNamespace
+
+    from hmt.serve.reporting.oracle import phase_memory_budgets
+
+    bounds = phase_bounds([0.0, 5.0, 10.0], 15.0)
+    static = {v: phase_scores(records(v, {}), bounds, ACCURACY) for v in ACCURACY}
+    memory = {"big": 3.5, "mid": 1.0, "small": 0.5}
+    assert oracle_choice(static, ACCURACY, memory_mb=memory, phase_memory_mb=[None, 2.0, 0.0]) == \
+        ["big", "mid", "small"]
+    # The phase's budget is what the loop had: the median of its decisions' memory budget there.
+    ticks = [SimpleNamespace(time_s=t, memory_budget_mb=m)
+             for t, m in [(1.0, None), (6.0, 900.0), (7.0, 0.0), (8.0, 0.0), (11.0, 900.0)]]
+    assert phase_memory_budgets(ticks, bounds) == [None, 0.0, 900.0]

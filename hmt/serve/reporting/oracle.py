@@ -11,7 +11,9 @@ and once adaptively. Per phase of the scenario (the interval between two of its 
   choice alone);
 - the *oracle* of the phase is the most accurate variant (by the table) whose static run missed
   at most ``max_miss_share`` of the phase's deadlines; where none did, the one with the fewest
-  misses.
+  misses. Only variants within the phase's memory budget compete (the budget the adaptive loop
+  had: the configured one, cut to the free memory with serve.json ``memory_reserve_mb``); where
+  none fits, the variant of least memory (what serve runs then).
 
 The adaptive run *tracks* the oracle in a phase when its miss share is at most the oracle's plus
 ``miss_slack`` and its table accuracy at least the oracle's less ``accuracy_slack``.
@@ -82,14 +84,25 @@ def phase_scores(records: Sequence[RequestRecord], bounds: Sequence[tuple[float,
     return out
 
 
+def _within_memory(names: Sequence[str], memory_mb: Mapping[str, float] | None, limit_mb: float | None) -> list[str]:
+    """The variants within ``limit_mb``; none fits: the variant(s) of least memory."""
+    if memory_mb is None or limit_mb is None:
+        return list(names)
+    fits = [v for v in names if memory_mb[v] <= limit_mb]
+    least = min(memory_mb[v] for v in names)
+    return fits if fits else [v for v in names if memory_mb[v] == least]
+
+
 def oracle_choice(static: Mapping[str, Sequence[PhaseScore]], accuracy: Mapping[str, float],
-                  max_miss_share: float = MAX_MISS_SHARE) -> list[str]:
+                  max_miss_share: float = MAX_MISS_SHARE, *, memory_mb: Mapping[str, float] | None = None,
+                  phase_memory_mb: Sequence[float | None] | None = None) -> list[str]:
     """Per phase, the oracle variant (see the module docstring). ``static``: each variant's run;
-    ``accuracy``: each variant's accuracy in the bundle's table (the ranking)."""
-    names = list(static)
-    phases = len(static[names[0]])
+    ``accuracy``: each variant's accuracy in the bundle's table (the ranking); ``memory_mb``: each
+    variant's footprint and ``phase_memory_mb`` each phase's memory budget (None: unconstrained)."""
+    phases = len(static[next(iter(static))])
     out = []
     for k in range(phases):
+        names = _within_memory(list(static), memory_mb, phase_memory_mb[k] if phase_memory_mb else None)
         shares = {v: static[v][k].miss_share for v in names}
         meeting = [v for v in names if shares[v] is not None and shares[v] <= max_miss_share]  # type: ignore[operator]
         if meeting:
@@ -101,10 +114,13 @@ def oracle_choice(static: Mapping[str, Sequence[PhaseScore]], accuracy: Mapping[
 
 def compare(adaptive: Sequence[PhaseScore], static: Mapping[str, Sequence[PhaseScore]],
             accuracy: Mapping[str, float], *, largest: str, max_miss_share: float = MAX_MISS_SHARE,
-            miss_slack: float = MISS_SLACK, accuracy_slack: float = ACCURACY_SLACK) -> list[dict[str, Any]]:
+            miss_slack: float = MISS_SLACK, accuracy_slack: float = ACCURACY_SLACK,
+            memory_mb: Mapping[str, float] | None = None,
+            phase_memory_mb: Sequence[float | None] | None = None) -> list[dict[str, Any]]:
     """Per phase: the adaptive run, the oracle (its variant and run) and the static largest, and
-    whether the adaptive run tracks the oracle (see the module docstring)."""
-    choices = oracle_choice(static, accuracy, max_miss_share)
+    whether the adaptive run tracks the oracle (see the module docstring; ``memory_mb`` and
+    ``phase_memory_mb``: :func:`oracle_choice`)."""
+    choices = oracle_choice(static, accuracy, max_miss_share, memory_mb=memory_mb, phase_memory_mb=phase_memory_mb)
     rows = []
     for k, (mine, best) in enumerate(strict_zip(adaptive, choices)):
         oracle_run = static[best][k]
@@ -113,8 +129,20 @@ def compare(adaptive: Sequence[PhaseScore], static: Mapping[str, Sequence[PhaseS
         acc_ok = (mine.table_accuracy is not None and oracle_run.table_accuracy is not None
                   and mine.table_accuracy >= oracle_run.table_accuracy - accuracy_slack)
         rows.append({"start_s": mine.start_s, "stop_s": mine.stop_s, "oracle_variant": best,
+                     "memory_budget_mb": phase_memory_mb[k] if phase_memory_mb else None,
                      "adaptive": asdict(mine), "oracle": asdict(oracle_run),
                      "static_largest": asdict(static[largest][k]),
                      "misses_within_slack": miss_ok, "accuracy_within_slack": acc_ok,
                      "tracks_oracle": miss_ok and acc_ok})
     return rows
+
+
+def phase_memory_budgets(ticks: Sequence[Any], bounds: Sequence[tuple[float, float]]) -> list[float | None]:
+    """Each phase's memory budget as the loop had it: the median of its decisions' memory budget
+    (``TickRecord.memory_budget_mb``) in the phase; None where unconstrained."""
+    out: list[float | None] = []
+    for start, stop in bounds:
+        values = sorted(t.memory_budget_mb for t in ticks
+                        if start <= t.time_s < stop and t.memory_budget_mb is not None)
+        out.append(values[len(values) // 2] if values else None)
+    return out

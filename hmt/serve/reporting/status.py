@@ -47,6 +47,8 @@ def controller_status(c: Any, last: int = 10) -> dict[str, Any]:
         "overhead_ms": c.overhead_ms,
         "mu": None if latest is None else latest.mu,
         "budgets": {"latency_ms": c.budgets.latency_ms, "memory_mb": c.budgets.memory_mb},
+        # serve.json memory_reserve_mb: the free-memory limit of the loaded variants (None: no reserve).
+        "memory_free_limit_mb": c.free_memory.limit_mb,
         "energy_budget": c.budgets.energy,  # per inference, the profile's energy unit (None: unconstrained)
         "load_model": {"alpha_latency": c.optimizer.alpha_latency, "source": c.alpha_source},
         "own_cpu_util": None if latest is None else latest.own_cpu_util,

@@ -19,7 +19,7 @@ import numpy as np
 from hmt.bundle import load_bundle
 from hmt.serve.http.api import ApiOptions
 from hmt.serve.http.server import ServerOptions
-from hmt.serve.reporting.oracle import compare, phase_bounds, phase_scores
+from hmt.serve.reporting.oracle import compare, phase_bounds, phase_memory_budgets, phase_scores
 from hmt.serve.running.scenario import DriveOptions, Scenario
 from hmt.serve.running.session import ScenarioResult, SessionOptions, run_scenario
 
@@ -92,5 +92,8 @@ def replay_compare(bundle_path: Path | str, scenario: Scenario, options: Session
     scores = {name: phase_scores(r.records, bounds, {a: float(v.accuracy) for a, v in table.items()},
                                        warmup_s) for name, r in runs.items()}
     comparison = Comparison(largest=largest, accuracy=accuracy, runs=runs)
-    comparison.phases = compare(scores[ADAPTIVE], {a: scores[a] for a in names}, accuracy, largest=largest)
+    # The oracle competes within the memory budget the adaptive loop had in each phase.
+    memory = phase_memory_budgets(runs[ADAPTIVE].ticks, bounds)
+    comparison.phases = compare(scores[ADAPTIVE], {a: scores[a] for a in names}, accuracy, largest=largest,
+                                memory_mb={a: float(table[a].memory_mb) for a in names}, phase_memory_mb=memory)
     return comparison

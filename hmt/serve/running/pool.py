@@ -165,6 +165,7 @@ class LoadBackoff:
         self._clock = clock
         self.retry_s = retry_s
         self.failed: dict[str, float] = {}  # arch id -> when its last real try failed, on ``clock``
+        self.dropped: set[str] = set()  # variants a memory cut unloaded (the controller files them), see refill
 
     def load(self, arch_id: str) -> Runner:
         failed_at = self.failed.get(arch_id)
@@ -178,3 +179,24 @@ class LoadBackoff:
             raise
         self.failed.pop(arch_id, None)
         return runner
+
+    def refill(self, order: Iterable[str], capacity_bytes: int | None) -> Runner | None:
+        """Load back the first of ``order`` in :attr:`dropped` that fits ``capacity_bytes`` again, and
+        return it (None: none fits, or its load failed: it waits out the backoff). One per call: a load
+        holds the caller (the control thread). Without this, after a memory squeeze the pool kept the
+        one variant: the others could not be measured (shadow runs take loaded ones) and a climb
+        waited on a load."""
+        pool = self.pool
+        for arch_id in [a for a in order if a in self.dropped]:
+            if arch_id in pool:
+                self.dropped.discard(arch_id)
+                continue
+            if capacity_bytes is not None and pool.loaded_bytes() + pool.added_bytes(arch_id) > capacity_bytes:
+                continue
+            try:
+                runner = self.load(arch_id)
+            except ModelError:
+                continue
+            self.dropped.discard(arch_id)
+            return runner
+        return None

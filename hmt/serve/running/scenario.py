@@ -7,6 +7,7 @@ Columns (a header row; ``time_s`` required, the others optional, any order)::
     memory_budget_mb   memory budget (MB = 1e6 bytes)
     battery_pct        battery level 0..100
     latency_budget_ms  latency budget per request (queue wait + compute)
+    memory_squeeze_mb  memory another process holds (MB): real memory pressure (see below)
 
 Each row holds until the next one (a step function). An empty cell means "not set":
 no background load, the base budget (serve.json or the command line), no battery
@@ -14,7 +15,10 @@ reading. The scenario lasts until its last row's ``time_s`` unless a duration is
 
 ``cpu_load`` is either reported to the loop as the CPU reading (``synthetic``: instead
 of the live monitor) or made real (``burn``): processes that each keep a core busy for
-the given share of every 20 ms, while the live monitor measures the machine.
+the given share of every 20 ms, while the live monitor measures the machine. Likewise
+``memory_squeeze_mb``: subtracted from the available memory the loop reads (``synthetic``), or
+held by a process that allocates and touches it (``burn``: :mod:`hmt.serve.running.squeeze`);
+the loop feels it through serve.json ``memory_reserve_mb``.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from hmt.compat import pairwise
 from hmt.errors import DeviceError, InputError, UsageError
 from hmt.serve.deciding.monitor import PsutilSampler, ResourceSample, Sampler
 
-COLUMNS = ("time_s", "cpu_load", "memory_budget_mb", "battery_pct", "latency_budget_ms",
+COLUMNS = ("time_s", "cpu_load", "memory_budget_mb", "battery_pct", "latency_budget_ms", "memory_squeeze_mb",
            # the link between device and peer, read by the offload proxy (hmt.offload.proxy); serve ignores them
            "link_bandwidth_mbit_s", "link_rtt_ms", "link_loss")
 LOAD_MODES = ("synthetic", "burn")
@@ -57,6 +61,7 @@ class ScenarioRow:
     memory_budget_mb: float | None = None
     battery_pct: float | None = None
     latency_budget_ms: float | None = None
+    memory_squeeze_mb: float | None = None
 
 
 def _cell(raw: str | None, column: str, where: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
@@ -116,6 +121,7 @@ class Scenario:
                 memory_budget_mb=_cell(record.get("memory_budget_mb"), "memory_budget_mb", where, 0.0, 1e9, True),
                 battery_pct=_cell(record.get("battery_pct"), "battery_pct", where, 0.0, 100.0),
                 latency_budget_ms=_cell(record.get("latency_budget_ms"), "latency_budget_ms", where, 0.0, 1e9, True),
+                memory_squeeze_mb=_cell(record.get("memory_squeeze_mb"), "memory_squeeze_mb", where, 0.0, 1e6),
             ))
         return cls(rows, source)
 
@@ -138,10 +144,12 @@ class ScenarioState:
     def __init__(self) -> None:
         self.cpu_load: float | None = None
         self.battery_pct: float | None = None
+        self.memory_squeeze_mb: float | None = None
 
 
 class ScenarioSampler:
-    """The live sampler with the scenario's battery (and, in synthetic mode, CPU load) laid over it."""
+    """The live sampler with the scenario's battery (and, in synthetic mode, CPU load and memory
+    squeeze) laid over it."""
 
     def __init__(self, state: ScenarioState, synthetic_cpu: bool, base: Sampler | None = None) -> None:
         self.state = state
@@ -155,6 +163,9 @@ class ScenarioSampler:
         if self.synthetic_cpu:
             # The synthetic load is outside load already: nothing of it is serve's own.
             sample = replace(sample, cpu_util=0.0 if cpu is None else cpu, own_cpu_util=None)
+            squeeze = self.state.memory_squeeze_mb
+            if squeeze:
+                sample = replace(sample, mem_available_bytes=max(0, sample.mem_available_bytes - int(squeeze * 1e6)))
         if battery is not None:
             sample = replace(sample, battery_percent=battery, battery_plugged=False)
         return sample

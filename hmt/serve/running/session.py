@@ -42,6 +42,7 @@ from hmt.serve.running.scenario import (
     drive,
     http_sender,
 )
+from hmt.serve.running.squeeze import MemorySqueeze
 
 
 @dataclass(frozen=True)
@@ -247,10 +248,14 @@ def run_scenario(
     inputs = load_inputs(controller.bundle, data, rng)
     base = controller.budgets
     burner = LoadGenerator() if drive_options.load_mode == "burn" else None
+    squeeze = MemorySqueeze() if drive_options.load_mode == "burn" and any(
+        r.memory_squeeze_mb for r in scenario.rows) else None
     api_server: ApiServer | None = None
     try:
         if burner is not None:
             burner.start()
+        if squeeze is not None:
+            squeeze.start()
         controller.start()
         if server is not None:
             app = create_app(controller, api if api is not None else ApiOptions())
@@ -265,8 +270,11 @@ def run_scenario(
         def apply_row(row: ScenarioRow) -> float | None:
             state.cpu_load = row.cpu_load
             state.battery_pct = row.battery_pct
+            state.memory_squeeze_mb = row.memory_squeeze_mb
             if burner is not None:
                 burner.set(row.cpu_load)
+            if squeeze is not None:
+                squeeze.set(row.memory_squeeze_mb)
             latency = row.latency_budget_ms if row.latency_budget_ms is not None else base.latency_ms
             memory = row.memory_budget_mb if row.memory_budget_mb is not None else base.memory_mb
             controller.set_budgets(latency, memory)
@@ -285,6 +293,8 @@ def run_scenario(
         controller.stop()
         if burner is not None:
             burner.stop()
+        if squeeze is not None:
+            squeeze.stop()
     offset_s = start_s - controller.t0_s
     with ticks_lock:
         shifted = [dataclasses.replace(t, time_s=t.time_s - offset_s) for t in ticks]

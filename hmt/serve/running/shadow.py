@@ -9,8 +9,9 @@
   the active one by the switcher's margin (one within the margin is never switched to, so
   measuring it would not move the loop) and for which there is room: the active variant's
   estimate, scaled by their profiled latencies, within the compute limit (a burst of a variant
-  that cannot fit costs the requests CPU and tells the loop nothing it can use). Other variants
-  are measured only while the device is idle.
+  that cannot fit costs the requests CPU and tells the loop nothing it can use), and that was
+  not just measured over the limit (then the next one down the score order is measured, until
+  the first one's samples age out). Other variants are measured only while the device is idle.
 
   Without the neighbours' refresh (issue 28) a variant measured during a spike kept that
   estimate for ``memory_s`` (30 s): on a shared or busy machine the outside load index sits over
@@ -88,9 +89,19 @@ class ShadowRuns:
         margin = self.settings.switch.score_margin
         above = sorted((k for k in range(i + 1, len(variants)) if scores[k] > scores[i] + margin),
                        key=lambda k: -scores[k])
-        target = next((variants[k].arch_id for k in above if self._room_for(variants[k].arch_id, active_arch_id)),
-                      None)
+        target = next((variants[k].arch_id for k in above if self._room_for(variants[k].arch_id, active_arch_id)
+                       and not self._known_over(variants[k].arch_id)), None)
         return (*out, target) if target is not None else tuple(out)
+
+    def _known_over(self, arch_id: str) -> bool:
+        """Whether ``arch_id`` was measured over the compute limit at this load just now (fresh):
+        climbing to it cannot happen, so the next slower variant down the score order is the one
+        to measure. (Without this, a largest variant that keeps measuring over the limit stayed
+        the only climb target, and a variant between it and the active one that fitted was never
+        measured: the loop stayed on the smallest, points below the best static choice.)"""
+        estimator = self.estimator
+        estimate = estimator.latest(arch_id)
+        return estimate is not None and estimate > self.limit_ms and not estimator.stale(arch_id, self._now_s())
 
     def _candidates(self, active_arch_id: str | None, load_now: float) -> list[str]:
         """Stale, loaded variants to measure: the neighbours at any load, the others while idle."""

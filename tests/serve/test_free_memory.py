@@ -1,0 +1,131 @@
+"""Real memory pressure reaches the loop (issue 28): serve.json memory_reserve_mb cuts the memory budget
+to the loaded variants plus the available memory above the reserve; a scenario's memory squeeze lowers
+that reading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from serve_bundles import VariantDef, make_bundle
+
+from hmt.bundle import load_bundle
+from hmt.errors import UsageError
+from hmt.runtime.settings import Budgets, ServeSettings
+from hmt.serve.controller import Controller
+from hmt.serve.deciding.free_memory import FreeMemory
+from hmt.serve.deciding.monitor import ResourceSample
+from hmt.serve.running.scenario import Scenario, ScenarioSampler, ScenarioState
+
+GB = 1_000_000_000
+
+
+def sample(available_mb: float) -> ResourceSample:
+    return ResourceSample(0.0, 0.0, int(available_mb * 1e6), 8 * GB)
+
+
+def test_a_cut_applies_at_once_and_a_rise_after_the_hold() -> None:
+    free = FreeMemory(reserve_mb=1000.0, hold_s=0.5)
+    assert free.update(0.0, sample(1500.0), loaded_bytes=2_000_000) == pytest.approx(502.0)
+    assert free.update(0.25, sample(900.0), loaded_bytes=2_000_000) == 0.0  # below the reserve: nothing
+    assert free.cap(Budgets(latency_ms=5.0, memory_mb=50.0)) == Budgets(latency_ms=5.0, memory_mb=0.0)
+    assert free.update(0.5, sample(1500.0), loaded_bytes=2_000_000) == 0.0  # the cut held 0.25 s only
+    assert free.update(1.0, sample(1500.0), loaded_bytes=2_000_000) == pytest.approx(502.0)
+    # Under the configured budget, the configured one stands.
+    assert free.cap(Budgets(memory_mb=10.0)).memory_mb == 10.0
+    assert FreeMemory(None).update(0.0, sample(1.0), 0) is None
+
+
+def test_the_reserve_is_checked() -> None:
+    with pytest.raises(UsageError, match="memory_reserve_mb"):
+        ServeSettings.from_mapping({"memory_reserve_mb": -1})
+
+
+def test_a_squeeze_below_the_reserve_moves_the_loop_to_the_least_memory_and_unloads_the_rest(
+        tmp_path: Path) -> None:
+    """Real runners; the sampler reports 3000 MB available, then 500 MB (another process took it),
+    then 3000 MB again. The reserve is 2000 MB: under the squeeze no variant fits, the loop serves
+    the variant of least memory and the pool keeps it alone; after it, big comes back and the pool
+    is refilled."""
+    variants = (VariantDef("big", 0.92, 2.0, 2.0), VariantDef("mid", 0.88, 1.5, 1.5),
+                VariantDef("small", 0.80, 1.0, 1.0))
+    bundle = load_bundle(make_bundle(tmp_path / "b", variants))
+    now = [0.0]
+    available = [3000.0]
+    settings = ServeSettings.from_mapping({"memory_reserve_mb": 2000.0,
+                                           "switch": {"min_dwell_s": 0.0, "violation_patience": 1}})
+    c = Controller(bundle, settings, sampler=lambda: sample(available[0]), warmup_runs=1, clock=lambda: now[0])
+    c.start(background=False)
+    assert c.active_arch_id == "big" and set(c.pool.loaded_ids()) == {"big", "mid", "small"}
+    available[0] = 500.0
+    for _ in range(3):
+        now[0] += 0.25
+        record = c.tick()
+    assert c.active_arch_id == "small" and record.memory_budget_mb == 0.0
+    assert c.pool.loaded_ids() == ["small"]
+    assert c.status()["memory_free_limit_mb"] == 0.0
+    available[0] = 3000.0
+    for _ in range(8):
+        now[0] += 0.25
+        c.tick()
+    assert c.active_arch_id == "big"
+    # What the cut unloaded is loaded back (one per decision), so it can be measured and climbed to.
+    assert set(c.pool.loaded_ids()) == {"big", "mid", "small"} and not c.loads.dropped
+
+
+def test_a_scenario_squeeze_lowers_the_available_memory_the_loop_reads() -> None:
+    scenario = Scenario.from_text("time_s,memory_squeeze_mb\n0,\n2,1500\n")
+    assert scenario.at(3.0).memory_squeeze_mb == 1500.0 and scenario.at(0.0).memory_squeeze_mb is None
+    state = ScenarioState()
+    sampler = ScenarioSampler(state, synthetic_cpu=True, base=lambda: sample(4000.0))
+    assert sampler().mem_available_bytes == 4000 * 1_000_000
+    state.memory_squeeze_mb = 1500.0
+    assert sampler().mem_available_bytes == 2500 * 1_000_000
+
+
+@pytest.mark.slow
+def test_the_squeeze_process_takes_and_frees_the_memory() -> None:
+    """burn mode's squeeze: a real process holds the memory (in 64 MB steps), then frees it."""
+    import time
+
+    from hmt.serve.running.squeeze import MemorySqueeze
+
+    squeeze = MemorySqueeze()
+    squeeze.start()
+    try:
+        squeeze.set(128.0)
+        deadline = time.monotonic() + 20.0
+        while squeeze.held_mb < 128.0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert squeeze.held_mb == 128.0
+        squeeze.set(None)
+        deadline = time.monotonic() + 10.0
+        while squeeze.held_mb > 0.0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert squeeze.held_mb == 0.0
+    finally:
+        squeeze.stop()
+
+
+@pytest.mark.slow
+def test_a_replayed_squeeze_reaches_the_loop_and_the_oracle(tmp_path: Path) -> None:
+    """serve --scenario --compare in process (synthetic load mode): a squeeze of more than the headroom
+    above the reserve makes the loop's memory budget 0 in that phase; the oracle there is the variant
+    of least memory, and the adaptive run serves it."""
+    import psutil
+
+    from hmt.serve.running.compare import replay_compare
+    from hmt.serve.running.scenario import DriveOptions
+    from hmt.serve.running.session import SessionOptions
+
+    variants = (VariantDef("big", 0.92, 2.0, 2.0), VariantDef("small", 0.80, 1.0, 1.0))
+    bundle = make_bundle(tmp_path / "b", variants)
+    reserve_mb = psutil.virtual_memory().available / 1e6 - 4000.0  # 4 GB of headroom
+    scenario = Scenario.from_text("time_s,memory_squeeze_mb\n0,\n1.0,8000\n")
+    options = SessionOptions(serve_overrides={"memory_reserve_mb": reserve_mb})
+    comparison = replay_compare(bundle, scenario, options, DriveOptions(duration_s=2.0, clients=1, rate_hz=40.0),
+                                api=None, server=None)
+    quiet, squeezed = comparison.phases
+    assert quiet["memory_budget_mb"] > 1000.0 and quiet["oracle_variant"] == "big"
+    assert squeezed["memory_budget_mb"] == 0.0 and squeezed["oracle_variant"] == "small"
+    assert squeezed["adaptive"]["variants"].get("small", 0) > squeezed["adaptive"]["variants"].get("big", 0)
