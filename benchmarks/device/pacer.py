@@ -48,15 +48,23 @@ class ClassCpu:
 
     procs: Path
     read_clock: Callable[[int], float] = lambda pid: time.clock_gettime(process_cpu_clock(pid))
+    relist_s: float = 0.01  # the process list is re-read this often (a new process's earlier CPU time still counts)
+    clock: Callable[[], float] = time.monotonic
     seen: dict[int, float] = field(default_factory=dict)
     total_s: float = 0.0
     started: bool = False
+    _listed: list[int] = field(default_factory=list)
+    _listed_at: float = float("-inf")
 
     def pids(self) -> list[int]:
-        try:
-            return [int(p) for p in self.procs.read_text().split()]
-        except (OSError, ValueError):
-            return []
+        now = self.clock()
+        if now - self._listed_at >= self.relist_s:
+            try:
+                self._listed = [int(p) for p in self.procs.read_text().split()]
+            except (OSError, ValueError):
+                self._listed = []
+            self._listed_at = now
+        return self._listed
 
     def __call__(self) -> float:
         for pid in self.pids():
@@ -91,35 +99,44 @@ class Budget:
 def pace(freeze: Callable[[bool], None], cpu: Callable[[], float], *, cpu_budget: float, cores: int,
          cycle_s: float, stop: Callable[[], bool], clock: Callable[[], float] = time.monotonic,
          sleep: Callable[[float], None] = time.sleep) -> dict[str, float]:
-    """Run cycles until ``stop()``; returns what the class used, over how long, and how many cycles froze."""
+    """Run cycles until ``stop()``; returns how many cycles ran, how many froze the class, over how long."""
     budget = Budget(cpu_budget * cycle_s)
-    start = clock()
+    began = start = clock()
     used_at = cpu()
     frozen = False
-    cycles = frozen_cycles = 0
+    cycles = total_cycles = frozen_cycles = 0
+    lag_s = 0.0  # how much longer than allowed/cores a busy class takes to spend its budget (thaw, late wake-ups)
     while not stop():
         cycle_start = start + cycles * cycle_s
         now = clock()
         if now > cycle_start + cycle_s:  # the pacer itself was late: restart the schedule from now
             start, cycles, cycle_start = now, 0, now
         cycles += 1
+        total_cycles += 1
         cycle_end = cycle_start + cycle_s
         allowed = budget.allowed()
+        busy = frozen  # the class spent its budget last cycle (or still owes)
         if allowed > 0:
             if frozen:
                 freeze(False)
                 frozen = False
+            thawed_at = clock()
+            # In a busy stretch, one wake-up a cycle, mostly: sleep as long as the class took lately to spend it.
+            # After an idle cycle, check early: a call that starts now must not run far past the budget.
+            wait = allowed / cores + (0.8 * lag_s if busy else 0.0)
             while True:
+                left = cycle_end - clock()
+                if left <= 0:
+                    break
+                sleep(min(left, max(MIN_SLEEP_S, wait)))
                 spent = cpu() - used_at
                 if spent >= allowed:
                     freeze(True)
                     frozen = True
                     frozen_cycles += 1
+                    lag_s += 0.1 * (max(0.0, clock() - thawed_at - allowed / cores) - lag_s)
                     break
-                left = cycle_end - clock()
-                if left <= 0:
-                    break
-                sleep(min(left, max(MIN_SLEEP_S, (allowed - spent) / cores)))
+                wait = (allowed - spent) / cores
         elif not frozen:
             freeze(True)
             frozen = True
@@ -132,8 +149,7 @@ def pace(freeze: Callable[[bool], None], cpu: Callable[[], float], *, cpu_budget
         used_at = now_used
     if frozen:
         freeze(False)
-    wall = clock() - start
-    return {"cycles": cycles, "frozen_cycles": frozen_cycles, "wall_s": wall}
+    return {"cycles": total_cycles, "frozen_cycles": frozen_cycles, "wall_s": clock() - began}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -84,7 +84,7 @@ def test_overshoot_is_owed_and_unused_budget_is_not_saved() -> None:
 def test_class_cpu_sums_its_processes_and_keeps_what_exited_ones_used(tmp_path: Path) -> None:
     procs = tmp_path / "cgroup.procs"
     clocks = {10: 5.0, 11: 1.0}
-    cpu = pacer.ClassCpu(procs, read_clock=lambda pid: clocks[pid])
+    cpu = pacer.ClassCpu(procs, read_clock=lambda pid: clocks[pid], relist_s=0.0)
     procs.write_text("10\n11\n")
     assert cpu() == 0.0  # what they used before the class was paced does not count
     clocks[10], clocks[11] = 5.5, 1.25
@@ -93,3 +93,16 @@ def test_class_cpu_sums_its_processes_and_keeps_what_exited_ones_used(tmp_path: 
     clocks[12] = 0.1
     assert cpu() == pytest.approx(0.85)
     assert pacer.process_cpu_clock(0) == -6  # MAKE_PROCESS_CPUCLOCK(0, CPUCLOCK_SCHED): the caller
+
+
+def test_the_process_list_is_reread_only_every_relist_s(tmp_path: Path) -> None:
+    procs = tmp_path / "cgroup.procs"
+    procs.write_text("10\n")
+    now = [0.0]
+    cpu = pacer.ClassCpu(procs, read_clock=lambda pid: 1.0, relist_s=0.01, clock=lambda: now[0])
+    assert cpu.pids() == [10]
+    procs.write_text("10\n11\n")
+    now[0] = 0.005
+    assert cpu.pids() == [10]
+    now[0] = 0.011
+    assert cpu.pids() == [10, 11]
