@@ -7,7 +7,8 @@ model (one Identity node) at the same input size and kept separately: a variant'
 predicted latency is that fixed cost once plus the sum of its blocks' costs net of it
 (``predictor``). Both are times per call under sustained load (``timing.sustained_ms``):
 a variant runs its blocks back to back, so a block pays its share of any CPU budget's
-stalls, which its per-call median (``latency_ms``, kept) would not see.
+stalls, which its per-call median (``latency_ms``, kept) would not see; time spent waiting
+for a CPU that other processes held is left out, as the median leaves it out.
 """
 
 from __future__ import annotations

@@ -248,32 +248,57 @@ MAX_REPEATS = 20000
 # A burst of back-to-back calls lasts at least this long (``sustained_ms``): many times any CPU budget's
 # enforcement cycle (a device class's 1 ms pacer) so a burst's mean sees the budget, not one cycle's phase.
 BURST_S = 0.02
+SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+def run_delay_ms(path: str = SCHEDSTAT) -> float:
+    """Time this thread has spent runnable but waiting for a CPU (Linux schedstat), in ms; 0 where unknown."""
+    try:
+        with open(path) as handle:
+            return int(handle.read().split()[1]) / 1e6
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+@dataclass(frozen=True)
+class Burst:
+    calls: int
+    wall_ms: float  # the calls' own time, back to back
+    waiting_ms: float  # of which the thread was runnable but not running (other processes had the CPU)
 
 
 def sustained_ms(samples_ms: Sequence[float], *, burst_ms: float = BURST_S * 1e3) -> float:
-    """Time per call under sustained load: the calls (in the order run, back to back) cut into bursts
-    of at least ``burst_ms``; each burst's mean time per call; the median over bursts.
-
-    A per-call median says how fast a call runs when it runs. Where the CPU is granted in slices (a
-    CPU quota, a container's ``--cpus``, an emulated device class), a call much shorter than a slice
-    mostly runs unthrottled and the stall lands on a few calls, so the median misses it, while a
-    model made of such calls, run end to end, pays it in full. The mean over a burst pays it as the
-    model does; the median over bursts still drops a burst that something unrelated interrupted. On a
-    CPU of its own (no quota) it reads what the median reads, within the calls' own spread. Fewer
-    samples than one burst: their mean."""
+    """Time per call under sustained load, from per-call times alone (no wait accounting): the calls
+    cut into bursts of at least ``burst_ms``; each burst's mean; the median over bursts. See
+    :func:`sustained_from_bursts`. Fewer samples than one burst: their mean."""
     if not samples_ms:
         raise ValueError("no samples")
-    means: list[float] = []
+    bursts: list[Burst] = []
     total, count = 0.0, 0
     for sample in samples_ms:
         total += sample
         count += 1
         if total >= burst_ms:
-            means.append(total / count)
+            bursts.append(Burst(count, total, 0.0))
             total, count = 0.0, 0
-    if not means:
-        return total / count
-    return float(np.median(means))
+    return sustained_from_bursts(bursts or [Burst(count, total, 0.0)])
+
+
+def sustained_from_bursts(bursts: Sequence[Burst]) -> float:
+    """Time per call under sustained load: per burst of back-to-back calls, (wall - waiting) / calls;
+    the median over bursts.
+
+    A per-call median says how fast a call runs when it runs. Where the CPU is granted in slices (a
+    CPU budget kept by a pacer, as an emulated device class has), a call much shorter than a slice
+    mostly runs unthrottled and the stall lands on a few calls, so the median misses it, while a model
+    made of such calls, run end to end, pays it in full. A burst's mean pays it as the model does. The
+    time the thread waited, runnable, while other processes had the CPU is not the device's speed (a
+    shared machine's neighbours; a model run once mostly slips between them) and is taken out; a
+    stopped (frozen) class is not runnable, so its stalls stay in. The median over bursts drops a
+    burst that something unrelated interrupted. On a CPU of its own it reads what the median reads."""
+    if not bursts:
+        raise ValueError("no bursts")
+    return float(np.median([max(0.0, b.wall_ms - b.waiting_ms) / b.calls for b in bursts]))
 
 
 def utc_now() -> str:
@@ -293,11 +318,21 @@ def time_callable(fn: Callable[[], object], *, warmup: int, repeats: int,
     for _ in range(warmup):
         fn()
     samples: list[float] = []
+    bursts: list[Burst] = []
+    burst_calls, burst_ms, waited_at = 0, 0.0, run_delay_ms()
     with conditions_meter() as cond:
         deadline = time.perf_counter() + min_window_s
         while len(samples) < repeats or (time.perf_counter() < deadline and len(samples) < MAX_REPEATS):
             start = time.perf_counter_ns()
             fn()
             samples.append((time.perf_counter_ns() - start) / 1e6)
+            burst_calls, burst_ms = burst_calls + 1, burst_ms + samples[-1]
+            if burst_ms >= BURST_S * 1e3:
+                waited = run_delay_ms()
+                bursts.append(Burst(burst_calls, burst_ms, waited - waited_at))
+                burst_calls, burst_ms, waited_at = 0, 0.0, waited
+    if burst_calls and not bursts:
+        bursts.append(Burst(burst_calls, burst_ms, run_delay_ms() - waited_at))
     s = spread(samples)
-    return Measurement(s.median, s.p10, s.p90, s.iqr, s.n, warmup, cond[0], utc_now(), sustained_ms(samples))
+    return Measurement(s.median, s.p10, s.p90, s.iqr, s.n, warmup, cond[0], utc_now(),
+                       sustained_from_bursts(bursts))

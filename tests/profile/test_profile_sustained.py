@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from hmt.profile.timing import Conditions, Measurement, sustained_ms
+from hmt.profile.timing import (
+    Burst,
+    Conditions,
+    Measurement,
+    run_delay_ms,
+    sustained_from_bursts,
+    sustained_ms,
+    time_callable,
+)
 
 
 def test_a_steady_cpu_reads_the_per_call_time() -> None:
@@ -35,3 +45,25 @@ def test_a_measurement_without_it_falls_back_to_the_median() -> None:
     assert m.sustained_or_median_ms == 1.0 and m.row()["sustained_ms"] != m.row()["sustained_ms"]  # NaN
     m2 = Measurement(1.0, 0.9, 1.2, 0.1, 10, 1, Conditions(None, 0.0, 0.01), "now", 3.5)
     assert m2.sustained_or_median_ms == 3.5 and m2.row()["sustained_ms"] == 3.5
+
+
+def test_time_waiting_for_a_busy_machine_is_taken_out_and_a_frozen_class_s_stalls_stay_in() -> None:
+    # Each burst: 10 calls in 20 ms. Neighbours held the CPU for 15 ms of the first: not the device's speed.
+    bursts = [Burst(10, 20.0, 15.0), Burst(10, 20.0, 0.0), Burst(10, 6.0, 1.0)]
+    assert sustained_from_bursts(bursts) == pytest.approx(0.5)
+    # A paced class is frozen (not runnable) for its stalls: no waiting recorded, the stalls count.
+    assert sustained_from_bursts([Burst(10, 40.0, 0.0)] * 3) == pytest.approx(4.0)
+    with pytest.raises(ValueError):
+        sustained_from_bursts([])
+
+
+def test_run_delay_is_read_from_schedstat_and_zero_where_there_is_none(tmp_path: Path) -> None:
+    stat = tmp_path / "schedstat"
+    stat.write_text("231492 1700809 2\n")
+    assert run_delay_ms(str(stat)) == pytest.approx(1.700809)
+    assert run_delay_ms(str(tmp_path / "missing")) == 0.0
+
+
+def test_time_callable_reports_a_sustained_time_next_to_the_median() -> None:
+    m = time_callable(lambda: sum(range(2000)), warmup=2, repeats=20, min_window_s=0.05)
+    assert m.sustained_ms is not None and 0.5 * m.median_ms < m.sustained_ms < 5 * m.median_ms
