@@ -7,9 +7,9 @@ No edge board is lent, so each target's speed class is emulated on x86: ``cpuset
 to the class's cores and its CPU time is held to the class's budget (CPU-seconds per second). Two
 mechanisms (``DeviceClass.mechanism``):
 
-* ``pacer`` (the default): the cgroup freezer, paced every millisecond by the class's own CPU time
-  (``benchmarks/device/pacer.py``). Over anything longer than a few cycles the class is a uniformly
-  slower CPU;
+* ``pacer`` (the default): the class's busy processes stopped and continued every millisecond, paced
+  by the class's own CPU time (``benchmarks/device/pacer.py``). Over anything longer than a few cycles
+  the class is a uniformly slower CPU;
 * ``cfs``: the kernel's CFS quota (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``).
   The kernel enforces it at its scheduler tick (4 ms at HZ=250), whatever the period: a class at 25 %
   runs a tick at full speed, then is throttled while it repays the tick's debt (about 12 ms). An
@@ -23,8 +23,8 @@ set, caches, memory bandwidth and clock (an x86 core at 25 % is not a Cortex-A72
 speed class, measured, in place of a datasheet estimate.
 
 Classes (``CLASSES``): ``rpi4-class`` one core at 25 %; ``nano-class`` two cores at 40 % each.
-Needs root and a writable cgroup hierarchy (v2 with the cpu and cpuset controllers, or v1's cpu,
-cpuset and freezer hierarchies); :func:`check` says which and why not.
+Needs root and a writable cgroup hierarchy (v2 with the cpu and cpuset controllers, or v1's cpu and
+cpuset hierarchies); :func:`check` says which and why not.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -87,7 +88,7 @@ class DeviceClass:
     def describe(self) -> str:
         cores = ",".join(str(c) for c in self.cpus)
         how = (f"CFS quota {self.quota_us} us per {self.period_us} us" if self.mechanism == "cfs" else
-               f"freezer paced every {self.cycle_us} us by the class's CPU time")
+               f"paced every {self.cycle_us} us by the class's CPU time")
         return (f"{self.name}: core(s) {cores} at {self.share_per_core:.0%} each ({how}), "
                 f"the speed class of {self.emulates}")
 
@@ -107,7 +108,6 @@ class Layout:
     version: int
     cpu: Path  # parent folder the class's cpu cgroup goes under
     cpuset: Path
-    freezer: Path
 
 
 def layout(root: Path = CGROUP_ROOT) -> Layout:
@@ -118,10 +118,10 @@ def layout(root: Path = CGROUP_ROOT) -> Layout:
         missing = {"cpu", "cpuset"} - have
         if missing:
             raise CgroupUnavailable(f"cgroup v2 at {root} lacks the {', '.join(sorted(missing))} controller(s)")
-        return Layout(2, root, root, root)
-    cpu, cpuset, freezer = root / "cpu", root / "cpuset", root / "freezer"
+        return Layout(2, root, root)
+    cpu, cpuset = root / "cpu", root / "cpuset"
     if (cpu / "cpu.cfs_quota_us").is_file() and (cpuset / "cpuset.cpus").is_file():
-        return Layout(1, cpu, cpuset, freezer)  # the freezer (pacer only) is checked when a class needs it
+        return Layout(1, cpu, cpuset)
     raise CgroupUnavailable(f"no cgroup v2 with cpu+cpuset and no v1 cpu and cpuset hierarchies under {root}")
 
 
@@ -132,10 +132,9 @@ def _write(path: Path, value: str) -> None:
         raise CgroupUnavailable(f"cannot write {value!r} to {path}: {exc.strerror or exc}") from exc
 
 
-def _start_pacer(device_class: DeviceClass, freeze_file: Path,
-                 procs_file: Path) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "benchmarks.device.pacer", str(freeze_file), str(procs_file),
-            str(device_class.cpu_budget), str(len(device_class.cpus)), str(device_class.cycle_us)]
+def _start_pacer(device_class: DeviceClass, procs_file: Path) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "benchmarks.device.pacer", str(procs_file), str(device_class.cpu_budget),
+            str(len(device_class.cpus)), str(device_class.cycle_us)]
     path = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")]))
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=path))
     assert proc.stdout is not None
@@ -146,16 +145,17 @@ def _start_pacer(device_class: DeviceClass, freeze_file: Path,
     return proc
 
 
-def _stop_pacer(proc: subprocess.Popen[bytes], freeze_file: Path, version: int,
-                delivered: dict[str, Any] | None) -> None:
+def _stop_pacer(proc: subprocess.Popen[bytes], procs_file: Path, delivered: dict[str, Any] | None) -> None:
     proc.terminate()
     try:
         out, err = proc.communicate(timeout=10)
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-    with contextlib.suppress(OSError):
-        freeze_file.write_bytes(pacer.THAWED[version])  # never leave a class frozen
+    with contextlib.suppress(OSError, ValueError):
+        for pid in procs_file.read_text().split():  # never leave a class's process stopped
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGCONT)
     if delivered is not None:
         try:
             delivered.update(json.loads(out.decode().strip().splitlines()[-1]))
@@ -186,13 +186,9 @@ def class_cgroup(device_class: DeviceClass, *, root: Path = CGROUP_ROOT,
             _write(group / "cpu.max", f"{'max' if quota < 0 else quota} {period}")
             _write(group / "cpu.weight", str(CLASS_WEIGHT_V2))
             procs = [group / "cgroup.procs"]
-            freeze_file, freeze_procs = group / "cgroup.freeze", group / "cgroup.procs"
         else:
-            cpu, cpuset, freezer = where.cpu / name, where.cpuset / name, where.freezer / name
-            if paced and not (where.freezer / "cgroup.procs").is_file():
-                raise CgroupUnavailable(f"no v1 freezer hierarchy at {where.freezer} (the pacer needs it; "
-                                        "mechanism 'cfs' does not)")
-            for group in (cpu, cpuset, freezer) if paced else (cpu, cpuset):
+            cpu, cpuset = where.cpu / name, where.cpuset / name
+            for group in (cpu, cpuset):
                 group.mkdir()
                 made.append(group)
             _write(cpuset / "cpuset.cpus", ",".join(str(c) for c in device_class.cpus))
@@ -200,16 +196,15 @@ def class_cgroup(device_class: DeviceClass, *, root: Path = CGROUP_ROOT,
             _write(cpu / "cpu.cfs_period_us", str(period))
             _write(cpu / "cpu.cfs_quota_us", str(quota))
             _write(cpu / "cpu.shares", str(CLASS_WEIGHT_V1))
-            procs = [cpu / "cgroup.procs", cpuset / "cgroup.procs"] + ([freezer / "cgroup.procs"] if paced else [])
-            freeze_file, freeze_procs = freezer / "freezer.state", freezer / "cgroup.procs"
+            procs = [cpu / "cgroup.procs", cpuset / "cgroup.procs"]
         if paced:
-            pacer_proc = _start_pacer(device_class, freeze_file, freeze_procs)
+            pacer_proc = _start_pacer(device_class, procs[0])
         yield procs
     except PermissionError as exc:
         raise CgroupUnavailable(f"cannot create a cgroup under {root}: {exc}") from exc
     finally:
         if pacer_proc is not None:
-            _stop_pacer(pacer_proc, freeze_file, where.version, delivered)
+            _stop_pacer(pacer_proc, procs[0], delivered)
         for group in reversed(made):
             with contextlib.suppress(OSError):
                 group.rmdir()  # only our own, empty once its processes have exited

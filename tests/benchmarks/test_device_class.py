@@ -16,7 +16,7 @@ from benchmarks.device import device_class as dc
 
 def _v1(root: Path) -> Path:
     for controller, files in (("cpu", ("cpu.cfs_quota_us", "cpu.cfs_period_us", "cpu.shares")),
-                              ("cpuset", ("cpuset.cpus", "cpuset.mems")), ("freezer", ("cgroup.procs",))):
+                              ("cpuset", ("cpuset.cpus", "cpuset.mems"))):
         (root / controller).mkdir(parents=True)
         for name in files:
             (root / controller / name).write_text("0\n")
@@ -52,28 +52,20 @@ def test_a_v1_cfs_class_writes_quota_cores_and_weight_and_removes_its_groups(tmp
     assert not cpu.exists() and not cpuset.exists()
 
 
-def test_a_paced_class_has_no_quota_joins_the_freezer_and_runs_the_pacer_meanwhile(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_paced_class_has_no_quota_and_runs_the_pacer_meanwhile(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     root = _v1(tmp_path / "cg")
     calls: list[tuple[str, Path]] = []
-    monkeypatch.setattr(dc, "_start_pacer", lambda c, freeze, procs: calls.append(("start", freeze)) or "proc")
-    monkeypatch.setattr(dc, "_stop_pacer", lambda proc, freeze, version, delivered: calls.append(("stop", freeze)))
+    monkeypatch.setattr(dc, "_start_pacer", lambda c, procs: calls.append(("start", procs)) or "proc")
+    monkeypatch.setattr(dc, "_stop_pacer", lambda proc, procs, delivered: calls.append(("stop", procs)))
     with dc.class_cgroup(dc.CLASSES["rpi4-class"], root=root) as procs:
-        cpu, freezer = _group(root, "cpu"), _group(root, "freezer")
+        cpu = _group(root, "cpu")
         assert (cpu / "cpu.cfs_quota_us").read_text() == "-1"
-        assert procs[-1] == freezer / "cgroup.procs"
-        assert calls == [("start", freezer / "freezer.state")]
+        assert calls == [("start", cpu / "cgroup.procs")] and procs[0] == cpu / "cgroup.procs"
         for group in (cpu, _group(root, "cpuset")):
             for f in group.iterdir():
                 f.unlink()
-    assert calls[-1] == ("stop", freezer / "freezer.state") and not freezer.exists()
-
-
-def test_a_paced_v1_class_needs_the_freezer(tmp_path: Path) -> None:
-    root = _v1(tmp_path / "cg")
-    (root / "freezer" / "cgroup.procs").unlink()
-    with pytest.raises(dc.CgroupUnavailable, match="freezer"), dc.class_cgroup(dc.CLASSES["rpi4-class"], root=root):
-        pass
+    assert calls[-1] == ("stop", cpu / "cgroup.procs") and not cpu.exists()
 
 
 def test_a_v2_cfs_class_writes_cpu_max(tmp_path: Path) -> None:

@@ -106,3 +106,20 @@ def test_the_process_list_is_reread_only_every_relist_s(tmp_path: Path) -> None:
     assert cpu.pids() == [10]
     now[0] = 0.011
     assert cpu.pids() == [10, 11]
+
+
+def test_only_processes_that_used_cpu_since_the_thaw_are_stopped_and_all_of_them_continued(tmp_path: Path) -> None:
+    procs = tmp_path / "cgroup.procs"
+    procs.write_text("10\n11\n")
+    clocks = {10: 1.0, 11: 1.0}
+    cpu = pacer.ClassCpu(procs, read_clock=lambda pid: clocks[pid], relist_s=0.0)
+    sent: list[tuple[int, int]] = []
+    stop = pacer.StopBusy(cpu, kill=lambda pid, sig: sent.append((pid, sig)))
+    cpu()
+    stop(False)  # thaw: nothing was stopped
+    clocks[10] = 1.5  # 10 computes, 11 sleeps
+    cpu()
+    stop(True)
+    assert sent == [(10, pacer.signal.SIGSTOP)]
+    stop(False)
+    assert sent[-1] == (10, pacer.signal.SIGCONT) and stop.stopped == []
