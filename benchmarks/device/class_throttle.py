@@ -111,7 +111,8 @@ def _measure(device_class: DeviceClass | None, work_ms: list[float], pattern: st
         done = run_in_class(device_class, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout_s=900)
     if done.returncode != 0:
         raise RuntimeError(f"class_throttle child failed: {done.stderr.decode()[-800:]}")
-    return json.loads(done.stdout.decode())  # type: ignore[no-any-return]
+    result: dict[str, Any] = json.loads(done.stdout.decode())
+    return result
 
 
 def _ratios(raw: dict[str, Any], share: float) -> dict[str, Any]:
