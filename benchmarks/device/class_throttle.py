@@ -129,8 +129,8 @@ def cases(quick: bool) -> list[tuple[str, str, list[int]]]:
     """(class, mechanism, CFS periods or pacer cycles in us) measured."""
     if quick:
         return [("rpi4-class", "cfs", [4_000]), ("rpi4-class", "pacer", [1_000])]
-    return [("rpi4-class", "cfs", [4_000, 20_000, 100_000]), ("rpi4-class", "pacer", [1_000, 2_000]),
-            ("nano-class", "cfs", [1_250, 4_000]), ("nano-class", "pacer", [1_000])]
+    return [("rpi4-class", "cfs", [4_000, 100_000]), ("rpi4-class", "pacer", [1_000]),
+            ("nano-class", "cfs", [4_000]), ("nano-class", "pacer", [1_000])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--calls", type=int, default=60)
+    parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         for period in periods:
             dclass = replace(base, mechanism=mechanism, period_override_us=period)
             key = f"{name} {mechanism}@{period}us"
-            gap = max(20.0, 2.5 * period / 1e3)
+            gap = max(20.0, 1.2 * period / 1e3)  # more than a period: the quota has refilled
             per[key] = {"mechanism": mechanism, "period_us": period, "share": dclass.cpu_budget,
                         "quota_us": dclass.quota_us if mechanism == "cfs" else None,
                         **{p: _ratios(_measure(dclass, work, p, calls, gap, args.seed), dclass.cpu_budget)
