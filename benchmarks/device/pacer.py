@@ -34,6 +34,7 @@ from pathlib import Path
 
 CYCLE_US = 1_000
 MIN_SLEEP_S = 20e-6
+MAX_DEBT_CYCLES = 50
 
 
 def process_cpu_clock(pid: int) -> int:
@@ -91,8 +92,9 @@ class Budget:
         return self.per_cycle_s - self.debt_s
 
     def settle(self, used_s: float) -> None:
-        """The cycle is over and the class used ``used_s``: what it overshot is owed, unused is lost."""
-        self.debt_s = max(0.0, self.debt_s + used_s - self.per_cycle_s)
+        """The cycle is over and the class used ``used_s``: what it overshot is owed (at most ``MAX_DEBT_CYCLES``
+        cycles' budget, so nothing the pacer failed to stop can keep the class stopped for long), unused is lost."""
+        self.debt_s = min(MAX_DEBT_CYCLES * self.per_cycle_s, max(0.0, self.debt_s + used_s - self.per_cycle_s))
 
 
 def pace(freeze: Callable[[bool], None], cpu: Callable[[], float], *, cpu_budget: float, cores: int,
@@ -136,10 +138,10 @@ def pace(freeze: Callable[[bool], None], cpu: Callable[[], float], *, cpu_budget
                     lag_s += 0.1 * (max(0.0, clock() - thawed_at - allowed / cores) - lag_s)
                     break
                 wait = (allowed - spent) / cores
-        elif not frozen:
+        else:  # still owing: stop whatever became busy since (a process that was asleep when the class stopped)
             freeze(True)
+            frozen_cycles += not frozen
             frozen = True
-            frozen_cycles += 1
         left = cycle_end - clock()
         if left > 0:
             sleep(left)
@@ -167,12 +169,13 @@ class StopBusy:
     mark: dict[int, float] = field(default_factory=dict)
 
     def __call__(self, on: bool) -> None:
-        if on:
-            busy = [pid for pid in self.cpu.pids() if self.cpu.seen.get(pid, 0.0) > self.mark.get(pid, -1.0)]
+        if on:  # again while stopped: also stops what became busy since
+            busy = [pid for pid in self.cpu.pids()
+                    if self.cpu.seen.get(pid, 0.0) > self.mark.get(pid, -1.0) and pid not in self.stopped]
             for pid in busy:
                 with contextlib.suppress(ProcessLookupError):
                     self.kill(pid, signal.SIGSTOP)
-            self.stopped = busy
+            self.stopped += busy
         else:
             for pid in self.stopped:
                 with contextlib.suppress(ProcessLookupError):

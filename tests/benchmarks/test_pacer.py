@@ -123,3 +123,46 @@ def test_only_processes_that_used_cpu_since_the_thaw_are_stopped_and_all_of_them
     assert sent == [(10, pacer.signal.SIGSTOP)]
     stop(False)
     assert sent[-1] == (10, pacer.signal.SIGCONT) and stop.stopped == []
+
+
+def test_a_process_that_wakes_while_the_class_owes_is_stopped_too() -> None:
+    """A sleeper that turns busy while the class is stopped (a busy phase's burner) must not run unpaced."""
+    sim = SimClass(1.0, 100e-6)
+    woke = {"at": 0.5}
+    stopped_late: list[float] = []
+
+    def freeze(on: bool) -> None:  # the simulated class: everything busy after 0.5 s is stopped when asked
+        if on and sim.t >= woke["at"]:
+            stopped_late.append(sim.t)
+        sim.freeze(on)
+
+    pacer.pace(freeze, sim.cpu, cpu_budget=0.25, cores=1, cycle_s=1e-3, stop=lambda: sim.t >= 1.0,
+               clock=sim.clock, sleep=sim.sleep)
+    assert sim.used / sim.t == pytest.approx(0.25, rel=0.05)
+    assert stopped_late  # freeze(True) is asked again in cycles where the class still owes
+
+
+def test_debt_is_capped() -> None:
+    b = pacer.Budget(1e-3)
+    b.settle(10.0)
+    assert b.debt_s == pytest.approx(pacer.MAX_DEBT_CYCLES * 1e-3)
+
+
+def test_stop_busy_adds_processes_that_turned_busy_while_stopped(tmp_path: Path) -> None:
+    procs = tmp_path / "cgroup.procs"
+    procs.write_text("10\n11\n")
+    clocks = {10: 1.0, 11: 1.0}
+    cpu = pacer.ClassCpu(procs, read_clock=lambda pid: clocks[pid], relist_s=0.0)
+    sent: list[tuple[int, int]] = []
+    stop = pacer.StopBusy(cpu, kill=lambda pid, sig: sent.append((pid, sig)))
+    cpu()
+    stop(False)
+    clocks[10] = 1.5
+    cpu()
+    stop(True)
+    clocks[11] = 1.2  # 11 wakes and computes while 10 is stopped
+    cpu()
+    stop(True)
+    assert sent == [(10, pacer.signal.SIGSTOP), (11, pacer.signal.SIGSTOP)]
+    stop(False)
+    assert sorted(sent[2:]) == [(10, pacer.signal.SIGCONT), (11, pacer.signal.SIGCONT)]
