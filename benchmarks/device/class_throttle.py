@@ -180,11 +180,12 @@ def main(argv: list[str] | None = None) -> int:
                       for p in ("isolated", "sustained")}
             print(f"{key}: {json.dumps(ratios)}", file=sys.stderr, flush=True)
     results["classes"] = per
+    sizes = "/".join(f"{w:g}" for w in work)
     for key, r in per.items():
-        for p in ("isolated", "sustained"):
-            p50 = ", ".join(f"{w} ms: {v['p50_ratio']:.2f}" for w, v in r[p].items())
-            claims.append({"claim": f"{key}, {p} calls: p50 wall over (CPU ms / share) per work size",
-                           "figure": p50})
+        figure = "; ".join(f"{p} " + " ".join(f"{v['p50_ratio']:.2f}" for v in r[p].values())
+                           for p in ("sustained", "isolated"))
+        claims.append({"claim": f"{key}: p50 wall per call over (CPU time / budget), 1.00 = a uniformly slower CPU, "
+                                f"for calls of {sizes} ms of CPU", "figure": figure})
     write_result(out, make_result(area="device", name="class_throttle", command=typed, seed=args.seed,
                                   baseline=BENCH.baseline, results=results, claims=claims, machine_info=info))
     return 0
