@@ -106,7 +106,6 @@ def pace(freeze: Callable[[bool], None], cpu: Callable[[], float], *, cpu_budget
     used_at = cpu()
     frozen = False
     cycles = total_cycles = frozen_cycles = 0
-    lag_s = 0.0  # how much longer than allowed/cores a busy class takes to spend its budget (thaw, late wake-ups)
     while not stop():
         cycle_start = start + cycles * cycle_s
         now = clock()
@@ -116,15 +115,13 @@ def pace(freeze: Callable[[bool], None], cpu: Callable[[], float], *, cpu_budget
         total_cycles += 1
         cycle_end = cycle_start + cycle_s
         allowed = budget.allowed()
-        busy = frozen  # the class spent its budget last cycle (or still owes)
         if allowed > 0:
             if frozen:
                 freeze(False)
                 frozen = False
-            thawed_at = clock()
-            # In a busy stretch, one wake-up a cycle, mostly: sleep as long as the class took lately to spend it.
-            # After an idle cycle, check early: a call that starts now must not run far past the budget.
-            wait = allowed / cores + (0.8 * lag_s if busy else 0.0)
+            # The soonest the class could have spent it. (Sleeping for as long as it lately took instead
+            # feeds back on itself: one late wake-up and the class runs whole cycles, then owes several.)
+            wait = allowed / cores
             while True:
                 left = cycle_end - clock()
                 if left <= 0:
@@ -135,7 +132,6 @@ def pace(freeze: Callable[[bool], None], cpu: Callable[[], float], *, cpu_budget
                     freeze(True)
                     frozen = True
                     frozen_cycles += 1
-                    lag_s += 0.1 * (max(0.0, clock() - thawed_at - allowed / cores) - lag_s)
                     break
                 wait = (allowed - spent) / cores
         else:  # still owing: stop whatever became busy since (a process that was asleep when the class stopped)
