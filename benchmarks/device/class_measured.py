@@ -1,8 +1,9 @@
 """Device classes measured, not estimated: profile inside an emulated class, predict, deploy, measure there.
 
-    python -m benchmarks.device.class_measured [--quick] [--classes rpi4-class,nano-class] [--out PATH]
+    python -m benchmarks.device.class_measured [--quick] [--classes rpi4-class,nano-class] [--reps 3] [--out PATH]
 
-Per class of ``benchmarks/device/device_class.py`` (a cgroup CPU quota on pinned cores):
+Per class of ``benchmarks/device/device_class.py`` (pinned cores, a CPU budget kept every millisecond by
+the pacer):
 
 1. ``hmt profile-device --quick --supernet <shipped supernet>`` runs *inside* the class (micro-
    benchmarks, probe layers, block table) with the class's thread count;
@@ -10,17 +11,19 @@ Per class of ``benchmarks/device/device_class.py`` (a cgroup CPU quota on pinned
    then ``convert``, ``fuse`` (ONNX Runtime) and ``deploy --target x86-64 --profile <class profile>``
    make the bundle;
 3. every bundle variant is loaded as serve loads it (hmt.runtime) inside the class and timed end to
-   end (batch 1, all its segments and its exit): measured p50 against the front's prediction. The
-   baseline, in the same run: the prediction from the host's own profile (measured unthrottled, the
-   figure a user without the class would have had) for the same variants;
+   end (batch 1, all its segments and its exit, back to back): measured p50 against the prediction
+   from the class's profile. The baseline, in the same run: the prediction from the host's own profile
+   (measured unthrottled, the figure a user without the class would have had) for the same variants;
 4. ``benchmarks.serve.scenario`` runs inside the class (server, its clients and the scenario's busy
    processes all share the class's CPU budget): adaptive against static largest and smallest under
    the same busy phases as on the host.
 
-The Jetson and Raspberry Pi profiles shipped in ``profiles/`` stay what they are, datasheet
-estimates; a class is an x86 core at a quota (no Arm caches or memory system), measured.
-``--quick`` only checks the classes (a busy loop's CPU share inside each) and writes to a
-temporary folder; without writable cgroups it says so and skips.
+``--reps`` repetitions of 1 (a fresh profile inside the class each time; the bundle is built from the
+first), 3 and 4; per variant the medians over repetitions are compared. The Jetson and Raspberry Pi
+profiles shipped in ``profiles/`` stay what they are, datasheet estimates; a class is an x86 core at a
+budget (no Arm caches or memory system), measured. ``--quick`` only checks the classes (a busy loop's
+CPU share inside each) and writes to a temporary folder; without writable cgroups it says so and skips.
+A full run takes about an hour on the 2-core development VM (it is CPU-bound: run it under ``nice``).
 """
 
 from __future__ import annotations
@@ -141,16 +144,19 @@ def _errors(measured: dict[str, float], predicted: dict[str, float]) -> dict[str
             "relative_error": {a: round(r, 4) for a, r in rel.items()}}
 
 
+def _profile_in_class(name: str, out: Path, args: argparse.Namespace) -> float:
+    return _hmt(["profile-device", "--quick", "--supernet", str(REPO / EMBEDDED_SUPERNET), "--no-load-model",
+                 "--threads", str(THREADS.get(name, 2)), "--seed", str(args.seed), "--out", str(out), "--force"],
+                device_class=name)
+
+
 def build_class(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     supernet = str(REPO / EMBEDDED_SUPERNET)
-    threads = str(THREADS.get(name, 2))
     p = {k: work / f"{k}-{name}" for k in ("profile", "pareto", "converted", "fused", "bundle")}
     wall: dict[str, float] = {}
     if not (p["profile"] / "manifest.json").is_file():
         _log(f"{name}: profile-device inside the class")
-        wall["profile_device_s"] = _hmt(["profile-device", "--quick", "--supernet", supernet, "--no-load-model",
-                                         "--threads", threads, "--seed", str(args.seed), "--out", str(p["profile"]),
-                                         "--force"], device_class=name)
+        wall["profile_device_s"] = _profile_in_class(name, p["profile"], args)
     if not (p["bundle"] / "manifest.json").is_file():
         _log(f"{name}: pareto, convert, fuse, deploy on the host")
         wall["pareto_s"] = _hmt(["pareto", "--supernet", supernet, "--profile", str(p["profile"]), "--data",
@@ -166,38 +172,87 @@ def build_class(name: str, work: Path, args: argparse.Namespace) -> dict[str, An
     return {"paths": p, "wall_s": {k: round(v, 1) for k, v in wall.items()}}
 
 
+def _measure_in_class(name: str, bundle_dir: Path, out_json: Path, args: argparse.Namespace) -> dict[str, Any]:
+    delivered: dict[str, Any] = {}
+    done = run_in_class(CLASSES[name], [sys.executable, "-m", "benchmarks.device.class_measured", "measure",
+                                        str(bundle_dir), "--threads", str(THREADS[name]), "--repeats",
+                                        str(args.repeats), "--out", str(out_json)],
+                        cwd=REPO, env=_env(), stderr=subprocess.PIPE, timeout_s=3600, delivered=delivered)
+    if done.returncode != 0:
+        raise RuntimeError(f"measuring inside {name} failed: {done.stderr.decode()[-1500:]}")
+    doc: dict[str, Any] = json.loads(out_json.read_text())
+    doc["pacer"] = delivered
+    return doc
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
 def bench_class(name: str, work: Path, host_profile: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """``args.reps`` repetitions, each: a fresh profile inside the class (the first is the one the bundle
+    was built from), its predictions for the bundle's variants, the variants measured inside the class,
+    and (unless --no-scenario) the serve scenario there. Per variant: medians over repetitions."""
     from hmt.bundle import load_bundle
 
     built = build_class(name, work, args)
     bundle_dir = built["paths"]["bundle"]
     bundle = load_bundle(bundle_dir)
-    predicted = {v.arch_id: float(v.latency_ms) for v in bundle.spec.variants}
-    _log(f"{name}: timing {len(predicted)} bundle variants inside the class")
-    out_json = work / f"measured-{name}.json"
-    done = run_in_class(CLASSES[name], [sys.executable, "-m", "benchmarks.device.class_measured", "measure",
-                                        str(bundle_dir), "--threads", str(THREADS[name]), "--repeats",
-                                        str(args.repeats), "--out", str(out_json)],
-                        cwd=REPO, env=_env(), stderr=subprocess.PIPE, timeout_s=3600)
-    if done.returncode != 0:
-        raise RuntimeError(f"measuring inside {name} failed: {done.stderr.decode()[-1500:]}")
-    measured_doc = json.loads(out_json.read_text())
-    measured = {a: v["p50_ms"] for a, v in measured_doc["variants"].items()}
-    host = predict(host_profile, list(predicted))
-    order = sorted(predicted, key=lambda k: predicted[k])
+    arch_ids = [v.arch_id for v in bundle.spec.variants]
+    bundle_predicted = {v.arch_id: float(v.latency_ms) for v in bundle.spec.variants}
+    host = predict(host_profile, arch_ids)
+    reps: list[dict[str, Any]] = []
+    for rep in range(args.reps):
+        profile = built["paths"]["profile"] if rep == 0 else work / f"profile-{name}-rep{rep}"
+        if not (profile / "manifest.json").is_file():
+            _log(f"{name}: profile-device inside the class (repetition {rep + 1})")
+            _profile_in_class(name, profile, args)
+        predicted = predict(profile, arch_ids)
+        _log(f"{name}: timing {len(arch_ids)} bundle variants inside the class (repetition {rep + 1})")
+        doc = _measure_in_class(name, bundle_dir, work / f"measured-{name}-rep{rep}.json", args)
+        measured = {a: v["p50_ms"] for a, v in doc["variants"].items()}
+        one: dict[str, Any] = {"predicted_ms": predicted, "measured": doc["variants"], "pacer": doc["pacer"],
+                               "class_profile": _errors(measured, predicted),
+                               "host_profile_baseline": _errors(measured, host)}
+        if args.scenario:
+            one["serve"] = serve_in_class(name, bundle_dir, work / f"serve-{name}-rep{rep}", args)
+        reps.append(one)
+    order = sorted(arch_ids, key=lambda a: bundle_predicted[a])
+    med_pred = {a: _median([r["predicted_ms"][a] for r in reps]) for a in arch_ids}
+    med_meas = {a: _median([r["measured"][a]["p50_ms"] for r in reps]) for a in arch_ids}
     result: dict[str, Any] = {
         "class": CLASSES[name].describe(), "threads": THREADS[name], "wall_s": built["wall_s"],
-        "variants": [{"arch_id": a, "predicted_ms": round(predicted[a], 3), "measured_p50_ms": round(measured[a], 3),
-                      "measured_p10_ms": round(measured_doc["variants"][a]["p10_ms"], 3),
-                      "measured_p90_ms": round(measured_doc["variants"][a]["p90_ms"], 3),
+        "repetitions": args.reps, "repeats_per_measurement": args.repeats,
+        "variants": [{"arch_id": a, "predicted_ms": round(med_pred[a], 3), "measured_p50_ms": round(med_meas[a], 3),
+                      "measured_p10_ms": round(_median([r["measured"][a]["p10_ms"] for r in reps]), 3),
+                      "measured_p90_ms": round(_median([r["measured"][a]["p90_ms"] for r in reps]), 3),
+                      "bundle_predicted_ms": round(bundle_predicted[a], 3),
                       "host_profile_predicted_ms": round(host[a], 3)} for a in order],
-        "class_profile": _errors(measured, predicted),
-        "host_profile_baseline": _errors(measured, host),
-        "repeats": args.repeats,
+        "class_profile": _errors(med_meas, med_pred),
+        "host_profile_baseline": _errors(med_meas, host),
+        "per_repetition": [{"class_profile_share_within_15pct": r["class_profile"]["share_within_15pct"],
+                            "class_profile_mape": r["class_profile"]["mape"],
+                            "host_profile_share_within_15pct": r["host_profile_baseline"]["share_within_15pct"],
+                            "pacer": r["pacer"], **({"serve": r["serve"]} if "serve" in r else {})} for r in reps],
     }
     if args.scenario:
-        result["serve"] = serve_in_class(name, bundle_dir, work, args)
+        result["serve"] = _serve_medians([r["serve"] for r in reps])
     return result
+
+
+def _serve_medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over repetitions of each mode's deadline-miss share and accuracy (each run's mean)."""
+    modes = ("adaptive", "static_largest", "static_smallest")
+
+    def med(key: str, mode: str) -> float | None:
+        got = [(r[key][mode] or {}).get("mean") for r in runs]
+        vals = [float(g) for g in got if g is not None]
+        return round(_median(vals), 4) if vals else None
+
+    return {"budget_ms": [r["budget_ms"] for r in runs], "rate_hz": runs[0]["rate_hz"], "phase_s": runs[0]["phase_s"],
+            "repetitions": len(runs),
+            "deadline_miss_share": {m: med("deadline_miss_share", m) for m in modes},
+            "accuracy": {m: med("accuracy", m) for m in modes}}
 
 
 def serve_in_class(name: str, bundle_dir: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -233,16 +288,19 @@ def _claims_of(per_class: dict[str, Any]) -> list[dict[str, str]]:
     for name, r in per_class.items():
         c, h = r["class_profile"], r["host_profile_baseline"]
         claims.append({"claim": f"{name}: the class's measured profile predicts the bundle variants' p50 measured "
-                                f"inside the class ({len(r['variants'])} variants; target >= 90 % within 15 %)",
+                                f"inside the class ({len(r['variants'])} variants, medians of {r['repetitions']} "
+                                "repetitions; target >= 90 % within 15 %)",
                        "figure": f"{c['share_within_15pct']:.0%} within 15 %, MAPE {c['mape']:.1%} (host profile: "
                                  f"{h['share_within_15pct']:.0%}, MAPE {h['mape']:.1%})"})
         serve = r.get("serve")
         if serve:
             m = serve["deadline_miss_share"]
+            budgets = ", ".join(f"{b:.1f}" for b in serve["budget_ms"])
             claims.append({"claim": f"{name}: serve's adaptive loop under the scenario's busy phases, deadline misses "
-                                    f"against static largest (budget {serve['budget_ms']} ms)",
-                           "figure": f"{(m['adaptive'] or {}).get('mean', float('nan')):.1%} vs "
-                                     f"{(m['static_largest'] or {}).get('mean', float('nan')):.1%}"})
+                                    f"against static largest (median of {serve['repetitions']} repetitions; "
+                                    f"budgets {budgets} ms)",
+                           "figure": f"{m['adaptive']:.1%} vs {m['static_largest']:.1%} (static smallest "
+                                     f"{m['static_smallest']:.1%})"})
     return claims
 
 
@@ -270,7 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--no-scenario", dest="scenario", action="store_false")
     parser.add_argument("--phase-s", type=float, default=3.0)
-    parser.add_argument("--scenario-reps", type=int, default=1)
+    parser.add_argument("--scenario-reps", type=int, default=1, help="scenario repetitions within each repetition")
+    parser.add_argument("--reps", type=int, default=3,
+                        help="repetitions: a fresh profile inside the class, the variants measured, the scenario")
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)

@@ -1,44 +1,57 @@
-"""Emulated device classes: a command run under a cgroup CPU quota on pinned cores.
+"""Emulated device classes: a command run under a CPU budget on pinned cores.
 
     python -m benchmarks.device.device_class CLASS [--] COMMAND [ARGS ...]
     python -m benchmarks.device.device_class --check        # what this machine's cgroups allow
 
-No edge board is lent, so each target's speed class is emulated on x86 with the kernel's CPU
-controller: ``cpuset`` pins the command to the class's cores and a CFS quota (cgroup v2
-``cpu.max``, v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``) caps the CPU time it may use per
-period; the period is a few milliseconds (see ``PERIOD_US``), so single inferences slow down
-as on a slower core instead of running at full speed until a 100 ms budget is spent. A class
-also gets a high CPU weight (v2 ``cpu.weight``, v1 ``cpu.shares``): a board does not share its
-cores with other people's jobs, so on a shared machine the class should receive its whole
-budget, and the quota keeps it from receiving more. What this does not emulate: the
-board's instruction set, caches, memory bandwidth and clock (an x86 core at 25 % is not a
-Cortex-A72); it emulates a speed class, measured, in place of a datasheet estimate.
+No edge board is lent, so each target's speed class is emulated on x86: ``cpuset`` pins the command
+to the class's cores and its CPU time is held to the class's budget (CPU-seconds per second). Two
+mechanisms (``DeviceClass.mechanism``):
+
+* ``pacer`` (the default): the class's busy processes stopped and continued every millisecond, paced
+  by the class's own CPU time (``benchmarks/device/pacer.py``). Over anything longer than a few cycles
+  the class is a uniformly slower CPU;
+* ``cfs``: the kernel's CFS quota (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``).
+  The kernel enforces it at its scheduler tick (4 ms at HZ=250), whatever the period: a class at 25 %
+  runs a tick at full speed, then is throttled while it repays the tick's debt (about 12 ms). An
+  inference of a few ms is then either unthrottled or stalled, which no slow board does
+  (``benchmarks/device/class_throttle.py`` measures both). Kept to measure that.
+
+A class also gets a high CPU weight (v2 ``cpu.weight``, v1 ``cpu.shares``): a board does not share its
+cores with other people's jobs, so on a shared machine the class should receive its whole budget,
+and the budget keeps it from receiving more. What this does not emulate: the board's instruction
+set, caches, memory bandwidth and clock (an x86 core at 25 % is not a Cortex-A72); it emulates a
+speed class, measured, in place of a datasheet estimate.
 
 Classes (``CLASSES``): ``rpi4-class`` one core at 25 %; ``nano-class`` two cores at 40 % each.
-Needs root and a writable cgroup hierarchy (v2 with the cpu and cpuset controllers, or v1's cpu
-and cpuset hierarchies); :func:`check` says which and why not.
+Needs root and a writable cgroup hierarchy (v2 with the cpu and cpuset controllers, or v1's cpu and
+cpuset hierarchies); :func:`check` says which and why not.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from benchmarks.device import pacer
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-# The kernel's smallest quota is 1 ms. With the default 100 ms period a short inference runs at full
-# speed until the period's budget is spent: a throughput cap, not a slower core. Measured on this
-# VM with a 9.3 ms single-thread workload at 25 %: 100 ms period, p50 14 ms and p90 89 ms; 4 ms period,
-# p50 43 ms and p90 53 ms (9.3 / 0.25 = 37). On two cores a 4 ms period delivers about 0.6 of a 0.8
-# budget (the kernel's 5 ms bandwidth slice); --check and the benchmark report what a class delivered.
+# cfs mechanism: the kernel's smallest quota is 1 ms, so 25 % needs a period of at least 4 ms. The period
+# hardly matters below the tick (the quota is checked at ticks); on two cores a 4 ms period delivers
+# about 0.6 of a 0.8 budget (the kernel's 5 ms bandwidth slice). --check reports what a class delivered.
 MIN_QUOTA_US = 1_000
-PERIOD_US = 4_000  # rpi4-class: the 1 ms minimum quota at 25 %; measured, shorter periods lose budget on 2 cores
+PERIOD_US = 4_000
+MECHANISMS = ("pacer", "cfs")
 CLASS_WEIGHT_V1 = 10_240  # cpu.shares (default 1024)
 CLASS_WEIGHT_V2 = 1_000  # cpu.weight (default 100)
 
@@ -49,9 +62,18 @@ class DeviceClass:
     cpus: tuple[int, ...]
     share_per_core: float
     emulates: str
+    mechanism: str = "pacer"
+    period_override_us: int | None = None  # cfs: a measurement's own period (class_throttle); pacer: its cycle
+
+    @property
+    def cycle_us(self) -> int:
+        """The pacer's cycle: the longest stretch the class runs at full speed or stands frozen."""
+        return self.period_override_us or pacer.CYCLE_US
 
     @property
     def period_us(self) -> int:
+        if self.period_override_us is not None:
+            return self.period_override_us
         return max(PERIOD_US, round(MIN_QUOTA_US / self.cpu_budget))
 
     @property
@@ -65,8 +87,10 @@ class DeviceClass:
 
     def describe(self) -> str:
         cores = ",".join(str(c) for c in self.cpus)
-        return (f"{self.name}: core(s) {cores} at {self.share_per_core:.0%} each (quota {self.quota_us} us per "
-                f"{self.period_us} us), the speed class of {self.emulates}")
+        how = (f"CFS quota {self.quota_us} us per {self.period_us} us" if self.mechanism == "cfs" else
+               f"paced every {self.cycle_us} us by the class's CPU time")
+        return (f"{self.name}: core(s) {cores} at {self.share_per_core:.0%} each ({how}), "
+                f"the speed class of {self.emulates}")
 
 
 CLASSES = {
@@ -108,12 +132,50 @@ def _write(path: Path, value: str) -> None:
         raise CgroupUnavailable(f"cannot write {value!r} to {path}: {exc.strerror or exc}") from exc
 
 
+def _start_pacer(device_class: DeviceClass, procs_file: Path) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "benchmarks.device.pacer", str(procs_file), str(device_class.cpu_budget),
+            str(len(device_class.cpus)), str(device_class.cycle_us)]
+    path = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=path))
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != b"pacing":  # nothing may run in the class before the pacer does
+        proc.kill()
+        _, err = proc.communicate()
+        raise CgroupUnavailable(f"the pacer did not start: {err.decode()[-500:]}")
+    return proc
+
+
+def _stop_pacer(proc: subprocess.Popen[bytes], procs_file: Path, delivered: dict[str, Any] | None) -> None:
+    proc.terminate()
+    try:
+        out, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    with contextlib.suppress(OSError, ValueError):
+        for pid in procs_file.read_text().split():  # never leave a class's process stopped
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGCONT)
+    if delivered is not None:
+        try:
+            delivered.update(json.loads(out.decode().strip().splitlines()[-1]))
+        except (ValueError, IndexError):
+            delivered["pacer_error"] = err.decode()[-500:] or f"pacer exited {proc.returncode}"
+
+
 @contextmanager
-def class_cgroup(device_class: DeviceClass, *, root: Path = CGROUP_ROOT) -> Iterator[list[Path]]:
-    """Make the class's cgroup(s) and yield the ``cgroup.procs`` files a process joins; removed after."""
+def class_cgroup(device_class: DeviceClass, *, root: Path = CGROUP_ROOT,
+                 delivered: dict[str, Any] | None = None) -> Iterator[list[Path]]:
+    """Make the class's cgroup(s) and yield the ``cgroup.procs`` files a process joins; removed after.
+
+    With the pacer mechanism, the pacer runs (outside the class) while the block is open; what it
+    delivered (``pacer.main``'s figures) goes into ``delivered`` when given."""
     where = layout(root)
-    name = f"hmt-{device_class.name}-{os.getpid()}"
+    name = f"hmt-{device_class.name}-{os.getpid()}-{time.monotonic_ns()}"
     made: list[Path] = []
+    paced = device_class.mechanism == "pacer"
+    quota, period = (device_class.quota_us, device_class.period_us) if not paced else (-1, PERIOD_US)
+    pacer_proc = None
     try:
         if where.version == 2:
             _write(root / "cgroup.subtree_control", "+cpu +cpuset")
@@ -121,7 +183,7 @@ def class_cgroup(device_class: DeviceClass, *, root: Path = CGROUP_ROOT) -> Iter
             group.mkdir()
             made.append(group)
             _write(group / "cpuset.cpus", ",".join(str(c) for c in device_class.cpus))
-            _write(group / "cpu.max", f"{device_class.quota_us} {device_class.period_us}")
+            _write(group / "cpu.max", f"{'max' if quota < 0 else quota} {period}")
             _write(group / "cpu.weight", str(CLASS_WEIGHT_V2))
             procs = [group / "cgroup.procs"]
         else:
@@ -131,14 +193,18 @@ def class_cgroup(device_class: DeviceClass, *, root: Path = CGROUP_ROOT) -> Iter
                 made.append(group)
             _write(cpuset / "cpuset.cpus", ",".join(str(c) for c in device_class.cpus))
             _write(cpuset / "cpuset.mems", (where.cpuset / "cpuset.mems").read_text().strip() or "0")
-            _write(cpu / "cpu.cfs_period_us", str(device_class.period_us))
-            _write(cpu / "cpu.cfs_quota_us", str(device_class.quota_us))
+            _write(cpu / "cpu.cfs_period_us", str(period))
+            _write(cpu / "cpu.cfs_quota_us", str(quota))
             _write(cpu / "cpu.shares", str(CLASS_WEIGHT_V1))
             procs = [cpu / "cgroup.procs", cpuset / "cgroup.procs"]
+        if paced:
+            pacer_proc = _start_pacer(device_class, procs[0])
         yield procs
     except PermissionError as exc:
         raise CgroupUnavailable(f"cannot create a cgroup under {root}: {exc}") from exc
     finally:
+        if pacer_proc is not None:
+            _stop_pacer(pacer_proc, procs[0], delivered)
         for group in reversed(made):
             with contextlib.suppress(OSError):
                 group.rmdir()  # only our own, empty once its processes have exited
@@ -159,8 +225,9 @@ def popen_in_class(device_class: DeviceClass, procs: Sequence[Path], argv: Seque
 
 
 def run_in_class(device_class: DeviceClass, argv: Sequence[str], *, root: Path = CGROUP_ROOT,
-                 timeout_s: float | None = None, **kwargs: object) -> subprocess.CompletedProcess[bytes]:
-    with class_cgroup(device_class, root=root) as procs:
+                 timeout_s: float | None = None, delivered: dict[str, Any] | None = None,
+                 **kwargs: object) -> subprocess.CompletedProcess[bytes]:
+    with class_cgroup(device_class, root=root, delivered=delivered) as procs:
         proc = popen_in_class(device_class, procs, argv, **kwargs)
         try:
             out, err = proc.communicate(timeout=timeout_s)

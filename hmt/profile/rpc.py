@@ -23,7 +23,7 @@ import numpy as np
 
 from hmt.errors import DeviceError, UsageError
 from hmt.profile.parsers import spread
-from hmt.profile.timing import Conditions, Measurement
+from hmt.profile.timing import Conditions, Measurement, sustained_ms
 
 
 def parse_tracker(address: str) -> tuple[str, int]:
@@ -135,7 +135,8 @@ class TvmRunner:
         from hmt.profile.timing import identity_onnx_bytes
 
         # Relu, not Identity: a Relax function that returns its own argument trips time_evaluator.
-        return self.time_onnx(identity_onnx_bytes(shape, op="Relu"), shape, warmup=warmup, repeats=repeats).median_ms
+        return self.time_onnx(identity_onnx_bytes(shape, op="Relu"), shape, warmup=warmup,
+                              repeats=repeats).sustained_or_median_ms
 
     def time_onnx(self, onnx_bytes: bytes, input_shape: Sequence[int], *, warmup: int, repeats: int,
                   seed: int = 0) -> Measurement:
@@ -158,7 +159,8 @@ class TvmRunner:
             raise DeviceError(f"TVM ({self.where}): timing failed: {exc}") from exc
         s = spread([t * 1e3 for t in seconds])
         return Measurement(s.median, s.p10, s.p90, s.iqr, s.n, warmup, Conditions(None, 0.0, sum(seconds)),
-                           dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+                           dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                           sustained_ms([t * 1e3 for t in seconds]))
 
     def close(self) -> None:
         self._dir.cleanup()

@@ -174,8 +174,10 @@ def block_table_section(d: _Doc, options: ProfileOptions, runner: Any, loaded: A
     frame, layers = measure_block_table(loaded.net.iter_block_choices(), runner, batches=options.batches,
                                         warmup=warmup, repeats=repeats, progress=progress)
     pid = d.measured("block-table", f"every (position, choice) of the supernet timed alone on {runner.engine} "
-                                    f"({warmup} warm-up, median of >= {repeats} runs and >= 0.2 s); overhead_ms = "
-                                    "a pass-through model at the block's input; net_ms = latency - overhead")
+                                    f"({warmup} warm-up, >= {repeats} runs and >= 0.2 s back to back); latency_ms = "
+                                    "median per call; sustained_ms = median over >= 20 ms bursts of the mean per "
+                                    "call, less the time it waited runnable for a CPU; overhead_ms = a pass-through "
+                                    "model's sustained time at the block's input; net_ms = sustained - overhead")
     d.profile.add_table("block_latency", frame, units={**BLOCK_UNITS, **ROW_UNITS}, source=pid)
     d.doc["supernet"] = {"path": str(loaded.artifact.root), "manifest_sha256": loaded.artifact.manifest_sha256,
                          "space_tag": getattr(loaded.space, "tag", None)}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,16 +25,22 @@ def _v1(root: Path) -> Path:
 
 def test_classes_are_the_issue_budgets() -> None:
     rpi, nano = dc.CLASSES["rpi4-class"], dc.CLASSES["nano-class"]
-    assert (rpi.cpus, rpi.quota_us, rpi.period_us, rpi.cpu_budget) == ((0,), 1_000, 4_000, 0.25)
-    assert (nano.cpus, nano.quota_us, nano.period_us, nano.cpu_budget) == ((0, 1), 3_200, 4_000, 0.8)
+    assert (rpi.cpus, rpi.cpu_budget, rpi.mechanism, rpi.cycle_us) == ((0,), 0.25, "pacer", 1_000)
+    assert (nano.cpus, nano.cpu_budget, nano.mechanism) == ((0, 1), 0.8, "pacer")
+    cfs = replace(rpi, mechanism="cfs")
+    assert (cfs.quota_us, cfs.period_us) == (1_000, 4_000)  # the kernel's smallest quota at 25 %
 
 
-def test_a_v1_class_writes_quota_cores_and_weight_and_removes_its_groups(tmp_path: Path) -> None:
+def _group(root: Path, controller: str) -> Path:
+    return next(p for p in (root / controller).iterdir() if p.is_dir())
+
+
+def test_a_v1_cfs_class_writes_quota_cores_and_weight_and_removes_its_groups(tmp_path: Path) -> None:
     root = _v1(tmp_path / "cg")
-    nano = dc.CLASSES["nano-class"]
+    nano = replace(dc.CLASSES["nano-class"], mechanism="cfs")
     with dc.class_cgroup(nano, root=root) as procs:
-        name = f"hmt-nano-class-{os.getpid()}"
-        cpu, cpuset = root / "cpu" / name, root / "cpuset" / name
+        cpu, cpuset = _group(root, "cpu"), _group(root, "cpuset")
+        assert cpu.name.startswith(f"hmt-nano-class-{os.getpid()}-")
         assert procs == [cpu / "cgroup.procs", cpuset / "cgroup.procs"]
         assert (cpu / "cpu.cfs_quota_us").read_text() == "3200"
         assert (cpu / "cpu.cfs_period_us").read_text() == "4000"
@@ -45,11 +52,27 @@ def test_a_v1_class_writes_quota_cores_and_weight_and_removes_its_groups(tmp_pat
     assert not cpu.exists() and not cpuset.exists()
 
 
-def test_a_v2_class_writes_cpu_max(tmp_path: Path) -> None:
+def test_a_paced_class_has_no_quota_and_runs_the_pacer_meanwhile(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _v1(tmp_path / "cg")
+    calls: list[tuple[str, Path]] = []
+    monkeypatch.setattr(dc, "_start_pacer", lambda c, procs: calls.append(("start", procs)) or "proc")
+    monkeypatch.setattr(dc, "_stop_pacer", lambda proc, procs, delivered: calls.append(("stop", procs)))
+    with dc.class_cgroup(dc.CLASSES["rpi4-class"], root=root) as procs:
+        cpu = _group(root, "cpu")
+        assert (cpu / "cpu.cfs_quota_us").read_text() == "-1"
+        assert calls == [("start", cpu / "cgroup.procs")] and procs[0] == cpu / "cgroup.procs"
+        for group in (cpu, _group(root, "cpuset")):
+            for f in group.iterdir():
+                f.unlink()
+    assert calls[-1] == ("stop", cpu / "cgroup.procs") and not cpu.exists()
+
+
+def test_a_v2_cfs_class_writes_cpu_max(tmp_path: Path) -> None:
     root = tmp_path / "cg2"
     root.mkdir()
     (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
-    with dc.class_cgroup(dc.CLASSES["rpi4-class"], root=root) as procs:
+    with dc.class_cgroup(replace(dc.CLASSES["rpi4-class"], mechanism="cfs"), root=root) as procs:
         group = procs[0].parent
         assert (group / "cpu.max").read_text() == "1000 4000" and (group / "cpuset.cpus").read_text() == "0"
         assert (root / "cgroup.subtree_control").read_text() == "+cpu +cpuset"
@@ -77,7 +100,7 @@ def test_a_busy_loop_inside_a_class_gets_its_budget() -> None:
     for name in ("rpi4-class", "nano-class"):
         share = dc.cpu_seconds_per_second(dc.CLASSES[name], seconds=1.5)
         budget = dc.CLASSES[name].cpu_budget
-        assert 0.65 * budget <= share <= budget + 0.05, (name, share)  # short periods deliver a little less
+        assert 0.65 * budget <= share <= budget + 0.05, (name, share)  # a shared machine may not deliver it all
     done = subprocess.run([sys.executable, "-m", "benchmarks.device.device_class", "rpi4-class", "--", sys.executable,
                            "-c", "import os; print(sorted(os.sched_getaffinity(0)))"], capture_output=True, text=True,
                           timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})

@@ -1,0 +1,212 @@
+"""A device class's CPU budget, enforced every millisecond: its busy processes stopped and continued.
+
+    python -m benchmarks.device.pacer PROCS_FILE CPU_BUDGET CORES CYCLE_US
+
+Why not the kernel's CFS quota alone: the quota is enforced at the scheduler tick (4 ms at this
+kernel's HZ=250), whatever the period. A class at 25 % runs a whole tick at full speed, owes three
+and is throttled for about 12 ms (``class_throttle`` measures it): a ~1 ms inference is either
+unthrottled or stalled for a tick's debt, a bimodal latency that no slow board has.
+
+The pacer keeps the budget over short cycles instead (``CYCLE_US``, default 1 ms): at each cycle
+start it reads the CPU time every process in the class has used (each process's CPU clock, exact to
+the nanosecond, not tick-sampled), continues the class if its budget for this cycle is not spent
+(the budget, less any overshoot carried as debt; unused budget is not saved up, as with a CFS quota
+without burst), sleeps (SCHED_FIFO, hrtimer) until the class could have spent it, and stops the
+processes that used CPU meanwhile (``StopBusy``: SIGSTOP, then SIGCONT) once it has, until the next
+cycle. A class that is idle is never stopped, so a request that arrives wakes it at once. Over a busy
+stretch the class gets ``CPU_BUDGET`` CPU-seconds per second in pieces of at most a cycle, which for
+work longer than a few cycles is a uniformly slower CPU.
+
+On exit (SIGTERM) it continues every process of the class and prints what it delivered (JSON).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CYCLE_US = 1_000
+MIN_SLEEP_S = 20e-6
+MAX_DEBT_CYCLES = 50
+
+
+def process_cpu_clock(pid: int) -> int:
+    """The clock id of process ``pid``'s CPU time (Linux: MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED))."""
+    return ((~pid) << 3) | 2
+
+
+@dataclass
+class ClassCpu:
+    """CPU seconds used by the processes of a cgroup since the first reading (exited ones keep theirs)."""
+
+    procs: Path
+    read_clock: Callable[[int], float] = lambda pid: time.clock_gettime(process_cpu_clock(pid))
+    relist_s: float = 0.01  # the process list is re-read this often (a new process's earlier CPU time still counts)
+    clock: Callable[[], float] = time.monotonic
+    seen: dict[int, float] = field(default_factory=dict)
+    total_s: float = 0.0
+    started: bool = False
+    _listed: list[int] = field(default_factory=list)
+    _listed_at: float = float("-inf")
+
+    def pids(self) -> list[int]:
+        now = self.clock()
+        if now - self._listed_at >= self.relist_s:
+            try:
+                self._listed = [int(p) for p in self.procs.read_text().split()]
+            except (OSError, ValueError):
+                self._listed = []
+            self._listed_at = now
+        return self._listed
+
+    def __call__(self) -> float:
+        for pid in self.pids():
+            try:
+                now = self.read_clock(pid)
+            except OSError:
+                continue  # exited between the listing and the read
+            # A process seen for the first time: its CPU time so far counts, except at the first reading.
+            before = self.seen.get(pid, now if not self.started else 0.0)
+            self.total_s += max(0.0, now - before)
+            self.seen[pid] = now
+        self.started = True
+        return self.total_s
+
+
+@dataclass
+class Budget:
+    """Token bucket of one cycle: ``allowance`` per cycle, overshoot carried as debt, no saving up."""
+
+    per_cycle_s: float
+    debt_s: float = 0.0
+
+    def allowed(self) -> float:
+        """CPU seconds the class may use in the cycle that starts now."""
+        return self.per_cycle_s - self.debt_s
+
+    def settle(self, used_s: float) -> None:
+        """The cycle is over and the class used ``used_s``: what it overshot is owed (at most ``MAX_DEBT_CYCLES``
+        cycles' budget, so nothing the pacer failed to stop can keep the class stopped for long), unused is lost."""
+        self.debt_s = min(MAX_DEBT_CYCLES * self.per_cycle_s, max(0.0, self.debt_s + used_s - self.per_cycle_s))
+
+
+def pace(freeze: Callable[[bool], None], cpu: Callable[[], float], *, cpu_budget: float, cores: int,
+         cycle_s: float, stop: Callable[[], bool], clock: Callable[[], float] = time.monotonic,
+         sleep: Callable[[float], None] = time.sleep) -> dict[str, float]:
+    """Run cycles until ``stop()``; returns how many cycles ran, how many froze the class, over how long."""
+    budget = Budget(cpu_budget * cycle_s)
+    began = start = clock()
+    used_at = cpu()
+    frozen = False
+    cycles = total_cycles = frozen_cycles = 0
+    while not stop():
+        cycle_start = start + cycles * cycle_s
+        now = clock()
+        if now > cycle_start + cycle_s:  # the pacer itself was late: restart the schedule from now
+            start, cycles, cycle_start = now, 0, now
+        cycles += 1
+        total_cycles += 1
+        cycle_end = cycle_start + cycle_s
+        allowed = budget.allowed()
+        if allowed > 0:
+            if frozen:
+                freeze(False)
+                frozen = False
+            # The soonest the class could have spent it. (Sleeping for as long as it lately took instead
+            # feeds back on itself: one late wake-up and the class runs whole cycles, then owes several.)
+            wait = allowed / cores
+            while True:
+                left = cycle_end - clock()
+                if left <= 0:
+                    break
+                sleep(min(left, max(MIN_SLEEP_S, wait)))
+                spent = cpu() - used_at
+                if spent >= allowed:
+                    freeze(True)
+                    frozen = True
+                    frozen_cycles += 1
+                    break
+                wait = (allowed - spent) / cores
+        else:  # still owing: stop whatever became busy since (a process that was asleep when the class stopped)
+            freeze(True)
+            frozen_cycles += not frozen
+            frozen = True
+        left = cycle_end - clock()
+        if left > 0:
+            sleep(left)
+        now_used = cpu()
+        budget.settle(now_used - used_at)
+        used_at = now_used
+    if frozen:
+        freeze(False)
+    return {"cycles": total_cycles, "frozen_cycles": frozen_cycles, "wall_s": clock() - began}
+
+
+@dataclass
+class StopBusy:
+    """Stops (SIGSTOP) only the class's processes that used CPU since the last thaw, and continues them.
+
+    Freezing the whole cgroup also stops the processes that sleep, and wakes each of them every cycle
+    to do so; beside CPU-bound processes in the class, the kernel's scheduler then hardly ever runs a
+    woken sleeper before the next freeze (measured: a process that wakes every 5 ms for 0.2 ms got 33
+    of its 566 turns beside two busy loops in rpi4-class, waiting up to 0.6 s). A sleeping process is
+    left alone: if it wakes while the others are stopped it runs, and what it used is owed."""
+
+    cpu: ClassCpu
+    kill: Callable[[int, int], None] = os.kill
+    stopped: list[int] = field(default_factory=list)
+    mark: dict[int, float] = field(default_factory=dict)
+
+    def __call__(self, on: bool) -> None:
+        if on:  # again while stopped: also stops what became busy since
+            busy = [pid for pid in self.cpu.pids()
+                    if self.cpu.seen.get(pid, 0.0) > self.mark.get(pid, -1.0) and pid not in self.stopped]
+            for pid in busy:
+                with contextlib.suppress(ProcessLookupError):
+                    self.kill(pid, signal.SIGSTOP)
+            self.stopped += busy
+        else:
+            for pid in self.stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    self.kill(pid, signal.SIGCONT)
+            self.stopped = []
+            self.mark = dict(self.cpu.seen)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 4:
+        print(__doc__, file=sys.stderr)
+        return 2
+    procs, cpu_budget, cores, cycle_us = Path(args[0]), float(args[1]), int(args[2]), int(args[3])
+    with contextlib.suppress(PermissionError, OSError):
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))  # wake on time; sleeps most of the cycle
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    cpu = ClassCpu(procs)
+    stopper = StopBusy(cpu)
+    t0, c0 = time.monotonic(), cpu()
+    print("pacing", flush=True)  # the class may start: its budget is kept from now on
+    try:
+        stats = pace(stopper, cpu, cpu_budget=cpu_budget, cores=cores, cycle_s=cycle_us / 1e6,
+                     stop=lambda: bool(stopping))
+    finally:
+        stopper(False)
+        for pid in cpu.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    stats["class_cpu_s"] = cpu() - c0
+    stats["delivered_cpu_s_per_s"] = stats["class_cpu_s"] / max(1e-9, time.monotonic() - t0)
+    print(json.dumps(stats), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

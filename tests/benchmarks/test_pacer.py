@@ -1,0 +1,168 @@
+"""benchmarks/device/pacer.py: a class's CPU budget kept every cycle, on a simulated clock and class."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from benchmarks.device import pacer
+
+
+class SimClass:
+    """A class that uses ``busy_cores`` CPUs while thawed; the pacer's sleeps wake ``late_s`` late."""
+
+    def __init__(self, busy_cores: float, late_s: float = 0.0) -> None:
+        self.t = 0.0
+        self.used = 0.0
+        self.frozen = False
+        self.busy_cores = busy_cores
+        self.late_s = late_s
+        self.freezes = 0
+
+    def advance(self, dt: float) -> None:
+        if not self.frozen:
+            self.used += dt * self.busy_cores
+        self.t += dt
+
+    def clock(self) -> float:
+        return self.t
+
+    def cpu(self) -> float:
+        return self.used
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(seconds + self.late_s)
+
+    def freeze(self, on: bool) -> None:
+        self.freezes += on and not self.frozen
+        self.frozen = on
+
+
+def _run(sim: SimClass, *, budget: float, cores: int, seconds: float = 2.0) -> dict[str, float]:
+    return pacer.pace(sim.freeze, sim.cpu, cpu_budget=budget, cores=cores, cycle_s=1e-3,
+                      stop=lambda: sim.t >= seconds, clock=sim.clock, sleep=sim.sleep)
+
+
+@pytest.mark.parametrize(("budget", "cores", "busy", "late_s"), [(0.25, 1, 1.0, 0.0), (0.25, 1, 1.0, 100e-6),
+                                                                  (0.8, 2, 2.0, 60e-6), (0.8, 2, 1.0, 60e-6)])
+def test_a_busy_class_gets_its_budget_however_late_the_pacer_wakes(budget: float, cores: int, busy: float,
+                                                                   late_s: float) -> None:
+    sim = SimClass(busy, late_s)
+    _run(sim, budget=budget, cores=cores)
+    assert sim.used / sim.t == pytest.approx(budget, rel=0.03)
+    assert not sim.frozen  # thawed when the pacer stops
+
+
+def test_the_budget_is_kept_every_few_cycles_not_once_per_long_period() -> None:
+    sim = SimClass(1.0, 100e-6)
+    used = []
+    for k in range(1, 41):  # 10 ms windows
+        _run(sim, budget=0.25, cores=1, seconds=k * 0.01)
+        used.append(sim.used)
+    per_window = [b - a for a, b in itertools.pairwise(used)]
+    assert max(per_window) <= 0.01 * 0.25 * 1.15 and min(per_window) >= 0.01 * 0.25 * 0.85
+
+
+def test_an_idle_class_is_never_frozen() -> None:
+    sim = SimClass(0.0)
+    stats = _run(sim, budget=0.25, cores=1)
+    assert sim.freezes == 0 and stats["frozen_cycles"] == 0
+
+
+def test_overshoot_is_owed_and_unused_budget_is_not_saved() -> None:
+    b = pacer.Budget(0.25e-3)
+    b.settle(0.0)
+    assert b.allowed() == pytest.approx(0.25e-3)  # nothing saved up
+    b.settle(0.6e-3)
+    assert b.allowed() == pytest.approx(-0.1e-3)  # owes 0.35 ms: frozen the next cycle
+    b.settle(0.0)
+    assert b.allowed() == pytest.approx(0.15e-3)
+
+
+def test_class_cpu_sums_its_processes_and_keeps_what_exited_ones_used(tmp_path: Path) -> None:
+    procs = tmp_path / "cgroup.procs"
+    clocks = {10: 5.0, 11: 1.0}
+    cpu = pacer.ClassCpu(procs, read_clock=lambda pid: clocks[pid], relist_s=0.0)
+    procs.write_text("10\n11\n")
+    assert cpu() == 0.0  # what they used before the class was paced does not count
+    clocks[10], clocks[11] = 5.5, 1.25
+    assert cpu() == pytest.approx(0.75)
+    procs.write_text("10\n12\n")  # 11 exited, 12 started (and has used 0.1 s already)
+    clocks[12] = 0.1
+    assert cpu() == pytest.approx(0.85)
+    assert pacer.process_cpu_clock(0) == -6  # MAKE_PROCESS_CPUCLOCK(0, CPUCLOCK_SCHED): the caller
+
+
+def test_the_process_list_is_reread_only_every_relist_s(tmp_path: Path) -> None:
+    procs = tmp_path / "cgroup.procs"
+    procs.write_text("10\n")
+    now = [0.0]
+    cpu = pacer.ClassCpu(procs, read_clock=lambda pid: 1.0, relist_s=0.01, clock=lambda: now[0])
+    assert cpu.pids() == [10]
+    procs.write_text("10\n11\n")
+    now[0] = 0.005
+    assert cpu.pids() == [10]
+    now[0] = 0.011
+    assert cpu.pids() == [10, 11]
+
+
+def test_only_processes_that_used_cpu_since_the_thaw_are_stopped_and_all_of_them_continued(tmp_path: Path) -> None:
+    procs = tmp_path / "cgroup.procs"
+    procs.write_text("10\n11\n")
+    clocks = {10: 1.0, 11: 1.0}
+    cpu = pacer.ClassCpu(procs, read_clock=lambda pid: clocks[pid], relist_s=0.0)
+    sent: list[tuple[int, int]] = []
+    stop = pacer.StopBusy(cpu, kill=lambda pid, sig: sent.append((pid, sig)))
+    cpu()
+    stop(False)  # thaw: nothing was stopped
+    clocks[10] = 1.5  # 10 computes, 11 sleeps
+    cpu()
+    stop(True)
+    assert sent == [(10, pacer.signal.SIGSTOP)]
+    stop(False)
+    assert sent[-1] == (10, pacer.signal.SIGCONT) and stop.stopped == []
+
+
+def test_a_process_that_wakes_while_the_class_owes_is_stopped_too() -> None:
+    """A sleeper that turns busy while the class is stopped (a busy phase's burner) must not run unpaced."""
+    sim = SimClass(1.0, 100e-6)
+    woke = {"at": 0.5}
+    stopped_late: list[float] = []
+
+    def freeze(on: bool) -> None:  # the simulated class: everything busy after 0.5 s is stopped when asked
+        if on and sim.t >= woke["at"]:
+            stopped_late.append(sim.t)
+        sim.freeze(on)
+
+    pacer.pace(freeze, sim.cpu, cpu_budget=0.25, cores=1, cycle_s=1e-3, stop=lambda: sim.t >= 1.0,
+               clock=sim.clock, sleep=sim.sleep)
+    assert sim.used / sim.t == pytest.approx(0.25, rel=0.05)
+    assert stopped_late  # freeze(True) is asked again in cycles where the class still owes
+
+
+def test_debt_is_capped() -> None:
+    b = pacer.Budget(1e-3)
+    b.settle(10.0)
+    assert b.debt_s == pytest.approx(pacer.MAX_DEBT_CYCLES * 1e-3)
+
+
+def test_stop_busy_adds_processes_that_turned_busy_while_stopped(tmp_path: Path) -> None:
+    procs = tmp_path / "cgroup.procs"
+    procs.write_text("10\n11\n")
+    clocks = {10: 1.0, 11: 1.0}
+    cpu = pacer.ClassCpu(procs, read_clock=lambda pid: clocks[pid], relist_s=0.0)
+    sent: list[tuple[int, int]] = []
+    stop = pacer.StopBusy(cpu, kill=lambda pid, sig: sent.append((pid, sig)))
+    cpu()
+    stop(False)
+    clocks[10] = 1.5
+    cpu()
+    stop(True)
+    clocks[11] = 1.2  # 11 wakes and computes while 10 is stopped
+    cpu()
+    stop(True)
+    assert sent == [(10, pacer.signal.SIGSTOP), (11, pacer.signal.SIGSTOP)]
+    stop(False)
+    assert sorted(sent[2:]) == [(10, pacer.signal.SIGCONT), (11, pacer.signal.SIGCONT)]
