@@ -121,7 +121,7 @@ def energy_per_inference(trace: PowerTrace, windows: Sequence[Window]) -> tuple[
                 "rerun with the device otherwise idle")
     energies = []
     for window in windows:
-        if window.label.startswith("idle") or window.label.startswith("sync-") or window.runs == 0:
+        if not window.is_workload:
             continue
         total_j = trace.energy_j(window.t_start, window.t_end)
         energies.append((total_j - idle_w * window.duration_s) * 1e3 / window.runs)
@@ -139,7 +139,7 @@ def calibrate_from_trace(trace: PowerTrace, windows: Sequence[Window], *, names:
                          source: str) -> CalibrationResult:
     """Fit eq. 1 from a trace and a timeline (also used for a trace recorded elsewhere)."""
     idle_w, energies = energy_per_inference(trace, windows)
-    work = [w for w in windows if not w.label.startswith(("idle", "sync-")) and w.runs > 0]
+    work = [w for w in windows if w.is_workload]
     design = np.asarray([w.design_row for w in work], float)
     positive = np.asarray(energies) > 0
     if positive.sum() < 1:

@@ -162,7 +162,7 @@ def energy_section(d: _Doc, options: ProfileOptions, runner: Any, probes: list[A
     energies = iter(result.energy_mj)
     d.profile.add_table("energy_timeline", pd.DataFrame([{
         "label": w.label, "t_start": w.t_start, "t_end": w.t_end, "runs": w.runs,
-        "energy_mj": (next(energies) if w.runs and not w.label.startswith(("sync", "idle"))
+        "energy_mj": (next(energies) if w.is_workload
                       else float("nan"))} for w in work]),
         units={"label": "name", "t_start": "unix s", "t_end": "unix s", "runs": "count",
                "energy_mj": "mJ per inference"}, source=pid)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from hmt.errors import DeviceError
 
@@ -26,3 +27,15 @@ def visible_gpu(index: int, environ: Mapping[str, str] | None = None) -> int | s
     if entry.startswith(("GPU-", "MIG-")):
         return entry
     raise DeviceError(f"NVML: CUDA_VISIBLE_DEVICES entry {entry!r} is neither an index nor a GPU UUID")
+
+
+def nvml_handle(nv: Any, index: int = 0) -> tuple[Any, int | str]:
+    """(NVML handle, NVML's name for it) of CUDA device ``index`` of this process; ``nv`` is pynvml
+    or anything with its calls (initialised). DeviceError when that GPU is not on this machine."""
+    gpu = visible_gpu(index)
+    if isinstance(gpu, str):
+        return nv.nvmlDeviceGetHandleByUUID(gpu), gpu
+    count = nv.nvmlDeviceGetCount()
+    if not 0 <= gpu < count:
+        raise DeviceError(f"NVML: no GPU {gpu}; this machine has {count}")
+    return nv.nvmlDeviceGetHandleByIndex(gpu), gpu

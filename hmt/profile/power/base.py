@@ -35,6 +35,11 @@ class Window:
     def duration_s(self) -> float:
         return self.t_end - self.t_start
 
+    @property
+    def is_workload(self) -> bool:
+        """A workload's window (energy is fitted on these), not an idle or sync stretch."""
+        return self.runs > 0 and not self.label.startswith(("idle", "sync-"))
+
 
 @dataclass(frozen=True)
 class PowerTrace:

@@ -15,7 +15,7 @@ from typing import Any
 
 from hmt.errors import DeviceError
 from hmt.profile.power.base import PollingSource
-from hmt.runtime.gpus import visible_gpu
+from hmt.runtime.gpus import nvml_handle
 
 NVML_SUCCESS = 0
 NVML_LIBRARIES = ("libnvidia-ml.so.1", "libnvidia-ml.so", "nvml.dll")
@@ -127,15 +127,8 @@ class NvmlSource(PollingSource):
         super().__init__(interval_s=interval_s)
         self._nv = _nvml()
         self.binding = "ctypes" if isinstance(self._nv, CtypesNvml) else "pynvml"
-        count = self._nv.nvmlDeviceGetCount()
-        gpu = visible_gpu(index)  # the GPU this process runs on, not NVML's GPU ``index`` of the host
-        if isinstance(gpu, str):
-            self.handle = self._nv.nvmlDeviceGetHandleByUUID(gpu)
-        elif 0 <= gpu < count:
-            self.handle = self._nv.nvmlDeviceGetHandleByIndex(gpu)
-        else:
-            raise DeviceError(f"NVML: no GPU {gpu}; this machine has {count}")
-        self.nvml_gpu = gpu
+        # The GPU this process runs on, not NVML's GPU ``index`` of the host.
+        self.handle, self.nvml_gpu = nvml_handle(self._nv, index)
         try:
             self._nv.nvmlDeviceGetTotalEnergyConsumption(self.handle)
             self.cumulative = True

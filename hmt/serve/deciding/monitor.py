@@ -22,7 +22,7 @@ from typing import Any, Callable
 import psutil
 
 from hmt.errors import DeviceError, UsageError
-from hmt.runtime.gpus import visible_gpu
+from hmt.runtime.gpus import nvml_handle
 
 Sampler = Callable[[], "ResourceSample"]
 
@@ -66,9 +66,7 @@ class _Nvml:
             return
         try:
             if pynvml.nvmlDeviceGetCount() > 0:
-                gpu = visible_gpu(0)  # CUDA device 0 of this process, CUDA_VISIBLE_DEVICES applied
-                self._handle = (pynvml.nvmlDeviceGetHandleByUUID(gpu) if isinstance(gpu, str)
-                                else pynvml.nvmlDeviceGetHandleByIndex(gpu))
+                self._handle = nvml_handle(pynvml, 0)[0]  # CUDA device 0 of this process
                 self._nvml = pynvml
             else:
                 pynvml.nvmlShutdown()
