@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import sys
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,9 @@ def summarise_model(name: str, front: Path, history: Path, headline: Path | None
     rows = [dict(r, val_acc=float(r["val_acc"]), test_acc=float(r["test_acc"]), macs=int(r["macs"]))
             for r in csv.DictReader(front.open())]
     largest = max(rows, key=lambda r: r["macs"])
+    if test_half and not {"test_a_acc", "test_b_acc"} <= set(largest):
+        sys.exit(f"{front}: --test-half {name} needs test_a_acc and test_b_acc columns "
+                 "(benchmarks.supernet.front writes them)")
     doc: dict[str, Any] = {
         "original": {"arch_id": largest["arch_id"], "val_acc": largest["val_acc"], "test_acc": largest["test_acc"],
                      "macs": largest["macs"]},
