@@ -241,13 +241,30 @@ def _calibrate_energy(design: np.ndarray, energy_mj: Floats, *, names: Sequence[
                       max_condition: float) -> LinearFit:
     X = np.asarray(design, float)
     y = np.asarray(energy_mj, float)
+    ratios = np.asarray(DEFAULT_ENERGY_RATIOS[: X.shape[1]], float)
+    # A term no calibration workload exercises (DRAM accesses where every layer fits the cache,
+    # as on a GPU with a 60 MB L2) is a zero column: it says nothing about its coefficient and
+    # makes the design singular. Fit the observed terms; an unobserved one keeps its default
+    # ratio to d1, as the scale-only form keeps every ratio.
+    observed = np.max(np.abs(X), axis=0) > 0
+    if observed[0] and not observed.all():
+        part = _calibrate_energy(X[:, observed], y, names=[n for n, o in zip(names, observed) if o],
+                                 min_rows_per_coef=min_rows_per_coef, max_condition=max_condition)
+        if part.form == "eq1-nnls":
+            fitted = iter(part.coefficients)
+            d1 = part.coefficients[0]
+            coef = tuple(float(next(fitted)) if o else float(d1 * r) for o, r in zip(observed, ratios))
+            pred = X @ np.asarray(coef)
+            unseen = ", ".join(n for n, o in zip(names, observed) if not o)
+            return LinearFit("eq1-nnls", tuple(names), coef, r2_score(y, pred), mape(y, pred), int(X.shape[0]),
+                             notes=(*part.notes, f"not exercised by any workload, kept at the default ratio to "
+                                                 f"d1: {unseen}"))
     scaled = X / np.maximum(np.max(np.abs(X), axis=0), 1e-300)
     condition = float(np.linalg.cond(scaled)) if X.shape[0] >= X.shape[1] else float("inf")
     if X.shape[0] >= min_rows_per_coef * X.shape[1] and condition <= max_condition:
         full = nnls_fit(X, y, names=names, form="eq1-nnls")
         if all(c > 0 for c in full.coefficients):
             return full
-    ratios = np.asarray(DEFAULT_ENERGY_RATIOS[: X.shape[1]], float)
     basis = X @ ratios
     weights = 1.0 / np.maximum(np.abs(y), 1e-12)
     d1 = float(np.sum(weights**2 * basis * y) / np.sum((weights * basis) ** 2))

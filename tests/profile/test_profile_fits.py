@@ -81,6 +81,21 @@ def test_energy_full_and_scale_only_calibration() -> None:
     assert scaled.coefficients[0] == pytest.approx(2e-9, rel=1e-6)
 
 
+def test_energy_term_no_workload_exercises_keeps_its_default_ratio() -> None:
+    # Every layer fits the cache (eps = 1, as on a GPU with a 60 MB L2): the DRAM column is all
+    # zero. The observed terms are fitted; DRAM keeps 200x d1 instead of forcing a scale-only fit.
+    rng = np.random.default_rng(5)
+    samples = _synthetic_layers(rng, 30)
+    design, names = energy_design(samples, [[1.0] * len(s) for s in samples])
+    assert not design[:, 2].any()
+    truth = np.array([3e-9, 4e-8, 0.0])
+    fit = calibrate_energy(design, design @ truth, names=names)
+    assert fit.form == "eq1-nnls"
+    np.testing.assert_allclose(fit.coefficients[:2], truth[:2], rtol=1e-3)
+    assert fit.coefficients[2] == pytest.approx(200.0 * fit.coefficients[0])
+    assert any("dram" in note for note in fit.notes)
+
+
 def test_energy_design_gpu_has_shared_memory_column() -> None:
     samples = _synthetic_layers(np.random.default_rng(4), 3)
     design, names = energy_design(samples, [[0.5] * len(s) for s in samples], shared_memory=True)
