@@ -248,14 +248,14 @@ def _calibrate_energy(design: np.ndarray, energy_mj: Floats, *, names: Sequence[
     # ratio to d1, as the scale-only form keeps every ratio.
     observed = np.max(np.abs(X), axis=0) > 0
     if observed[0] and not observed.all():
-        part = _calibrate_energy(X[:, observed], y, names=[n for n, o in zip(names, observed) if o],
+        part = _calibrate_energy(X[:, observed], y, names=[n for n, o in zip(names, observed, strict=True) if o],
                                  min_rows_per_coef=min_rows_per_coef, max_condition=max_condition)
         if part.form == "eq1-nnls":
             fitted = iter(part.coefficients)
             d1 = part.coefficients[0]
-            coef = tuple(float(next(fitted)) if o else float(d1 * r) for o, r in zip(observed, ratios))
+            coef = tuple(float(next(fitted)) if o else float(d1 * r) for o, r in zip(observed, ratios, strict=True))
             pred = X @ np.asarray(coef)
-            unseen = ", ".join(n for n, o in zip(names, observed) if not o)
+            unseen = ", ".join(n for n, o in zip(names, observed, strict=True) if not o)
             return LinearFit("eq1-nnls", tuple(names), coef, r2_score(y, pred), mape(y, pred), int(X.shape[0]),
                              notes=(*part.notes, f"not exercised by any workload, kept at the default ratio to "
                                                  f"d1: {unseen}"))
