@@ -222,6 +222,7 @@ class EstimatorSettings:
 
 
 ENGINE_CHOICES = ("auto", "onnxruntime", "tvm")
+OVERHEAD_MODES = ("tail", "median")  # CorrectionSettings.overhead
 
 
 @dataclass(frozen=True)
@@ -253,8 +254,16 @@ class CorrectionSettings:
     # factor), so a further margin counts the tail twice. Measured against 0.8 in the same runs: the
     # same misses and 0.4-14 points more top-1 under load on TVM (benchmarks/serve/results/headroom.json).
     headroom: float = 1.0
+    # How the serving overhead (the budget's share no variant can use) is read from the requests
+    # the active variant served: "tail" (default), p95 of queue wait + compute less p95 of compute,
+    # so the active variant's compute p95 fits the limit exactly when its served latency p95 fits
+    # the budget (the miss criterion); "median", the median queue wait (what serve read before:
+    # a compute p95 plus a median wait under-states the latency p95 the budget is judged on).
+    overhead: str = "tail"
 
     def __post_init__(self) -> None:
+        if self.overhead not in OVERHEAD_MODES:
+            raise UsageError(f"correction.overhead must be one of {', '.join(OVERHEAD_MODES)}, got {self.overhead!r}")
         if not 0.0 < self.headroom <= 1.0:
             raise UsageError(f"correction.headroom must be in (0, 1], got {self.headroom}")
         if not 0.0 < self.smoothing <= 1.0:

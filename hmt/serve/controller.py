@@ -124,7 +124,7 @@ class Controller:
         self.last_error: str | None = None
         self.last_decision: Decision | None = None
         self.loads = LoadBackoff(self.pool, clock)
-        self.overhead = ServingOverhead()  # queue waits: the budget's share no variant can use
+        self.overhead = ServingOverhead(mode=self.settings.correction.overhead)  # the budget's share no variant can use
         self.overhead_ms = 0.0
         self.shadow = ShadowRuns(self.pool, self.estimator, self.settings, self.stats, self.state_lock,
                                  self._known_ids, fixed=fixed_variant is not None, now_s=self.now_s)
@@ -466,7 +466,7 @@ class Controller:
         with self.state_lock:
             # The estimates are per bundled variant: an adapted one's time counts for its base.
             self.estimator.observe(measured.arch_id, result.compute_ms, predicted_ms, now_s, self.load.now)
-            self.overhead.add(queued_ms)
+            self.overhead.add(queued_ms, result.compute_ms if runner is self._active else None)
             self.stats.add_request(latency_ms, miss, result.exit, runner.arch_id)
         if runner is self._active:
             self._miss_streak = self._miss_streak + 1 if miss else 0

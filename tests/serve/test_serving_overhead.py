@@ -1,0 +1,58 @@
+"""The serving overhead: the share of the latency budget queue waits take at the tail."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hmt.errors import UsageError
+from hmt.runtime.settings import ServeSettings
+from hmt.serve.deciding.load import ServingOverhead
+
+
+def _served(overhead: ServingOverhead, waits_ms: np.ndarray, compute_ms: np.ndarray) -> None:
+    for wait, compute in zip(waits_ms, compute_ms, strict=True):
+        overhead.add(float(wait), float(compute))
+
+
+def test_tail_overhead_makes_the_compute_limit_the_latency_p95() -> None:
+    # Waits mostly short with a spread tail (0.3 ms median, a few of 1-2 ms), compute 2.0-2.4 ms:
+    # a compute p95 under budget - median wait still misses more than 5 % of a 3 ms budget.
+    rng = np.random.default_rng(0)
+    waits = np.where(rng.random(32) < 0.2, rng.uniform(0.8, 2.0, 32), rng.uniform(0.2, 0.4, 32))
+    compute = rng.uniform(2.0, 2.4, 32)
+    tail, median = ServingOverhead(mode="tail"), ServingOverhead(mode="median")
+    _served(tail, waits, compute)
+    _served(median, waits, compute)
+    k = int(0.95 * 31 + 0.5)
+    latency_p95, compute_p95 = np.sort(waits + compute)[k], np.sort(compute)[k]
+    assert tail.overhead_ms() == pytest.approx(latency_p95 - compute_p95)
+    assert median.overhead_ms() == pytest.approx(np.sort(waits)[16])
+    limit_tail, _ = tail.latency_limit_ms(3.0, 1.0)
+    limit_median, _ = median.latency_limit_ms(3.0, 1.0)
+    # The tail limit holds the active variant's compute p95 to what keeps its latency p95 in budget.
+    assert (compute_p95 <= limit_tail) == (latency_p95 <= 3.0 + 3.0 / 100)
+    assert limit_tail < limit_median
+
+
+def test_one_stall_moves_neither_reading() -> None:
+    overhead = ServingOverhead(mode="tail")
+    _served(overhead, np.full(31, 0.3), np.full(31, 2.0))
+    overhead.add(400.0, 2.0)  # one stall of the machine
+    assert overhead.overhead_ms() == pytest.approx(0.3)
+    assert overhead.latency_limit_ms(3.0, 1.0)[0] == pytest.approx(2.7)
+
+
+def test_few_served_requests_or_probes_fall_back_to_the_median_wait() -> None:
+    overhead = ServingOverhead(mode="tail")
+    for wait in (0.1, 0.5, 0.9):
+        overhead.add(wait)  # probes and other variants' requests: a wait, no compute for the tail
+    _served(overhead, np.full(ServingOverhead.MIN_TAIL - 1, 2.0), np.full(ServingOverhead.MIN_TAIL - 1, 1.0))
+    assert overhead.overhead_ms() == pytest.approx(2.0)  # the median wait of all ten
+    assert overhead.latency_limit_ms(None, 1.0)[0] == float("inf")
+
+
+def test_overhead_mode_is_checked() -> None:
+    assert ServeSettings.from_mapping({"correction": {"overhead": "median"}}).correction.overhead == "median"
+    with pytest.raises(UsageError, match="correction.overhead"):
+        ServeSettings.from_mapping({"correction": {"overhead": "p99"}})
