@@ -15,26 +15,24 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hmt.data import BatchLoader
 from hmt.errors import UsageError, VerificationError
 from hmt.progress import ProgressCallback, no_progress
-from hmt.supernet.elastify.distill import FRESH
-from hmt.supernet.elastify.epochs import ELASTIC_PHASES, EpochResume, run_epochs, to_cpu
+from hmt.supernet.elastify.epochs import ELASTIC_PHASES, EpochResume, to_cpu
 from hmt.supernet.elastify.evaluate import evaluate, table_metrics
+from hmt.supernet.elastify.phases import train_elastic, train_original
 from hmt.supernet.elastify.source import ModelSpec, build_model, sha256_file
 from hmt.supernet.elastify.supernet import ElastifiedSupernet, largest_error
 from hmt.supernet.elastify.trace import trace_model
-from hmt.supernet.space import ArchConfig
 from hmt.supernet.train.config import TrainConfig
 from hmt.supernet.train.distributed import DistContext
 
@@ -90,86 +88,6 @@ def _loader(x: np.ndarray, y: np.ndarray, info: Any, config: TrainConfig, device
                        generator=torch.Generator().manual_seed(seed),
                        drop_last=len(x) >= 2 * config.batch_size * ctx.world_size, channels_last=channels_last,
                        rank=ctx.rank, world_size=ctx.world_size)
-
-
-def _train_original(model: nn.Module, loader: BatchLoader, config: TrainConfig, history: list[dict[str, Any]],
-                    progress: ProgressCallback, autocast: bool, device: torch.device, ctx: DistContext) -> None:
-    model.train()
-
-    def step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-        loss = F.cross_entropy(model(xb), yb, label_smoothing=config.label_smoothing)
-        loss.backward()
-        return loss
-
-    run_epochs("original", config.backbone_epochs, config.backbone_lr, list(model.parameters()), step, loader,
-                config, history, progress, weight_decay=config.weight_decay, autocast=autocast, device=device,
-                seed_word=1, ctx=ctx)
-    model.eval()
-
-
-def _exit_step(net: ElastifiedSupernet, config: TrainConfig) -> Callable[..., torch.Tensor]:
-    largest = net.space.largest()
-
-    def step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-        with torch.no_grad():
-            feats = net.forward_stage_features(xb, largest)
-        losses = [F.cross_entropy(net.exits[s](f), yb, label_smoothing=config.label_smoothing)
-                  for s, f in enumerate(feats[:-1])]
-        loss = torch.stack(losses).sum() if losses else torch.zeros((), device=xb.device, requires_grad=True)
-        loss.backward()
-        return loss
-
-    return step
-
-
-def _finetune_step(
-    net: ElastifiedSupernet, config: TrainConfig, finetune_original: bool
-) -> Callable[..., torch.Tensor]:
-    from hmt.supernet.train.phases import SubnetSampling, iter_finetune_archs, kd_loss
-
-    sampling = SubnetSampling.of(config)
-    space = net.space
-    # With "late" exits the sandwich's lower bound leaves late too: the smallest subnet of
-    # the exits a front is made of, not a stem-and-one-stage network no front keeps.
-    late_smallest = space.smallest(space.num_stages - 1) if sampling.exits == "late" else None
-
-    def archs(rng: np.random.Generator) -> Iterator[ArchConfig]:
-        for i, arch in enumerate(iter_finetune_archs(space, rng, sampling)):
-            yield late_smallest if (i == 0 and late_smallest is not None) else arch
-
-    def step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-        largest = net.space.largest()
-        if finetune_original:
-            teacher_logits = net(xb, largest)
-            loss = F.cross_entropy(teacher_logits, yb, label_smoothing=config.label_smoothing)
-            loss.backward()
-            teacher, total = teacher_logits.detach(), loss.detach()
-        else:
-            with torch.no_grad():
-                teacher = net(xb, largest)
-            total = torch.zeros((), device=xb.device)
-        for arch in archs(rng):
-            logits = net.forward_exits(xb, arch)
-            loss = F.cross_entropy(logits[-1], yb, label_smoothing=config.label_smoothing)
-            loss = loss + kd_loss(logits[-1], teacher, config.kd_temperature)
-            for early in logits[:-1]:
-                loss = loss + config.exit_loss_weight * F.cross_entropy(early, yb)
-            loss.backward()
-            total = total + loss.detach()
-        return total
-
-    return step
-
-
-def _distill_step(net: ElastifiedSupernet, *, fresh_only: bool = False) -> Callable[..., torch.Tensor]:
-    from hmt.supernet.elastify.distill import distill_loss
-
-    def step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-        loss = distill_loss(net, xb, rng, fresh_only=fresh_only)
-        loss.backward()
-        return loss
-
-    return step
 
 
 @torch.no_grad()
@@ -229,9 +147,9 @@ def elastify_supernet(
     stood. ``stop_after_epochs`` (tests) simulates a kill after that many epochs, checkpoint written."""
     from hmt.data import eval_loader
     from hmt.supernet.train import check_training_outputs, default_checkpoint_dir
-    from hmt.supernet.train.checkpoint import open_checkpoint, release_checkpoint_dir, resume_message, save_checkpoint
-    from hmt.supernet.train.distributed import broadcast_state, init_distributed
-    from hmt.supernet.train.trainer import _prepare_data, calibration_subset, derive_seed, resolve_device
+    from hmt.supernet.train.checkpoint import release_checkpoint_dir, save_checkpoint
+    from hmt.supernet.train.distributed import init_distributed
+    from hmt.supernet.train.trainer import _prepare_data, derive_seed, resolve_device
 
     started = time.perf_counter()
     spec = spec_from_config(config)
@@ -255,20 +173,8 @@ def elastify_supernet(
         return eval_loader(x, y, info=data.info, batch_size=config.eval_batch_size, device=device,
                            channels_last=channels_last)
 
-    saved = open_checkpoint(checkpoint_dir, config_fingerprint=config.fingerprint(), restart=restart) or {}
-    if saved:
-        within_note = (f"; {saved['within_phase']['phase']} resumes at its epoch {saved['within_phase']['epoch'] + 1}"
-                       if saved.get("within_phase") else "")
-        notify(resume_message(checkpoint_dir, saved.get("history", []),
-                              "done: " + ", ".join(saved.get("phases", [])) + within_note))
-    history: list[dict[str, Any]] = list(saved.get("history", []))
-    if "original" in saved:
-        model.load_state_dict(saved["original"])
-    elif trained_original:
-        model.to(device)
-        _train_original(model, loader, config, history, progress, autocast, device, ctx)
-    model.cpu().float().eval()
-    original_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    saved, history, original_state = _restore_original(model, loader, config, checkpoint_dir, restart, trained_original,
+                                                       progress, autocast, device, ctx, notify)
     done: list[str] = sorted(set(saved.get("phases", [])) | {"original"})
 
     def checkpoint(net_state: dict[str, torch.Tensor] | None, within: dict[str, Any] | None = None) -> None:
@@ -283,22 +189,8 @@ def elastify_supernet(
 
     if "supernet" not in saved:
         checkpoint(None)
-    analysis_start = time.perf_counter()
-    net = ElastifiedSupernet(copy.deepcopy(model), name=spec.torchvision or str(spec.factory),
-                             input_shape=tuple(spec.input_shape[1:]), leaves=spec.leaves,
-                             operators=config.operators, seed=derive_seed(config.seed, 8))
-    analysis_s = time.perf_counter() - analysis_start
-    if len(net.space.positions) and net.space.num_classes != data.info.num_classes:
-        raise UsageError(f"the model predicts {net.space.num_classes} classes, dataset {data.info.name!r} has "
-                         f"{data.info.num_classes}")
-    error_before = _check_largest(net, model, seed=config.seed, when="before training")
-    net.set_original_frozen(not finetune_original)
-    if "supernet" in saved:
-        net.load_state_dict(saved["supernet"])
-    net.to(device)
-    if channels_last:
-        net.to(memory_format=torch.channels_last)
-    broadcast_state(net, ctx)
+    net, analysis_s, error_before = _build_supernet(model, spec, config, data.info, finetune_original,
+                                                    saved.get("supernet"), device, channels_last, ctx)
     train_start = time.perf_counter()
 
     def phase_done(name: str) -> None:
@@ -309,19 +201,93 @@ def elastify_supernet(
         checkpoint(net.state_dict(), {"phase": phase, "epoch": epoch, "optimizer": to_cpu(optimizer_state)})
 
     resumes = _resumes(saved.get("within_phase") or {}, epoch_saved, stop_after_epochs)
-    _train_elastic(net, loader, config, history, progress, autocast, device, finetune_original, set(done), phase_done,
+    train_elastic(net, loader, config, history, progress, autocast, device, finetune_original, set(done), phase_done,
                    resumes, ctx)
     if not ctx.is_main:
         return None  # rank 0 evaluates and writes the artifact
     train_s = time.perf_counter() - train_start
+    result = _evaluate_and_write(net, model, spec, config, data, train.x, val, evaluation, history, out_dir,
+                                 provenance=provenance, trained_original=trained_original,
+                                 finetune_original=finetune_original, error_before=error_before,
+                                 timings={"started": started, "analysis_s": analysis_s, "train_s": train_s},
+                                 device=device, channels_last=channels_last, autocast=autocast, progress=progress,
+                                 force=force)
+    if not keep_checkpoint:
+        release_checkpoint_dir(checkpoint_dir)
+    return result
+
+
+def _restore_original(model: nn.Module, loader: BatchLoader, config: TrainConfig, checkpoint_dir: Path, restart: bool,
+                      trained_original: bool, progress: ProgressCallback, autocast: bool, device: torch.device,
+                      ctx: DistContext, notify: Callable[[str], None]
+                      ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, torch.Tensor]]:
+    """(the checkpoint read, or {}; the training history so far; the original's weights on the CPU):
+    the original as the checkpoint kept it, else trained here when asked (``trained_original``),
+    else the user's weights as given."""
+    from hmt.supernet.train.checkpoint import open_checkpoint, resume_message
+
+    saved = open_checkpoint(checkpoint_dir, config_fingerprint=config.fingerprint(), restart=restart) or {}
+    if saved:
+        within_note = (f"; {saved['within_phase']['phase']} resumes at its epoch {saved['within_phase']['epoch'] + 1}"
+                       if saved.get("within_phase") else "")
+        notify(resume_message(checkpoint_dir, saved.get("history", []),
+                              "done: " + ", ".join(saved.get("phases", [])) + within_note))
+    history: list[dict[str, Any]] = list(saved.get("history", []))
+    if "original" in saved:
+        model.load_state_dict(saved["original"])
+    elif trained_original:
+        model.to(device)
+        train_original(model, loader, config, history, progress, autocast, device, ctx)
+    model.cpu().float().eval()
+    return saved, history, {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def _build_supernet(model: nn.Module, spec: ModelSpec, config: TrainConfig, info: Any,
+                    finetune_original: bool, saved_state: dict[str, torch.Tensor] | None, device: torch.device,
+                    channels_last: bool, ctx: DistContext) -> tuple[ElastifiedSupernet, float, float]:
+    """(the supernet on ``device``, from the checkpoint's weights when there are some; seconds the
+    model's analysis took; the largest variant's max abs difference from the original)."""
+    from hmt.supernet.train.distributed import broadcast_state
+    from hmt.supernet.train.trainer import derive_seed
+
+    analysis_start = time.perf_counter()
+    net = ElastifiedSupernet(copy.deepcopy(model), name=spec.torchvision or str(spec.factory),
+                             input_shape=tuple(spec.input_shape[1:]), leaves=spec.leaves,
+                             operators=config.operators, seed=derive_seed(config.seed, 8))
+    analysis_s = time.perf_counter() - analysis_start
+    if len(net.space.positions) and net.space.num_classes != info.num_classes:
+        raise UsageError(f"the model predicts {net.space.num_classes} classes, dataset {info.name!r} has "
+                         f"{info.num_classes}")
+    error_before = _check_largest(net, model, seed=config.seed, when="before training")
+    net.set_original_frozen(not finetune_original)
+    if saved_state is not None:
+        net.load_state_dict(saved_state)
+    net.to(device)
+    if channels_last:
+        net.to(memory_format=torch.channels_last)
+    broadcast_state(net, ctx)
+    return net, analysis_s, error_before
+
+
+def _evaluate_and_write(net: ElastifiedSupernet, model: nn.Module, spec: ModelSpec, config: TrainConfig, data: Any,
+                        train_x: np.ndarray, val: Any,
+                        evaluation: Callable[[np.ndarray, np.ndarray | None], BatchLoader],
+                        history: list[dict[str, Any]], out_dir: Path, *, provenance: dict[str, Any],
+                        trained_original: bool, finetune_original: bool, error_before: float,
+                        timings: dict[str, float], device: torch.device, channels_last: bool, autocast: bool,
+                        progress: ProgressCallback, force: bool) -> ElastifyResult:
+    """The trained supernet checked against the original again, its variants evaluated, the artifact written."""
+    from hmt.supernet.train.trainer import calibration_subset
+
     net.eval()
     error_after = _check_largest(net, model, seed=config.seed + 1, when="after training")
-    calibration_x = calibration_subset(train.x, config)
+    calibration_x = calibration_subset(train_x, config)
     original_test_acc, table = evaluate(net, model, evaluation, (val.x, val.y), (data.test_x, data.test_y),
                                          calibration_x, config, channels_last=channels_last, autocast=autocast,
                                          progress=progress)
+    analysis_s, train_s = timings["analysis_s"], timings["train_s"]
     metrics = {
-        **_run_metrics(device, provenance, started),
+        **_run_metrics(device, provenance, timings["started"]),
         **table_metrics(table),
         "original_test_acc": original_test_acc,
         "largest_vs_original_max_abs_before": error_before,
@@ -340,8 +306,6 @@ def elastify_supernet(
     report = {**net.report(), "provenance": provenance, "exactness": {
         "atol": EXACT_ATOL, "before_training": error_before, "after_training": error_after}}
     _write(out_dir, config, net, spec, data, table, calibration_x, history, metrics, report, force=force)
-    if not keep_checkpoint:
-        release_checkpoint_dir(checkpoint_dir)
     return ElastifyResult(out_dir=out_dir, metrics=metrics, variants=table, report=report)
 
 
@@ -385,39 +349,6 @@ def _user_model(spec: ModelSpec, config: TrainConfig, num_classes: int) -> nn.Mo
     trace_model(copy.deepcopy(model), spec.leaves)
     _check_output(model, spec, num_classes)
     return model
-
-
-def _train_elastic(net: ElastifiedSupernet, loader: BatchLoader, config: TrainConfig, history: list[dict[str, Any]],
-                   progress: ProgressCallback, autocast: bool, device: torch.device, finetune_original: bool,
-                   done: set[str], phase_done: Callable[[str], None],
-                   resumes: dict[str, EpochResume] | None = None, ctx: DistContext | None = None) -> None:
-    """The three phases in order, skipping those a checkpoint says are done."""
-    exit_params = [p for head in list(net.exits)[:-1] for p in head.parameters()]
-    block_alt_params = net.elastic_parameters()
-    fresh_params = [p for b in net.blocks for c in FRESH if c in b.alts for p in b.alts[c].parameters()]
-    params = block_alt_params + exit_params
-    if finetune_original:
-        params += list(net.base_parameters())
-    # (name, seed word, epochs, lr, parameters, step, weight decay); the seed words keep
-    # the draws of runs made before the fresh-operator phase existed.
-    phases = [
-        ("exits", 2, config.partition_epochs, config.partition_lr, exit_params, _exit_step(net, config),
-         config.weight_decay),
-        ("distill", 3, config.distill_epochs, config.distill_lr, block_alt_params, _distill_step(net), 0.0),
-        # Operators that start from random weights (dws) need longer than those sliced
-        # or factored from the original's: extra epochs that distill only them.
-        ("distill_fresh", 7, config.distill_fresh_epochs, config.distill_lr, fresh_params,
-         _distill_step(net, fresh_only=True), 0.0),
-        ("finetune", 4, config.finetune_epochs, config.finetune_lr, params,
-         _finetune_step(net, config, finetune_original), config.weight_decay),
-    ]
-    net.train()
-    for name, word, epochs, lr, group, step, decay in phases:
-        if name in done:
-            continue
-        run_epochs(name, epochs, lr, group, step, loader, config, history, progress, weight_decay=decay,
-                    autocast=autocast, device=device, seed_word=word, resume=(resumes or {}).get(name), ctx=ctx)
-        phase_done(name)
 
 
 def _write(out_dir: Path, config: TrainConfig, net: ElastifiedSupernet, spec: ModelSpec, data: Any, table: Any,

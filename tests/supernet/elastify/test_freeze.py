@@ -12,8 +12,8 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from hmt.supernet.elastify.frozen import FrozenBatchNorm
+from hmt.supernet.elastify.phases import distill_step, exit_step, finetune_step
 from hmt.supernet.elastify.supernet import ElastifiedSupernet, largest_error
-from hmt.supernet.elastify.train import _distill_step, _exit_step, _finetune_step
 from hmt.supernet.train.config import TrainConfig
 
 HERE = Path(__file__).resolve().parent
@@ -35,7 +35,7 @@ def _train_steps(net: ElastifiedSupernet, finetune_original: bool, steps: int = 
     rng = np.random.default_rng(0)
     generator = torch.Generator().manual_seed(1)
     net.train()
-    for step_fn in (_exit_step(net, config), _distill_step(net), _finetune_step(net, config, finetune_original)):
+    for step_fn in (exit_step(net, config), distill_step(net), finetune_step(net, config, finetune_original)):
         for _ in range(steps):
             x = torch.randn(8, 6, 64, generator=generator)
             y = torch.randint(0, 4, (8,), generator=generator)
