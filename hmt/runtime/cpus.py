@@ -112,6 +112,8 @@ def _chain(mount: Path, path: str) -> list[Path]:
     """The cgroup's folder and its ancestors under ``mount``, leaf first, only those that exist; the
     mount itself always last."""
     rel = PurePosixPath(path).relative_to("/")
+    if ".." in rel.parts:  # not a cgroup path the kernel writes: nothing outside the mount is read
+        return [mount]
     chain = [mount / str(p) for p in [rel, *rel.parents] if str(p) != "."]
     return [d for d in chain if d.is_dir()] + [mount]
 

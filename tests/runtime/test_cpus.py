@@ -127,6 +127,12 @@ def test_a_cpuset_sharing_no_core_with_the_affinity_is_skipped(tmp_path: Path) -
     assert got.cpus == 2 and "shares no core with the affinity [0, 1]" in got.notes[0]
 
 
+def test_a_group_path_leaving_the_mount_reads_the_mount_only(tmp_path: Path) -> None:
+    root, self_cgroup = _v2(tmp_path, "/../outside", {"cpu.max": "max 100000\n"})
+    _files(tmp_path, {"outside/cpu.max": "10000 100000\n"})
+    assert cpu_capacity(root, self_cgroup, affinity={0, 1}).cores == 2.0
+
+
 def test_odd_lines_of_the_process_cgroup_file_are_said(tmp_path: Path) -> None:
     root = _files(tmp_path / "cg", {"cgroup.controllers": "cpu\n", "cpu.max": "100000 100000\n"})
     self_cgroup = _files(tmp_path, {"self_cgroup": "nonsense\n0::/\n"}) / "self_cgroup"
