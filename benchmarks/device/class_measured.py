@@ -338,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="repetitions: a fresh profile inside the class, the variants measured, the scenario")
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--note", default="", help="said next to the machine in the result (who else was running)")
     args = parser.parse_args(argv)
     typed = shlex.join(["python", "-m", "benchmarks.device.class_measured", *argv])
     out = args.out or (Path(tempfile.mkdtemp(prefix="hmt-bench-class-")) / "class_measured.json" if args.quick
@@ -347,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown class(es) {unknown}; known: {sorted(CLASSES)}")
     info = {**machine(), "note": "shared machine (other developers' jobs running); each class has a high CPU weight "
-                                 "so it receives its quota"}
+                                 "so it receives its quota" + (f"; {args.note}" if args.note else "")}
     try:
         cgroup = f"cgroup v{layout().version}"
         if os.geteuid() != 0:
