@@ -16,7 +16,9 @@ the pacer):
    (measured unthrottled, the figure a user without the class would have had) for the same variants;
 4. ``benchmarks.serve.scenario`` runs inside the class (server, its clients and the scenario's busy
    processes all share the class's CPU budget): adaptive against static largest and smallest under
-   the same busy phases as on the host.
+   the same busy phases as on the host. The busy processes are sized to the class, not the host
+   (``hmt.serve.running.burn``): one per class core, so ``cpu_load`` 0.5 is half of the class's CPU, as
+   other work on the board would take.
 
 ``--reps`` repetitions of 1 (a fresh profile inside the class each time; the bundle is built from the
 first), 3 and 4; per variant the medians over repetitions are compared. The Jetson and Raspberry Pi
@@ -280,7 +282,10 @@ def serve_in_class(name: str, bundle_dir: Path, work: Path, args: argparse.Names
             "repetitions": args.scenario_reps,
             "deadline_miss_share": {m: miss(m) for m in ("adaptive", "static_largest", "static_smallest")},
             "accuracy": {m: acc(m) for m in ("adaptive", "static_largest", "static_smallest")},
-            "switches_adaptive": (mean.get("adaptive") or {}).get("switches")}
+            "switches_adaptive": (mean.get("adaptive") or {}).get("switches"),
+            # what the busy phases were sized to inside the class (the burners' capacity)
+            "burn": next((r.get("burn") for r in engine["scenario"]["runs"].get("adaptive", []) if r.get("burn")),
+                         None)}
 
 
 def _claims_of(per_class: dict[str, Any]) -> list[dict[str, str]]:
@@ -333,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="repetitions: a fresh profile inside the class, the variants measured, the scenario")
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--note", default="", help="said next to the machine in the result (who else was running)")
     args = parser.parse_args(argv)
     typed = shlex.join(["python", "-m", "benchmarks.device.class_measured", *argv])
     out = args.out or (Path(tempfile.mkdtemp(prefix="hmt-bench-class-")) / "class_measured.json" if args.quick
@@ -342,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown class(es) {unknown}; known: {sorted(CLASSES)}")
     info = {**machine(), "note": "shared machine (other developers' jobs running); each class has a high CPU weight "
-                                 "so it receives its quota"}
+                                 "so it receives its quota" + (f"; {args.note}" if args.note else "")}
     try:
         cgroup = f"cgroup v{layout().version}"
         if os.geteuid() != 0:

@@ -3,6 +3,7 @@ fake hierarchy, and, where this machine lets root write cgroups, the CPU budget 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -105,3 +106,41 @@ def test_a_busy_loop_inside_a_class_gets_its_budget() -> None:
                            "-c", "import os; print(sorted(os.sched_getaffinity(0)))"], capture_output=True, text=True,
                           timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert done.returncode == 0 and done.stdout.strip() == "[0]"
+
+
+_BURN_PROBE = """
+import json, os, time
+import psutil
+from hmt.serve.running.burn import LoadGenerator
+gen = LoadGenerator()
+gen.start()
+try:
+    gen.set(0.5)
+    time.sleep(1.0)
+    kids = psutil.Process().children()
+    cgroups = [open(f"/proc/{k.pid}/cgroup").read() for k in kids]
+    c0, t0 = sum(sum(k.cpu_times()[:2]) for k in kids), time.monotonic()
+    time.sleep(2.0)
+    c1, t1 = sum(sum(k.cpu_times()[:2]) for k in kids), time.monotonic()
+    mine = open("/proc/self/cgroup").read()
+    print(json.dumps({"processes": gen.processes, "duties": gen.duties, "same_cgroup": all(c == mine for c in cgroups),
+                      "cpu_s_per_s": (c1 - c0) / (t1 - t0)}))
+finally:
+    gen.stop()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _cgroups_writable(), reason="needs root and writable cpu/cpuset cgroups")
+def test_the_scenario_burners_inside_a_one_core_class_take_half_of_it_not_all() -> None:
+    """Sized to the class's one core: one burner busy half the time, in the class's cgroup and paced with it
+    (sized to the host's two CPUs, one burner ran flat out and took the class's whole budget)."""
+    rpi = dc.CLASSES["rpi4-class"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = dc.run_in_class(rpi, [sys.executable, "-c", _BURN_PROBE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           env=env, timeout_s=60)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    got = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert got["processes"] == 1 and got["duties"] == [0.5] and got["same_cgroup"]
+    # Half of the class's budget, with room for the pacer's overshoot and a shared machine's shortfall.
+    assert 0.25 * rpi.cpu_budget <= got["cpu_s_per_s"] <= 0.8 * rpi.cpu_budget, got

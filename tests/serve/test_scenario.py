@@ -13,7 +13,8 @@ from serve_bundles import CLASSES
 
 from hmt.errors import InputError
 from hmt.serve.reporting.timeline import recovery
-from hmt.serve.running.scenario import DriveOptions, LoadGenerator, RequestRecord, Scenario
+from hmt.serve.running.burn import LoadGenerator
+from hmt.serve.running.scenario import DriveOptions, RequestRecord, Scenario
 from hmt.serve.running.session import SessionOptions, run_scenario
 
 

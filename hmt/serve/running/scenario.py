@@ -14,8 +14,9 @@ no background load, the base budget (serve.json or the command line), no battery
 reading. The scenario lasts until its last row's ``time_s`` unless a duration is given.
 
 ``cpu_load`` is either reported to the loop as the CPU reading (``synthetic``: instead
-of the live monitor) or made real (``burn``): processes that each keep a core busy for
-the given share of every 20 ms, while the live monitor measures the machine. Likewise
+of the live monitor) or made real (``burn``): processes that keep the given share of the
+CPU capacity serve has (its cores and cgroup quota) busy in every 20 ms
+(:mod:`hmt.serve.running.burn`), while the live monitor measures the machine. Likewise
 ``memory_squeeze_mb``: subtracted from the available memory the loop reads (``synthetic``), or
 held by a process that allocates and touches it (``burn``: :mod:`hmt.serve.running.squeeze`);
 the loop feels it through serve.json ``memory_reserve_mb``.
@@ -51,7 +52,6 @@ COLUMNS = ("time_s", "cpu_load", "memory_budget_mb", "battery_pct", "latency_bud
            # the link between device and peer, read by the offload proxy (hmt.offload.proxy); serve ignores them
            "link_bandwidth_mbit_s", "link_rtt_ms", "link_loss")
 LOAD_MODES = ("synthetic", "burn")
-_BURN_SLOT_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -169,53 +169,6 @@ class ScenarioSampler:
         if battery is not None:
             sample = replace(sample, battery_percent=battery, battery_plugged=False)
         return sample
-
-
-def _burn(duty: Any, stop: Any) -> None:  # pragma: no cover - runs in a child process
-    x = 0.0
-    parent = os.getppid()
-    # An orphan (the parent was killed before it could set ``stop``) must not burn forever.
-    while not stop.is_set() and os.getppid() == parent:
-        share = float(duty.value)
-        start = time.perf_counter()
-        busy_until = start + share * _BURN_SLOT_S
-        while time.perf_counter() < busy_until:
-            x = x * 1.0000001 + 1.0
-        rest = _BURN_SLOT_S - (time.perf_counter() - start)
-        if rest > 0:
-            time.sleep(rest)
-
-
-class LoadGenerator:
-    """``cores`` processes that together keep ``cpu_load * cores`` cores busy (spawned: safe beside threads)."""
-
-    def __init__(self, cores: int | None = None) -> None:
-        self.cores = cores if cores is not None else (os.cpu_count() or 1)
-        ctx = multiprocessing.get_context("spawn")
-        self._stop = ctx.Event()
-        self._duties = [ctx.Value("d", 0.0, lock=False) for _ in range(self.cores)]
-        self._procs = [ctx.Process(target=_burn, args=(d, self._stop), daemon=True, name=f"hmt-burn-{i}")
-                       for i, d in enumerate(self._duties)]
-        self.load = 0.0
-
-    def start(self) -> None:
-        for proc in self._procs:
-            proc.start()
-
-    def set(self, cpu_load: float | None) -> None:
-        """Busy share of all cores: the first processes run flat out, the next one part of the time."""
-        total = 0.0 if cpu_load is None else min(1.0, max(0.0, cpu_load)) * self.cores
-        self.load = total / self.cores
-        for i, duty in enumerate(self._duties):
-            duty.value = min(1.0, max(0.0, total - i))
-
-    def stop(self) -> None:
-        self._stop.set()
-        for proc in self._procs:
-            proc.join(2.0)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(2.0)
 
 
 # -- requests --------------------------------------------------------------------------------

@@ -27,12 +27,12 @@ from hmt.serve.controller import Controller, TickRecord
 from hmt.serve.http.api import ApiOptions, create_app
 from hmt.serve.http.server import ApiServer, ServerOptions
 from hmt.serve.reporting.timeline import plot_timeline, summarize, write_csv
+from hmt.serve.running.burn import LoadGenerator
 from hmt.serve.running.overrides import Layer, flatten, layered_settings
 from hmt.serve.running.runner import numpy_dtype
 from hmt.serve.running.scenario import (
     DriveOptions,
     Inputs,
-    LoadGenerator,
     RequestRecord,
     Scenario,
     ScenarioRow,
@@ -306,6 +306,8 @@ def run_scenario(
                     "client_mode": drive_options.client_mode, "fixed_variant": options.fixed_variant,
                     "early_exit": dataclasses.asdict(controller.settings.early_exit),
                     "engine": controller.status(last=0)["engine"]})
+    if burner is not None:
+        summary["burn"] = burner.describe()
     result = ScenarioResult(summary, records, shifted, url=None if api_server is None else api_server.url)
     if timeline_dir is not None:
         timeline_dir = Path(timeline_dir)
