@@ -347,8 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in CLASSES]
     if unknown:
         parser.error(f"unknown class(es) {unknown}; known: {sorted(CLASSES)}")
-    info = {**machine(), "note": "shared machine (other developers' jobs running); each class has a high CPU weight "
-                                 "so it receives its quota" + (f"; {args.note}" if args.note else "")}
+    # Who else was running is the caller's to say (--note); without it, the shared VM's usual state.
+    info = {**machine(), "note": (args.note or "shared machine (other developers' jobs running)")
+            + "; each class has a high CPU weight so it receives its quota"}
     try:
         cgroup = f"cgroup v{layout().version}"
         if os.geteuid() != 0:
