@@ -138,7 +138,8 @@ def _read(path: Path, notes: list[str]) -> str | None:
         return None
 
 
-def _affinity() -> set[int]:
+def allowed_cpus() -> set[int]:
+    """The cores this process may run on (its affinity; every core where that cannot be read)."""
     getter = getattr(os, "sched_getaffinity", None)
     if getter is not None:
         try:
@@ -151,7 +152,7 @@ def _affinity() -> set[int]:
 def cpu_capacity(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP,
                  affinity: Collection[int] | None = None) -> CpuCapacity:
     """This process's CPU capacity (see the module's text); never raises for what the files hold."""
-    allowed = set(affinity) if affinity is not None else _affinity()
+    allowed = set(affinity) if affinity is not None else allowed_cpus()
     cores = set(allowed)
     notes: list[str] = []
     sources: list[str] = []

@@ -86,3 +86,20 @@ def test_live_sampler_reads_this_machine() -> None:
     assert 0.0 <= s.mem_util <= 1.0
     assert s.gpu_util is None
     assert s.battery_percent is None or 0.0 <= s.battery_percent <= 100.0
+
+
+def test_sampler_pinned_to_some_cores_reads_those_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A container or an emulated device class pinned to core 0 of 2: core 0 at 80 %, core 1 idle.
+    # The machine's average (40 %) would read half the load the pinned process competes with.
+    import psutil
+
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 2)
+
+    def fake_percent(interval: float | None = None, percpu: bool = False) -> float | list[float]:
+        return [80.0, 0.0] if percpu else 40.0
+
+    monkeypatch.setattr(psutil, "cpu_percent", fake_percent)
+    pinned = PsutilSampler(use_nvml=False, cpus={0})
+    assert pinned().cpu_util == pytest.approx(0.8)
+    everywhere = PsutilSampler(use_nvml=False, cpus={0, 1})
+    assert everywhere().cpu_util == pytest.approx(0.4)

@@ -4,9 +4,13 @@ The sampler is any callable returning a :class:`ResourceSample`; :class:`PsutilS
 reads the live machine (psutil, plus NVML through ``pynvml`` when it is importable and a
 GPU answers). Tests and scenario replay pass their own sampler instead.
 
-CPU utilisation is psutil's ``cpu_percent(interval=None)``: the busy share of all cores
+CPU utilisation is psutil's ``cpu_percent(interval=None)``: the busy share of the cores
 since the previous call (the /proc/stat difference of AdaScale IV-A), so the sampler
 never blocks. The first reading after construction covers the time since construction.
+"The cores" are those this process may run on (its affinity, which a cgroup cpuset narrows:
+a container or an emulated device class pinned to one core of two reads that core, not the
+machine's average, which the other core's idleness would halve); serve's own share is over
+the same cores, so the outside load is their difference on one base.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import psutil
 
 from hmt.errors import DeviceError, UsageError
+from hmt.runtime.cpus import allowed_cpus
 from hmt.runtime.gpus import nvml_handle
 
 Sampler = Callable[[], "ResourceSample"]
@@ -96,12 +101,18 @@ class _Nvml:
 class PsutilSampler:
     """Samples the live machine. ``use_nvml=False`` skips the GPU even where NVML exists."""
 
-    def __init__(self, use_nvml: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, use_nvml: bool = True, clock: Callable[[], float] = time.monotonic,
+                 cpus: Collection[int] | None = None) -> None:
         self._clock = clock
         self._nvml = _Nvml() if use_nvml else None
         self._process = psutil.Process()
-        self._cores = psutil.cpu_count() or 1
-        psutil.cpu_percent(interval=None)  # prime: the next call measures from here
+        machine = psutil.cpu_count() or 1
+        allowed = sorted(set(cpus) if cpus is not None else allowed_cpus())
+        # Per-core readings only when this process is pinned to some of the cores (else the
+        # machine-wide figure, the same thing, cheaper).
+        self._cpus: list[int] | None = allowed if allowed and len(allowed) < machine else None
+        self._cores = len(allowed) if self._cpus is not None else machine
+        psutil.cpu_percent(interval=None, percpu=self._cpus is not None)  # prime: the next call measures from here
         self._own_last = self._own_times()
 
     def _own_times(self) -> tuple[float, float]:
@@ -124,8 +135,15 @@ class PsutilSampler:
     def has_gpu(self) -> bool:
         return self._nvml is not None and self._nvml.present
 
+    def _cpu_util(self) -> float:
+        if self._cpus is None:
+            return float(psutil.cpu_percent(interval=None)) / 100.0
+        per_core = psutil.cpu_percent(interval=None, percpu=True)
+        mine = [per_core[i] for i in self._cpus if i < len(per_core)]
+        return sum(mine) / (100.0 * len(mine)) if mine else float(sum(per_core)) / (100.0 * max(1, len(per_core)))
+
     def __call__(self) -> ResourceSample:
-        cpu_util = psutil.cpu_percent(interval=None) / 100.0
+        cpu_util = self._cpu_util()
         own = self._own_share()
         mem = psutil.virtual_memory()
         freq_mhz: float | None = None
