@@ -114,7 +114,9 @@ def run_engine(bundle_path: Path, data: Path | None, engine: str, shapes: list[s
     largest, _, memory_cut_mb = bundle_facts(bundle_path)
     overrides = json.loads(args.serve_json)
     api = ApiOptions(max_queue=64, workers=2, deadline_ms=2000.0)
-    idle_p95 = calibrate_ms(bundle_path, largest, data, engine=engine, rate_hz=args.rate_hz, clients=args.clients)
+    mode = "processes" if args.client_processes else "threads"
+    idle_p95 = calibrate_ms(bundle_path, largest, data, engine=engine, rate_hz=args.rate_hz, clients=args.clients,
+                            client_mode=mode)
     budget_ms = args.budget_ms if args.budget_ms is not None else args.budget_factor * idle_p95
     print(f"{engine}: budget {budget_ms:.3f} ms (largest idle p95 {idle_p95:.3f} ms)", flush=True)
     out.update({"budget_ms": budget_ms, "largest_idle_p95_ms": idle_p95, "shapes": {}})
@@ -125,7 +127,7 @@ def run_engine(bundle_path: Path, data: Path | None, engine: str, shapes: list[s
         reps = []
         for rep in range(args.reps):
             drive = DriveOptions(duration_s=3 * args.phase_s, clients=args.clients, rate_hz=args.rate_hz,
-                                 load_mode="burn", arrivals=arrivals, seed=rep)
+                                 load_mode="burn", arrivals=arrivals, seed=rep, client_mode=mode)
             serve_json = dict(overrides)
             if shape == "squeeze":  # the loop keeps all but the headroom of what is available now free
                 serve_json["memory_reserve_mb"] = max(0.0, available_mb() - args.squeeze_headroom_mb)
@@ -174,6 +176,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--rate-hz", type=float, default=40.0)
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--client-processes", action="store_true",
+                        help="each client in its own process (as a user's clients are), so the server's latency "
+                             "is not inflated by client threads sharing its interpreter")
     parser.add_argument("--budget-factor", type=float, default=1.3)
     parser.add_argument("--budget-step", type=float, default=0.6, help="the budget shape's middle-phase factor")
     parser.add_argument("--budget-ms", type=float, default=None, help="a fixed budget instead of calibrating")

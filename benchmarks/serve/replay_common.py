@@ -128,11 +128,11 @@ def synthetic_bundle(out: Path, seed: int = 0) -> Path:
 
 
 def calibrate_ms(bundle: Path, largest: str, data: Path | None, *, engine: str, rate_hz: float, clients: int,
-                 seconds: float = 4.0) -> float:
+                 seconds: float = 4.0, client_mode: str = "threads") -> float:
     """The server-side p95 of ``largest`` alone, unloaded, through the API."""
     result = run_scenario(bundle, Scenario.from_text("time_s\n0\n"),
                           SessionOptions(engine=engine, fixed_variant=largest),
-                          DriveOptions(duration_s=seconds, clients=clients, rate_hz=rate_hz),
+                          DriveOptions(duration_s=seconds, clients=clients, rate_hz=rate_hz, client_mode=client_mode),
                           api=ApiOptions(max_queue=64, workers=2, deadline_ms=2000.0), server=ServerOptions(port=0),
                           data=data, rng=np.random.default_rng(0), label="calibration")
     latency = result.summary["latency_ms"]
