@@ -108,13 +108,18 @@ def test_the_process_list_is_reread_only_every_relist_s(tmp_path: Path) -> None:
     assert cpu.pids() == [10, 11]
 
 
-def test_only_processes_that_used_cpu_since_the_thaw_are_stopped_and_all_of_them_continued(tmp_path: Path) -> None:
+def _two_sleepers(tmp_path: Path) -> tuple[dict[int, float], pacer.ClassCpu, list[tuple[int, int]], pacer.StopBusy]:
+    """A class of processes 10 and 11 with settable CPU clocks; the signals StopBusy sends are recorded."""
     procs = tmp_path / "cgroup.procs"
     procs.write_text("10\n11\n")
     clocks = {10: 1.0, 11: 1.0}
     cpu = pacer.ClassCpu(procs, read_clock=lambda pid: clocks[pid], relist_s=0.0)
     sent: list[tuple[int, int]] = []
-    stop = pacer.StopBusy(cpu, kill=lambda pid, sig: sent.append((pid, sig)))
+    return clocks, cpu, sent, pacer.StopBusy(cpu, kill=lambda pid, sig: sent.append((pid, sig)))
+
+
+def test_only_processes_that_used_cpu_since_the_thaw_are_stopped_and_all_of_them_continued(tmp_path: Path) -> None:
+    clocks, cpu, sent, stop = _two_sleepers(tmp_path)
     cpu()
     stop(False)  # thaw: nothing was stopped
     clocks[10] = 1.5  # 10 computes, 11 sleeps
@@ -149,12 +154,7 @@ def test_debt_is_capped() -> None:
 
 
 def test_stop_busy_adds_processes_that_turned_busy_while_stopped(tmp_path: Path) -> None:
-    procs = tmp_path / "cgroup.procs"
-    procs.write_text("10\n11\n")
-    clocks = {10: 1.0, 11: 1.0}
-    cpu = pacer.ClassCpu(procs, read_clock=lambda pid: clocks[pid], relist_s=0.0)
-    sent: list[tuple[int, int]] = []
-    stop = pacer.StopBusy(cpu, kill=lambda pid, sig: sent.append((pid, sig)))
+    clocks, cpu, sent, stop = _two_sleepers(tmp_path)
     cpu()
     stop(False)
     clocks[10] = 1.5
