@@ -140,7 +140,9 @@ def serve_command(
              "onnxruntime or tvm. Default: serve.json's.")] = None,
     threads: Annotated[int | None, typer.Option(
         help="Runtime threads per graph (0: the runtime's default). Default: what fuse measured fastest for "
-             "each variant (1 for bundles that do not record it).")] = None,
+             "each variant (1 for bundles that do not record it), cut to serve's share of the CPU: the cores "
+             "this process may use divided by --workers (by --clients in process), without spinning once cut, "
+             "so requests running at once and the device's own work do not wait on each other's threads.")] = None,
     providers: Annotated[str | None, typer.Option(
         help="ONNX Runtime execution providers to try, in order, comma-separated: tensorrt, cuda, cpu. "
              "Default: the ones the bundle's target lists (Jetsons: tensorrt,cuda,cpu). One this ORT lacks "
@@ -437,8 +439,10 @@ def serve_command(
         common = next((k for k in range(shorter) if first[k] != last[k]), shorter)
         common = first.rfind(".", 0, common) + 1 if first != last else 0
         rows = [[f"{p['start_s']:g}-{p['stop_s']:g} s", cell(p["adaptive"]),
-                 f"{p['oracle_variant'][common:]}: {cell(p['oracle'])}",
+                 f"{p['oracle_variant'][common:]}: {cell(p['oracle'])}"
+                 + (f" (eq. 3 at mu {p['mu']:.2f})" if p["oracle_by"] != "accuracy" else ""),
                  cell(p["static_largest"]), "yes" if p["tracks_oracle"] else "no"] for p in comparison.phases]
+        # A phase with the battery below full: the loop weighs energy (eq. 3's mu), and so does its oracle.
         output.table(f"adaptive vs oracle vs static largest ({comparison.largest}): misses / accuracy",
                      ["phase", "adaptive", "oracle", "static largest", "tracks oracle"], rows)
         summary = comparison.summary()

@@ -213,3 +213,10 @@ def cpu_capacity(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP,
     source = "affinity" + "".join(f", {s}" for s in sources)
     return CpuCapacity(cpus=max(1, len(cores)), quota_cores=min(quotas) if quotas else None, source=source,
                        notes=tuple(notes))
+
+
+def thread_share(concurrency: int, capacity: CpuCapacity | None = None) -> int:
+    """Threads one inference may use when ``concurrency`` of them run at once within this process's
+    CPU capacity (:func:`cpu_capacity` when not given): whole cores each, at least one."""
+    cores = (capacity if capacity is not None else cpu_capacity()).cores
+    return max(1, int(cores // max(1, concurrency)))

@@ -166,6 +166,27 @@ def resolve_engine(requested: str, variant: BundleVariant) -> str:
     return requested
 
 
+def within_share(options: OrtOptions, max_threads: int | None) -> tuple[OrtOptions, str | None]:
+    """fuse's ORT ``options`` cut to serve's share of the CPU: at most ``max_threads`` threads a
+    graph (``intra_op_threads`` 0, ORT's default, is one per core, so it is cut too), and no
+    spinning once cut. fuse measured its choice alone on an idle machine; a serving process runs
+    several requests at once beside the device's own work, and an operator split over more threads
+    than its share waits for the slowest of them, each time-sliced against that other work (on the
+    2-core x86 host, a two-thread session missed a 3 ms budget 5x as often under two CPU burners as
+    a one-thread one). Returns the options and a note when they were cut (None: kept as measured)."""
+    if max_threads is None or max_threads < 1:
+        return options, None
+    threads = options.intra_op_threads
+    if 0 < threads <= max_threads:
+        return options, None
+    inter = options.inter_op_threads
+    if options.execution_mode != "sequential" and not 0 < inter <= max_threads:
+        inter = max_threads
+    cut = replace(options, intra_op_threads=max_threads, inter_op_threads=inter, allow_spinning=False)
+    was = "the runtime's default" if threads == 0 else str(threads)
+    return cut, f"intra-op threads {was} -> {max_threads} without spinning (serve's share of the CPU)"
+
+
 def graph_fn(bundle: Bundle, spec: GraphSpec, engine: str, threads: int | None = None, *,
              ort: OrtOptions | None = None, providers: Sequence[str] = ("cpu",),
              notes: list[str] | None = None) -> GraphFn:
@@ -196,12 +217,14 @@ def load_variant(
     *,
     early_exit: bool = True,
     providers: Sequence[str] = ("cpu",),
+    max_threads: int | None = None,
 ) -> Runner:
     """``arch_id`` of ``bundle`` loaded as fuse chose (see the module docstring).
 
     ``threads=None`` keeps fuse's thread count (serve's default of 1 when the bundle has
-    none); a number overrides it. ArtifactError when a graph changed on disk since the
-    bundle was built; ModelError when a runtime cannot load it.
+    none), cut to ``max_threads`` when given (:func:`within_share`); a number overrides both.
+    ArtifactError when a graph changed on disk since the bundle was built; ModelError when a
+    runtime cannot load it.
     """
     if threads is not None and threads < 0:
         raise UsageError(f"threads must be >= 0 (0: the runtime's default), got {threads}")
@@ -214,6 +237,9 @@ def load_variant(
         options = runtime.merged_ort or SERVE_DEFAULT_ORT
         if threads is not None:
             options = replace(options, intra_op_threads=threads)
+        else:
+            options, note = within_share(options, max_threads)
+            notes.extend([note] if note else [])
         session = ort_session(read_verified(bundle.artifact, runtime.merged_onnx), options,
                               providers=providers_as_measured(providers, runtime.merged_ort_device),
                               what=str(bundle.root / runtime.merged_onnx))
@@ -223,6 +249,9 @@ def load_variant(
     ort = runtime.ort if chosen == runtime.engine or runtime.engine is None else None
     if ort is not None:
         providers = providers_as_measured(providers, runtime.ort_device)
+        if threads is None:
+            ort, note = within_share(ort, max_threads)
+            notes.extend([note] if note else [])
     n = variant.exit_stage + 1
     segments = [graph_fn(bundle, g, chosen, threads, ort=ort, providers=providers, notes=notes)
                 for g in variant.segments[:n]]

@@ -62,6 +62,7 @@ class Controller:
         *,
         engine: str | None = None,
         threads: int | None = None,
+        max_threads: int | None = None,
         sampler: Sampler | None = None,
         fixed_variant: str | None = None,
         on_tick: Callable[[TickRecord], None] | None = None,
@@ -101,7 +102,8 @@ class Controller:
         self._measured_count = 0
         self.load = OutsideLoad(self.settings.load_weights)
         self.monitor = ResourceMonitor(sampler, frequency_hz=1.0 / self.settings.monitor_period_s)
-        self.pool = self._make_pool(bundle, blocks=blocks, loader=loader, threads=threads, warmup_runs=warmup_runs)
+        self.pool = self._make_pool(bundle, blocks=blocks, loader=loader, threads=threads, warmup_runs=warmup_runs,
+                                    max_threads=max_threads)
         # serve --research (hmt.serve.deciding.research.attach): offered every decision, searches when none fits.
         self.research: Any = None
         self.budgets: Budgets = self.settings.budgets
@@ -358,9 +360,9 @@ class Controller:
         return record
 
     def _make_pool(self, bundle: Any, *, blocks: bool, loader: Any, threads: int | None,
-                   warmup_runs: int) -> VariantPool:
+                   warmup_runs: int, max_threads: int | None) -> VariantPool:
         pool_kwargs: dict[str, Any] = {"threads": threads, "warmup_runs": warmup_runs, "providers": self.providers,
-                                       "early_exit": self.settings.early_exit.enabled}
+                                       "early_exit": self.settings.early_exit.enabled, "max_threads": max_threads}
         if blocks:  # serve --blocks: variants composed from shared block graphs (hmt.serve.running.blocks)
             from hmt.serve.running.blocks import BlockPool
 

@@ -37,6 +37,7 @@ class VariantDef:
     broken: bool = False  # write a corrupt segment_0 (a load that fails)
     slow_n: int = 0  # segment_0 also multiplies two n x n matrices built from the input (real, unfoldable work)
     accuracy_per_exit: list[float] = field(default_factory=list)
+    runtime: dict[str, Any] | None = None  # fuse's choice (bundle.json extra.runtime, hmt.runtime.variant)
 
 
 def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: list[Any]) -> bytes:
@@ -118,6 +119,7 @@ def make_bundle(out: Path, variants: tuple[VariantDef, ...] | list[VariantDef] =
                 "memory_mb": v.memory_mb, "segments": [_graph("segment", v.arch_id, k) for k in range(v.stages)],
                 "exits": [_graph("exit", v.arch_id, k) for k in range(v.stages)],
                 "preferred_engine": "onnxruntime", "engines": ["onnxruntime"],
+                **({"extra": {"runtime": v.runtime}} if v.runtime is not None else {}),
             })
             index_entries.append(IndexEntry(v.arch_id, v.accuracy, v.latency_ms, v.energy, v.memory_mb,
                                             v.stages - 1, tuple(per_exit), "onnxruntime"))

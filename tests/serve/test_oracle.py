@@ -89,3 +89,28 @@ def test_the_oracle_competes_within_the_phases_memory_budget() -> None:
     ticks = [SimpleNamespace(time_s=t, memory_budget_mb=m)
              for t, m in [(1.0, None), (6.0, 900.0), (7.0, 0.0), (8.0, 0.0), (11.0, 900.0)]]
     assert phase_memory_budgets(ticks, bounds) == [None, 0.0, 900.0]
+
+
+def test_a_low_battery_phase_is_judged_by_the_loops_objective() -> None:
+    """Where the battery was below full the loop weighed energy (eq. 3 at the phase's mu): the oracle
+    is the meeting variant of the best score there, not the most accurate; at full battery (no
+    ranking) it stays the most accurate. The phase's mu is the median of the loop's decisions."""
+    from types import SimpleNamespace
+
+    from hmt.serve.reporting.oracle import phase_mu
+
+    bounds = phase_bounds([0.0, 5.0, 10.0], 15.0)
+    static = {v: phase_scores(records(v, {}), bounds, ACCURACY) for v in ACCURACY}
+    # eq. 3 at mu 0.2 on a table where big costs far more energy: small scores best.
+    low = {"big": -0.6, "mid": -0.2, "small": 0.0}
+    assert oracle_choice(static, ACCURACY, ranking=[None, low, None]) == ["big", "small", "big"]
+    # The ranking chooses among the variants that met the phase only.
+    loaded = {"big": phase_scores(records("big", {}), bounds, ACCURACY),
+              "mid": phase_scores(records("mid", {}), bounds, ACCURACY),
+              "small": phase_scores(records("small", {1: 2}), bounds, ACCURACY)}
+    assert oracle_choice(loaded, ACCURACY, ranking=[None, low, None])[1] == "mid"
+    rows = compare(static["small"], static, ACCURACY, largest="big", ranking=[None, low, None], mu=[1.0, 0.2, 1.0])
+    assert [r["oracle_by"] for r in rows] == ["accuracy", "eq. 3", "accuracy"]
+    assert [r["tracks_oracle"] for r in rows] == [False, True, False]
+    ticks = [SimpleNamespace(time_s=t, mu=m) for t, m in [(1.0, 0.9), (6.0, 0.4), (7.0, 0.2), (8.0, 0.2)]]
+    assert phase_mu(ticks, bounds) == [0.9, 0.2, None]

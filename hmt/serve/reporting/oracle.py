@@ -11,9 +11,14 @@ and once adaptively. Per phase of the scenario (the interval between two of its 
   choice alone);
 - the *oracle* of the phase is the most accurate variant (by the table) whose static run missed
   at most ``max_miss_share`` of the phase's deadlines; where none did, the one with the fewest
-  misses. Only variants within the phase's memory budget compete (the budget the adaptive loop
-  had: the configured one, cut to the free memory with serve.json ``memory_reserve_mb``); where
-  none fits, the variant of least memory (what serve runs then).
+  misses. Where the loop's own objective was not accuracy alone (a battery below full: eq. 3
+  weighs energy by ``1 - mu``, :func:`phase_mu`), "best" is the loop's objective: the variant of
+  the highest eq. 3 score at the phase's ``mu`` among those meeting the budget (``ranking``), so a
+  low-battery phase in which the loop trades points for energy on purpose is judged against
+  the static choice that makes the same trade. Only variants within the phase's memory budget
+  compete (the budget the adaptive loop had: the configured one, cut to the free memory with
+  serve.json ``memory_reserve_mb``); where none fits, the variant of least memory (what serve
+  runs then).
 
 The adaptive run *tracks* the oracle in a phase when its miss share is at most the oracle's plus
 ``miss_slack`` and its table accuracy at least the oracle's less ``accuracy_slack``.
@@ -95,18 +100,21 @@ def _within_memory(names: Sequence[str], memory_mb: Mapping[str, float] | None, 
 
 def oracle_choice(static: Mapping[str, Sequence[PhaseScore]], accuracy: Mapping[str, float],
                   max_miss_share: float = MAX_MISS_SHARE, *, memory_mb: Mapping[str, float] | None = None,
-                  phase_memory_mb: Sequence[float | None] | None = None) -> list[str]:
+                  phase_memory_mb: Sequence[float | None] | None = None,
+                  ranking: Sequence[Mapping[str, float] | None] | None = None) -> list[str]:
     """Per phase, the oracle variant (see the module docstring). ``static``: each variant's run;
     ``accuracy``: each variant's accuracy in the bundle's table (the ranking); ``memory_mb``: each
-    variant's footprint and ``phase_memory_mb`` each phase's memory budget (None: unconstrained)."""
+    variant's footprint and ``phase_memory_mb`` each phase's memory budget (None: unconstrained);
+    ``ranking``: per phase, the loop's objective per variant where it was not accuracy (None: accuracy)."""
     phases = len(static[next(iter(static))])
     out = []
     for k in range(phases):
         names = _within_memory(list(static), memory_mb, phase_memory_mb[k] if phase_memory_mb else None)
         shares = {v: static[v][k].miss_share for v in names}
         meeting = [v for v in names if shares[v] is not None and shares[v] <= max_miss_share]  # type: ignore[operator]
+        rank = (ranking[k] if ranking else None) or accuracy
         if meeting:
-            out.append(max(meeting, key=lambda v: (accuracy[v], -(shares[v] or 0.0))))
+            out.append(max(meeting, key=lambda v: (rank[v], accuracy[v], -(shares[v] or 0.0))))
         else:
             out.append(min(names, key=lambda v: (1.0 if shares[v] is None else shares[v], -accuracy[v])))
     return out
@@ -116,11 +124,15 @@ def compare(adaptive: Sequence[PhaseScore], static: Mapping[str, Sequence[PhaseS
             accuracy: Mapping[str, float], *, largest: str, max_miss_share: float = MAX_MISS_SHARE,
             miss_slack: float = MISS_SLACK, accuracy_slack: float = ACCURACY_SLACK,
             memory_mb: Mapping[str, float] | None = None,
-            phase_memory_mb: Sequence[float | None] | None = None) -> list[dict[str, Any]]:
+            phase_memory_mb: Sequence[float | None] | None = None,
+            ranking: Sequence[Mapping[str, float] | None] | None = None,
+            mu: Sequence[float | None] | None = None) -> list[dict[str, Any]]:
     """Per phase: the adaptive run, the oracle (its variant and run) and the static largest, and
-    whether the adaptive run tracks the oracle (see the module docstring; ``memory_mb`` and
-    ``phase_memory_mb``: :func:`oracle_choice`)."""
-    choices = oracle_choice(static, accuracy, max_miss_share, memory_mb=memory_mb, phase_memory_mb=phase_memory_mb)
+    whether the adaptive run tracks the oracle (see the module docstring; ``memory_mb``,
+    ``phase_memory_mb`` and ``ranking``: :func:`oracle_choice`; ``mu``: each phase's eq. 3 weight,
+    recorded with the row)."""
+    choices = oracle_choice(static, accuracy, max_miss_share, memory_mb=memory_mb, phase_memory_mb=phase_memory_mb,
+                            ranking=ranking)
     rows = []
     for k, (mine, best) in enumerate(strict_zip(adaptive, choices)):
         oracle_run = static[best][k]
@@ -130,6 +142,8 @@ def compare(adaptive: Sequence[PhaseScore], static: Mapping[str, Sequence[PhaseS
                   and mine.table_accuracy >= oracle_run.table_accuracy - accuracy_slack)
         rows.append({"start_s": mine.start_s, "stop_s": mine.stop_s, "oracle_variant": best,
                      "memory_budget_mb": phase_memory_mb[k] if phase_memory_mb else None,
+                     "mu": mu[k] if mu else None,
+                     "oracle_by": "eq. 3" if ranking and ranking[k] else "accuracy",
                      "adaptive": asdict(mine), "oracle": asdict(oracle_run),
                      "static_largest": asdict(static[largest][k]),
                      "misses_within_slack": miss_ok, "accuracy_within_slack": acc_ok,
@@ -144,5 +158,15 @@ def phase_memory_budgets(ticks: Sequence[Any], bounds: Sequence[tuple[float, flo
     for start, stop in bounds:
         values = sorted(t.memory_budget_mb for t in ticks
                         if start <= t.time_s < stop and t.memory_budget_mb is not None)
+        out.append(values[len(values) // 2] if values else None)
+    return out
+
+
+def phase_mu(ticks: Sequence[Any], bounds: Sequence[tuple[float, float]]) -> list[float | None]:
+    """Each phase's eq. 3 weight as the loop had it: the median ``TickRecord.mu`` of its decisions in
+    the phase (None where it made none)."""
+    out: list[float | None] = []
+    for start, stop in bounds:
+        values = sorted(t.mu for t in ticks if start <= t.time_s < stop and t.mu is not None)
         out.append(values[len(values) // 2] if values else None)
     return out

@@ -16,12 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from hmt.bundle import load_bundle
+from hmt.bundle import Bundle, load_bundle
+from hmt.serve.deciding.optimizer import Optimizer
+from hmt.serve.deciding.table import optimizer_config, variants_of
 from hmt.serve.http.api import ApiOptions
 from hmt.serve.http.server import ServerOptions
-from hmt.serve.reporting.oracle import compare, phase_bounds, phase_memory_budgets, phase_scores
+from hmt.serve.reporting.oracle import compare, phase_bounds, phase_memory_budgets, phase_mu, phase_scores
 from hmt.serve.running.scenario import DriveOptions, Scenario
-from hmt.serve.running.session import ScenarioResult, SessionOptions, run_scenario
+from hmt.serve.running.session import ScenarioResult, SessionOptions, run_scenario, settings_for
 
 ADAPTIVE = "adaptive"
 
@@ -94,6 +96,26 @@ def replay_compare(bundle_path: Path | str, scenario: Scenario, options: Session
     comparison = Comparison(largest=largest, accuracy=accuracy, runs=runs)
     # The oracle competes within the memory budget the adaptive loop had in each phase.
     memory = phase_memory_budgets(runs[ADAPTIVE].ticks, bounds)
+    mu = phase_mu(runs[ADAPTIVE].ticks, bounds)
     comparison.phases = compare(scores[ADAPTIVE], {a: scores[a] for a in names}, accuracy, largest=largest,
-                                memory_mb={a: float(table[a].memory_mb) for a in names}, phase_memory_mb=memory)
+                                memory_mb={a: float(table[a].memory_mb) for a in names}, phase_memory_mb=memory,
+                                ranking=_objective(bundle, options, names, mu), mu=mu)
     return comparison
+
+
+def _objective(bundle: Bundle, options: SessionOptions, names: Sequence[str],
+               mu: Sequence[float | None]) -> list[dict[str, float] | None]:
+    """Per phase, eq. 3's score of each variant at the phase's ``mu`` where it is below 1 (a battery
+    below full weighs energy in the loop's choice); None where the loop weighed accuracy alone."""
+    settings, _ = settings_for(bundle, options)
+    config, _ = optimizer_config(bundle, settings)
+    optimizer = Optimizer(variants_of(bundle), config)
+    ids = [v.arch_id for v in optimizer.variants]
+    out: list[dict[str, float] | None] = []
+    for m in mu:
+        if m is None or m >= 1.0:
+            out.append(None)
+            continue
+        by_id = dict(zip(ids, optimizer.scores(m)))
+        out.append({a: by_id[a] for a in names})
+    return out

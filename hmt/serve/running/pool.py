@@ -31,13 +31,15 @@ class VariantPool:
     """Loaded :class:`Runner` objects by arch id, least recently used first."""
 
     def __init__(self, bundle: Bundle, *, engine: str = "auto", threads: int | None = None, warmup_runs: int = 3,
-                 loader: Loader | None = None, early_exit: bool = True, providers: Sequence[str] = ("cpu",)) -> None:
+                 loader: Loader | None = None, early_exit: bool = True, providers: Sequence[str] = ("cpu",),
+                 max_threads: int | None = None) -> None:
         self.bundle = bundle
         self.engine = engine
         # ORT execution providers in order (hmt.runtime.ort names); a variant fuse measured
         # fastest on the CPU keeps the CPU provider (hmt.runtime.variant.providers_as_measured).
         self.providers = tuple(providers)
         self.threads = threads  # None: fuse's choice per variant (see hmt.runtime.variant)
+        self.max_threads = max_threads  # with threads None: fuse's choice cut to this share (within_share)
         self.early_exit = early_exit
         self.warmup_runs = warmup_runs
         self._loader: Loader = loader if loader is not None else self._load_from_bundle
@@ -52,7 +54,7 @@ class VariantPool:
 
     def _load_from_bundle(self, arch_id: str) -> Runner:
         return load_variant(self.bundle, arch_id, self.engine, self.threads, early_exit=self.early_exit,
-                            providers=self.providers)
+                            providers=self.providers, max_threads=self.max_threads)
 
     def __contains__(self, arch_id: object) -> bool:
         return arch_id in self._loaded

@@ -22,6 +22,7 @@ import numpy as np
 from hmt.artifacts.rollback import RollbackPolicy
 from hmt.bundle import Bundle, load_checked_bundle
 from hmt.errors import HmtError, InputError, UsageError
+from hmt.runtime.cpus import thread_share
 from hmt.runtime.settings import ENGINE_CHOICES, ServeSettings
 from hmt.serve.controller import Controller, TickRecord
 from hmt.serve.http.api import ApiOptions, create_app
@@ -65,6 +66,11 @@ class SessionOptions:
     trusted_key: Path | None = None
     # With trusted_key: refuse a release older than the key's newest served (hmt.artifacts.rollback).
     rollback: RollbackPolicy = field(default_factory=RollbackPolicy)
+    # Inferences run at once (the API's workers; the replay's clients in process): fuse's per-variant
+    # threads are cut to this share of the CPU (hmt.runtime.variant.within_share). None: one.
+    concurrency: int | None = None
+    # False: fuse's threads as measured, uncut (the ablation of benchmarks/serve/threads_ab.py).
+    share_threads: bool = True
     # ORT execution providers in order (serve --providers); None: the bundle target's list.
     providers: tuple[str, ...] | None = None
     # serve --adapt (hmt.serve.running.adapt.AdaptSettings) and its labelled canary set (default: the bundle's).
@@ -116,7 +122,9 @@ def open_controller(bundle_path: Path | str, options: SessionOptions, **kwargs: 
         if not has_blocks(bundle):
             raise UsageError(f"{bundle.root}: ships no block graphs; --blocks and --research need a bundle from "
                              "`hmt deploy --blocks`")
-    controller = Controller(bundle, settings, engine=settings.engine, threads=options.threads,
+    cut = options.threads is None and options.share_threads
+    max_threads = thread_share(options.concurrency or 1) if cut else None
+    controller = Controller(bundle, settings, engine=settings.engine, threads=options.threads, max_threads=max_threads,
                             fixed_variant=options.fixed_variant, providers=options.providers,
                             blocks=options.blocks, **kwargs)
     controller.settings_report = report
@@ -130,6 +138,8 @@ def open_controller(bundle_path: Path | str, options: SessionOptions, **kwargs: 
 def serve_forever(bundle_path: Path | str, options: SessionOptions, api: ApiOptions, server: ServerOptions,
                   on_listening: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Serve until SIGTERM/SIGINT; returns the final status after the drain."""
+    if options.concurrency is None:
+        options = dataclasses.replace(options, concurrency=api.workers)
     return run_until_stopped(open_controller(bundle_path, options), api, server, on_listening=on_listening)
 
 
@@ -244,6 +254,9 @@ def run_scenario(
             trace(controller, record)
 
     sampler = ScenarioSampler(state, synthetic_cpu=drive_options.load_mode == "synthetic")
+    if options.concurrency is None:
+        workers = (api if api is not None else ApiOptions()).workers if server is not None else drive_options.clients
+        options = dataclasses.replace(options, concurrency=max(1, workers))
     controller = open_controller(bundle_path, options, sampler=sampler, on_tick=on_tick)
     inputs = load_inputs(controller.bundle, data, rng)
     base = controller.budgets
