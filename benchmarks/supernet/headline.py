@@ -182,7 +182,7 @@ def main() -> None:
                   f"({orig_ms / var_ms:.2f}x)", file=sys.stderr)
 
     def best(margin: float) -> dict[str, Any] | None:
-        ok = [r for r in results if r[select_on] >= original[select_on] - margin - 1e-9]
+        ok = [r for r in results if r["selected_acc"] >= original[select_on] - margin - 1e-9]
         return max(ok, key=lambda r: r["speedup"]) if ok else None
 
     doc = {
