@@ -4,13 +4,14 @@ fuse times each variant alone on an idle machine and may choose ORT's default th
 per core, spinning). serve runs ``--workers`` requests at once beside the device's own work, so by
 default it cuts each variant's threads to its share (the cores it may use / the requests it runs
 at once; :func:`hmt.runtime.variant.within_share`). This driver replays the demo's scenario
-(``scripts/demo_scenario.csv``: idle, CPU burners at half duty on every core, the same with the memory
-budget cut below every variant, idle again; CIFAR-10 test images through the HTTP API, 4 clients at
-100 requests/s) with ``--compare`` (every variant alone, then the adaptive loop) in two arms,
-alternated repetition by repetition in one run: ``share`` (serve's default) and ``fuse`` (fuse's
-threads uncut, ``SessionOptions.share_threads=False``). Per arm and phase it reports the medians
-over the repetitions of the adaptive run, its oracle and the static largest (the oracle's
-definition: :mod:`hmt.serve.reporting.oracle`).
+(``scripts/demo_scenario.csv``: idle, half of the CPU busy (one burner process flat out on this
+2-core host), the same with the memory budget cut below every variant, idle again; CIFAR-10 test
+images through the HTTP API, 4 clients at 100 requests/s) with ``--compare`` (every variant
+alone, then the adaptive loop) in two arms, alternated repetition by repetition in one run:
+``share`` (serve's default) and ``fuse`` (fuse's threads uncut,
+``SessionOptions.share_threads=False``). Per arm and phase it reports the medians over the
+repetitions of the adaptive run, its oracle and the static largest (the oracle's definition:
+:mod:`hmt.serve.reporting.oracle`).
 
     PYTHONPATH=$PWD python -m benchmarks.serve.threads_ab --bundle runs/demo/bundle-x86-64 --out ab.json
 """

@@ -67,3 +67,25 @@ def test_the_summary_says_what_the_burners_were_sized_to(monkeypatch: pytest.Mon
     doc = LoadGenerator().describe()
     assert doc == {"cores": 0.25, "processes": 1, "capacity": "0.25 cores of CPU (1 core(s), quota 0.25 cores; "
                    "from test)", "capacity_notes": ["cpu.max: odd; skipped"]}
+
+
+def test_start_returns_once_the_burners_are_up() -> None:
+    """Spawning a burner is a new interpreter and its imports (a fraction of a core-second each): start()
+    waits for it, so at duty 0 the burners use next to no CPU from the moment it returns, and the
+    replay's first second is not loaded by their start-up."""
+    import time
+
+    import psutil
+
+    gen = LoadGenerator(cores=2.0)
+    gen.set(0.0)
+    gen.start()
+    try:
+        procs = [psutil.Process(p.pid) for p in gen._procs if p.pid is not None]
+        assert len(procs) == 2 and all(e.is_set() for e in gen._ready)
+        before = [sum(p.cpu_times()[:2]) for p in procs]
+        time.sleep(0.5)
+        after = [sum(p.cpu_times()[:2]) for p in procs]
+        assert max(b - a for a, b in zip(before, after)) < 0.1  # CPU seconds in 0.5 s of duty 0
+    finally:
+        gen.stop()

@@ -23,15 +23,25 @@ import os
 import time
 from typing import Any
 
-from hmt.errors import UsageError
+from hmt.errors import DeviceError, UsageError
 from hmt.runtime.cpus import CpuCapacity, cpu_capacity
 
 _BURN_SLOT_S = 0.02
+START_TIMEOUT_S = 30.0  # a child process that is not up by then: the machine is too busy to replay on
 
 
-def _burn(duty: Any, stop: Any) -> None:  # pragma: no cover - runs in a child process
+def wait_ready(events: list[Any], timeout_s: float, what: str) -> None:
+    """Wait until every child of ``what`` has set its ready event; DeviceError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    for event in events:
+        if not event.wait(max(0.0, deadline - time.monotonic())):
+            raise DeviceError(f"{what}: a child process was not up after {timeout_s:g} s")
+
+
+def _burn(duty: Any, stop: Any, ready: Any) -> None:  # pragma: no cover - runs in a child process
     x = 0.0
     parent = os.getppid()
+    ready.set()  # the interpreter is up and the imports are done: what is left is the duty asked for
     # An orphan (the parent was killed before it could set ``stop``) must not burn forever.
     while not stop.is_set() and os.getppid() == parent:
         share = float(duty.value)
@@ -61,8 +71,9 @@ class LoadGenerator:
         ctx = multiprocessing.get_context("spawn")
         self._stop = ctx.Event()
         self._duties = [ctx.Value("d", 0.0, lock=False) for _ in range(self.processes)]
-        self._procs = [ctx.Process(target=_burn, args=(d, self._stop), daemon=True, name=f"hmt-burn-{i}")
-                       for i, d in enumerate(self._duties)]
+        self._ready = [ctx.Event() for _ in self._duties]
+        self._procs = [ctx.Process(target=_burn, args=(d, self._stop, r), daemon=True, name=f"hmt-burn-{i}")
+                       for i, (d, r) in enumerate(zip(self._duties, self._ready))]
         self.load = 0.0
 
     @property
@@ -79,9 +90,13 @@ class LoadGenerator:
                 doc["capacity_notes"] = list(self.capacity.notes)
         return doc
 
-    def start(self) -> None:
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Start the burners and return once each is up (spawning one is a new interpreter and its
+        imports: about a core-second that would otherwise land in the replay's first second as load
+        the scenario did not ask for, and send the loop to its smallest variant at t = 0)."""
         for proc in self._procs:
             proc.start()
+        wait_ready(self._ready, timeout_s, "load generator")
 
     def set(self, cpu_load: float | None) -> None:
         """Busy share of the capacity: the first processes run flat out, the next one part of the time."""

@@ -17,6 +17,8 @@ from typing import Any
 
 import psutil
 
+from hmt.serve.running.burn import START_TIMEOUT_S, wait_ready
+
 MAX_SQUEEZE_MB = 8192.0
 KEEP_FREE_MB = 1024.0  # the squeeze never takes the machine's available memory below this
 _PAGE = 4096
@@ -36,9 +38,10 @@ def _chunk() -> Any:
     return chunk
 
 
-def _hold(wanted: Any, held: Any, stop: Any) -> None:  # pragma: no cover - runs in a child process
+def _hold(wanted: Any, held: Any, stop: Any, ready: Any) -> None:  # pragma: no cover - runs in a child process
     chunks: list[Any] = []
     parent = os.getppid()
+    ready.set()
     # An orphan (the parent was killed before it could set ``stop``) must not hold memory forever.
     while not stop.is_set() and os.getppid() == parent:
         target = int(float(wanted.value) // _CHUNK_MB)
@@ -62,11 +65,14 @@ class MemorySqueeze:
         self._stop = ctx.Event()
         self._wanted = ctx.Value("d", 0.0, lock=False)
         self._held = ctx.Value("d", 0.0, lock=False)
-        self._proc = ctx.Process(target=_hold, args=(self._wanted, self._held, self._stop), daemon=True,
+        self._ready = ctx.Event()
+        self._proc = ctx.Process(target=_hold, args=(self._wanted, self._held, self._stop, self._ready), daemon=True,
                                  name="hmt-memory-squeeze")
 
-    def start(self) -> None:
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Start the child and return once it is up (see :meth:`LoadGenerator.start`)."""
         self._proc.start()
+        wait_ready([self._ready], timeout_s, "memory squeeze")
 
     def set(self, mb: float | None) -> None:
         """Hold ``mb`` MB from now on (None or 0: none)."""
