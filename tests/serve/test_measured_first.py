@@ -235,3 +235,33 @@ def test_one_stalled_request_does_not_make_every_variant_infeasible(bundle_dir: 
     for _ in range(20):
         c.predict(X, queued_ms=9.0)  # queueing that lasts: it is the budget's
     assert c.tick(sample=sample()).overhead_ms == pytest.approx(9.0, abs=0.3)
+
+
+def test_shadow_runs_time_the_longest_path(bundle_dir: Path) -> None:
+    """A shadow run replays one recent input: it times the variant's longest path (no exit confident
+    enough), not that input's exit, so a burst's window is the whole path's time, not one input's depth."""
+    import math
+
+    bundle = load_bundle(bundle_dir)
+    c = Controller(bundle, ServeSettings.from_mapping({"estimates": {"shadow_share": 0.5}}), sampler=sample,
+                   warmup_runs=1)
+    c.start(background=False)
+    c.predict(X)
+    seen: list[tuple[str, float | None, int]] = []
+    for arch_id in c.pool.loaded_ids():
+        runner = c.pool.get(arch_id)
+        assert runner is not None
+        real = runner.run
+
+        def spy(x: np.ndarray, confidence: float | None, real: Any = real, arch_id: str = arch_id) -> Any:
+            result = real(x, confidence)
+            seen.append((arch_id, confidence, result.exit))
+            return result
+
+        runner.run = spy  # type: ignore[method-assign]
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and not seen:
+        c.shadow_run()
+        time.sleep(0.001)
+    assert seen and all(conf == math.inf for _, conf, _ in seen)
+    assert all(exit_ == bundle.spec.variant(a).exit_stage for a, _, exit_ in seen)
