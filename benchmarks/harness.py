@@ -161,7 +161,11 @@ def load_driver(area: str, name: str) -> tuple[Any, Driver]:
 
 
 def _expand(args: Sequence[str], values: dict[str, str]) -> list[str]:
-    return [arg.format(**values) for arg in args]
+    """The placeholders ``{name}`` of ``values`` replaced; other braces (a JSON argument) kept as they are."""
+    import re
+
+    pattern = re.compile(r"\{(" + "|".join(re.escape(k) for k in values) + r")\}") if values else None
+    return [pattern.sub(lambda m: values[m.group(1)], arg) if pattern else arg for arg in args]
 
 
 def child_env() -> dict[str, str]:

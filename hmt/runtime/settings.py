@@ -222,7 +222,7 @@ class EstimatorSettings:
 
 
 ENGINE_CHOICES = ("auto", "onnxruntime", "tvm")
-OVERHEAD_MODES = ("tail", "scaled", "median")  # CorrectionSettings.overhead
+OVERHEAD_MODES = ("tail", "median")  # CorrectionSettings.overhead
 
 
 @dataclass(frozen=True)
@@ -257,10 +257,8 @@ class CorrectionSettings:
     # How the serving overhead (the budget's share no variant can use) is read from the requests
     # the active variant served: "tail" (default), p95 of queue wait + compute less p95 of compute,
     # so the active variant's compute p95 fits the limit exactly when its served latency p95 fits
-    # the budget (the miss criterion); "scaled", the same tail with the part above the median wait
-    # read in units of the active variant's compute (a queue of requests ahead takes their compute
-    # time: hmt.serve.deciding.load.ServingOverhead); "median", the median queue wait (what serve
-    # read before: a compute p95 plus a median wait under-states the latency p95 the budget is judged on).
+    # the budget (the miss criterion); "median", the median queue wait (what serve read before:
+    # a compute p95 plus a median wait under-states the latency p95 the budget is judged on).
     overhead: str = "tail"
 
     def __post_init__(self) -> None:

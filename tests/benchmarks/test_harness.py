@@ -90,3 +90,13 @@ def test_quick_run_of_every_area(area: str, tmp_path: Path) -> None:
     after = subprocess.run(["git", "status", "--porcelain", "benchmarks"], cwd=REPO, capture_output=True,
                            text=True).stdout
     assert after == before, "a quick run wrote into the repository"
+
+
+def test_placeholders_expand_and_other_braces_stay() -> None:
+    """A driver's ``{report}`` / ``{tmp}`` are filled in; a JSON argument's braces pass through untouched
+    (str.format raised KeyError on ``--serve-json '{"correction": ...}'``)."""
+    from benchmarks.harness import _expand
+
+    args = ["--out", "{report}", "--serve-json", '{"correction": {"overhead": "median"}}', "{tmp}/x", "{other}"]
+    assert _expand(args, {"report": "R", "tmp": "T"}) == \
+        ["--out", "R", "--serve-json", '{"correction": {"overhead": "median"}}', "T/x", "{other}"]

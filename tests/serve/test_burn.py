@@ -86,6 +86,6 @@ def test_start_returns_once_the_burners_are_up() -> None:
         before = [sum(p.cpu_times()[:2]) for p in procs]
         time.sleep(0.5)
         after = [sum(p.cpu_times()[:2]) for p in procs]
-        assert max(b - a for a, b in zip(before, after)) < 0.1  # CPU seconds in 0.5 s of duty 0
+        assert max(b - a for a, b in zip(before, after, strict=True)) < 0.1  # CPU seconds in 0.5 s of duty 0
     finally:
         gen.stop()

@@ -57,19 +57,9 @@ class ServingOverhead:
     missed 5-10 % of deadlines. Order statistics, not means: one stall of the machine (hundreds of
     ms) in a window moves neither p95 (the window's third largest) nor the median, so it cannot
     make every variant infeasible and send the loop switching on noise no choice can fix.
-    ``scaled``: the same tail, split into what every request pays (the 10th percentile wait: a
-    request that found no queue ahead; under bursts most requests queue, so not the median) and the
-    rest, read in units of the active variant's compute p95: waiting behind the requests ahead takes
-    their compute time, so under a burst of arrivals a faster variant waits less, in proportion. The
-    limit is then ``(budget - fixed) / (1 + ratio)``: the active variant's compute p95 fits it
-    exactly when its latency p95 fits the budget (as with ``tail``), and the ratio does not change
-    with the variant serving. With ``tail`` (one wait for every variant) a burst's queue made the
-    faster variant look needed, the queue shrank on it, the limit rose, the loop climbed, and it
-    oscillated: 13-17 switches in 9 s of on/off arrivals (``benchmarks/serve/results/matrix_share.json``).
     Until ``MIN_TAIL`` requests have a compute time, the median wait stands in."""
 
     MIN_TAIL = 8
-    RATIO_STEP = 0.02  # the scaled reading's ratio as the decision sees it (rounded up), as OVERHEAD_STEPS
 
     def __init__(self, window: int = QUEUE_WINDOW, mode: str = "tail") -> None:
         self.mode = mode
@@ -87,34 +77,15 @@ class ServingOverhead:
         self.waits_ms.clear()
         self._served.clear()
 
-    def _tail(self) -> tuple[float, float] | None:
-        """(p95 latency less p95 compute, p95 compute) of the active variant's requests; None: too few."""
+    def overhead_ms(self) -> float:
         served = self._served
-        if len(served) < self.MIN_TAIL:
-            return None
-        k = int(0.95 * (len(served) - 1) + 0.5)
-        latency = sorted(s[0] for s in served)[k]
-        compute = sorted(s[1] for s in served)[k]
-        return max(0.0, latency - compute), compute
-
-    def _median_wait(self) -> float:
+        if self.mode == "tail" and len(served) >= self.MIN_TAIL:
+            k = int(0.95 * (len(served) - 1) + 0.5)
+            latency = sorted(s[0] for s in served)[k]
+            compute = sorted(s[1] for s in served)[k]
+            return max(0.0, latency - compute)
         waits = sorted(self.waits_ms)
         return waits[len(waits) // 2] if waits else 0.0
-
-    def overhead_ms(self) -> float:
-        tail = self._tail() if self.mode in ("tail", "scaled") else None
-        return tail[0] if tail is not None else self._median_wait()
-
-    def split(self) -> tuple[float, float]:
-        """(fixed ms, ratio to compute) of the serving overhead: ``scaled``'s reading (see the class
-        text); the other modes, and too few requests, are all fixed (ratio 0)."""
-        tail = self._tail() if self.mode == "scaled" else None
-        if tail is None:
-            return self.overhead_ms(), 0.0
-        overhead, compute = tail
-        waits = sorted(s[0] - s[1] for s in self._served)
-        fixed = min(overhead, waits[int(0.1 * (len(waits) - 1))])
-        return fixed, (overhead - fixed) / compute if compute > 0 else 0.0
 
     def latency_limit_ms(self, budget_ms: float | None, headroom: float) -> tuple[float, float]:
         """(compute share of the latency budget, serving overhead): the budget covers queue wait +
@@ -123,8 +94,6 @@ class ServingOverhead:
         overhead_ms = self.overhead_ms()
         if budget_ms is None:
             return math.inf, overhead_ms
-        fixed_ms, ratio = self.split()
         step = budget_ms / OVERHEAD_STEPS
-        fixed_q = math.ceil(fixed_ms / step - 1e-9) * step
-        ratio_q = math.ceil(ratio / self.RATIO_STEP - 1e-9) * self.RATIO_STEP
-        return max(1e-3, (headroom * budget_ms - fixed_q) / (1.0 + ratio_q)), overhead_ms
+        overhead_q = math.ceil(overhead_ms / step - 1e-9) * step
+        return max(1e-3, headroom * budget_ms - overhead_q), overhead_ms
