@@ -71,6 +71,16 @@ def test_replay_arrivals_keep_the_mean_rate() -> None:
         if arrivals == "onoff":  # nothing in the second half of a cycle
             assert all(t % ONOFF_PERIOD_S < ONOFF_PERIOD_S / 2 + 1e-9 or t % ONOFF_PERIOD_S > 1 - 1e-9 for t in times)
     assert DriveOptions(duration_s=1.0, arrivals="poisson").arrivals == "poisson"
+    # Staggered clients stay staggered from one on/off cycle to the next (not all due at its start).
+    sends = []
+    for client in range(4):
+        phase = period_s * client / 4
+        t = phase / 2  # the first send: at the doubled rate, over half a gap (as _client_loop)
+        sends.append(round(t, 9))
+        for _ in range(60):
+            t = next_arrival_s(t, period_s, 0.0, "onoff", None, phase)
+            sends.append(round(t, 9))
+    assert len(set(sends)) == len(sends)
 
 
 def test_the_oracle_competes_within_the_phases_memory_budget() -> None:

@@ -285,8 +285,9 @@ def budget_at(rows: Sequence[ScenarioRow], base_latency_ms: float | None, time_s
 
 
 def next_arrival_s(last_s: float, period_s: float, start_s: float, arrivals: str,
-                   rng: np.random.Generator | None) -> float:
-    """When a client's next request is due after one due at ``last_s`` (mean gap ``period_s``)."""
+                   rng: np.random.Generator | None, phase_s: float = 0.0) -> float:
+    """When a client's next request is due after one due at ``last_s`` (mean gap ``period_s``);
+    ``phase_s``: the client's stagger (its share of a gap), kept from one on/off cycle to the next."""
     if arrivals == "poisson":
         assert rng is not None
         return last_s + float(rng.exponential(period_s))
@@ -295,7 +296,10 @@ def next_arrival_s(last_s: float, period_s: float, start_s: float, arrivals: str
         due = last_s + period_s / 2
         cycle, into = divmod(due - start_s, ONOFF_PERIOD_S)
         # (a hair under the half: the sum of gaps lands on it in floating point, one send too many)
-        return due if into < ONOFF_PERIOD_S / 2 - 1e-9 else start_s + (cycle + 1) * ONOFF_PERIOD_S
+        # A new cycle starts each client at its stagger (at the doubled rate): with one start for all,
+        # every client sent at the same instant for the rest of the run, bursts of as many requests
+        # as clients every gap, not the doubled rate the shape means.
+        return due if into < ONOFF_PERIOD_S / 2 - 1e-9 else start_s + (cycle + 1) * ONOFF_PERIOD_S + phase_s / 2
     return last_s + period_s
 
 
@@ -308,7 +312,9 @@ def _client_loop(send: Send, inputs: Inputs, client: int, clients: int, period_s
     records: list[RequestRecord] = []
     n = len(inputs.x)
     rng = np.random.default_rng([seed, client]) if arrivals == "poisson" else None
-    next_s = max(clock(), start_s) + period_s * client / max(1, clients)  # stagger the clients
+    phase_s = period_s * client / max(1, clients)
+    # Stagger the clients over a gap (on/off sends at twice the rate: over half a gap).
+    next_s = max(clock(), start_s) + (phase_s / 2 if arrivals == "onoff" else phase_s)
     k = 0
     while True:
         wait_s = min(next_s, stop_s) - clock()
@@ -319,7 +325,7 @@ def _client_loop(send: Send, inputs: Inputs, client: int, clients: int, period_s
         sent_s = clock()
         if sent_s >= stop_s or (stop is not None and stop.is_set()):
             break
-        next_s = next_arrival_s(next_s, period_s, start_s, arrivals, rng)
+        next_s = next_arrival_s(next_s, period_s, start_s, arrivals, rng, phase_s)
         if arrivals == "constant":
             next_s = max(next_s, sent_s)  # fell behind: do not burst
         i = (client + k * clients) % n
