@@ -265,3 +265,33 @@ def test_shadow_runs_time_the_longest_path(bundle_dir: Path) -> None:
         time.sleep(0.001)
     assert seen and all(conf == math.inf for _, conf, _ in seen)
     assert all(exit_ == bundle.spec.variant(a).exit_stage for a, _, exit_ in seen)
+
+
+def test_a_shadow_run_a_request_ran_beside_is_not_kept(bundle_dir: Path) -> None:
+    """A request that ran during a shadow run took CPU from it that the variant would have had serving:
+    the run counts against the shadow share but its time does not enter the variant's window."""
+    bundle = load_bundle(bundle_dir)
+    c = Controller(bundle, ServeSettings.from_mapping({"estimates": {"shadow_share": 0.5}}), sampler=sample,
+                   warmup_runs=1)
+    c.start(background=False)
+    c.predict(X)
+    for arch_id in c.pool.loaded_ids():
+        runner = c.pool.get(arch_id)
+        assert runner is not None
+        real = runner.run
+
+        def beside(x: np.ndarray, confidence: float | None, real: Any = real) -> Any:
+            with c.shadow.serving():  # a request starts and ends while the shadow run is on
+                pass
+            return real(x, confidence)
+
+        runner.run = beside  # type: ignore[method-assign]
+    runs = 0
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and runs < 5:
+        runs += c.shadow_run()
+        time.sleep(0.001)
+    assert runs >= 5 and c.shadow.overlapped == runs
+    status = c.status()
+    for arch_id in ("mid", "small"):  # never measured: still the prior
+        assert status["estimates"][arch_id]["source"] != "measured"

@@ -58,7 +58,7 @@ def controller_status(c: Any, last: int = 10) -> dict[str, Any]:
         "prediction_disagrees": disagreements,
         "feasible": None if decision is None else decision.feasible,
         "infeasible_reason": None if decision is None or decision.feasible else decision.reason,
-        "shadow": {"runs": shadow_runs, "seconds": shadow_s,
+        "shadow": {"runs": shadow_runs, "seconds": shadow_s, "not_kept_overlapped": c.shadow.overlapped,
                    "share_limit": c.settings.estimates.shadow_share},
         "early_exit": asdict(c.settings.early_exit),
         "pool": {"loaded": c.pool.loaded_ids(), "loaded_mb": c.pool.loaded_bytes() / 1e6,
