@@ -112,7 +112,12 @@ class PsutilSampler:
         # machine-wide figure, the same thing, cheaper).
         self._cpus: list[int] | None = allowed if allowed and len(allowed) < machine else None
         self._cores = len(allowed) if self._cpus is not None else machine
-        psutil.cpu_percent(interval=None, percpu=self._cpus is not None)  # prime: the next call measures from here
+        self.prime()
+
+    def prime(self) -> None:
+        """The next sample measures from now (what ran before, such as a replay's load generator
+        starting, is not in it)."""
+        psutil.cpu_percent(interval=None, percpu=self._cpus is not None)
         self._own_last = self._own_times()
 
     def _own_times(self) -> tuple[float, float]:

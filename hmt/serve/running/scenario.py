@@ -156,6 +156,12 @@ class ScenarioSampler:
         self.synthetic_cpu = synthetic_cpu
         self._base: Sampler = base if base is not None else PsutilSampler()
 
+    def prime(self) -> None:
+        """The live sampler's next sample measures from now (:meth:`PsutilSampler.prime`)."""
+        prime = getattr(self._base, "prime", None)
+        if prime is not None:
+            prime()
+
     def __call__(self) -> ResourceSample:
         sample = self._base()
         cpu = self.state.cpu_load

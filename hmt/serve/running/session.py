@@ -269,6 +269,7 @@ def run_scenario(
             burner.start()
         if squeeze is not None:
             squeeze.start()
+        sampler.prime()  # the load generator's start-up is not outside load the scenario asked for
         controller.start()
         if server is not None:
             app = create_app(controller, api if api is not None else ApiOptions())
