@@ -78,3 +78,21 @@ def test_forecaster_constant_and_clipped() -> None:
     assert np.all(g.forecast(30) <= 1.0)
     with pytest.raises(UsageError):
         LoadForecaster(order=3, window=4)
+
+
+def test_a_primed_sampler_measures_from_the_priming() -> None:
+    """PsutilSampler.prime: CPU spent before it (a replay's load generator starting) is not in the next
+    sample. This process burns ~0.3 s of CPU, primes, sleeps: its own share of the next sample is low."""
+    import time
+
+    from hmt.serve.deciding.monitor import PsutilSampler
+
+    sampler = PsutilSampler(use_nvml=False)
+    until = time.perf_counter() + 0.3
+    x = 0.0
+    while time.perf_counter() < until:
+        x = x * 1.0000001 + 1.0
+    sampler.prime()
+    time.sleep(0.1)
+    own = sampler().own_cpu_util
+    assert own is not None and own < 0.2
