@@ -171,9 +171,9 @@ def within_share(options: OrtOptions, max_threads: int | None) -> tuple[OrtOptio
     graph (``intra_op_threads`` 0, ORT's default, is one per core, so it is cut too), and no
     spinning once cut. fuse measured its choice alone on an idle machine; a serving process runs
     several requests at once beside the device's own work, and an operator split over more threads
-    than its share waits for the slowest of them, each time-sliced against that other work (on the
-    2-core x86 host, a two-thread session missed a 3 ms budget 5x as often under two CPU burners as
-    a one-thread one). Returns the options and a note when they were cut (None: kept as measured)."""
+    than its share waits for the slowest of them, each time-sliced against that other work
+    (``benchmarks/serve/results/threads_ab.json``). Returns the options and a note when they were
+    cut (None: kept as measured)."""
     if max_threads is None or max_threads < 1:
         return options, None
     threads = options.intra_op_threads

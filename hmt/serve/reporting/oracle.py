@@ -151,22 +151,24 @@ def compare(adaptive: Sequence[PhaseScore], static: Mapping[str, Sequence[PhaseS
     return rows
 
 
+def _phase_medians(ticks: Sequence[Any], bounds: Sequence[tuple[float, float]], field: str) -> list[float | None]:
+    """Per phase, the median of the decisions' ``field`` (a TickRecord attribute) there; None where
+    none had it."""
+    out: list[float | None] = []
+    for start, stop in bounds:
+        values = sorted(getattr(t, field) for t in ticks
+                        if start <= t.time_s < stop and getattr(t, field) is not None)
+        out.append(values[len(values) // 2] if values else None)
+    return out
+
+
 def phase_memory_budgets(ticks: Sequence[Any], bounds: Sequence[tuple[float, float]]) -> list[float | None]:
     """Each phase's memory budget as the loop had it: the median of its decisions' memory budget
     (``TickRecord.memory_budget_mb``) in the phase; None where unconstrained."""
-    out: list[float | None] = []
-    for start, stop in bounds:
-        values = sorted(t.memory_budget_mb for t in ticks
-                        if start <= t.time_s < stop and t.memory_budget_mb is not None)
-        out.append(values[len(values) // 2] if values else None)
-    return out
+    return _phase_medians(ticks, bounds, "memory_budget_mb")
 
 
 def phase_mu(ticks: Sequence[Any], bounds: Sequence[tuple[float, float]]) -> list[float | None]:
     """Each phase's eq. 3 weight as the loop had it: the median ``TickRecord.mu`` of its decisions in
     the phase (None where it made none)."""
-    out: list[float | None] = []
-    for start, stop in bounds:
-        values = sorted(t.mu for t in ticks if start <= t.time_s < stop and t.mu is not None)
-        out.append(values[len(values) // 2] if values else None)
-    return out
+    return _phase_medians(ticks, bounds, "mu")
