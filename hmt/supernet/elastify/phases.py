@@ -4,7 +4,7 @@ function run by :func:`hmt.supernet.elastify.epochs.run_epochs`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,8 +53,11 @@ def exit_step(net: ElastifiedSupernet, config: TrainConfig) -> Callable[..., tor
 
 
 def finetune_step(
-    net: ElastifiedSupernet, config: TrainConfig, finetune_original: bool
+    net: ElastifiedSupernet, config: TrainConfig, finetune_original: bool,
+    fixed: Sequence[ArchConfig] | None = None,
 ) -> Callable[..., torch.Tensor]:
+    """One step of the sandwich fine-tuning: the original teaches (KD) the subnets of the
+    sandwich rule, or, with ``fixed``, those architectures every step (specialization)."""
     from hmt.supernet.train.phases import SubnetSampling, iter_finetune_archs, kd_loss
 
     sampling = SubnetSampling.of(config)
@@ -64,6 +67,9 @@ def finetune_step(
     late_smallest = space.smallest(space.num_stages - 1) if sampling.exits == "late" else None
 
     def archs(rng: np.random.Generator) -> Iterator[ArchConfig]:
+        if fixed is not None:
+            yield from fixed
+            return
         for i, arch in enumerate(iter_finetune_archs(space, rng, sampling)):
             yield late_smallest if (i == 0 and late_smallest is not None) else arch
 

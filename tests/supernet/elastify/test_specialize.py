@@ -1,0 +1,143 @@
+"""``hmt specialize``: only the chosen variants' paths learn, the original stays bit-exact, the
+variant is chosen on the validation split (never the test split), the artifact verifies and
+converts, bad ids fail with a clear line and exit code 2, and a killed run resumes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hmt.errors import UsageError
+from hmt.supernet import load_supernet
+from hmt.supernet.elastify.selection import SpecializeRequest, cheapest_within, select_variants
+from hmt.supernet.elastify.specialize import specialize_supernet
+from hmt.supernet.elastify.train import elastify_supernet
+from hmt.supernet.train import resolve_config
+
+REPO = Path(__file__).resolve().parents[3]
+MODELS = Path(__file__).resolve().parent / "models.py"
+TINY = {"batch_size": 32, "max_train_samples": 32}
+
+
+def hmt(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "commands.app", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=600, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
+                                            "HOME": str(Path.home())})
+
+
+@pytest.fixture(scope="module")
+def parent(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    config = resolve_config(overrides={
+        **TINY, "backbone_epochs": 0, "partition_epochs": 1, "distill_epochs": 1, "finetune_epochs": 1,
+        "eval_variants": 2, "finetune_random_subnets": 1, "calibration_samples": 32, "val_fraction": 0.05,
+        "extra": {"elastify": {"input_shape": [1, 3, 32, 32], "file": str(MODELS), "factory": "user_net"}},
+    })
+    out = tmp_path_factory.mktemp("specialize") / "parent"
+    elastify_supernet(config, out)
+    return out
+
+
+def request(**kwargs: object) -> SpecializeRequest:
+    return SpecializeRequest(**{"variants": ("e2.555555",), "epochs": 1, **TINY, **kwargs})  # type: ignore[arg-type]
+
+
+def test_only_the_variants_path_learns_and_the_original_stays_exact(parent: Path, tmp_path: Path) -> None:
+    result = specialize_supernet(parent, tmp_path / "out", request())
+    before, after = load_supernet(parent), load_supernet(tmp_path / "out")  # both verified
+    arch = after.space.parse(f"{after.space.tag}.e2.555555")
+    x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        largest = after.space.largest()
+        assert torch.equal(before.net(x, largest), after.net(x, largest))  # the original, bit for bit
+        assert not torch.equal(before.net(x, arch), after.net(x, arch))  # the specialized path learnt
+    assert result.metrics["largest_vs_original_max_abs_after"] == 0.0
+    table = pd.read_csv(tmp_path / "out" / "variants.csv")
+    assert list(table.role) == ["largest", "specialized"] and table.arch_id.iloc[1] == arch.arch_id
+    assert {"val_acc", "test_acc", "macs"} <= set(table.columns)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["parents"][0]["manifest_sha256"] == before.artifact.manifest_sha256
+    assert manifest["metrics"]["specialized"] == [arch.arch_id] and manifest["metrics"]["epochs"] == 1
+    assert "/" + "tmp" not in (tmp_path / "out" / "manifest.json").read_text()  # no path of this machine
+    report = json.loads((tmp_path / "out" / "specialize.json").read_text())
+    assert report["variants"][0]["chosen_by"] == "--variants"
+
+
+def test_selection_reads_the_validation_split_never_the_test_split(parent: Path) -> None:
+    space = load_supernet(parent).space
+    tag = space.tag
+    table = pd.DataFrame([
+        {"arch_id": f"{tag}.e2.BBBBBB", "val_acc": 0.90, "test_acc": 0.90, "macs": 100},
+        {"arch_id": f"{tag}.e2.777777", "val_acc": 0.895, "test_acc": 0.50, "macs": 70},  # within 1 on val
+        {"arch_id": f"{tag}.e2.555555", "val_acc": 0.50, "test_acc": 0.90, "macs": 50},  # within 1 on test only
+        {"arch_id": "other-000000.e2.222222", "val_acc": 0.90, "test_acc": 0.90, "macs": 1},  # another space
+    ])
+    choice = cheapest_within(space, table, "front.csv", 1.0)
+    assert choice.arch.arch_id == f"{tag}.e2.777777" and "validation" in choice.chosen_by
+    with pytest.raises(UsageError, match="no variant is within 0.1 points"):
+        cheapest_within(space, table, "front.csv", 0.1)
+    chosen = select_variants(space, SpecializeRequest(variants=("e2.777777",), front_within=1.0), table, "front.csv")
+    assert [c.arch.arch_id for c in chosen] == [f"{tag}.e2.777777"]  # each once
+    with pytest.raises(UsageError, match="largest variant"):
+        select_variants(space, SpecializeRequest(variants=("e2.BBBBBB",)), table, "front.csv")
+
+
+def test_bad_requests_fail_with_one_line_and_exit_code_2(parent: Path, tmp_path: Path) -> None:
+    space = load_supernet(parent).space
+    for given, words in (("e2.55", "not a variant of this supernet's space"), ("e7.555555", "exit stage 7"),
+                         ("nonsense", "--variants nonsense")):
+        with pytest.raises(UsageError, match=words):
+            select_variants(space, SpecializeRequest(variants=(given,)), pd.DataFrame(), "variants.csv")
+    with pytest.raises(UsageError, match="nothing to specialize"):
+        SpecializeRequest().validate()
+    done = hmt("specialize", "--supernet", str(parent), "--out", str(tmp_path / "o"), "--variants", "e2.DDDDDD")
+    assert done.returncode == 2, done.stderr
+    assert "--variants e2.DDDDDD" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_out_is_never_a_folder_of_the_users(parent: Path, tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    done = hmt("specialize", "--supernet", str(parent), "--variants", "e2.555555", "--out", str(mine))
+    assert done.returncode == 3 and "not an hmt artifact" in done.stderr
+    assert (mine / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.slow
+def test_the_specialized_artifact_converts(parent: Path, tmp_path: Path) -> None:
+    specialize_supernet(parent, tmp_path / "sp", request())
+    tag = load_supernet(tmp_path / "sp").space.tag
+    done = hmt("convert", "--supernet", str(tmp_path / "sp"), "--variant", f"{tag}.e2.555555",
+               "--out", str(tmp_path / "conv"), "--quiet")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "conv" / f"{tag}.e2.555555").is_dir()
+
+
+@pytest.mark.slow
+def test_a_killed_specialization_resumes_where_it_stood(parent: Path, tmp_path: Path) -> None:
+    from hmt.supernet.train.trainer import TrainingInterrupted
+
+    two = replace(request(), epochs=2)
+    specialize_supernet(parent, tmp_path / "whole", two)
+    with pytest.raises(TrainingInterrupted):
+        specialize_supernet(parent, tmp_path / "resumed", two, stop_after_epochs=1)
+    notes: list[str] = []
+    seen: list[str] = []
+    specialize_supernet(parent, tmp_path / "resumed", two, notify=notes.append,
+                        progress=lambda task, done, total, info=None: seen.append(f"{task} {info}"))
+    assert any("specialize resumes at its epoch 2" in n for n in notes), notes
+    assert {s for s in seen if s.startswith("specialize")} == {"specialize epoch 2/2"}
+    a = load_file(str(tmp_path / "whole" / "weights.safetensors"))
+    b = load_file(str(tmp_path / "resumed" / "weights.safetensors"))
+    assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
+    assert not (tmp_path / "resumed.ckpt").exists()
