@@ -91,6 +91,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--max-test", type=int, default=None, help="cap on test images (CPU smoke runs)")
     parser.add_argument("--arch", action="append", default=[], help="also evaluate this arch id (repeatable)")
+    parser.add_argument("--table-only", action="store_true",
+                        help="evaluate only the variants the supernet's variants.csv lists (a specialized supernet: "
+                             "its other variants share weights with the specialized ones and are not meant to be used)")
     parser.add_argument("--greedy", type=int, default=0,
                         help="also the greedy shrinking path from the largest at every exit (hmt.pareto.greedy, "
                              "next cheaper choice per block, chosen on validation images): evaluations per exit")
@@ -114,7 +117,15 @@ def main() -> None:
     val_loader = eval_loader(val.x, val.y, info=data.info, batch_size=500, device=torch.device(args.device),
                              channels_last=False)
     rng = np.random.default_rng(args.seed)
-    archs = structured_archs(space) + [space.parse(a) for a in args.arch]
+    if args.table_only:
+        import pandas as pd
+
+        from hmt.supernet.artifact import VARIANTS
+
+        listed = pd.read_csv(loaded.artifact.file(VARIANTS)).arch_id
+        archs = [space.parse(str(a)) for a in listed] + [space.parse(a) for a in args.arch]
+    else:
+        archs = structured_archs(space) + [space.parse(a) for a in args.arch]
     archs += [space.sample(rng, exit_stage=space.num_stages - 1) for _ in range(args.random)]
     archs += [space.sample(rng) for _ in range(args.random // 3)]
     if args.greedy:

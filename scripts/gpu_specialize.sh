@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# GPU job: elastify the three strong originals (shortened tied recipes), then specialize chosen
+# variants of each (hmt specialize: only their paths fine-tuned, KD from the frozen original), each
+# variant in its own artifact and job, then evaluate them (validation, test and test halves) with
+# benchmarks/supernet/front.py; a front of each elastic supernet runs beside the specializations.
+# Every job runs in the background in its own process session and skips what is done, so the same
+# command is rerun on the same warm machine until it prints "all done" (one command is limited to
+# 10 minutes):
+#   bash scripts/gpu_specialize.sh WORKDIR
+# WORKDIR holds cifar10.blob (scripts/gpu_pack_cifar.py pack) and r18/r56/mbv2.safetensors (the
+# originals of benchmarks/supernet/originals.py). Knobs (environment): GPUS (default "0 1 2 3",
+# jobs spread round-robin), R18_EPOCHS R56_EPOCHS MBV2_EPOCHS (elastic fine-tuning epochs),
+# SPEC_EPOCHS, FRONT_RANDOM, MODELS (default "r18 r56 mbv2"), SPECS (which specializations, default all of SPEC_LIST), DATA (an unpacked
+# CIFAR-10 JPEG folder instead of WORKDIR/cifar10.blob), EXTRA (more train-supernet / specialize
+# options, e.g. "--device cpu --max-train-samples 256" for a CPU check of the script).
+set -uo pipefail
+W=$1
+M=benchmarks/supernet/models
+C=benchmarks/supernet/configs
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+mkdir -p "$W"
+DATA=${DATA:-$W/cifar}
+[ -d "$DATA" ] || python3 scripts/gpu_pack_cifar.py unpack "$W/cifar10.blob" "$DATA"
+[ -f "$W/machine.txt" ] || { nvidia-smi -L > "$W/machine.txt" 2>&1; lscpu | head -20 >> "$W/machine.txt"; }
+read -r -a GPU_LIST <<< "${GPUS:-0 1 2 3}"
+EXTRA=${EXTRA:-}
+next=0
+bg() {  # name, command...: start once, on the next GPU, in its own session
+  local name=$1; shift
+  [ -f "$W/$name.started" ] && return
+  touch "$W/$name.started"
+  local gpu=${GPU_LIST[$((next % ${#GPU_LIST[@]}))]}
+  next=$((next + 1))
+  echo "$(date -u +%FT%TZ) start $name on GPU $gpu" >> "$W/timeline.txt"
+  CUDA_VISIBLE_DEVICES=$gpu setsid nohup bash -c "($*) > '$W/$name.log' 2>&1 && end=done || end=failed; \
+      touch '$W/$name.'\$end; echo \"\$(date -u +%FT%TZ) \$end $name\" >> '$W/timeline.txt'" \
+      < /dev/null > /dev/null 2>&1 &
+}
+# model name: model file, recipe, elastic fine-tuning epochs
+declare -A FILE=([r18]=cifar_resnet18 [r56]=cifar_resnet56 [mbv2]=cifar_mobilenetv2)
+declare -A CFG=([r18]=elastify-cifar-resnet18-tied-200 [r56]=elastify-cifar-resnet56-tied-140
+                [mbv2]=elastify-cifar-mobilenetv2-tied-100)
+declare -A EPOCHS=([r18]=${R18_EPOCHS:-60} [r56]=${R56_EPOCHS:-50} [mbv2]=${MBV2_EPOCHS:-36})
+# specializations: name = model:selection (ids without the space tag, or "within:POINTS" on validation)
+R56_15=e2.BSBSBSBSBBSBSBSBSBBSBSBSBSB  # 15 of 27 blocks (every other one skipped)
+R56_12=e2.BSBSBSSBSBSBSBSSBSBSBSBSSBS  # 12 of 27 blocks
+R56_9=e2.BSSBSSBSSBSSBSSBSSBSSBSSBSS   # 9 of 27 blocks (a ResNet-20's depth)
+declare -A SPEC_LIST=(
+  [r18-w50]=r18:e3.555555555555 [r18-w50x25]=r18:e3.522522522522 [r18-1pt]=r18:within:1
+  [r56-d15]=r56:$R56_15 [r56-d12]=r56:$R56_12 [r56-d9]=r56:$R56_9
+  [mbv2-w75]=mbv2:e3.7B7777777777777777777B [mbv2-w50]=mbv2:e3.5B5555555555555555555B [mbv2-1pt]=mbv2:within:1
+  [mbv2-d75]=mbv2:e3.7B7S77S777S7S7S777S77B  # 6 of the 10 skippable blocks skipped, the rest at 0.75
+)
+SPECS=${SPECS:-r18-w50 r56-d12 mbv2-w75 r18-w50x25 r56-d15 mbv2-1pt r18-1pt r56-d9 mbv2-w50 mbv2-d75}
+for m in ${MODELS:-r18 r56 mbv2}; do
+  bg "$m-elastic" python3 -m commands train-supernet --model "$M/${FILE[$m]}.py:build" \
+      --weights "$W/$m.safetensors" --input-shape 1,3,32,32 --data "$DATA" --config "$C/${CFG[$m]}.json" \
+      --finetune-epochs "${EPOCHS[$m]}" --eval-variants 6 --cache-dir "$W/cache-$m" --out "$W/$m-elastic" $EXTRA
+done
+spec_tag() {  # the space tag of a model's elastic supernet (the first arch id of its variants.csv)
+  sed -n 2p "$W/$1-elastic/variants.csv" | cut -d. -f1
+}
+for spec in $SPECS; do
+  IFS=: read -r m how points <<< "${SPEC_LIST[$spec]}"
+  [ -f "$W/$m-elastic.done" ] || continue
+  if [ "$how" = within ]; then pick="--front-within $points"; else pick="--variants $how"; fi
+  bg "$spec" python3 -m commands specialize --supernet "$W/$m-elastic" $pick --epochs "${SPEC_EPOCHS:-40}" \
+      --data "$DATA" --cache-dir "$W/cache-$m" --out "$W/$spec" $EXTRA "&&" \
+      python3 -m benchmarks.supernet.front --supernet "$W/$spec" --data "$DATA" --table-only --random 0 \
+      --out "$W/$spec.csv" ${FRONT_EXTRA:-}
+done
+for m in ${MODELS:-r18 r56 mbv2}; do
+  [ -f "$W/$m-elastic.done" ] || continue
+  extra_archs=""  # the explicitly chosen variants, before specialization
+  for spec in $SPECS; do
+    IFS=: read -r sm how points <<< "${SPEC_LIST[$spec]}"
+    [ "$sm" = "$m" ] && [ "$how" != within ] && extra_archs="$extra_archs --arch $(spec_tag "$m").$how"
+  done
+  bg "$m-front" python3 -m benchmarks.supernet.front --supernet "$W/$m-elastic" --data "$DATA" \
+      --random "${FRONT_RANDOM:-20}" $extra_archs --out "$W/$m-front.csv" ${FRONT_EXTRA:-}
+done
+sleep "${POLL_S:-0}"
+for f in "$W"/*.log; do echo "== $(basename "$f"): $(tail -c 300 "$f" | tr '\r' '\n' | tail -n 1)"; done
+pending=0
+for name in $(for m in ${MODELS:-r18 r56 mbv2}; do echo "$m-elastic $m-front"; done) $SPECS; do
+  [ -f "$W/$name.done" ] || [ -f "$W/$name.failed" ] || pending=1
+done
+if [ -n "${COLLECT:-}" ]; then  # the small files a summary needs (benchmarks/supernet/specialized.py)
+  mkdir -p "$COLLECT"
+  for d in "$W"/*/; do
+    n=$(basename "$d")
+    for f in history.json variants.csv manifest.json specialize.json; do
+      [ -f "$d/$f" ] && cp "$d/$f" "$COLLECT/$n-$f"
+    done
+  done
+  cp "$W"/*.csv "$W"/timeline.txt "$W"/machine.txt "$COLLECT"/ 2>/dev/null
+  for f in "$W"/*.log; do tail -c 3000 "$f" > "$COLLECT/$(basename "$f").tail"; done
+fi
+[ "$pending" = 0 ] && echo "all done" && ls "$W"/*.failed 2>/dev/null
