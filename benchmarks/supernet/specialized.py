@@ -124,8 +124,8 @@ def _claims(report: dict[str, Any]) -> list[dict[str, str]]:
             pick = best(summary, margin)
             if pick is None:
                 continue
-            met = "" if target is None else (" (target %.1fx: %s)" % (target, "met" if pick["speedup"] >= target
-                                                                        else "missed"))
+            met = "" if target is None else (f" (target {target:.1f}x: "
+                                             f"{'met' if pick['speedup'] >= target else 'missed'})")
             claims.append({"claim": f"{model}: fastest specialized variant within {margin} point(s) of the original "
                                     f"on {summary['selected_on']}, ORT batch 1, 1 thread",
                            "figure": f"{pick['arch_id']}: {pick['speedup']:.2f}x{met}, "
