@@ -52,7 +52,7 @@ declare -A SPEC_LIST=(
   [mbv2-d75]=mbv2:e3.7B7S77S777S7S7S777S77B  # 6 of the 10 skippable blocks skipped, the rest at 0.75
 )
 SPECS=${SPECS:-r18-w50 r56-d12 mbv2-w75 r18-w50x25 r56-d15 mbv2-1pt r18-1pt r56-d9 mbv2-w50 mbv2-d75}
-for m in ${MODELS:-r18 r56 mbv2}; do
+for m in ${MODELS:-r18 mbv2 r56}; do  # round-robin: on two GPUs the lighter R56 shares with R18
   bg "$m-elastic" python3 -m commands train-supernet --model "$M/${FILE[$m]}.py:build" \
       --weights "$W/$m.safetensors" --input-shape 1,3,32,32 --data "$DATA" --config "$C/${CFG[$m]}.json" \
       --finetune-epochs "${EPOCHS[$m]}" --eval-variants 6 --cache-dir "$W/cache-$m" --out "$W/$m-elastic" $EXTRA
