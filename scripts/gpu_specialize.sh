@@ -9,6 +9,7 @@
 #   bash scripts/gpu_specialize.sh WORKDIR
 # WORKDIR holds cifar10.blob (scripts/gpu_pack_cifar.py pack) and r18/r56/mbv2.safetensors (the
 # originals of benchmarks/supernet/originals.py). Knobs (environment): GPUS (default "0 1 2 3",
+# two GPUs: GPUS="0 1", about 16 minutes on two H200s with the defaults,
 # jobs spread round-robin), R18_EPOCHS R56_EPOCHS MBV2_EPOCHS (elastic fine-tuning epochs),
 # SPEC_EPOCHS, FRONT_RANDOM, MODELS (default "r18 r56 mbv2"), SPECS (which specializations, default all of SPEC_LIST), DATA (an unpacked
 # CIFAR-10 JPEG folder instead of WORKDIR/cifar10.blob), EXTRA (more train-supernet / specialize
@@ -40,18 +41,22 @@ bg() {  # name, command...: start once, on the next GPU, in its own session
 declare -A FILE=([r18]=cifar_resnet18 [r56]=cifar_resnet56 [mbv2]=cifar_mobilenetv2)
 declare -A CFG=([r18]=elastify-cifar-resnet18-tied-200 [r56]=elastify-cifar-resnet56-tied-140
                 [mbv2]=elastify-cifar-mobilenetv2-tied-100)
-declare -A EPOCHS=([r18]=${R18_EPOCHS:-60} [r56]=${R56_EPOCHS:-50} [mbv2]=${MBV2_EPOCHS:-36})
-# specializations: name = model:selection (ids without the space tag, or "within:POINTS" on validation)
-R56_15=e2.BSBSBSBSBBSBSBSBSBBSBSBSBSB  # 15 of 27 blocks (every other one skipped)
-R56_12=e2.BSBSBSSBSBSBSBSSBSBSBSBSSBS  # 12 of 27 blocks
-R56_9=e2.BSSBSSBSSBSSBSSBSSBSSBSSBSS   # 9 of 27 blocks (a ResNet-20's depth)
+declare -A EPOCHS=([r18]=${R18_EPOCHS:-50} [r56]=${R56_EPOCHS:-40} [mbv2]=${MBV2_EPOCHS:-30})
+# specializations: name = model:selection[:epochs] (an id without the space tag, or "within:POINTS":
+# the fewest MACs within POINTS of the original on validation). A kept block of a depth variant runs
+# at inner width 0.75 (w75), not as the original's block: those are frozen (the original stays
+# exact), so a variant of original blocks and skips has nothing to learn (specialize refuses it).
+R56_15=e2.7S7S7S7S77S7S7S7S77S7S7S7S7  # 15 of 27 blocks (every other one skipped)
+R56_12=e2.7S7S7SS7S7S7S7SS7S7S7S7SS7S  # 12 of 27 blocks
+R56_9=e2.7SS7SS7SS7SS7SS7SS7SS7SS7SS   # 9 of 27 blocks (a ResNet-20's depth)
 declare -A SPEC_LIST=(
   [r18-w50]=r18:e3.555555555555 [r18-w50x25]=r18:e3.522522522522 [r18-1pt]=r18:within:1
-  [r56-d15]=r56:$R56_15 [r56-d12]=r56:$R56_12 [r56-d9]=r56:$R56_9
+  [r18-w50-e80]=r18:e3.555555555555:80 [mbv2-d75-e80]=mbv2:e3.7B7S77S777S7S7S777S77B:80
+  [r56-d15w75]=r56:$R56_15 [r56-d12w75]=r56:$R56_12 [r56-d9w75]=r56:$R56_9
   [mbv2-w75]=mbv2:e3.7B7777777777777777777B [mbv2-w50]=mbv2:e3.5B5555555555555555555B [mbv2-1pt]=mbv2:within:1
   [mbv2-d75]=mbv2:e3.7B7S77S777S7S7S777S77B  # 6 of the 10 skippable blocks skipped, the rest at 0.75
 )
-SPECS=${SPECS:-r18-w50 r56-d12 mbv2-w75 r18-w50x25 r56-d15 mbv2-1pt r18-1pt r56-d9 mbv2-w50 mbv2-d75}
+SPECS=${SPECS:-r18-w50 r56-d12w75 mbv2-w75 r18-w50x25 r56-d15w75 mbv2-d75 r56-d9w75 mbv2-w50 r18-w50-e80 mbv2-d75-e80}
 for m in ${MODELS:-r18 mbv2 r56}; do  # round-robin: on two GPUs the lighter R56 shares with R18
   bg "$m-elastic" python3 -m commands train-supernet --model "$M/${FILE[$m]}.py:build" \
       --weights "$W/$m.safetensors" --input-shape 1,3,32,32 --data "$DATA" --config "$C/${CFG[$m]}.json" \
@@ -61,10 +66,11 @@ spec_tag() {  # the space tag of a model's elastic supernet (the first arch id o
   sed -n 2p "$W/$1-elastic/variants.csv" | cut -d. -f1
 }
 for spec in $SPECS; do
-  IFS=: read -r m how points <<< "${SPEC_LIST[$spec]}"
+  IFS=: read -r m how arg <<< "${SPEC_LIST[$spec]}"
   [ -f "$W/$m-elastic.done" ] || continue
-  if [ "$how" = within ]; then pick="--front-within $points"; else pick="--variants $how"; fi
-  bg "$spec" python3 -m commands specialize --supernet "$W/$m-elastic" $pick --epochs "${SPEC_EPOCHS:-40}" \
+  epochs=${SPEC_EPOCHS:-30}
+  if [ "$how" = within ]; then pick="--front-within $arg"; else pick="--variants $how"; epochs=${arg:-$epochs}; fi
+  bg "$spec" python3 -m commands specialize --supernet "$W/$m-elastic" $pick --epochs "$epochs" \
       --data "$DATA" --cache-dir "$W/cache-$m" --out "$W/$spec" $EXTRA "&&" \
       python3 -m benchmarks.supernet.front --supernet "$W/$spec" --data "$DATA" --table-only --random 0 \
       --out "$W/$spec.csv" ${FRONT_EXTRA:-}
@@ -73,7 +79,7 @@ for m in ${MODELS:-r18 r56 mbv2}; do
   [ -f "$W/$m-elastic.done" ] || continue
   extra_archs=""  # the explicitly chosen variants, before specialization
   for spec in $SPECS; do
-    IFS=: read -r sm how points <<< "${SPEC_LIST[$spec]}"
+    IFS=: read -r sm how _ <<< "${SPEC_LIST[$spec]}"
     [ "$sm" = "$m" ] && [ "$how" != within ] && extra_archs="$extra_archs --arch $(spec_tag "$m").$how"
   done
   bg "$m-front" python3 -m benchmarks.supernet.front --supernet "$W/$m-elastic" --data "$DATA" \

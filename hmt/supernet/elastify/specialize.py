@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hmt.errors import ArtifactError, InputError, VerificationError
+from hmt.errors import ArtifactError, InputError, UsageError, VerificationError
 from hmt.progress import ProgressCallback, no_progress
 from hmt.supernet.elastify.selection import Choice, SpecializeRequest, select_variants
 from hmt.supernet.space import ArchConfig
@@ -106,6 +106,7 @@ def specialize_supernet(
     choices = select_variants(loaded.space, request, table, str(table_path))
     notify("specializing " + ", ".join(c.arch.arch_id for c in choices))
     run = _Run(loaded, config, cache_dir, progress)
+    check_trainable(run.net, choices)
     before = run.table(choices)
     reference = _largest_logits(run.net, config.seed)
     history = run.train(choices, checkpoint_dir, fingerprint(loaded, config, choices), restart=restart,
@@ -140,6 +141,29 @@ def specialize_supernet(
 
         release_checkpoint_dir(checkpoint_dir)
     return SpecializeResult(out_dir=out_dir, metrics=metrics, variants=after, before=before)
+
+
+def trainable_parameters(net: Any) -> list[torch.nn.Parameter]:
+    """What specialization trains: the alternatives and the early exits (the original's blocks and
+    its head stay frozen, so the largest variant stays exact)."""
+    return list(net.elastic_parameters()) + [p for head in list(net.exits)[:-1] for p in head.parameters()]
+
+
+def check_trainable(net: Any, choices: list[Choice]) -> None:
+    """Refuse a variant whose output has nothing to learn: every block it runs is the original's
+    (frozen, to keep the original exact) or skipped, and its exit is the original's head, so
+    fine-tuning could not change what it computes (only early exits it does not use)."""
+    x = torch.zeros(2, *net.space.input_shape, device=next(net.parameters()).device)
+    was_training = net.training
+    net.eval()
+    try:
+        for choice in choices:
+            if not net.forward_exits(x, choice.arch)[-1].requires_grad:
+                raise UsageError(f"{choice.arch.arch_id}: nothing on this variant's path can learn: each block "
+                                 "it runs is the original's (frozen, so the original stays exact) or skipped; "
+                                 "choose a variant with alternative blocks (w75, w50, ...) on its path")
+    finally:
+        net.train(was_training)
 
 
 def _read_table(path: Path) -> Any:
@@ -242,7 +266,7 @@ class _Run:
             return history
         loader = _loader(self.train_split.x, self.train_split.y, self.data.info, config, self.device,
                          derive_seed(config.seed, 3), self.channels_last, self.ctx)
-        params = net.elastic_parameters() + [p for head in list(net.exits)[:-1] for p in head.parameters()]
+        params = trainable_parameters(net)
         resume = EpochResume(PHASE, int(saved.get("epoch", 0)), saved.get("optimizer"), save,
                              stop_after_epochs=stop_after_epochs)
         step = finetune_step(net, config, False, fixed=[c.arch for c in choices])

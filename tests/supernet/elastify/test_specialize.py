@@ -97,6 +97,10 @@ def test_bad_requests_fail_with_one_line_and_exit_code_2(parent: Path, tmp_path:
             select_variants(space, SpecializeRequest(variants=(given,)), pd.DataFrame(), "variants.csv")
     with pytest.raises(UsageError, match="nothing to specialize"):
         SpecializeRequest().validate()
+    # The original's blocks and skips only: nothing on the path can learn (the original stays exact).
+    frozen = space.make(["skip" if "skip" in p.choices else "base" for p in space.positions])
+    with pytest.raises(UsageError, match="nothing on this variant's path can learn"):
+        specialize_supernet(parent, tmp_path / "frozen", request(variants=(frozen.arch_id,)))
     done = hmt("specialize", "--supernet", str(parent), "--out", str(tmp_path / "o"), "--variants", "e2.DDDDDD")
     assert done.returncode == 2, done.stderr
     assert "--variants e2.DDDDDD" in done.stderr and "Traceback" not in done.stderr, done.stderr
