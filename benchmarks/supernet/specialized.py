@@ -145,7 +145,9 @@ def _claims(report: dict[str, Any]) -> list[dict[str, str]]:
             gain = 100 * (s["after"][key] - s["before"][key])
             claims.append({"claim": f"{model}: {s['name']} specialized for {s['epochs']} epochs "
                                     f"({s['train_s']:.0f} GPU s) against the same variant in the supernet",
-                           "figure": f"{key} {100 * s['after'][key]:.2f} % ({gain:+.2f} points)"})
+                           "figure": f"{key} {100 * s['after'][key]:.2f} % ({gain:+.2f} points); against the original "
+                                     f"-{s['reported_drop_points']:.2f} points on {summary['reported_on']}"
+                                     + (f", {s['speedup']:.2f}x" if "speedup" in s else "")})
     return claims
 
 
