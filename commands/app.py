@@ -80,7 +80,8 @@ def run_command(body: Callable[[Output], T], *, json_mode: bool, quiet: bool = F
         raise typer.Exit(INTERNAL_ERROR_EXIT) from None
 
 
-COMMAND_MODULES = ("train_supernet", "specialize", "profile_device", "convert", "fuse", "pareto", "deploy", "serve", "adapt")
+COMMAND_MODULES = ("train_supernet", "specialize", "profile_device", "convert", "fuse", "pareto", "deploy", "serve",
+                   "adapt")
 
 
 def _register() -> None:
