@@ -260,6 +260,9 @@ class CorrectionSettings:
     # the budget (the miss criterion); "median", the median queue wait (what serve read before:
     # a compute p95 plus a median wait under-states the latency p95 the budget is judged on).
     overhead: str = "tail"
+    # The overhead per load level (the estimates' levels), so a busy phase's queue waits do not
+    # hold the compute limit down after the load lifts; False: one window for every load (before).
+    overhead_by_load: bool = True
 
     def __post_init__(self) -> None:
         if self.overhead not in OVERHEAD_MODES:

@@ -126,7 +126,11 @@ class Controller:
         self.last_error: str | None = None
         self.last_decision: Decision | None = None
         self.loads = LoadBackoff(self.pool, clock)
-        self.overhead = ServingOverhead(mode=self.settings.correction.overhead)  # the budget's share no variant can use
+        # The budget's share no variant can use, per load level of the estimates (ServingOverhead).
+        est = self.settings.estimates
+        self.overhead = ServingOverhead(mode=self.settings.correction.overhead, memory_s=est.memory_s,
+                                        levels=est.load_buckets if self.settings.correction.overhead_by_load else 1)
+        self._overhead_level: int | None = None  # the load level the last decision read the overhead at
         self.overhead_ms = 0.0
         self.shadow = ShadowRuns(self.pool, self.estimator, self.settings, self.stats, self.state_lock,
                                  self._known_ids, fixed=fixed_variant is not None, now_s=self.now_s)
@@ -275,9 +279,11 @@ class Controller:
             return joint.feasible(latencies, ratios, load_next, latency_limit_ms, budgets, adopted)
         return self.decision.feasible(latencies, ratios, load_next, latency_limit_ms, budgets)
 
-    def _latency_limit_ms(self, budgets: Budgets) -> tuple[float, float]:
-        """(compute share of the latency budget, serving overhead): :class:`ServingOverhead`."""
-        return self.overhead.latency_limit_ms(budgets.latency_ms, self.settings.correction.headroom)
+    def _latency_limit_ms(self, budgets: Budgets, level: int | None = None) -> tuple[float, float]:
+        """(compute share of the latency budget, serving overhead): :class:`ServingOverhead` at load
+        ``level`` (None: the last decision's)."""
+        level = self._overhead_level if level is None else level
+        return self.overhead.latency_limit_ms(budgets.latency_ms, self.settings.correction.headroom, level)
 
     def _tick(self, trigger: str, sample: ResourceSample | None) -> TickRecord:
         self.loop.last_tick_s = self._clock()
@@ -287,6 +293,9 @@ class Controller:
         load_next = round(load_next / LOAD_STEP) * LOAD_STEP  # the load index bucket
         self.free_memory.update(self.now_s(), sample, self.pool.loaded_bytes())
         budgets = self.effective_budgets
+        with self.state_lock:  # the requests since the last tick ran under the load it just measured
+            self.overhead.settle(self.estimator.level_of(load_now), self.now_s())
+        self._overhead_level = self.estimator.level_of(load_next)
         latency_limit_ms, overhead_ms = self._latency_limit_ms(budgets)
         self.overhead_ms = overhead_ms
         self.shadow.limit_ms = latency_limit_ms  # a slower neighbour is measured under load only with room for it
@@ -468,7 +477,7 @@ class Controller:
         with self.state_lock:
             # The estimates are per bundled variant: an adapted one's time counts for its base.
             self.estimator.observe(measured.arch_id, result.compute_ms, predicted_ms, now_s, self.load.now)
-            self.overhead.add(queued_ms, result.compute_ms if runner is self._active else None)
+            self.overhead.add(queued_ms, result.compute_ms if runner is self._active else None, now_s)
             self.stats.add_request(latency_ms, miss, result.exit, runner.arch_id)
         if runner is self._active:
             self._miss_streak = self._miss_streak + 1 if miss else 0
