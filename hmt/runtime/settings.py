@@ -263,6 +263,10 @@ class CorrectionSettings:
     # The overhead per load level (the estimates' levels), so a busy phase's queue waits do not
     # hold the compute limit down after the load lifts; False: one window for every load (before).
     overhead_by_load: bool = True
+    # The active variant stays within the overhead's lower bound, another is moved to within its
+    # upper bound (ServingOverhead.limits_ms: no switching on a window's sampling noise); False:
+    # the point overhead for both (before).
+    overhead_bounds: bool = True
 
     def __post_init__(self) -> None:
         if self.overhead not in OVERHEAD_MODES:

@@ -187,3 +187,25 @@ def test_the_loop_climbs_back_as_soon_as_the_load_lifts(tmp_path: Path) -> None:
     one_window = _climb_back_s(tmp_path / "one", correction={"overhead_by_load": False})
     assert by_load <= 0.75, by_load  # three ticks
     assert one_window > by_load + 0.25, (one_window, by_load)
+
+
+def _switches_under_bursty_waits(tmp_path: Path, **serve: Any) -> tuple[int, float]:
+    """(switches, miss share) over 15 s of exponential queue waits (mean 1.6 ms, as Poisson
+    arrivals give): big (5 ms) misses about 8 % of the 9 ms budget, mid (3 ms) about 2 %."""
+    loop = Loop(tmp_path, **serve)
+    rng = np.random.default_rng(0)
+    predict = loop.c.predict
+    loop.c.predict = lambda x, queued_ms=0.0: predict(x, queued_ms=float(rng.exponential(1.6)))  # type: ignore[method-assign]
+    served = loop.run(15.0)
+    return loop.c.switcher.switch_count, sum(m for _, _, m in served) / len(served)
+
+
+def test_bursty_waits_near_the_line_do_not_make_the_loop_oscillate(tmp_path: Path) -> None:
+    """The active variant stays within the serving overhead's lower bound and another is moved to
+    within its upper bound, so a window's sampling noise does not switch the loop back and forth
+    between big and mid; on the point overhead alone it does."""
+    bounded, bounded_misses = _switches_under_bursty_waits(tmp_path / "bounds")
+    point, _ = _switches_under_bursty_waits(tmp_path / "point", correction={"overhead_bounds": False})
+    assert bounded <= 3, bounded
+    assert point >= 2 * bounded + 4, (point, bounded)
+    assert bounded_misses <= 0.05

@@ -95,3 +95,19 @@ def test_one_level_keeps_one_window() -> None:
     overhead.settle(0, 1.0)
     assert overhead.overhead_ms(0) == overhead.overhead_ms() == pytest.approx(0.3)
     assert ServeSettings.from_mapping({"correction": {"overhead_by_load": False}}).correction.overhead_by_load is False
+
+
+def test_the_bounds_spread_with_the_waits_and_a_slow_compute_cancels_out() -> None:
+    rng = np.random.default_rng(1)
+    overhead = ServingOverhead(mode="tail")
+    _served(overhead, rng.exponential(1.5, 64), np.full(64, 3.0))
+    point, low, high = overhead.bounds_ms()
+    assert low < point < high
+    move, stay, reported = overhead.limits_ms(9.0, 1.0)
+    assert reported == point and move < stay
+    assert move == pytest.approx(9.0 - high, abs=0.09) and stay == pytest.approx(9.0 - low, abs=0.09)
+    steady = ServingOverhead(mode="tail")
+    _served(steady, np.full(62, 0.5), np.full(62, 2.0))
+    for _ in range(2):
+        steady.add(0.5, 6.0)  # slow compute times: in the latency tail and the compute tail alike
+    assert steady.bounds_ms() == pytest.approx((0.5, 0.5, 0.5))
