@@ -201,11 +201,12 @@ def _switches_under_bursty_waits(tmp_path: Path, **serve: Any) -> tuple[int, flo
 
 
 def test_bursty_waits_near_the_line_do_not_make_the_loop_oscillate(tmp_path: Path) -> None:
-    """The active variant stays within the serving overhead's lower bound and another is moved to
-    within its upper bound, so a window's sampling noise does not switch the loop back and forth
-    between big and mid; on the point overhead alone it does."""
-    bounded, bounded_misses = _switches_under_bursty_waits(tmp_path / "bounds")
-    point, _ = _switches_under_bursty_waits(tmp_path / "point", correction={"overhead_bounds": False})
+    """With ``correction.overhead_bounds`` the active variant stays within the serving overhead's
+    lower bound and another is moved to within its upper bound, so a window's sampling noise does
+    not switch the loop back and forth between big and mid; on the point overhead alone (the
+    default, see the setting) it does."""
+    bounded, bounded_misses = _switches_under_bursty_waits(tmp_path / "bounds", correction={"overhead_bounds": True})
+    point, _ = _switches_under_bursty_waits(tmp_path / "point")  # the default
     assert bounded <= 3, bounded
     assert point >= 2 * bounded + 4, (point, bounded)
     assert bounded_misses <= 0.05
