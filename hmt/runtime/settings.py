@@ -260,6 +260,15 @@ class CorrectionSettings:
     # the budget (the miss criterion); "median", the median queue wait (what serve read before:
     # a compute p95 plus a median wait under-states the latency p95 the budget is judged on).
     overhead: str = "tail"
+    # The overhead per load level (the estimates' levels), so a busy phase's queue waits do not
+    # hold the compute limit down after the load lifts; False: one window for every load (before).
+    overhead_by_load: bool = True
+    # True: the active variant stays within the overhead's lower bound, another is moved to within
+    # its upper bound (ServingOverhead.limits_ms: no switching on a window's sampling noise). Off by
+    # default: on a fake clock it stopped an oscillation under bursty waits, but in the ORT matrix it
+    # tracked the oracle in 12 of 18 phases against 15 with the point overhead, climbing back later
+    # (benchmarks/serve/results/matrix_overhead_bounds.json against matrix_level.json).
+    overhead_bounds: bool = False
 
     def __post_init__(self) -> None:
         if self.overhead not in OVERHEAD_MODES:

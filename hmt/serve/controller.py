@@ -15,6 +15,7 @@ Requests call :meth:`Controller.predict` from any thread: it reads the active ru
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -126,7 +127,11 @@ class Controller:
         self.last_error: str | None = None
         self.last_decision: Decision | None = None
         self.loads = LoadBackoff(self.pool, clock)
-        self.overhead = ServingOverhead(mode=self.settings.correction.overhead)  # the budget's share no variant can use
+        # The budget's share no variant can use, per load level of the estimates (ServingOverhead).
+        est = self.settings.estimates
+        self.overhead = ServingOverhead(mode=self.settings.correction.overhead, memory_s=est.memory_s,
+                                        levels=est.load_buckets if self.settings.correction.overhead_by_load else 1)
+        self._overhead_level: int | None = None  # the load level the last decision read the overhead at
         self.overhead_ms = 0.0
         self.shadow = ShadowRuns(self.pool, self.estimator, self.settings, self.stats, self.state_lock,
                                  self._known_ids, fixed=fixed_variant is not None, now_s=self.now_s)
@@ -255,12 +260,14 @@ class Controller:
             return self._tick(trigger, sample)
 
     def _estimate(self, load_next: float, load_now: float, latency_limit_ms: float,
-                  budgets: Budgets) -> tuple[int, ...]:
+                  budgets: Budgets, stay_slack_ms: float = 0.0) -> tuple[int, ...]:
         """The estimate stage of a tick (timed as ``estimate_us``): file the samples since the last
         tick under the load measured over them, refresh the estimates (kept up to date on each
         measurement, so this re-reads only what changed) and reduce them to the feasible set
         (:meth:`DecisionPath.feasible`). The decision is at the forecast ``load_next``, with what
-        the variants measured at ``load_now`` as a floor (a step shows in the requests first)."""
+        the variants measured at ``load_now`` as a floor (a step shows in the requests first).
+        ``stay_slack_ms``: how much more of the budget the active variant may use to stay than
+        another to be moved to (the serving overhead's bounds, :meth:`ServingOverhead.limits_ms`)."""
         estimator = self.estimator
         now_s = self.now_s()
         with self.state_lock:
@@ -268,6 +275,11 @@ class Controller:
             self._measured_count = estimator.refresh(now_s)
         latencies, ratios = estimator.latencies(1.0 + self.optimizer.alpha_latency * load_next, load_next, load_now,
                                                 self.switcher.active_arch_id)
+        active = self.switcher.active_arch_id
+        if stay_slack_ms > 0 and active is not None and active in self._known_ids:
+            i = self.optimizer.position(active)
+            latencies = latencies.copy()
+            latencies[i] = max(0.0, latencies[i] - stay_slack_ms)
         joint = self.joint
         if joint is not None:
             self.decision.inputs = (latencies, ratios, 1.0 + self.optimizer.alpha_latency * load_next)
@@ -275,9 +287,23 @@ class Controller:
             return joint.feasible(latencies, ratios, load_next, latency_limit_ms, budgets, adopted)
         return self.decision.feasible(latencies, ratios, load_next, latency_limit_ms, budgets)
 
-    def _latency_limit_ms(self, budgets: Budgets) -> tuple[float, float]:
-        """(compute share of the latency budget, serving overhead): :class:`ServingOverhead`."""
-        return self.overhead.latency_limit_ms(budgets.latency_ms, self.settings.correction.headroom)
+    def _latency_limit_ms(self, budgets: Budgets, level: int | None = None) -> tuple[float, float]:
+        """(compute share of the latency budget a variant is moved to within, serving overhead):
+        :class:`ServingOverhead` at load ``level`` (None: the last decision's)."""
+        level = self._overhead_level if level is None else level
+        move_ms, _, overhead_ms = self.overhead.decision_limits_ms(budgets.latency_ms, self.settings.correction, level)
+        return move_ms, overhead_ms
+
+    def _limits(self, load_now: float, load_next: float, budgets: Budgets) -> tuple[float, float]:
+        """(compute limit to move to a variant, how much more the active one may use to stay): the
+        requests since the last tick are filed under the load it just measured, the decision reads
+        the overhead at its forecast's level."""
+        with self.state_lock:
+            self.overhead.settle(self.estimator.level_of(load_now), self.now_s())
+        level = self._overhead_level = self.estimator.level_of(load_next)
+        move_ms, stay_ms, self.overhead_ms = self.overhead.decision_limits_ms(budgets.latency_ms,
+                                                                              self.settings.correction, level)
+        return move_ms, (stay_ms - move_ms if math.isfinite(move_ms) else 0.0)
 
     def _tick(self, trigger: str, sample: ResourceSample | None) -> TickRecord:
         self.loop.last_tick_s = self._clock()
@@ -287,8 +313,7 @@ class Controller:
         load_next = round(load_next / LOAD_STEP) * LOAD_STEP  # the load index bucket
         self.free_memory.update(self.now_s(), sample, self.pool.loaded_bytes())
         budgets = self.effective_budgets
-        latency_limit_ms, overhead_ms = self._latency_limit_ms(budgets)
-        self.overhead_ms = overhead_ms
+        latency_limit_ms, stay_slack_ms = self._limits(load_now, load_next, budgets)
         self.shadow.limit_ms = latency_limit_ms  # a slower neighbour is measured under load only with room for it
         miss_streak = self.settings.switch.miss_streak
         confirmed = miss_streak > 0 and self._miss_streak >= miss_streak
@@ -297,7 +322,7 @@ class Controller:
         mu = self.decision.mu(sample)
         self.shadow.mu = mu  # the climb target the shadow runs keep fresh scores with it
         e0 = time.perf_counter()
-        mask = self._estimate(load_next, load_now, latency_limit_ms, budgets)
+        mask = self._estimate(load_next, load_now, latency_limit_ms, budgets, stay_slack_ms)
         e1 = time.perf_counter()
         cpu0 = time.thread_time_ns()  # outside the wall-time span: the call itself costs a few us
         t0 = time.perf_counter()
@@ -341,7 +366,7 @@ class Controller:
             gpu_util=sample.gpu_util, battery_percent=sample.battery_percent, temperature_c=sample.temperature_c,
             load_index=load_now, load_forecast=load_next,
             latency_ratio=active_estimate.ratio if active_estimate.ratio is not None else 1.0,
-            overhead_ms=overhead_ms, mu=decision.mu,
+            overhead_ms=self.overhead_ms, mu=decision.mu,
             latency_budget_ms=budgets.latency_ms, memory_budget_mb=budgets.memory_mb,
             proposed=decision.arch_id, active=active, switched=result.switched and error is None,
             switch_reason=result.reason, feasible=decision.feasible,
@@ -468,7 +493,7 @@ class Controller:
         with self.state_lock:
             # The estimates are per bundled variant: an adapted one's time counts for its base.
             self.estimator.observe(measured.arch_id, result.compute_ms, predicted_ms, now_s, self.load.now)
-            self.overhead.add(queued_ms, result.compute_ms if runner is self._active else None)
+            self.overhead.add(queued_ms, result.compute_ms if runner is self._active else None, now_s)
             self.stats.add_request(latency_ms, miss, result.exit, runner.arch_id)
         if runner is self._active:
             self._miss_streak = self._miss_streak + 1 if miss else 0

@@ -32,18 +32,20 @@ BUDGET_MS = 9.0
 class Loop:
     """A controller on real runners whose reported compute times follow the script."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, **serve: Any) -> None:
         variants = (VariantDef("big", 0.92, 2.0, 2.0), VariantDef("mid", 0.88, 1.5, 1.5),
                     VariantDef("small", 0.80, 1.0, 1.0))
         bundle = load_bundle(make_bundle(tmp_path / "b", variants))
         settings = ServeSettings.from_mapping({
             "budgets": {"latency_ms": BUDGET_MS}, "optimizer": {"alpha_latency": 0.2},
-            "switch": {"min_dwell_s": 1.0, "violation_patience": 2, "improve_patience": 2, "miss_streak": 3}})
+            "switch": {"min_dwell_s": 1.0, "violation_patience": 2, "improve_patience": 2, "miss_streak": 3},
+            **serve})
         self.now = 0.0
         self.loaded = False  # the variants run at their loaded times
         self.cpu = 0.0  # the outside load the sampler reports
         self.real_runs = 0
         self.times = dict(COMPUTE_MS)  # what each variant reports (calm, loaded); a test may change it
+        self.waits_ms = (0.0, 0.0)  # each request's queue wait (calm, loaded)
 
         def load(arch_id: str) -> Any:
             runner = load_variant(bundle, arch_id, "onnxruntime", 1)
@@ -73,7 +75,7 @@ class Loop:
         end = self.now + seconds
         next_tick = self.now
         while self.now < end:
-            p = self.c.predict(X)
+            p = self.c.predict(X, queued_ms=self.waits_ms[self.loaded])
             served.append((self.now, p.variant, p.deadline_miss))
             if p.deadline_miss:
                 self.c.tick(sample=self.sample())
@@ -157,3 +159,54 @@ def test_after_a_spike_the_loop_climbs_to_the_variant_between_that_fits(tmp_path
     assert loop.c.active_arch_id == "mid", loop.c.status()["estimates"]
     first = next(t for t, v, _ in eased if v == "mid")  # no probe serves mid (probes are faster ones)
     assert first - eased[0][0] <= 4.0
+
+
+def _climb_back_s(tmp_path: Path, **serve: Any) -> float:
+    """Seconds from the load lifting to big serving again, after a busy phase whose queue waits
+    (6 ms in front of every request) left only small within the budget."""
+    loop = Loop(tmp_path, **serve)
+    loop.waits_ms = (0.3, 6.0)
+    loop.run(3.0)
+    assert loop.c.active_arch_id == "big"
+    loop.loaded, loop.cpu = True, 0.9
+    loop.run(3.0)
+    assert loop.c.active_arch_id == "small", loop.c.status()["estimates"]
+    loop.loaded, loop.cpu = False, 0.0
+    after = loop.run(3.0)
+    assert loop.c.active_arch_id == "big"
+    return next(t for t, v, _ in after if v == "big") - after[0][0]
+
+
+def test_the_loop_climbs_back_as_soon_as_the_load_lifts(tmp_path: Path) -> None:
+    """The busy phase's queue waits are its load level's, not the calm one's: when the load lifts,
+    the first decision at the calm level reads the calm overhead, and big (5 ms + 0.3 ms of wait)
+    is back within the switcher's patience (two ticks). With one overhead window for every load
+    (``overhead_by_load: false``), the waits of the busy phase hold the compute limit at 3 ms
+    until 30 of its 32 requests are calm ones (0.75 s at 40 requests/s), and big comes back later."""
+    by_load = _climb_back_s(tmp_path / "by_load")
+    one_window = _climb_back_s(tmp_path / "one", correction={"overhead_by_load": False})
+    assert by_load <= 0.75, by_load  # three ticks
+    assert one_window > by_load + 0.25, (one_window, by_load)
+
+
+def _switches_under_bursty_waits(tmp_path: Path, **serve: Any) -> tuple[int, float]:
+    """(switches, miss share) over 15 s of exponential queue waits (mean 1.6 ms, as Poisson
+    arrivals give): big (5 ms) misses about 8 % of the 9 ms budget, mid (3 ms) about 2 %."""
+    loop = Loop(tmp_path, **serve)
+    rng = np.random.default_rng(0)
+    predict = loop.c.predict
+    loop.c.predict = lambda x, queued_ms=0.0: predict(x, queued_ms=float(rng.exponential(1.6)))  # type: ignore[method-assign]
+    served = loop.run(15.0)
+    return loop.c.switcher.switch_count, sum(m for _, _, m in served) / len(served)
+
+
+def test_bursty_waits_near_the_line_do_not_make_the_loop_oscillate(tmp_path: Path) -> None:
+    """With ``correction.overhead_bounds`` the active variant stays within the serving overhead's
+    lower bound and another is moved to within its upper bound, so a window's sampling noise does
+    not switch the loop back and forth between big and mid; on the point overhead alone (the
+    default, see the setting) it does."""
+    bounded, bounded_misses = _switches_under_bursty_waits(tmp_path / "bounds", correction={"overhead_bounds": True})
+    point, _ = _switches_under_bursty_waits(tmp_path / "point")  # the default
+    assert bounded <= 3, bounded
+    assert point >= 2 * bounded + 4, (point, bounded)
+    assert bounded_misses <= 0.05

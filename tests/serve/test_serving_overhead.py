@@ -56,3 +56,58 @@ def test_overhead_mode_is_checked() -> None:
     assert ServeSettings.from_mapping({"correction": {"overhead": "median"}}).correction.overhead == "median"
     with pytest.raises(UsageError, match="correction.overhead"):
         ServeSettings.from_mapping({"correction": {"overhead": "p99"}})
+
+
+def test_the_overhead_is_read_at_the_decisions_load_level() -> None:
+    """Requests are filed under the load measured over them (at the next settle); a decision at a
+    load reads that level's window, so a busy level's waits do not hold down the calm limit."""
+    overhead = ServingOverhead(mode="tail", levels=5, memory_s=30.0)
+    for k in range(32):
+        overhead.add(0.2, 2.0, now_s=0.01 * k)  # calm
+    overhead.settle(0, 0.5)
+    for k in range(32):
+        overhead.add(6.0, 2.5, now_s=1.0 + 0.01 * k)  # both cores busy: waits in front of every request
+    overhead.settle(4, 1.5)
+    assert overhead.overhead_ms(4) == pytest.approx(6.0)
+    assert overhead.overhead_ms(0) == pytest.approx(0.2)  # the calm level, right after the busy phase
+    assert overhead.overhead_ms() == pytest.approx(6.0)  # the last requests at any load: the busy ones
+    assert overhead.latency_limit_ms(2.0, 1.0, 0)[0] == pytest.approx(1.8)
+    # A level with fewer than MIN_TAIL requests falls back to the last requests at any load.
+    assert overhead.overhead_ms(2) == pytest.approx(6.0)
+
+
+def test_a_levels_requests_are_forgotten_after_the_memory() -> None:
+    overhead = ServingOverhead(mode="tail", levels=5, memory_s=10.0)
+    for k in range(16):
+        overhead.add(0.2, 2.0, now_s=0.01 * k)
+    overhead.settle(0, 0.2)
+    for k in range(32):
+        overhead.add(1.5, 2.0, now_s=1.0 + 0.01 * k)
+    overhead.settle(2, 1.4)
+    assert overhead.overhead_ms(0) == pytest.approx(0.2)
+    overhead.settle(2, 20.0)  # 20 s later: the calm level's requests are older than the memory
+    assert overhead.overhead_ms(0) == pytest.approx(1.5)  # the last requests at any load
+
+
+def test_one_level_keeps_one_window() -> None:
+    overhead = ServingOverhead(mode="tail")  # levels=1: overhead_by_load off
+    _served(overhead, np.full(32, 0.3), np.full(32, 2.0))
+    overhead.settle(0, 1.0)
+    assert overhead.overhead_ms(0) == overhead.overhead_ms() == pytest.approx(0.3)
+    assert ServeSettings.from_mapping({"correction": {"overhead_by_load": False}}).correction.overhead_by_load is False
+
+
+def test_the_bounds_spread_with_the_waits_and_a_slow_compute_cancels_out() -> None:
+    rng = np.random.default_rng(1)
+    overhead = ServingOverhead(mode="tail")
+    _served(overhead, rng.exponential(1.5, 64), np.full(64, 3.0))
+    point, low, high = overhead.bounds_ms()
+    assert low < point < high
+    move, stay, reported = overhead.limits_ms(9.0, 1.0)
+    assert reported == point and move < stay
+    assert move == pytest.approx(9.0 - high, abs=0.09) and stay == pytest.approx(9.0 - low, abs=0.09)
+    steady = ServingOverhead(mode="tail")
+    _served(steady, np.full(62, 0.5), np.full(62, 2.0))
+    for _ in range(2):
+        steady.add(0.5, 6.0)  # slow compute times: in the latency tail and the compute tail alike
+    assert steady.bounds_ms() == pytest.approx((0.5, 0.5, 0.5))
