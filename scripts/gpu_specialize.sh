@@ -10,7 +10,7 @@
 # WORKDIR holds cifar10.blob (scripts/gpu_pack_cifar.py pack) and r18/r56/mbv2.safetensors (the
 # originals of benchmarks/supernet/originals.py). Knobs (environment): GPUS (default "0 1 2 3",
 # two GPUs: GPUS="0 1", about 16 minutes on two H200s with the defaults,
-# jobs spread round-robin), R18_EPOCHS R56_EPOCHS MBV2_EPOCHS (elastic fine-tuning epochs),
+# each job on the GPU running the fewest jobs), R18_EPOCHS R56_EPOCHS MBV2_EPOCHS (elastic fine-tuning epochs),
 # SPEC_EPOCHS, FRONT_RANDOM, MODELS (default "r18 r56 mbv2"), SPECS (which specializations, default all of SPEC_LIST), DATA (an unpacked
 # CIFAR-10 JPEG folder instead of WORKDIR/cifar10.blob), EXTRA (more train-supernet / specialize
 # options, e.g. "--device cpu --max-train-samples 256" for a CPU check of the script).
@@ -25,13 +25,19 @@ DATA=${DATA:-$W/cifar}
 [ -f "$W/machine.txt" ] || { nvidia-smi -L > "$W/machine.txt" 2>&1; lscpu | head -20 >> "$W/machine.txt"; }
 read -r -a GPU_LIST <<< "${GPUS:-0 1 2 3}"
 EXTRA=${EXTRA:-}
-next=0
 bg() {  # name, command...: start once, on the next GPU, in its own session
   local name=$1; shift
   [ -f "$W/$name.started" ] && return
   touch "$W/$name.started"
-  local gpu=${GPU_LIST[$((next % ${#GPU_LIST[@]}))]}
-  next=$((next + 1))
+  local gpu=${GPU_LIST[0]} best=999 g n f
+  for g in "${GPU_LIST[@]}"; do  # the GPU running the fewest of this workdir's jobs
+    n=0
+    for f in "$W"/*.gpu; do
+      [ -f "$f" ] && [ "$(cat "$f")" = "$g" ] && [ ! -f "${f%.gpu}.done" ] && [ ! -f "${f%.gpu}.failed" ] && n=$((n + 1))
+    done
+    [ "$n" -lt "$best" ] && best=$n && gpu=$g
+  done
+  echo "$gpu" > "$W/$name.gpu"
   echo "$(date -u +%FT%TZ) start $name on GPU $gpu" >> "$W/timeline.txt"
   CUDA_VISIBLE_DEVICES=$gpu setsid nohup bash -c "($*) > '$W/$name.log' 2>&1 && end=done || end=failed; \
       touch '$W/$name.'\$end; echo \"\$(date -u +%FT%TZ) \$end $name\" >> '$W/timeline.txt'" \
@@ -55,6 +61,8 @@ declare -A SPEC_LIST=(
   [r56-d15w75]=r56:$R56_15 [r56-d12w75]=r56:$R56_12 [r56-d9w75]=r56:$R56_9
   [mbv2-w75]=mbv2:e3.7B7777777777777777777B [mbv2-w50]=mbv2:e3.5B5555555555555555555B [mbv2-1pt]=mbv2:within:1
   [mbv2-d75]=mbv2:e3.7B7S77S777S7S7S777S77B  # 6 of the 10 skippable blocks skipped, the rest at 0.75
+  [r18-w50-e150]=r18:e3.555555555555:150 [r18-w50x25-e150]=r18:e3.522522522522:150
+  [r56-d12w75-e100]=r56:$R56_12:100 [r56-w50-e100]=r56:e2.555555555555555555555555555:100
 )
 SPECS=${SPECS:-r18-w50 r56-d12w75 mbv2-w75 r18-w50x25 r56-d15w75 mbv2-d75 r56-d9w75 mbv2-w50 r18-w50-e80 mbv2-d75-e80}
 for m in ${MODELS:-r18 mbv2 r56}; do  # round-robin: on two GPUs the lighter R56 shares with R18
