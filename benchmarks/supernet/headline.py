@@ -22,6 +22,7 @@ import argparse
 import csv
 import json
 import platform
+import shlex
 import statistics
 import sys
 import tempfile
@@ -204,7 +205,7 @@ def main() -> None:
         "timing": {"bursts": args.bursts, "calls_per_burst": args.burst, "dropped_per_burst": args.drop},
         "weights": args.weights_note or ("trained supernet" if args.supernet
                                          else "untrained supernet of the same space (shapes only)"),
-        "command": "python " + " ".join(sys.argv),
+        "command": "python -m benchmarks.supernet.headline " + shlex.join(sys.argv[1:]),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2))

@@ -119,7 +119,8 @@ def add_latency(summary: dict[str, Any], headline: dict[str, Any]) -> None:
 
 def best(summary: dict[str, Any], margin: float) -> dict[str, Any] | None:
     ok = [s for s in summary["specialized"] if s["selected_drop_points"] <= margin + 1e-9 and "speedup" in s]
-    return max(ok, key=lambda s: s["speedup"]) if ok else None
+    # the same variant specialized by several runs: the run best on the selection split
+    return max(ok, key=lambda s: (s["speedup"], s["after"][summary["selected_on"]])) if ok else None
 
 
 def _claims(report: dict[str, Any]) -> list[dict[str, str]]:
