@@ -269,6 +269,11 @@ class CorrectionSettings:
     # tracked the oracle in 12 of 18 phases against 15 with the point overhead, climbing back later
     # (benchmarks/serve/results/matrix_overhead_bounds.json against matrix_level.json).
     overhead_bounds: bool = False
+    # True: the active variant stays while its compute fits the limit the overhead's lower bound
+    # leaves, another is moved to within the point overhead: leaving needs the requests to say,
+    # beyond a window's sampling error, that the active variant misses (two queue-wait spikes in
+    # 20 requests are a p95 there), while climbing back is as prompt as with the point alone.
+    overhead_stay_bound: bool = False
 
     def __post_init__(self) -> None:
         if self.overhead not in OVERHEAD_MODES:
