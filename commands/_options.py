@@ -15,3 +15,10 @@ ForceOpt = Annotated[bool, typer.Option(
     "--force", help="Replace an existing hmt artifact of another kind at the output path (never a folder that "
                     "is not an hmt artifact, nor an input).")]
 OutDirOpt = Annotated[Path, typer.Option("--out", "-o", help="Output artifact directory (replaced atomically).")]
+# Resumable training (train-supernet, specialize): the same checkpoint and cache flags.
+CheckpointDirOpt = Annotated[Path | None, typer.Option(
+    "--checkpoint-dir", help="Where resumable checkpoints go (default OUT.ckpt).")]
+RestartOpt = Annotated[bool, typer.Option("--restart", help="Discard an existing checkpoint and start over.")]
+KeepCheckpointOpt = Annotated[bool, typer.Option("--keep-checkpoint", help="Keep the checkpoint after success.")]
+CacheDirOpt = Annotated[Path | None, typer.Option(
+    "--cache-dir", help="Decoded-dataset cache (default ~/.cache/hmt/data).")]

@@ -8,7 +8,16 @@ from typing import Annotated
 
 import typer
 
-from commands._options import DebugOpt, ForceOpt, JsonOpt, QuietOpt
+from commands._options import (
+    CacheDirOpt,
+    CheckpointDirOpt,
+    DebugOpt,
+    ForceOpt,
+    JsonOpt,
+    KeepCheckpointOpt,
+    QuietOpt,
+    RestartOpt,
+)
 from commands._output import Output
 from commands.app import app, run_command
 
@@ -56,14 +65,10 @@ def specialize_command(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     batch_size: Annotated[int | None, typer.Option(help="Training batch size (default: the supernet's).")] = None,
     max_train_samples: Annotated[int | None, typer.Option(help="Use at most this many training samples.")] = None,
-    checkpoint_dir: Annotated[
-        Path | None, typer.Option(help="Where resumable checkpoints go (default OUT.ckpt).")
-    ] = None,
-    restart: Annotated[bool, typer.Option("--restart", help="Discard an existing checkpoint and start over.")] = False,
-    keep_checkpoint: Annotated[
-        bool, typer.Option("--keep-checkpoint", help="Keep the checkpoint after success.")
-    ] = False,
-    cache_dir: Annotated[Path | None, typer.Option(help="Decoded-dataset cache (default ~/.cache/hmt/data).")] = None,
+    checkpoint_dir: CheckpointDirOpt = None,
+    restart: RestartOpt = False,
+    keep_checkpoint: KeepCheckpointOpt = False,
+    cache_dir: CacheDirOpt = None,
     force: ForceOpt = False,
     json_mode: JsonOpt = False,
     quiet: QuietOpt = False,

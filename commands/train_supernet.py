@@ -7,7 +7,16 @@ from typing import Annotated, Any
 
 import typer
 
-from commands._options import DebugOpt, ForceOpt, JsonOpt, QuietOpt
+from commands._options import (
+    CacheDirOpt,
+    CheckpointDirOpt,
+    DebugOpt,
+    ForceOpt,
+    JsonOpt,
+    KeepCheckpointOpt,
+    QuietOpt,
+    RestartOpt,
+)
 from commands._output import Output
 from commands.app import app, run_command
 from hmt.supernet.presets import PRESETS
@@ -87,14 +96,10 @@ def train_supernet_command(
             "phase 1, so the largest variant is your network, exact.",
         ),
     ] = None,
-    checkpoint_dir: Annotated[
-        Path | None, typer.Option(help="Where resumable checkpoints go (default OUT.ckpt).")
-    ] = None,
-    restart: Annotated[bool, typer.Option("--restart", help="Discard an existing checkpoint and start over.")] = False,
-    keep_checkpoint: Annotated[
-        bool, typer.Option("--keep-checkpoint", help="Keep the checkpoint after success.")
-    ] = False,
-    cache_dir: Annotated[Path | None, typer.Option(help="Decoded-dataset cache (default ~/.cache/hmt/data).")] = None,
+    checkpoint_dir: CheckpointDirOpt = None,
+    restart: RestartOpt = False,
+    keep_checkpoint: KeepCheckpointOpt = False,
+    cache_dir: CacheDirOpt = None,
     list_backbones: Annotated[
         bool, typer.Option("--list-backbones", help="List the built-in backbones and exit.")
     ] = False,

@@ -203,10 +203,20 @@ def _switches_under_bursty_waits(tmp_path: Path, **serve: Any) -> tuple[int, flo
 def test_bursty_waits_near_the_line_do_not_make_the_loop_oscillate(tmp_path: Path) -> None:
     """With ``correction.overhead_bounds`` the active variant stays within the serving overhead's
     lower bound and another is moved to within its upper bound, so a window's sampling noise does
-    not switch the loop back and forth between big and mid; on the point overhead alone (the
-    default, see the setting) it does."""
+    not switch the loop back and forth between big and mid; on the point overhead alone it does."""
     bounded, bounded_misses = _switches_under_bursty_waits(tmp_path / "bounds", correction={"overhead_bounds": True})
-    point, _ = _switches_under_bursty_waits(tmp_path / "point")  # the default
+    point, _ = _switches_under_bursty_waits(tmp_path / "point", correction={"overhead_stay_bound": False})
     assert bounded <= 3, bounded
     assert point >= 2 * bounded + 4, (point, bounded)
     assert bounded_misses <= 0.05
+
+
+def test_the_stay_bound_halves_switching_under_bursty_waits_and_climbs_back_as_promptly(tmp_path: Path) -> None:
+    """``correction.overhead_stay_bound`` (the default): the active variant stays within the
+    overhead's lower bound, another is moved to within the point overhead. Under the bursty waits
+    above it switches less than on the point overhead alone, and after a busy phase it climbs back
+    as soon (the climb-back test above runs on the default)."""
+    stay, stay_misses = _switches_under_bursty_waits(tmp_path / "stay")
+    point, _ = _switches_under_bursty_waits(tmp_path / "point", correction={"overhead_stay_bound": False})
+    assert 2 * stay <= point, (stay, point)
+    assert stay_misses <= 0.06

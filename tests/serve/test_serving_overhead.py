@@ -111,3 +111,23 @@ def test_the_bounds_spread_with_the_waits_and_a_slow_compute_cancels_out() -> No
     for _ in range(2):
         steady.add(0.5, 6.0)  # slow compute times: in the latency tail and the compute tail alike
     assert steady.bounds_ms() == pytest.approx((0.5, 0.5, 0.5))
+
+
+def test_the_stay_bound_judges_the_active_variant_one_order_statistic_lower() -> None:
+    """64 requests of 0.4 ms waits and four of 2.5 ms (a stalled interpreter): the p95 of 64 is
+    the fourth largest, so the point overhead is a spike; with ``overhead_stay_bound`` the active
+    variant is judged on the lower bound (the fifth largest), another still on the point."""
+    from hmt.runtime.settings import CorrectionSettings
+
+    overhead = ServingOverhead(mode="tail")
+    waits = np.full(64, 0.4)
+    waits[[5, 13, 30, 51]] = 2.5
+    _served(overhead, waits, np.full(64, 3.0))
+    point, low, _ = overhead.bounds_ms()
+    assert point == pytest.approx(2.5) and low == pytest.approx(0.4)
+    move, stay, reported = overhead.decision_limits_ms(5.0, CorrectionSettings(overhead_stay_bound=True), None)
+    assert (move, stay, reported) == pytest.approx((2.5, 4.6, 2.5))
+    point_only = CorrectionSettings(overhead_stay_bound=False)
+    assert overhead.decision_limits_ms(5.0, point_only, None) == pytest.approx((2.5, 2.5, 2.5))
+    both = overhead.decision_limits_ms(5.0, CorrectionSettings(overhead_bounds=True), None)
+    assert both[0] <= move and both[1] == pytest.approx(stay)

@@ -160,11 +160,14 @@ class ServingOverhead:
 
     def decision_limits_ms(self, budget_ms: float | None, correction: CorrectionSettings,
                            level: int | None) -> tuple[float, float, float]:
-        """:meth:`limits_ms`, or the point overhead for both limits without ``correction.overhead_bounds``."""
-        if not correction.overhead_bounds:
-            limit_ms, overhead_ms = self.latency_limit_ms(budget_ms, correction.headroom, level)
-            return limit_ms, limit_ms, overhead_ms
-        return self.limits_ms(budget_ms, correction.headroom, level)
+        """:meth:`limits_ms` with ``correction.overhead_bounds``; with ``correction.overhead_stay_bound``
+        the point overhead to move and its lower bound to stay; else the point overhead for both."""
+        if correction.overhead_bounds:
+            return self.limits_ms(budget_ms, correction.headroom, level)
+        point, low, _ = self.bounds_ms(level)
+        move_ms = self._limit(budget_ms, correction.headroom, point)
+        stay_ms = self._limit(budget_ms, correction.headroom, low) if correction.overhead_stay_bound else move_ms
+        return move_ms, stay_ms, point
 
     @staticmethod
     def _limit(budget_ms: float | None, headroom: float, overhead_ms: float) -> float:
