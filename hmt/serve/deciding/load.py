@@ -15,6 +15,7 @@ from dataclasses import replace
 from hmt.runtime.settings import CorrectionSettings, LoadWeights
 from hmt.serve.deciding.load_index import LoadForecaster, load_index_of
 from hmt.serve.deciding.monitor import ResourceSample
+from hmt.serve.deciding.window import tail_bound_ranks
 
 # Requests whose queue waits set the serving overhead (per load level): 64, so that its upper
 # bound (limits_ms) is the second largest, not the largest, and one stall does not move it.
@@ -123,10 +124,8 @@ class ServingOverhead:
         if self.mode == "tail" and n >= self.MIN_TAIL:
             latencies = sorted(s[0] for s in served)
             compute = sorted(s[1] for s in served)
-            spread = math.sqrt(n * 0.95 * 0.05)
             k = int(0.95 * (n - 1) + 0.5)
-            low = min(n - 1, max(0, math.ceil(0.95 * n - spread) - 1))
-            high = min(n - 1, max(0, math.ceil(0.95 * n + spread) - 1))
+            low, high = tail_bound_ranks(n, 0.95)
             # The same order statistic of both: a slow compute time is in both and cancels out.
             point, lower, upper = (max(0.0, latencies[i] - compute[i]) for i in (k, low, high))
             return point, min(point, lower), max(point, upper)

@@ -11,6 +11,17 @@ from bisect import bisect_left, insort
 from collections import deque
 
 
+def tail_bound_ranks(n: int, quantile: float) -> tuple[int, int]:
+    """The ranks (0-based, in ``n`` sorted samples) one standard error below and above the
+    ``quantile``'s: the count of samples under the true quantile is binomial, ``n q`` +-
+    ``sqrt(n q (1 - q))``, so these bound what a window of ``n`` cannot tell apart from it."""
+    k = quantile * n
+    spread = math.sqrt(n * quantile * (1.0 - quantile))
+    low = min(n - 1, max(0, math.ceil(k - spread) - 1))
+    high = min(n - 1, max(0, math.ceil(k + spread) - 1))
+    return low, high
+
+
 class SampleWindow:
     """Recent compute times of one variant: in arrival order (to age them out) and sorted (so
     the tail and the median are index lookups)."""
@@ -103,11 +114,7 @@ class SampleWindow:
         of samples under the true quantile is binomial: ``n q`` +- ``sqrt(n q (1 - q))``): the
         tail a window of this size cannot tell apart from its p95 (see :mod:`hmt.serve.deciding.estimates`)."""
         ordered = self.ordered
-        n = len(ordered)
-        k = quantile * n
-        spread = math.sqrt(n * quantile * (1.0 - quantile))
-        low = min(n - 1, max(0, math.ceil(k - spread) - 1))
-        high = min(n - 1, max(0, math.ceil(k + spread) - 1))
+        low, high = tail_bound_ranks(len(ordered), quantile)
         return ordered[low], ordered[high]
 
     def quantiles(self, quantile: float) -> tuple[float, float]:
