@@ -27,6 +27,9 @@ def dataclass_from_mapping(cls: type[T], mapping: Mapping[str, Any], where: str)
     unknown = sorted(set(mapping) - names)
     if unknown:
         raise UsageError(f"{where}: unknown key(s) {unknown}; expected some of {sorted(names)}")
+    for f in fields(cls):  # a switch given as "yes" or 1 would be truthy, silently
+        if f.type in ("bool", bool) and f.name in mapping and not isinstance(mapping[f.name], bool):
+            raise UsageError(f"{where}: {f.name} must be true or false, got {mapping[f.name]!r}")
     try:
         return cls(**dict(mapping))
     except TypeError as exc:

@@ -131,3 +131,10 @@ def test_the_stay_bound_judges_the_active_variant_one_order_statistic_lower() ->
     assert overhead.decision_limits_ms(5.0, point_only, None) == pytest.approx((2.5, 2.5, 2.5))
     both = overhead.decision_limits_ms(5.0, CorrectionSettings(overhead_bounds=True), None)
     assert both[0] <= move and both[1] == pytest.approx(stay)
+
+
+def test_a_switch_setting_that_is_not_a_boolean_is_refused() -> None:
+    with pytest.raises(UsageError, match="overhead_stay_bound must be true or false, got 'yes'"):
+        ServeSettings.from_mapping({"correction": {"overhead_stay_bound": "yes"}})
+    with pytest.raises(UsageError, match="overhead_by_load must be true or false, got 1"):
+        ServeSettings.from_mapping({"correction": {"overhead_by_load": 1}})
