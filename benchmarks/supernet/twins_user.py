@@ -87,7 +87,8 @@ def _claims(report: dict[str, Any]) -> list[dict[str, str]]:
         if s:
             figure += (f"; specialized {s['name']} {100 * s['test_acc']:.2f}% / {100 * s['val_acc']:.2f}% "
                        f"({row['test_points_vs_twin']:+.2f} / {row['val_points_vs_twin']:+.2f} points)")
-        claims.append({"claim": f"{row['arch']} trained alone ({t['epochs']} epochs) vs specialized", "figure": figure})
+        claims.append({"claim": f"{row['arch']} trained alone ({t['epochs']} epochs, batch "
+                                f"{(t['recipe'] or {}).get('batch_size')}) vs specialized", "figure": figure})
     return claims
 
 
