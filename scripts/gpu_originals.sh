@@ -6,7 +6,10 @@
 # limited to 10 minutes):
 #   bash scripts/gpu_originals.sh BLOB WORKDIR [JOBS...]   (BLOB: scripts/gpu_pack_cifar.py pack output)
 # JOBS (default: all): r18 mbv2 r56-measure r56 r18-elastic mbv2-elastic r56-elastic r18-front
-#   mbv2-front r56-front, r18b-elastic r18b-front (a second ResNet-18 recipe, R18B_CONFIG), energy (issue 23's
+#   mbv2-front r56-front, r18b-elastic r18b-front (a second ResNet-18 recipe, R18B_CONFIG), r18-e300 and
+#   r18-b128 (the ResNet-18 original trained longer, or with batch 128), twin-w50 and twin-w50x25 (the
+#   twins of its width variants e3.555555555555 and e3.522522522522, on r18's recipe), twin-w50-b128,
+#   twin-w50x25-b128 and mbv2-b128 (batch 128), energy (issue 23's
 #   NVML energy benchmark on ENERGY_GPU, alone on its GPU) (a front job waits for its elastic job: benchmarks/supernet/front.py on the GPU,
 #   validation and test accuracy per variant, greedy paths chosen on the validation split)
 # ELASTIC_CONFIG names the recipe of the elastic jobs (a train-supernet --config JSON); R18_CONFIG,
@@ -24,7 +27,9 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 [ -f "$W/machine.txt" ] || { nvidia-smi -L > "$W/machine.txt"; lscpu | head -20 >> "$W/machine.txt"; }
 started() { [ -f "$W/$1.started" ]; }
 gpu_of() {  # R18_GPU and OTHER_GPU spread the jobs over GPUs (default: all on GPU 0); R18B_GPU,
-  # MBV2_GPU and R56_GPU override them per model
+  # MBV2_GPU and R56_GPU override them per model, GPU_MAP ("JOB=GPU JOB=GPU ...") per job
+  local pair
+  for pair in ${GPU_MAP:-}; do [ "${pair%%=*}" = "$1" ] && echo "${pair#*=}" && return; done
   case $1 in
     r18b*) echo "${R18B_GPU:-${R18_GPU:-0}}" ;;
     r18*) echo "${R18_GPU:-0}" ;;
@@ -63,6 +68,13 @@ front() {  # name of the elastic job (waits for it)
 for job in $JOBS; do
   case $job in
     r18) orig r18 cifar_resnet18.py:build --epochs 200 --lr 0.2 ;;
+    r18-e300) orig r18-e300 cifar_resnet18.py:build --epochs 300 --lr 0.2 ;;  # longer
+    r18-b128) orig r18-b128 cifar_resnet18.py:build --epochs 200 --lr 0.1 --batch-size 128 ;;  # more steps
+    twin-w50) orig twin-w50 cifar_resnet18.py:build_w50 --epochs 200 --lr 0.2 ;;  # r18's recipe
+    twin-w50x25) orig twin-w50x25 cifar_resnet18.py:build_w50x25 --epochs 200 --lr 0.2 ;;
+    twin-w50-b128) orig twin-w50-b128 cifar_resnet18.py:build_w50 --epochs 200 --lr 0.1 --batch-size 128 ;;
+    twin-w50x25-b128) orig twin-w50x25-b128 cifar_resnet18.py:build_w50x25 --epochs 200 --lr 0.1 --batch-size 128 ;;
+    mbv2-b128) orig mbv2-b128 cifar_mobilenetv2.py:build --epochs 200 --lr 0.1 --batch-size 128 ;;
     mbv2) orig mbv2 cifar_mobilenetv2.py:build --epochs 200 --lr 0.2 ;;
     r56-measure)
       orig r56-pretrained cifar_resnet56.py:build --init "$R56" --epochs 0

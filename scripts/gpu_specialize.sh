@@ -13,7 +13,8 @@
 # each job on the GPU running the fewest jobs), R18_EPOCHS R56_EPOCHS MBV2_EPOCHS (elastic fine-tuning epochs),
 # SPEC_EPOCHS, FRONT_RANDOM, MODELS (default "r18 r56 mbv2"), SPECS (which specializations, default all of SPEC_LIST), DATA (an unpacked
 # CIFAR-10 JPEG folder instead of WORKDIR/cifar10.blob), EXTRA (more train-supernet / specialize
-# options, e.g. "--device cpu --max-train-samples 256" for a CPU check of the script).
+# options, e.g. "--device cpu --max-train-samples 256" for a CPU check of the script), SPEC_EXTRA
+# (more specialize options only, e.g. "--lr 0.2").
 set -uo pipefail
 W=$1
 M=benchmarks/supernet/models
@@ -62,6 +63,7 @@ declare -A SPEC_LIST=(
   [mbv2-w75]=mbv2:e3.7B7777777777777777777B [mbv2-w50]=mbv2:e3.5B5555555555555555555B [mbv2-1pt]=mbv2:within:1
   [mbv2-d75]=mbv2:e3.7B7S77S777S7S7S777S77B  # 6 of the 10 skippable blocks skipped, the rest at 0.75
   [r18-w50-e200]=r18:e3.555555555555:200 [r18-w50x25-e200]=r18:e3.522522522522:200
+  [r18-w50-e100]=r18:e3.555555555555:100 [r18-w50x25-e100]=r18:e3.522522522522:100
   [r56-d12w75-e100]=r56:$R56_12:100 [r56-w50-e100]=r56:e2.555555555555555555555555555:100
 )
 SPECS=${SPECS:-r18-w50 r56-d12w75 mbv2-w75 r18-w50x25 r56-d15w75 mbv2-d75 r56-d9w75 mbv2-w50 r18-w50-e80 mbv2-d75-e80}
@@ -79,7 +81,7 @@ for spec in $SPECS; do
   epochs=${SPEC_EPOCHS:-30}
   if [ "$how" = within ]; then pick="--front-within $arg"; else pick="--variants $how"; epochs=${arg:-$epochs}; fi
   bg "$spec" python3 -m commands specialize --supernet "$W/$m-elastic" $pick --epochs "$epochs" \
-      --data "$DATA" --cache-dir "$W/cache-$m" --out "$W/$spec" $EXTRA "&&" \
+      --data "$DATA" --cache-dir "$W/cache-$m" --out "$W/$spec" $EXTRA ${SPEC_EXTRA:-} "&&" \
       python3 -m benchmarks.supernet.front --supernet "$W/$spec" --data "$DATA" --table-only --random 0 \
       --out "$W/$spec.csv" ${FRONT_EXTRA:-}
 done
