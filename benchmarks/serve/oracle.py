@@ -176,9 +176,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--rate-hz", type=float, default=40.0)
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--client-processes", action="store_true",
-                        help="each client in its own process (as a user's clients are), so the server's latency "
-                             "is not inflated by client threads sharing its interpreter")
+    parser.add_argument("--client-processes", action=argparse.BooleanOptionalAction, default=True,
+                        help="each client in its own process (the default: a user's clients are other processes), "
+                             "so the server's latency is not inflated by client threads sharing its interpreter; "
+                             "--no-client-processes runs them as threads in the benchmark's process")
     parser.add_argument("--budget-factor", type=float, default=1.3)
     parser.add_argument("--budget-step", type=float, default=0.6, help="the budget shape's middle-phase factor")
     parser.add_argument("--budget-ms", type=float, default=None, help="a fixed budget instead of calibrating")
