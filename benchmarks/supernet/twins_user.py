@@ -28,6 +28,8 @@ def _pairs(items: list[str], option: str) -> list[tuple[str, Path]]:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
             raise SystemExit(f"{option} {item!r}: expected NAME=JSON")
+        if not Path(path).is_file():
+            raise SystemExit(f"{option} {item!r}: {path} is not a file (a result of benchmarks.supernet.originals)")
         out.append((name, Path(path)))
     return out
 
