@@ -14,8 +14,10 @@ labelled CIFAR-10 test images (not the bundle's calibration images) at ``--rate-
    variant in the pool on the tail the loop judges feasibility on (its p95), and ``--factor`` sets how
    much faster a variant must be to fit; it stays there for ``--after-s`` seconds.
 
-Two modes per repetition, alternating: ``research`` (serve --research, time bound
-``--time-bound-s``) and ``static`` (the same loop without it: serve runs the fastest and misses).
+Modes per repetition, in turn (``--modes``): ``research`` (serve --research, time bound
+``--time-bound-s``), ``eager`` (the same search not yielding to requests: ``yield_wait_ms`` 0 and
+accuracy batches of 32, how it ran before it yielded) and ``static`` (the same loop without a
+search: serve runs the fastest and misses); every mode of a repetition takes its first run's budget.
 Reported per mode, medians over the repetitions: the time from the budget drop until re-search
 found a variant that fits and until that variant first answered; the deadline-miss share in the
 window before it answered (from the drop) and after, with the share of requests the found variant
@@ -79,7 +81,11 @@ def one_run(bundle_path: Path, mode: str, args: argparse.Namespace, seed: int, x
     from hmt.serve.deciding.research import ResearchSettings
     from hmt.serve.running.session import SessionOptions, open_controller
 
-    research = ResearchSettings(time_bound_s=args.time_bound_s, seed=seed) if mode == "research" else None
+    research = None
+    if mode == "research":
+        research = ResearchSettings(time_bound_s=args.time_bound_s, seed=seed)
+    elif mode == "eager":  # the search not yielding to the requests served meanwhile
+        research = ResearchSettings(time_bound_s=args.time_bound_s, seed=seed, yield_wait_ms=0.0, accuracy_batch=32)
     controller = open_controller(bundle_path, SessionOptions(blocks=True, research=research))
     controller.start(background=True)
     records: list[tuple[float, float, bool, str, bool]] = []
@@ -135,6 +141,8 @@ def one_run(bundle_path: Path, mode: str, args: argparse.Namespace, seed: int, x
         "latency_limit_ms": last.get("latency_limit_ms"),
         "search_s": None if not last else last["ended_s"] - last["started_s"],
         "serving_ratio": last.get("serving_ratio"), "active_estimate_ms": last.get("active_estimate_ms"),
+        "search_yielded_s": (status.get("research") or {}).get("yielded_s"),
+        "search_timed_runs_rerun": (status.get("research") or {}).get("timed_runs_rerun"),
         "found_calibration_accuracy": (last.get("found") or {}).get("accuracy"),
         "miss_share_before": float(np.mean(before)) if before else None, "requests_before": len(before),
         "miss_share_after": float(np.mean([m for m, _, _ in after])) if after else None, "requests_after": len(after),
@@ -168,40 +176,47 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     space = load_block_space(bundle)
     x, y = held_out(bundle, space)
     runs: list[dict[str, Any]] = []
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for rep in range(args.reps):  # research first: the static run of a repetition splits where it served
-        for mode in ("research", "static"):
+        first = len(runs)
+        for mode in modes:
             found = [r["served_after_drop_s"] for r in runs if r["mode"] == "research"
                      and r["served_after_drop_s"] is not None]
-            # static takes the research run's budget of the same repetition: the same scenario
-            budget = runs[-1]["budget_ms"] if mode == "static" else None
+            # every mode takes the first run's budget of the same repetition: the same scenario
+            budget = runs[first]["budget_ms"] if len(runs) > first else None
             runs.append(one_run(args.bundle, mode, args, args.seed + rep, x[:args.client_images],
                                 y[:args.client_images], split_s=median(found) if mode == "static" else None,
                                 budget_ms=budget))
     research = [r for r in runs if r["mode"] == "research"]
+    eager = [r for r in runs if r["mode"] == "eager"]
     static = [r for r in runs if r["mode"] == "static"]
     # the found variant vs the pool's fastest: on the calibration set (the search's measure) and held out
-    found = sorted({r["found"] for r in research if r["found"]})
+    found = sorted({r["found"] for r in research + eager if r["found"]})
     fastest = sorted({r["pool_fastest"] for r in runs})
     cal_x, cal_y = load_calibration(bundle, space)
     store = BlockStore(bundle, space)
     calibration = {a: accuracy_on(compose(store, space.parse(a)), cal_x, cal_y) for a in [*found, *fastest]}
     held = accuracy_of(args.bundle, [*found, *fastest], x, y)  # no image here chose anything
+    searched = ("budget_ms", "pool_fastest_p50_ms", "pool_fastest_p90_ms", "found_after_drop_s", "served_after_drop_s",
+                "search_s", "search_evaluated", "search_fastest_ms", "serving_ratio", "latency_limit_ms",
+                "miss_share_before", "miss_share_after", "found_share_after", "after_p50_ms", "after_p95_ms",
+                "split_after_drop_s", "search_yielded_s", "search_timed_runs_rerun")
     summary = {
-        "research": {key: median([r[key] for r in research]) for key in (
-            "budget_ms", "pool_fastest_p50_ms", "pool_fastest_p90_ms", "found_after_drop_s", "served_after_drop_s",
-            "search_s", "search_evaluated", "search_fastest_ms", "serving_ratio", "latency_limit_ms",
-            "miss_share_before", "miss_share_after", "found_share_after", "after_p50_ms", "after_p95_ms",
-            "split_after_drop_s")},
+        "research": {key: median([r[key] for r in research]) for key in searched},
+        "eager": {key: median([r[key] for r in eager]) for key in searched},
         "static": {key: median([r[key] for r in static]) for key in (
             "budget_ms", "pool_fastest_p50_ms", "pool_fastest_p90_ms", "miss_share_before", "miss_share_after",
             "after_p50_ms", "after_p95_ms", "split_after_drop_s")},
         "found_in": f"{sum(1 for r in research if r['found'])}/{len(research)} searches",
+        "eager_found_in": f"{sum(1 for r in eager if r['found'])}/{len(eager)} searches",
     }
     notes = ["budget and misses are per request against the latency budget; the loop judges feasibility on a p95 "
              "of served requests, so a budget below the pool's fastest p90 is infeasible for the whole pool while "
              "most of its requests still answer in time",
-             "the search runs on the serving CPU: on a 2-core machine its timing runs compete with the requests "
-             "served meanwhile (the research runs' 'before' window holds the search, the static runs' does not)",
+             "the search runs on the serving CPU: it waits for no request in flight before each timed run and "
+             "accuracy batch (at most yield_wait_ms) and runs a timed run again when a request started beside it; "
+             "eager runs the same search without yielding (the research and eager runs' 'before' windows hold the "
+             "search, the static runs' does not)",
              "an earlier form of this benchmark read 100% misses after the found variant served: once the found "
              "variant was active, the shadow runs looked it up in the bundle's table, raised, and ended the control "
              "thread, so the loop stopped deciding; adopt now gives them the extended table and a failed shadow run "
@@ -212,6 +227,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 RUN_KEYS = ("mode", "seed", "budget_ms", "pool_fastest", "pool_fastest_p50_ms", "pool_fastest_p90_ms", "found",
+            "search_yielded_s", "search_timed_runs_rerun",
             "search_started_after_drop_s", "found_after_drop_s", "served_after_drop_s", "search_evaluated",
             "search_fastest_ms", "serving_ratio", "miss_share_before", "requests_before", "miss_share_after",
             "requests_after", "found_share_after", "after_p50_ms", "after_p95_ms", "split_after_drop_s")
@@ -221,7 +237,8 @@ def summarise(report: dict[str, Any]) -> dict[str, Any]:
     """The summary and one row per run (its figures, no per-request trace)."""
     rows = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in run.items() if k in RUN_KEYS}
             for run in report["runs"]]
-    return {k: v for k, v in report.items() if k != "runs"} | {"repetitions": len(report["runs"]) // 2,
+    modes = len({run["mode"] for run in report["runs"]}) or 1
+    return {k: v for k, v in report.items() if k != "runs"} | {"repetitions": len(report["runs"]) // modes,
                                                                  "runs": rows}
 
 
@@ -248,13 +265,20 @@ def claims(report: dict[str, Any]) -> list[dict[str, str]]:
             "figure": f"{pct(r['miss_share_before'])} / {pct(r['miss_share_after'])} "
                       f"({pct(r['found_share_after'])})"},
            {"claim": "the same windows without re-search (static: serves the pool's fastest)",
-            "figure": f"{pct(st['miss_share_before'])} / {pct(st['miss_share_after'])}"},
-           {"claim": "request latency after the split, p50 / p95: with re-search vs static",
-            "figure": f"{ms(r['after_p50_ms'])} / {ms(r['after_p95_ms'])} vs "
-                      f"{ms(st['after_p50_ms'])} / {ms(st['after_p95_ms'])}"},
-           {"claim": "the serving ratio the search scaled candidates' medians by (the loop's measured estimate of "
-                     "the start variant over its timed median), median",
-            "figure": "-" if r["serving_ratio"] is None else f"{r['serving_ratio']:.2f}"}]
+            "figure": f"{pct(st['miss_share_before'])} / {pct(st['miss_share_after'])}"}]
+    ea = s.get("eager") or {}
+    if ea.get("budget_ms") is not None:
+        out.append({"claim": "the same windows with a search that does not yield to requests (eager, in the same run): "
+                             "misses before / after; found / served after the drop",
+                    "figure": f"{pct(ea['miss_share_before'])} / {pct(ea['miss_share_after'])}; "
+                              f"{sec(ea['found_after_drop_s'])} / {sec(ea['served_after_drop_s'])} "
+                              f"({s.get('eager_found_in')})"})
+    out += [{"claim": "request latency after the split, p50 / p95: with re-search vs static",
+             "figure": f"{ms(r['after_p50_ms'])} / {ms(r['after_p95_ms'])} vs "
+                       f"{ms(st['after_p50_ms'])} / {ms(st['after_p95_ms'])}"},
+            {"claim": "the serving ratio the search scaled candidates' medians by (the loop's measured estimate of "
+                      "the start variant over its timed median), median",
+             "figure": "-" if r["serving_ratio"] is None else f"{r['serving_ratio']:.2f}"}]
     out.extend({"claim": note, "figure": "-"} for note in report.get("notes", []))
     held, cal = report["held_out_accuracy"], report["calibration_accuracy"]
     fastest = sorted({run["pool_fastest"] for run in report["runs"]})
@@ -290,6 +314,8 @@ def main() -> None:
     parser.add_argument("--rate-hz", type=float, default=20.0)
     parser.add_argument("--client-images", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--modes", default="research,eager,static",
+                        help="modes per repetition, in this order (research first: static splits where it served)")
     parser.add_argument("--out", type=Path, default=None, help="write the report here (JSON)")
     args = parser.parse_args()
     report = run(args)

@@ -105,7 +105,7 @@ class Controller:
         self.monitor = ResourceMonitor(sampler, frequency_hz=1.0 / self.settings.monitor_period_s)
         self.pool = self._make_pool(bundle, blocks=blocks, loader=loader, threads=threads, warmup_runs=warmup_runs,
                                     max_threads=max_threads)
-        # serve --research (hmt.serve.deciding.research.attach): offered every decision, searches when none fits.
+        # serve --research (hmt.serve.deciding.research_join.attach): offered every decision, searches when none fits.
         self.research: Any = None
         self.budgets: Budgets = self.settings.budgets
         # The memory budget cut to the device's free memory above serve.json memory_reserve_mb.

@@ -73,7 +73,7 @@ def test_search_finds_a_variant_that_fits_and_measures_its_accuracy(written_bloc
 
 def test_a_found_variant_joins_the_table_keeping_the_estimates() -> None:
     from hmt.serve.deciding.estimates import LatencyEstimator
-    from hmt.serve.deciding.research import _remap_estimator
+    from hmt.serve.deciding.research_join import _remap_estimator
 
     ids, priors = ["a", "c"], [1.0, 3.0]
     old = LatencyEstimator(ids, priors, ["onnxruntime"] * 2)
@@ -125,3 +125,113 @@ def test_candidates_are_judged_at_the_serving_ratio_of_the_start_variant(written
     assert runner is None and outcome.found is None and outcome.evaluated >= 1
     assert outcome.serving_ratio is not None and outcome.serving_ratio > 1e3
     assert outcome.active_estimate_ms == pytest.approx(1e4 * timed) and outcome.start_timed_ms is not None
+
+
+class _Requests:
+    """The serving loop's (in flight, started) as the search reads them; a fake clock moves with each read."""
+
+    def __init__(self, busy_reads: int = 0) -> None:
+        self.busy_reads = busy_reads  # reads that still see a request in flight
+        self.inflight = 1 if busy_reads else 0
+        self.started = 0
+        self.now = 0.0
+
+    def __call__(self) -> tuple[int, int]:
+        if self.busy_reads > 0:
+            self.busy_reads -= 1
+            self.inflight = 1 if self.busy_reads else 0
+        return self.inflight, self.started
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class _Runner:
+    """Runs nothing; ``on_run`` is what a request does meanwhile (starts beside it)."""
+
+    def __init__(self, on_run: Any = None) -> None:
+        self.runs = 0
+        self.on_run = on_run
+
+    def run(self, x: Any, confidence: Any) -> None:
+        self.runs += 1
+        if self.on_run is not None:
+            self.on_run(self.runs)
+
+    def run_batch(self, x: Any, confidence: Any) -> list[Any]:
+        from types import SimpleNamespace
+
+        self.run(x, confidence)
+        return [SimpleNamespace(class_index=0) for _ in range(len(x))]
+
+
+def _bare_research(requests: _Requests, **settings: Any) -> Research:
+    import numpy as np
+
+    calibration = (np.zeros((20, 3, 4, 4), np.float32), np.zeros(20, np.int64))
+    return Research(None, None, calibration,  # type: ignore[arg-type]  # no block store: timing and yielding only
+                    ResearchSettings(**{"latency_runs": 5, **settings}), clock=lambda: requests.now,
+                    requests=requests, sleep=requests.sleep)
+
+
+def test_the_search_waits_for_no_request_in_flight_before_each_run() -> None:
+    requests = _Requests(busy_reads=4)
+    research = _bare_research(requests, yield_wait_ms=50.0)
+    runner = _Runner()
+    times = research._timed(runner, deadline=10.0)  # type: ignore[arg-type]
+    assert times is not None and len(times) == 5
+    assert requests.inflight == 0 and research.yielded_s == pytest.approx(3 * 0.0005)  # 3 sleeps, then idle
+
+
+def test_the_wait_is_bounded_so_a_device_never_idle_still_searches() -> None:
+    requests = _Requests(busy_reads=10**9)  # a request always in flight
+    research = _bare_research(requests, yield_wait_ms=20.0)
+    times = research._timed(_Runner(), deadline=10.0)  # type: ignore[arg-type]
+    assert times is not None and len(times) == 5
+    # each of the 5 runs waited its 20 ms bound, no longer
+    assert research.yielded_s == pytest.approx(5 * 0.020, abs=0.002)
+
+
+def test_a_timed_run_beside_which_a_request_started_is_run_again() -> None:
+    requests = _Requests()
+
+    def request_starts(run: int) -> None:
+        if run in (2, 3):  # the warm-up is run 1: the first two timed runs overlap a request
+            requests.started += 1
+
+    research = _bare_research(requests)
+    runner = _Runner(request_starts)
+    times = research._timed(runner, deadline=10.0)  # type: ignore[arg-type]
+    assert times is not None and len(times) == 5
+    assert research.rerun == 2 and runner.runs == 1 + 5 + 2
+
+
+def test_reruns_are_bounded_under_requests_that_never_stop() -> None:
+    requests = _Requests()
+
+    def request_starts(run: int) -> None:
+        requests.started += 1
+
+    research = _bare_research(requests, latency_runs=4)
+    runner = _Runner(request_starts)
+    times = research._timed(runner, deadline=10.0)  # type: ignore[arg-type]
+    assert times is not None and len(times) == 4  # after latency_runs reruns, overlapped runs count
+    assert research.rerun == 4
+
+
+def test_accuracy_batches_yield_too() -> None:
+    requests = _Requests(busy_reads=3)
+    research = _bare_research(requests, accuracy_batch=8)
+    runner = _Runner()
+    assert research._accuracy(runner, deadline=10.0) == 1.0  # type: ignore[arg-type]
+    assert runner.runs == 3  # 20 images in batches of 8
+    assert research.yielded_s > 0
+
+
+def test_no_wait_without_a_serving_loop_or_with_the_wait_off() -> None:
+    requests = _Requests(busy_reads=10**9)
+    research = _bare_research(requests, yield_wait_ms=0.0)
+    assert research._timed(_Runner(), deadline=10.0) is not None  # type: ignore[arg-type]
+    assert research.yielded_s == 0.0
+    with pytest.raises(Exception, match="yield_wait_ms"):
+        ResearchSettings(yield_wait_ms=-1.0)

@@ -61,7 +61,8 @@ def test_block_pool_serves_composed_variants_and_counts_shared_blocks_once(block
 
 def test_found_variant_joins_the_table_and_is_chosen_when_only_it_fits(blocks_bundle: Path) -> None:
     from hmt.runtime.blocks import compose
-    from hmt.serve.deciding.research import Measured, ResearchSettings, adopt
+    from hmt.serve.deciding.research import Measured, ResearchSettings
+    from hmt.serve.deciding.research_join import adopt
     from hmt.serve.running.session import SessionOptions, open_controller
 
     controller = open_controller(blocks_bundle, SessionOptions(

@@ -89,3 +89,12 @@ def test_start_returns_once_the_burners_are_up() -> None:
         assert max(b - a for a, b in zip(before, after, strict=True)) < 0.1  # CPU seconds in 0.5 s of duty 0
     finally:
         gen.stop()
+
+
+def test_stop_after_a_start_that_never_started_the_burners_is_safe() -> None:
+    """A start that raised before every burner started (a spawn that failed, a timeout) leaves burners
+    never started: stop() skips them instead of raising "can only join a started process" over the
+    error that start raised."""
+    gen = LoadGenerator(cores=2.0)
+    gen.stop()  # none started
+    assert all(p.pid is None for p in gen._procs)

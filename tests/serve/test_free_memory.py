@@ -129,3 +129,11 @@ def test_a_replayed_squeeze_reaches_the_loop_and_the_oracle(tmp_path: Path) -> N
     assert quiet["memory_budget_mb"] > 1000.0 and quiet["oracle_variant"] == "big"
     assert squeezed["memory_budget_mb"] == 0.0 and squeezed["oracle_variant"] == "small"
     assert squeezed["adaptive"]["variants"].get("small", 0) > squeezed["adaptive"]["variants"].get("big", 0)
+
+
+def test_stopping_a_squeeze_that_never_started_is_safe() -> None:
+    """A replay whose start failed before the squeeze's holder process started still stops it cleanly."""
+    from hmt.serve.running.squeeze import MemorySqueeze
+
+    squeeze = MemorySqueeze()
+    squeeze.stop()  # never started: not joined, no "can only join a started process"

@@ -106,8 +106,11 @@ class LoadGenerator:
             duty.value = min(1.0, max(0.0, total - i))
 
     def stop(self) -> None:
+        """Stop the burners; safe after a start that failed part-way (a burner never started is skipped)."""
         self._stop.set()
         for proc in self._procs:
+            if proc.pid is None:  # never started (start raised before it): nothing to join
+                continue
             proc.join(2.0)
             if proc.is_alive():
                 proc.terminate()

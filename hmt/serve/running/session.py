@@ -129,7 +129,7 @@ def open_controller(bundle_path: Path | str, options: SessionOptions, **kwargs: 
                             blocks=options.blocks, **kwargs)
     controller.settings_report = report
     if options.research is not None:
-        from hmt.serve.deciding.research import attach
+        from hmt.serve.deciding.research_join import attach
 
         attach(controller, options.research)
     return controller

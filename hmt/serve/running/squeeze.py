@@ -84,7 +84,10 @@ class MemorySqueeze:
         return float(self._held.value)
 
     def stop(self) -> None:
+        """Stop the holder; safe when its start failed (a process never started is not joined)."""
         self._stop.set()
+        if self._proc.pid is None:
+            return
         self._proc.join(5.0)
         if self._proc.is_alive():
             self._proc.terminate()
