@@ -31,6 +31,7 @@ A full run takes about an hour on the 2-core development VM (it is CPU-bound: ru
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
@@ -125,16 +126,24 @@ def measure_bundle(bundle_dir: Path, threads: int, repeats: int, seed: int) -> d
 # --------------------------------------------------------------------------- on the host
 
 
-def predict(profile_dir: Path, arch_ids: list[str], composition: bool = True) -> dict[str, float]:
-    """Latency of each variant as pareto predicts it from ``profile_dir`` (same cost model and predictor);
-    ``composition=False``: the raw block-table sum, without the profile's composition correction."""
-    from hmt.pareto.objectives import ProfilePredictor, VariantCostModel, measure_block_costs
-    from hmt.precision import split_variant_id
-    from hmt.profile import load_profile
+@functools.cache
+def _shipped_supernet() -> tuple[Any, Any]:
+    """The shipped supernet and its block costs, loaded once for every prediction of the run."""
+    from hmt.pareto.objectives import measure_block_costs
     from hmt.supernet import load_supernet
 
     loaded = load_supernet(REPO / EMBEDDED_SUPERNET)
-    blocks = measure_block_costs(loaded.net)
+    return loaded, measure_block_costs(loaded.net)
+
+
+def predict(profile_dir: Path, arch_ids: list[str], composition: bool = True) -> dict[str, float]:
+    """Latency of each variant as pareto predicts it from ``profile_dir`` (same cost model and predictor);
+    ``composition=False``: the raw block-table sum, without the profile's composition correction."""
+    from hmt.pareto.objectives import ProfilePredictor, VariantCostModel
+    from hmt.precision import split_variant_id
+    from hmt.profile import load_profile
+
+    loaded, blocks = _shipped_supernet()
     predictor = ProfilePredictor(load_profile(profile_dir), blocks, loaded.space)
     if not composition:
         predictor.predictor.composition = None  # the raw block-table sum

@@ -29,15 +29,14 @@ while the current variant keeps serving:
   accuracy batch waits (up to ``yield_wait_ms``) until no request is in flight, and a timed run
   beside which a request started is run again (up to ``latency_runs`` more times): its time
   measured the contention, not the candidate. Without this, the search's back-to-back runs slowed
-  the requests served meanwhile (on the 2-core development VM the window while it searched missed
-  8.4 % of deadlines against 5.7 % without a search, ``benchmarks/serve/results/research.json``).
-  Under a load that never leaves the device idle, the wait bounds how long the search is held
-  back, and the time bound still ends it.
+  the requests served meanwhile (``benchmarks/serve/results/research.json`` measures both, the
+  ``eager`` mode being the search without yielding). Under a load that never leaves the device
+  idle, the wait bounds how long the search is held back, and the time bound still ends it.
 
 The most accurate candidate that fits (and loses at most ``max_accuracy_drop`` of accuracy against
 the start variant on the calibration set) joins the pool and the optimizer's table
-(:func:`hmt.serve.deciding.research_join.adopt`), and :meth:`Research.status` says why the search ran, when, what it
-evaluated and what it found.
+(:func:`hmt.serve.deciding.research_join.adopt`), and :meth:`Research.status` says why the search
+ran, when, what it evaluated and what it found.
 """
 
 from __future__ import annotations
@@ -275,11 +274,10 @@ class Research:
         runner.run(self.x[:1], self.confidence)  # first call: ORT's lazy allocations
         times: list[float] = []
         reruns = 0
-        i = 0
         while len(times) < self.settings.latency_runs:
             if self._clock() >= deadline or self._stop.is_set():
                 return None
-            x = self.x[i % len(self.x)][None]  # real inputs: with early exit, where they leave counts
+            x = self.x[len(times) % len(self.x)][None]  # real inputs: with early exit, where they leave counts
             started = self._yield(deadline)
             t0 = time.perf_counter()
             runner.run(x, self.confidence)
@@ -291,7 +289,6 @@ class Research:
                 self.rerun += 1
                 continue
             times.append(elapsed_ms)
-            i += 1
         return times
 
     def _accuracy(self, runner: ComposedRunner, deadline: float) -> float | None:
