@@ -370,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--note", default="", help="said next to the machine in the result (who else was running)")
     args = parser.parse_args(argv)
+    if args.calibrate_variants < 0:
+        parser.error(f"--calibrate-variants: expected 0 or more variants, got {args.calibrate_variants}")
     typed = shlex.join(["python", "-m", "benchmarks.device.class_measured", *argv])
     out = args.out or (Path(tempfile.mkdtemp(prefix="hmt-bench-class-")) / "class_measured.json" if args.quick
                        else RESULTS / "class_measured.json")

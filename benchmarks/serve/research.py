@@ -226,6 +226,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out"}}
 
 
+MODES = ("research", "eager", "static")
 RUN_KEYS = ("mode", "seed", "budget_ms", "pool_fastest", "pool_fastest_p50_ms", "pool_fastest_p90_ms", "found",
             "search_yielded_s", "search_timed_runs_rerun",
             "search_started_after_drop_s", "found_after_drop_s", "served_after_drop_s", "search_evaluated",
@@ -318,6 +319,9 @@ def main() -> None:
                         help="modes per repetition, in this order (research first: static splits where it served)")
     parser.add_argument("--out", type=Path, default=None, help="write the report here (JSON)")
     args = parser.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or set(modes) - set(MODES) or len(set(modes)) != len(modes):
+        parser.error(f"--modes: expected distinct modes among {', '.join(MODES)}, got {args.modes!r}")
     report = run(args)
     text = json.dumps(report, indent=2)
     if args.out is not None:
