@@ -144,3 +144,15 @@ def test_the_scenario_burners_inside_a_one_core_class_take_half_of_it_not_all() 
     assert got["processes"] == 1 and got["duties"] == [0.5] and got["same_cgroup"]
     # Half of the class's budget, with room for the pacer's overshoot and a shared machine's shortfall.
     assert 0.25 * rpi.cpu_budget <= got["cpu_s_per_s"] <= 0.8 * rpi.cpu_budget, got
+
+
+def test_class_measured_counts_a_repetition_as_held_only_on_exact_clocks_and_its_budget() -> None:
+    from benchmarks.device import class_measured
+
+    budget = class_measured.CLASSES["rpi4-class"].cpu_budget
+    assert class_measured._pacer_held("rpi4-class", {"exact_cpu_clock": True, "delivered_cpu_s_per_s": budget})
+    # The failure it flags: a pacer on tick-stale clocks let the class run late, then owe (0.21 of 0.25).
+    assert not class_measured._pacer_held("rpi4-class", {"exact_cpu_clock": True,
+                                                         "delivered_cpu_s_per_s": 0.84 * budget})
+    assert not class_measured._pacer_held("rpi4-class", {"exact_cpu_clock": False, "delivered_cpu_s_per_s": budget})
+    assert not class_measured._pacer_held("rpi4-class", {"pacer_error": "pacer exited 1"})

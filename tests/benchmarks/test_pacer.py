@@ -166,3 +166,121 @@ def test_stop_busy_adds_processes_that_turned_busy_while_stopped(tmp_path: Path)
     assert sent == [(10, pacer.signal.SIGSTOP), (11, pacer.signal.SIGSTOP)]
     stop(False)
     assert sorted(sent[2:]) == [(10, pacer.signal.SIGCONT), (11, pacer.signal.SIGCONT)]
+
+
+class FakeProcess:
+    """A process whose own clock is only brought up to date at its ticks, and per-thread counters that are
+    exact; ``run`` advances its threads, ``tick`` publishes the process clock."""
+
+    def __init__(self, threads: dict[int, float], before_open: float = 0.0) -> None:
+        self.thread_s = dict(threads)
+        self.extra_s = before_open  # used by threads no counter will see
+        self.published = 0.0
+        self.opened: dict[int, float] = {}  # fd: thread's time at the open
+        self.fd_tid: dict[int, int] = {}
+        self.closed: list[int] = []
+        self.tick()
+
+    def run(self, tid: int, seconds: float) -> None:
+        self.thread_s[tid] = self.thread_s.get(tid, 0.0) + seconds
+
+    def tick(self) -> None:
+        self.published = sum(self.thread_s.values()) + self.extra_s
+
+    def open(self, tid: int) -> int:
+        if tid not in self.thread_s:
+            raise OSError(3, "no such thread")
+        fd = 100 + len(self.opened)
+        self.opened[fd], self.fd_tid[fd] = self.thread_s[tid], tid
+        return fd
+
+    def read(self, fd: int) -> float:
+        return self.thread_s[self.fd_tid[fd]] - self.opened[fd]
+
+    def process_cpu(self, **kw: object) -> pacer.ProcessCpu:
+        args: dict[str, object] = {"open_counter": self.open, "read_counter": self.read, "relist_s": 0.0,
+                                   "read_process": lambda pid: self.published,
+                                   "threads": lambda pid: sorted(self.thread_s), **kw}
+        return pacer.ProcessCpu(**args)  # type: ignore[arg-type]
+
+
+def test_process_cpu_sees_each_change_when_it_happens_not_at_the_next_tick() -> None:
+    proc = FakeProcess({7: 0.3}, before_open=0.02)
+    cpu = proc.process_cpu()
+    assert cpu(7) == pytest.approx(0.32)
+    proc.run(7, 0.001)  # no tick yet: the process clock still reads 0.32
+    assert cpu(7) == pytest.approx(0.321)
+    proc.run(7, 0.002)
+    proc.tick()
+    assert cpu(7) == pytest.approx(0.323)
+    assert cpu.exact
+
+
+def test_process_cpu_catches_up_with_what_its_counters_missed_and_then_follows_the_counters() -> None:
+    proc = FakeProcess({7: 0.1})
+    cpu = proc.process_cpu()
+    assert cpu(7) == pytest.approx(0.1)
+    proc.thread_s[8] = 0.004  # a new thread that ran before the next listing opened its counter
+    assert cpu(7) == pytest.approx(0.1)  # not published yet, and its counter starts from now
+    proc.tick()
+    assert cpu(7) == pytest.approx(0.104)  # the process clock brings in the missed time
+    proc.run(8, 0.001)  # from here on the counters see every change at once, without a tick
+    assert cpu(7) == pytest.approx(0.105)
+    # A stale process clock never pulls the value back or makes it wait for the tick.
+    proc.run(7, 0.003)
+    assert cpu(7) == pytest.approx(0.108)
+
+
+def test_process_cpu_without_perf_reads_the_process_clock_and_says_it_is_not_exact() -> None:
+    proc = FakeProcess({7: 0.2})
+
+    def refuse(tid: int) -> int:
+        raise OSError(1, "perf_event_open refused")
+
+    cpu = proc.process_cpu(open_counter=refuse)
+    assert cpu(7) == pytest.approx(0.2)
+    assert not cpu.exact and "refused" in str(cpu.refused)
+    proc.run(7, 0.001)
+    assert cpu(7) == pytest.approx(0.2)  # stale until the tick
+    proc.tick()
+    assert cpu(7) == pytest.approx(0.201)
+    plain = proc.process_cpu(counters=False)
+    assert plain(7) == pytest.approx(0.201) and not plain.exact
+
+
+def test_process_cpu_closes_the_counters_of_processes_that_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    proc = FakeProcess({7: 0.0, 9: 0.0})
+    closed: list[int] = []
+    monkeypatch.setattr(pacer.os, "close", closed.append)
+    cpu = proc.process_cpu()
+    cpu(7)
+    cpu.forget({8})
+    assert sorted(closed) == [100, 101]
+    cpu.forget({8})
+    assert sorted(closed) == [100, 101]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux only")
+def test_a_busy_process_on_another_core_is_read_exactly_with_perf_counters() -> None:
+    """The failure this class fixes, on the real kernel: a busy child read from here while it runs."""
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.1)
+        cpu = pacer.ProcessCpu()
+        first = cpu(child.pid)
+        if not cpu.exact:
+            pytest.skip(f"perf counters refused here: {cpu.refused}")
+        readings = [first]
+        for _ in range(200):
+            time.sleep(0.0005)
+            readings.append(cpu(child.pid))
+    finally:
+        child.kill()
+        child.wait()
+    unchanged = sum(b == a for a, b in itertools.pairwise(readings))
+    assert unchanged < 40, f"{unchanged} of 200 readings 0.5 ms apart did not move: stale like a process clock"
+    assert readings == sorted(readings)
