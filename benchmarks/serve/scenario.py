@@ -160,7 +160,9 @@ def bench_engine(args: argparse.Namespace, spec: str, bundle: Any, data: Path, l
     calib = run(args.bundle, Scenario.from_text("time_s\n0\n"), 5.0, data, fixed=largest,
                 clients=args.clients, rate_hz=rate_hz, load_mode="synthetic", label="calibration",
                 engine=engine, overrides=overrides, threads=threads)
-    assert calib.summary["latency_ms"] is not None
+    if calib.summary["latency_ms"] is None:  # no request answered: say what the clients saw
+        seen = {k: calib.summary.get(k) for k in ("requests", "ok", "failed", "failed_by_status")}
+        raise RuntimeError(f"the budget calibration (the largest variant, unloaded, 5 s) answered no request: {seen}")
     largest_p95 = calib.summary["latency_ms"]["p95"]
     # A fixed --budget-ms keeps one noisy calibration (a shared VM) from making the budget meaningless.
     fixed_ms = args.tvm_budget_ms if engine == "tvm" and args.tvm_budget_ms is not None else args.budget_ms
