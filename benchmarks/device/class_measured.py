@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"class_measured: device classes unavailable here: {exc}", file=sys.stderr)
         if not args.quick:
             return 7
-        write_result(out, make_result(area="device", name="class_measured", command=typed, seed=args.seed,
+        write_result(out, make_result(area="device", name=out.stem, command=typed, seed=args.seed,
                                       baseline=BENCH.baseline, results={"skipped": str(exc)}, claims=[],
                                       machine_info=info))
         return 0
@@ -431,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
                 work_ctx.cleanup()
         results["classes"] = per_class
         claims += _claims_of(per_class)
-    doc = make_result(area="device", name="class_measured", command=typed, seed=args.seed, baseline=BENCH.baseline,
+    doc = make_result(area="device", name=out.stem, command=typed, seed=args.seed, baseline=BENCH.baseline,
                       results=results, claims=claims, machine_info=info)
     write_result(out, doc)
     for claim in claims:
