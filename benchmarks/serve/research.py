@@ -10,7 +10,8 @@ labelled CIFAR-10 test images (not the bundle's calibration images) at ``--rate-
    the client's period, through the pool's runners, while the client keeps sending (a back-to-back
    median understates what serving measures: requests arrive apart and the loop runs between them);
 3. the budget drops to ``--factor`` x the lowest of the loop's own measured estimates of the pool's
-   variants (``--budget-from estimates``, the default: the tail it judges feasibility on), so below
+   variants plus its serving overhead (``--budget-from estimates``, the default: the tail it judges
+   feasibility on), so below
    every variant in the pool as the loop sees it, and ``--factor`` sets how much faster a variant must
    be to fit; every mode of a repetition takes its first run's budget; it stays there for
    ``--after-s`` seconds. ``--budget-from probe`` takes ``--factor`` x the p90 of the pool's fastest as
@@ -81,10 +82,12 @@ def as_served(controller: Any, x: np.ndarray, runs: int, period_s: float) -> dic
 
 
 def pool_estimates(controller: Any) -> dict[str, float]:
-    """The loop's own tail-latency estimates (ms) of the pool's variants that it has measured: what it
-    judges feasibility on. A budget below all of them is one that no variant in the pool meets."""
+    """The loop's own tail-latency estimates (ms) of the pool's variants that it has measured, plus the
+    serving overhead it adds to each (the budget's share no variant can use): what it judges feasibility
+    on. A budget below all of them is one that no variant in the pool meets."""
     estimates = controller.status().get("estimates") or {}
-    return {a: float(e["latency_ms"]) for a, e in estimates.items() if e.get("source") == "measured"}
+    overhead_ms = float(controller.overhead_ms)
+    return {a: float(e["latency_ms"]) + overhead_ms for a, e in estimates.items() if e.get("source") == "measured"}
 
 
 def one_run(bundle_path: Path, mode: str, args: argparse.Namespace, seed: int, x: np.ndarray, y: np.ndarray,
@@ -245,7 +248,8 @@ RUN_KEYS = ("mode", "seed", "budget_ms", "pool_fastest", "pool_fastest_p50_ms", 
             "search_yielded_s", "search_timed_runs_rerun",
             "search_started_after_drop_s", "found_after_drop_s", "served_after_drop_s", "search_evaluated",
             "search_fastest_ms", "serving_ratio", "miss_share_before", "requests_before", "miss_share_after",
-            "requests_after", "found_share_after", "after_p50_ms", "after_p95_ms", "split_after_drop_s")
+            "requests_after", "found_share_after", "after_p50_ms", "after_p95_ms", "split_after_drop_s",
+            "loop_estimates_ms")
 
 
 def summarise(report: dict[str, Any]) -> dict[str, Any]:
@@ -323,8 +327,9 @@ def main() -> None:
     parser.add_argument("--after-s", type=float, default=35.0)
     parser.add_argument("--time-bound-s", type=float, default=15.0)
     parser.add_argument("--factor", type=float, default=0.8,
-                        help="budget = factor x the lowest of the loop's measured estimates of the pool's variants "
-                             "(--budget-from estimates), or x the p90 of the pool's fastest as probed (probe)")
+                        help="budget = factor x the lowest of the loop's measured estimates of the pool's variants, "
+                             "with its serving overhead (--budget-from estimates), or x the p90 of the pool's "
+                             "fastest as probed (probe)")
     parser.add_argument("--budget-from", choices=("estimates", "probe"), default="estimates",
                         help="estimates (default): below every variant as the loop judges it, so each repetition "
                              "tests a search; probe: single runs spaced 1/rate apart, which on a 2-core VM read "
