@@ -9,15 +9,15 @@ labelled CIFAR-10 test images (not the bundle's calibration images) at ``--rate-
 2. each variant of the pool is then timed *as served*: ``--probe-runs`` single requests spaced at
    the client's period, through the pool's runners, while the client keeps sending (a back-to-back
    median understates what serving measures: requests arrive apart and the loop runs between them);
-3. the budget drops to ``--factor`` x the lowest of the loop's own measured estimates of the pool's
-   variants plus its serving overhead (``--budget-from estimates``, the default: the tail it judges
-   feasibility on), so below
-   every variant in the pool as the loop sees it, and ``--factor`` sets how much faster a variant must
-   be to fit; every mode of a repetition takes its first run's budget; it stays there for
-   ``--after-s`` seconds. ``--budget-from probe`` takes ``--factor`` x the p90 of the pool's fastest as
-   timed in step 2 instead, as this benchmark did before: on a 2-core VM that probe read slower than
-   the loop's windows (2.47 ms against estimates of 1.1-1.5 ms), so the pool still fitted and no
-   search started.
+3. the budget drops to ``--factor`` x the p90 of the pool's fastest variant as timed in step 2
+   (``--budget-from probe``, the default): below every variant in the pool on the tail the loop
+   judges feasibility on (its p95), and ``--factor`` sets how much faster a variant must be to fit;
+   every mode of a repetition takes its first run's budget; it stays there for ``--after-s`` seconds.
+   ``--budget-from estimates`` takes ``--factor`` x the lowest of the loop's own measured estimates of
+   the pool's variants plus its serving overhead instead. On a 2-core VM the probe can read slower
+   than the loop's windows (the pool then still fits and no search starts), and the estimates read
+   faster than the requests' latency (``results/research_budget_estimates.json``: every request
+   missed, found variants too).
 
 Modes per repetition, in turn (``--modes``): ``research`` (serve --research, time bound
 ``--time-bound-s``), ``eager`` (the same search not yielding to requests: ``yield_wait_ms`` 0 and
@@ -330,10 +330,10 @@ def main() -> None:
                         help="budget = factor x the lowest of the loop's measured estimates of the pool's variants, "
                              "with its serving overhead (--budget-from estimates), or x the p90 of the pool's "
                              "fastest as probed (probe)")
-    parser.add_argument("--budget-from", choices=("estimates", "probe"), default="estimates",
-                        help="estimates (default): below every variant as the loop judges it, so each repetition "
-                             "tests a search; probe: single runs spaced 1/rate apart, which on a 2-core VM read "
-                             "slower than the loop's windows and could leave the pool feasible")
+    parser.add_argument("--budget-from", choices=("estimates", "probe"), default="probe",
+                        help="probe (default): the pool's fastest timed as single runs 1/rate apart; estimates: the "
+                             "loop's own measured estimates of the pool plus its serving overhead (see the docstring "
+                             "for what each read on a 2-core VM)")
     parser.add_argument("--split-s", type=float, default=15.0,
                         help="where 'before' ends when nothing found serves (static, or a failed search)")
     parser.add_argument("--rate-hz", type=float, default=20.0)
