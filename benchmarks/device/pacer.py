@@ -8,8 +8,8 @@ and is throttled for about 12 ms (``class_throttle`` measures it): a ~1 ms infer
 unthrottled or stalled for a tick's debt, a bimodal latency that no slow board has.
 
 The pacer keeps the budget over short cycles instead (``CYCLE_US``, default 1 ms): at each cycle
-start it reads the CPU time every process in the class has used (the sum of its threads' CPU clocks,
-exact when read, see :class:`ProcessCpu`), continues the class if its budget for this cycle is not spent
+start it reads the CPU time every process in the class has used (perf task-clock counters of its
+threads, exact when read, see :class:`ProcessCpu`), continues the class if its budget for this cycle is not spent
 (the budget, less any overshoot carried as debt; unused budget is not saved up, as with a CFS quota
 without burst), sleeps (SCHED_FIFO, hrtimer) until the class could have spent it, and stops the
 processes that used CPU meanwhile (``StopBusy``: SIGSTOP, then SIGCONT) once it has, until the next
@@ -23,6 +23,7 @@ On exit (SIGTERM) it continues every process of the class and prints what it del
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -32,6 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 CYCLE_US = 1_000
 MIN_SLEEP_S = 20e-6
@@ -47,6 +49,13 @@ _PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}  # the syscall's number per m
 _PERF_TYPE_SOFTWARE, _PERF_COUNT_SW_TASK_CLOCK, _PERF_ATTR_SIZE = 1, 1, 128
 
 
+@functools.cache
+def _libc() -> Any:
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def open_task_clock(tid: int) -> int:
     """A perf ``task-clock`` counter of thread ``tid`` (an fd; reading it gives its CPU ns since the open).
 
@@ -59,8 +68,7 @@ def open_task_clock(tid: int) -> int:
         raise OSError(f"perf_event_open: no syscall number known for {os.uname().machine}")
     attr = bytearray(_PERF_ATTR_SIZE)
     struct.pack_into("IIQ", attr, 0, _PERF_TYPE_SOFTWARE, _PERF_ATTR_SIZE, _PERF_COUNT_SW_TASK_CLOCK)
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = int(libc.syscall(number, ctypes.create_string_buffer(bytes(attr), _PERF_ATTR_SIZE), tid, -1, -1, 0))
+    fd = int(_libc().syscall(number, ctypes.create_string_buffer(bytes(attr), _PERF_ATTR_SIZE), tid, -1, -1, 0))
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, f"perf_event_open(task-clock, {tid}): {os.strerror(err)}")
@@ -89,14 +97,14 @@ class ProcessCpu:
     pending runtime for the caller's own process only; a thread clock of another process is refused).
     A class process running on another core than the pacer's then shows no CPU time for a tick (4 ms)
     and all of it at once; the pacer stops it a tick late, and the class runs ~1 ms calls at full speed,
-    then owes for ~16 ms. Measured on this VM: read from the other core, a busy process's clock was
-    unchanged in 1,911 of 2,000 reads 100 us apart, and the rpi4 class held or not by which core the
-    pacer ran on. A perf ``task-clock`` counter per thread is exact when read: the process's time is what
-    its threads' counters counted (a thread found at a later listing is counted from then on) plus the
-    most its own clock has ever been ahead of them (what a thread used before its counter opened, or
-    after the last listing before it exited), so that every change is seen when it happens and the
-    total still catches up with the process clock at the next tick. Without perf (``counters=False``, or perf_event_open
-    refused) the process clock alone, and :attr:`exact` says so."""
+    then owes for ~16 ms. Measured on the 2-core development VM: read from the other core, a busy
+    process's clock was unchanged in 1,911 of 2,000 reads 100 us apart, and the rpi4 class held or not
+    by which core the pacer ran on. A perf ``task-clock`` counter per thread is exact when read: the
+    process's time is what its threads' counters counted (a thread found at a later listing is counted
+    from then on) plus the most its own clock has ever been ahead of them (what a thread used before
+    its counter opened, or after the last listing before it exited), so that every change is seen when
+    it happens and the total still catches up with the process clock at the next tick. Without perf
+    (``counters=False``, or perf_event_open refused) the process clock alone, and :attr:`exact` says so."""
 
     counters: bool = True
     open_counter: Callable[[int], int] = open_task_clock
