@@ -11,7 +11,7 @@
 # originals of benchmarks/supernet/originals.py). Knobs (environment): GPUS (default "0 1 2 3",
 # two GPUs: GPUS="0 1", about 16 minutes on two H200s with the defaults,
 # each job on the GPU running the fewest jobs), R18_EPOCHS R56_EPOCHS MBV2_EPOCHS (elastic fine-tuning epochs),
-# SPEC_EPOCHS, FRONT_RANDOM, MODELS (default "r18 r56 mbv2"), SPECS (which specializations, default all of SPEC_LIST), DATA (an unpacked
+# SPEC_EPOCHS, FRONT_RANDOM, MODELS (default "r18 r56 mbv2"), SPECS (which specializations, default all of SPEC_LIST; NAME=model:selection[:epochs] adds one), DATA (an unpacked
 # CIFAR-10 JPEG folder instead of WORKDIR/cifar10.blob), EXTRA (more train-supernet / specialize
 # options, e.g. "--device cpu --max-train-samples 256" for a CPU check of the script), SPEC_EXTRA
 # (more specialize options only, e.g. "--lr 0.2").
@@ -75,6 +75,10 @@ done
 spec_tag() {  # the space tag of a model's elastic supernet (the first arch id of its variants.csv)
   sed -n 2p "$W/$1-elastic/variants.csv" | cut -d. -f1
 }
+for spec in $SPECS; do  # a spec is a name of SPEC_LIST or NAME=model:selection[:epochs]
+  [ "${spec#*=}" != "$spec" ] && SPEC_LIST[${spec%%=*}]=${spec#*=}
+done
+SPECS=$(for spec in $SPECS; do echo "${spec%%=*}"; done)
 for spec in $SPECS; do
   IFS=: read -r m how arg <<< "${SPEC_LIST[$spec]}"
   [ -f "$W/$m-elastic.done" ] || continue
