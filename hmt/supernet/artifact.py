@@ -33,14 +33,17 @@ class LoadedSupernet:
         return dict(self.model_info["dataset"])
 
     def calibration_batches(self, *, batch_size: int = 256, device: str = "cpu") -> list[Any]:
-        """The stored calibration samples, normalised as in training, as tensors on ``device``."""
+        """The stored calibration samples, normalised as in training, as tensors on ``device``, in the
+        fixed mixed order of :func:`hmt.supernet.calibrate.mixed` (not the stored order, which may hold
+        one class per batch)."""
         import numpy as np
         import torch
 
         from hmt.data import DatasetInfo, batches_of, eval_loader
+        from hmt.supernet.calibrate import mixed
 
         with np.load(self.artifact.file(CALIBRATION), allow_pickle=False) as blob:
-            x = blob["x"]
+            x = mixed(blob["x"])
         info = DatasetInfo.from_json_dict(self.dataset_info)
         return batches_of(
             eval_loader(x, None, info=info, batch_size=batch_size, device=torch.device(device), channels_last=False)

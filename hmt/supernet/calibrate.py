@@ -8,6 +8,14 @@ does the same). hmt therefore (1) keeps the shared statistics the largest networ
 (subnets run with BN momentum 0 during fine-tuning), and (2) re-estimates a materialised
 variant's statistics on a fixed calibration set stored in the supernet artifact, so any
 stage that materialises a variant gets the same numbers without the dataset.
+
+The calibration set is stored in dataset order, and datasets are often stored class by class
+(the CIFAR-10 copy is), so batches cut from it in that order hold one or two classes each. BN's
+re-estimate averages per-batch means and variances, so those batches miss the variance between
+classes: measured on a width-0.5 ResNet-18 variant, 89.98 % test accuracy from class-ordered
+batches of 256 against 90.63-90.72 % from any mixed 2048 training images. Every stage therefore
+batches the stored samples in one fixed mixed order (:func:`mixed`), artifacts written before
+this included.
 """
 
 from __future__ import annotations
@@ -15,9 +23,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
+
+MIX_SEED = 0x5EED  # the one fixed order every stage batches the stored calibration samples in
+
+
+def mixed(samples: np.ndarray) -> np.ndarray:
+    """The stored calibration samples in the fixed mixed order every stage batches them in (the
+    same order for the same samples, so accuracies agree from stage to stage)."""
+    return np.ascontiguousarray(samples[np.random.default_rng(MIX_SEED).permutation(len(samples))])
 
 
 def _norms(module: nn.Module) -> list[_BatchNorm]:

@@ -13,6 +13,7 @@ from torch import nn
 
 from hmt.data import BatchLoader
 from hmt.progress import ProgressCallback
+from hmt.supernet.calibrate import mixed
 from hmt.supernet.elastify.supernet import ElastifiedSupernet
 from hmt.supernet.space import WIDTH_KIND, WIDTH_RATIOS, ArchConfig, SearchSpace
 from hmt.supernet.train.config import TrainConfig
@@ -79,7 +80,7 @@ def evaluate(
                              np.random.default_rng(derive_seed(config.seed, 6)))
     variants += level_variants(net.space, {arch.arch_id for _, arch in variants})
     table = variant_table(net, variants, val_loader=evaluation(*val), test_loader=test_loader,
-                          calibration=batches_of(evaluation(calibration_x, None)), autocast=autocast,
+                          calibration=batches_of(evaluation(mixed(calibration_x), None)), autocast=autocast,
                           progress=progress)
     return original_test_acc, table
 

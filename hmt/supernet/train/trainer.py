@@ -21,6 +21,7 @@ import torch
 from hmt.data import BatchLoader, Dataset, batches_of, eval_loader, load_dataset, split_train_val
 from hmt.errors import UsageError
 from hmt.progress import ProgressCallback, no_progress
+from hmt.supernet.calibrate import mixed
 from hmt.supernet.supernet import Supernet, build_supernet
 from hmt.supernet.train.checkpoint import claim_checkpoint_dir, open_checkpoint, resume_message, save_checkpoint
 from hmt.supernet.train.config import TrainConfig
@@ -214,7 +215,7 @@ def train_supernet_model(
 
     val_loader = evaluation(val.x, val.y)
     calibration_x = calibration_subset(train.x, config)
-    calib_loader = evaluation(calibration_x, None)
+    calib_loader = evaluation(mixed(calibration_x), None)  # batched as every later stage batches it
     autocast = device.type == "cuda" and config.amp
     specs = build_phases(config, net.space.num_stages)
     epochs_run = 0

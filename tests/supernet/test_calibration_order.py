@@ -1,0 +1,45 @@
+"""BN re-estimation sees mixed batches, whatever order the calibration samples are stored in."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from hmt.supernet.calibrate import mixed, recalibrate_bn
+
+
+def _class_ordered(per_class: int = 256, classes: int = 8) -> np.ndarray:
+    """Samples stored class by class, as a dataset stored that way gives them: each class its own mean."""
+    rng = np.random.default_rng(1)
+    return np.concatenate([rng.normal(3.0 * c, 1.0, size=(per_class, 4)) for c in range(classes)]).astype(np.float32)
+
+
+def _running_var(samples: np.ndarray, batch: int) -> np.ndarray:
+    norm = nn.BatchNorm1d(4)
+    recalibrate_bn(norm, [torch.from_numpy(samples[i:i + batch]) for i in range(0, len(samples), batch)],
+                   keep_original=False)
+    return norm.running_var.numpy()
+
+
+def test_mixed_is_a_fixed_permutation() -> None:
+    x = np.arange(1000)
+    once, again = mixed(x), mixed(x)
+    assert np.array_equal(once, again)
+    assert sorted(once.tolist()) == x.tolist()
+    assert not np.array_equal(once, x)
+
+
+def test_class_ordered_batches_miss_the_variance_mixed_ones_keep() -> None:
+    x = _class_ordered()
+    true_var = x.var(axis=0, ddof=1)
+    ordered = _running_var(x, 256)  # one class per batch: only the within-class variance (about 1)
+    mixed_var = _running_var(mixed(x), 256)
+    assert np.all(ordered < 0.1 * true_var)
+    assert np.allclose(mixed_var, true_var, rtol=0.1)
+
+
+def test_every_batch_of_a_mixed_class_ordered_set_holds_most_classes() -> None:
+    labels = np.repeat(np.arange(10), 205)
+    batches = [mixed(labels)[i:i + 256] for i in range(0, len(labels), 256)]
+    assert all(len(set(b.tolist())) == 10 for b in batches if len(b) == 256)
