@@ -126,7 +126,8 @@ def calibration_batches(loaded: Any, *, device: str = "cpu", max_samples: int | 
                         ) -> list[torch.Tensor] | None:
     """The supernet's stored BN-calibration inputs, batched as train-supernet batched them
     for its variant table (so accuracies match it exactly); ``None`` if it stores none.
-    ``max_samples`` keeps only the first samples (faster; statistics a little noisier)."""
+    ``max_samples`` keeps only the first samples of that mixed order (``hmt.supernet.calibrate.mixed``:
+    every class, not the first classes of a class-ordered dataset; faster, statistics a little noisier)."""
     from hmt.supernet.artifact import CALIBRATION
 
     if not any(record.path == CALIBRATION for record in loaded.artifact.manifest.files):

@@ -294,7 +294,7 @@ class PrefixEvaluator:
 
     def _calibrate(self, root: _Node, reverse: bool) -> None:
         """Accumulate the statistics of every (prefix, unit) not known yet. Batches run in
-        their stored order (the running average must see them as recalibrate_bn does);
+        the order given (the running average must see them as recalibrate_bn does);
         ``reverse`` only flips which child subtree goes first."""
         assert self.calibration is not None
         self._pending = {}
