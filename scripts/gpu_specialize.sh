@@ -67,6 +67,18 @@ declare -A SPEC_LIST=(
   [r56-d12w75-e100]=r56:$R56_12:100 [r56-w50-e100]=r56:e2.555555555555555555555555555:100
 )
 SPECS=${SPECS:-r18-w50 r56-d12w75 mbv2-w75 r18-w50x25 r56-d15w75 mbv2-d75 r56-d9w75 mbv2-w50 r18-w50-e80 mbv2-d75-e80}
+for spec in $SPECS; do  # a spec is a name of SPEC_LIST or NAME=model:selection[:epochs]
+  [ "${spec#*=}" != "$spec" ] && SPEC_LIST[${spec%%=*}]=${spec#*=}
+done
+SPECS=$(for spec in $SPECS; do echo "${spec%%=*}"; done)
+for spec in $SPECS; do  # an unknown name or a malformed NAME=... would otherwise wait forever
+  IFS=: read -r m how _ <<< "${SPEC_LIST[$spec]:-}"
+  if [ -z "$m" ] || [ -z "${FILE[$m]:-}" ] || [ -z "$how" ]; then
+    echo "gpu_specialize.sh: SPECS entry '$spec': expected a name of SPEC_LIST or NAME=MODEL:SELECTION[:EPOCHS]" \
+         "with MODEL one of ${!FILE[*]} (got '${SPEC_LIST[$spec]:-}')" >&2
+    exit 2
+  fi
+done
 for m in ${MODELS:-r18 mbv2 r56}; do  # round-robin: on two GPUs the lighter R56 shares with R18
   bg "$m-elastic" python3 -m commands train-supernet --model "$M/${FILE[$m]}.py:build" \
       --weights "$W/$m.safetensors" --input-shape 1,3,32,32 --data "$DATA" --config "$C/${CFG[$m]}.json" \
@@ -75,10 +87,6 @@ done
 spec_tag() {  # the space tag of a model's elastic supernet (the first arch id of its variants.csv)
   sed -n 2p "$W/$1-elastic/variants.csv" | cut -d. -f1
 }
-for spec in $SPECS; do  # a spec is a name of SPEC_LIST or NAME=model:selection[:epochs]
-  [ "${spec#*=}" != "$spec" ] && SPEC_LIST[${spec%%=*}]=${spec#*=}
-done
-SPECS=$(for spec in $SPECS; do echo "${spec%%=*}"; done)
 for spec in $SPECS; do
   IFS=: read -r m how arg <<< "${SPEC_LIST[$spec]}"
   [ -f "$W/$m-elastic.done" ] || continue
