@@ -8,8 +8,8 @@ to the class's cores and its CPU time is held to the class's budget (CPU-seconds
 mechanisms (``DeviceClass.mechanism``):
 
 * ``pacer`` (the default): the class's busy processes stopped and continued every millisecond, paced
-  by the class's own CPU time (``benchmarks/device/pacer.py``). Over anything longer than a few cycles
-  the class is a uniformly slower CPU;
+  by the class's own CPU time, and no thread above one core's share (``benchmarks/device/pacer.py``).
+  Over anything longer than a few cycles the class is a uniformly slower CPU of slower cores;
 * ``cfs``: the kernel's CFS quota (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``).
   The kernel enforces it at its scheduler tick (4 ms at HZ=250), whatever the period: a class at 25 %
   runs a tick at full speed, then is throttled while it repays the tick's debt (about 12 ms). An
