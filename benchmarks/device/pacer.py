@@ -1,6 +1,6 @@
 """A device class's CPU budget, enforced every millisecond: its busy processes stopped and continued.
 
-    python -m benchmarks.device.pacer PROCS_FILE CPU_BUDGET CORES CYCLE_US
+    python -m benchmarks.device.pacer PROCS_FILE CPU_BUDGET CORES CYCLE_US [per-core]
 
 Why not the kernel's CFS quota alone: the quota is enforced at the scheduler tick (4 ms at this
 kernel's HZ=250), whatever the period. A class at 25 % runs a whole tick at full speed, owes three
@@ -15,9 +15,10 @@ without burst), sleeps (SCHED_FIFO, hrtimer) until the class could have spent it
 processes that used CPU meanwhile (``StopBusy``: SIGSTOP, then SIGCONT) once it has, until the next
 cycle. A class that is idle is never stopped, so a request that arrives wakes it at once. Over a busy
 stretch the class gets ``CPU_BUDGET`` CPU-seconds per second in pieces of at most a cycle, which for
-work longer than a few cycles is a uniformly slower CPU. The budget is kept per core as well: no thread
-uses more than ``CPU_BUDGET / CORES`` of a CPU in a cycle (its own counter), so one thread runs as fast as
-on one of the board's cores, not on the class's pooled budget (see :func:`pace`).
+work longer than a few cycles is a uniformly slower CPU. With ``per-core`` the budget is kept per core
+as well: a process uses at most ``CPU_BUDGET / CORES`` of a CPU for each of its threads that ran in the
+cycle (their own counters), so one thread runs as fast as on one of the board's cores, not on the class's
+pooled budget (see :func:`pace`).
 
 On exit (SIGTERM) it continues every process of the class and prints what it delivered (JSON).
 """
@@ -249,6 +250,19 @@ def _used(before: dict[Any, float], now: dict[Any, float]) -> dict[Any, float]:
     return {k: v - before.get(k, 0.0) for k, v in now.items()}
 
 
+def _cores_left(used: dict[tuple[int, int], float], cap: float, cores: int) -> dict[int, float]:
+    """Per process: CPU seconds it may still use this cycle, at ``cap`` a core for each thread of it that
+    ran this cycle (at most ``cores``). A process is stopped as a whole (SIGSTOP), so its threads share
+    their cores' shares: a thread alone gets one core's share; two threads of unequal work get two
+    shares between them, not a stop as soon as the busier one reaches its own (it would stop the other)."""
+    total: dict[int, float] = {}
+    ran: dict[int, int] = {}
+    for (pid, _tid), seconds in used.items():
+        total[pid] = total.get(pid, 0.0) + seconds
+        ran[pid] = ran.get(pid, 0) + (seconds > 0.05 * cap)
+    return {pid: cap * min(cores, max(1, ran[pid])) - total[pid] for pid in total}
+
+
 def pace(freeze: Callable[..., None], cpu: Callable[[], float], *, cpu_budget: float, cores: int,
          cycle_s: float, stop: Callable[[], bool], clock: Callable[[], float] = time.monotonic,
          sleep: Callable[[float], None] = time.sleep,
@@ -256,11 +270,11 @@ def pace(freeze: Callable[..., None], cpu: Callable[[], float], *, cpu_budget: f
     """Run cycles until ``stop()``; returns how many cycles ran, how many froze the class, over how long.
 
     With ``threads`` (each (pid, tid)'s CPU seconds, read after ``cpu()``) the budget is also kept per
-    core: no thread gets more than ``cpu_budget / cores`` of a CPU, as no thread of a board whose cores
-    each run at that speed would. Without it the class's budget is a pool: one busy thread alone on a
-    two-core class at 40 % each ran at 80 % of a core, twice a board core's speed, and a second thread's
-    spinning took the first one's share. A thread at its cap stops its own process (``freeze(True, pids)``)
-    while the others run on to the class's budget (``cycles_hot``: cycles in which a cap stopped one)."""
+    core: no thread gets much more than ``cpu_budget / cores`` of a CPU, as no thread of a board whose
+    cores each run at that speed would. Without it the class's budget is a pool: one busy thread alone on a
+    two-core class at 40 % each ran at 80 % of a core, twice a board core's speed. A process that used
+    a core's share for each of its threads that ran (``_cores_left``) is stopped alone (``freeze(True,
+    pids)``) while the others run on to the class's budget (``cycles_hot``: cycles in which one was)."""
     budget = Budget(cpu_budget * cycle_s)
     per_thread = Budget(cpu_budget / cores * cycle_s)
     read_threads = threads or dict
@@ -296,14 +310,14 @@ def pace(freeze: Callable[..., None], cpu: Callable[[], float], *, cpu_budget: f
                     frozen = True
                     frozen_cycles += 1
                     break
-                used = _used(threads_at, read_threads())
-                hot = {k[0] for k, u in used.items() if u >= cap} - capped
-                if hot:  # the processes of threads that used a core's share: stopped, the others run on
+                left_per_process = _cores_left(_used(threads_at, read_threads()), cap, cores)
+                hot = {pid for pid, left_s in left_per_process.items() if left_s <= 0} - capped
+                if hot:  # processes that used as many cores' shares as they ran threads: stopped, the rest run on
                     freeze(True, hot)
                     hot_cycles += not capped
                     capped |= hot
                     frozen = True
-                running = [cap - u for k, u in used.items() if k[0] not in capped]
+                running = [left_s for pid, left_s in left_per_process.items() if pid not in capped]
                 wait = min([(allowed - spent) / cores, *running])
         else:  # still owing: stop whatever became busy since (a process that was asleep when the class stopped)
             freeze(True)
@@ -357,10 +371,11 @@ class StopBusy:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 4:
+    if len(args) not in (4, 5) or args[4:] not in ([], ["per-core"]):
         print(__doc__, file=sys.stderr)
         return 2
     procs, cpu_budget, cores, cycle_us = Path(args[0]), float(args[1]), int(args[2]), int(args[3])
+    per_core = args[4:] == ["per-core"]
     with contextlib.suppress(PermissionError, OSError):
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))  # wake on time; sleeps most of the cycle
     stopping = []
@@ -371,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     print("pacing", flush=True)  # the class may start: its budget is kept from now on
     try:
         stats = pace(stopper, cpu, cpu_budget=cpu_budget, cores=cores, cycle_s=cycle_us / 1e6,
-                     stop=lambda: bool(stopping), threads=cpu.threads)
+                     stop=lambda: bool(stopping), threads=cpu.threads if per_core else None)
     finally:
         stopper(False)
         for pid in cpu.pids():
@@ -383,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     clocks = cpu.read_clock
     if isinstance(clocks, ProcessCpu):  # tick-stale process clocks (no perf) let the class overshoot
         report["exact_cpu_clock"] = clocks.exact
-        report["per_core_cap"] = clocks.exact  # each thread held to cpu_budget / cores (needs the counters)
+        report["per_core_cap"] = per_core and clocks.exact  # needs the per-thread counters
         if clocks.refused:
             report["perf_refused"] = clocks.refused
     report["delivered_cpu_s_per_s"] = class_cpu_s / max(1e-9, time.monotonic() - t0)

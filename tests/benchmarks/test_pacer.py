@@ -329,3 +329,8 @@ def test_a_busy_process_on_another_core_is_read_exactly_with_perf_counters() -> 
     unchanged = sum(b == a for a, b in itertools.pairwise(readings))
     assert unchanged < 40, f"{unchanged} of 200 readings 0.5 ms apart did not move: stale like a process clock"
     assert readings == sorted(readings)
+
+
+def test_the_pacer_refuses_an_unknown_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    assert pacer.main(["procs", "0.8", "2", "1000", "per-thread"]) == 2
+    assert "per-core" in capsys.readouterr().err  # the usage names the mode it accepts
