@@ -9,7 +9,11 @@ mechanisms (``DeviceClass.mechanism``):
 
 * ``pacer`` (the default): the class's busy processes stopped and continued every millisecond, paced
   by the class's own CPU time (``benchmarks/device/pacer.py``). Over anything longer than a few cycles
-  the class is a uniformly slower CPU;
+  the class is a uniformly slower CPU. The budget is a pool: one thread alone may use more than one
+  core's share (in nano-class 0.8 of a core, where a board core at 40 % gives 0.4). ``--per-core``
+  (``DeviceClass.per_core``) also holds each process to a core's share per thread it runs, so one
+  thread gets 0.41; it is not the default: an ORT run of two spinning threads then composes worse
+  (its blocks timed alone sum to 2.1x the whole variant, against 1.4x pooled; ``pacer.pace``);
 * ``cfs``: the kernel's CFS quota (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``).
   The kernel enforces it at its scheduler tick (4 ms at HZ=250), whatever the period: a class at 25 %
   runs a tick at full speed, then is throttled while it repays the tick's debt (about 12 ms). An
@@ -39,7 +43,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +68,7 @@ class DeviceClass:
     emulates: str
     mechanism: str = "pacer"
     period_override_us: int | None = None  # cfs: a measurement's own period (class_throttle); pacer: its cycle
+    per_core: bool = False  # pacer: also hold each process to a core's share per thread it runs (pacer.pace)
 
     @property
     def cycle_us(self) -> int:
@@ -134,7 +139,7 @@ def _write(path: Path, value: str) -> None:
 
 def _start_pacer(device_class: DeviceClass, procs_file: Path) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "benchmarks.device.pacer", str(procs_file), str(device_class.cpu_budget),
-            str(len(device_class.cpus)), str(device_class.cycle_us)]
+            str(len(device_class.cpus)), str(device_class.cycle_us), *(["per-core"] if device_class.per_core else [])]
     path = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")]))
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=path))
     assert proc.stdout is not None
@@ -276,6 +281,8 @@ def check() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="say what this machine's cgroups allow, and exit")
+    parser.add_argument("--per-core", action="store_true",
+                        help="pacer: also hold each process to one core's share per thread it runs")
     parser.add_argument("device_class", nargs="?", choices=sorted(CLASSES))
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -285,9 +292,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.device_class is None or not command:
         parser.error("give a class and a command: CLASS -- COMMAND [ARGS ...]")
+    device_class = replace(CLASSES[args.device_class], per_core=args.per_core)
     try:
-        with class_cgroup(CLASSES[args.device_class]) as procs:
-            return popen_in_class(CLASSES[args.device_class], procs, command).wait()
+        with class_cgroup(device_class) as procs:
+            return popen_in_class(device_class, procs, command).wait()
     except CgroupUnavailable as exc:
         print(f"device_class: {exc}", file=sys.stderr)
         return 7

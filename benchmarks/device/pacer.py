@@ -1,6 +1,6 @@
 """A device class's CPU budget, enforced every millisecond: its busy processes stopped and continued.
 
-    python -m benchmarks.device.pacer PROCS_FILE CPU_BUDGET CORES CYCLE_US
+    python -m benchmarks.device.pacer PROCS_FILE CPU_BUDGET CORES CYCLE_US [per-core]
 
 Why not the kernel's CFS quota alone: the quota is enforced at the scheduler tick (4 ms at this
 kernel's HZ=250), whatever the period. A class at 25 % runs a whole tick at full speed, owes three
@@ -15,7 +15,10 @@ without burst), sleeps (SCHED_FIFO, hrtimer) until the class could have spent it
 processes that used CPU meanwhile (``StopBusy``: SIGSTOP, then SIGCONT) once it has, until the next
 cycle. A class that is idle is never stopped, so a request that arrives wakes it at once. Over a busy
 stretch the class gets ``CPU_BUDGET`` CPU-seconds per second in pieces of at most a cycle, which for
-work longer than a few cycles is a uniformly slower CPU.
+work longer than a few cycles is a uniformly slower CPU. With ``per-core`` the budget is kept per core
+as well: a process uses at most ``CPU_BUDGET / CORES`` of a CPU for each of its threads that ran in the
+cycle (their own counters), so one thread runs as fast as on one of the board's cores, not on the class's
+pooled budget (see :func:`pace`).
 
 On exit (SIGTERM) it continues every process of the class and prints what it delivered (JSON).
 """
@@ -118,6 +121,7 @@ class ProcessCpu:
     _fds: dict[int, dict[int, int]] = field(default_factory=dict)  # pid: {tid: counter fd}
     _listed_at: dict[int, float] = field(default_factory=dict)
     _value: dict[int, float] = field(default_factory=dict)
+    _threads: dict[int, dict[int, float]] = field(default_factory=dict)  # pid: {tid: CPU s its counter counted}
 
     @property
     def exact(self) -> bool:
@@ -150,7 +154,9 @@ class ProcessCpu:
         if not self.exact:
             value = max(self._value.get(pid, 0.0), whole)
         else:
-            counted = sum(self.read_counter(fd) for fd in self._relist(pid).values())
+            per_thread = {tid: self.read_counter(fd) for tid, fd in self._relist(pid).items()}
+            self._threads[pid] = per_thread
+            counted = sum(per_thread.values())
             # What the counters never saw (before they opened, threads gone before a listing) is the most
             # the process clock has ever been ahead of them: a lower bound that the next tick brings up to
             # date. Taking the process clock itself whenever it is ahead would make every reading as stale.
@@ -160,9 +166,17 @@ class ProcessCpu:
         self._value[pid] = value
         return value
 
+    def thread_seconds(self, pids: list[int]) -> dict[tuple[int, int], float]:
+        """CPU seconds each thread of ``pids`` has used since its counter opened, as of the last reading
+        (empty without perf counters: only the process clock is known then)."""
+        if not self.exact:
+            return {}
+        return {(pid, tid): v for pid in pids for tid, v in self._threads.get(pid, {}).items()}
+
     def forget(self, keep: set[int]) -> None:
         """Close the counters of processes not in ``keep`` (they left the class)."""
         for pid in [p for p in self._fds if p not in keep]:
+            self._threads.pop(pid, None)
             for fd in self._fds.pop(pid).values():
                 with contextlib.suppress(OSError):
                     os.close(fd)
@@ -208,6 +222,11 @@ class ClassCpu:
         self.started = True
         return self.total_s
 
+    def threads(self) -> dict[tuple[int, int], float]:
+        """Each class thread's CPU seconds as of the last call (empty where threads cannot be read)."""
+        clocks = self.read_clock
+        return clocks.thread_seconds(self._listed) if isinstance(clocks, ProcessCpu) else {}
+
 
 @dataclass
 class Budget:
@@ -226,15 +245,43 @@ class Budget:
         self.debt_s = min(MAX_DEBT_CYCLES * self.per_cycle_s, max(0.0, self.debt_s + used_s - self.per_cycle_s))
 
 
-def pace(freeze: Callable[[bool], None], cpu: Callable[[], float], *, cpu_budget: float, cores: int,
+def _used(before: dict[Any, float], now: dict[Any, float]) -> dict[Any, float]:
+    """CPU seconds each thread used between two readings (a thread first seen counts from 0)."""
+    return {k: v - before.get(k, 0.0) for k, v in now.items()}
+
+
+def _cores_left(used: dict[tuple[int, int], float], cap: float, cores: int) -> dict[int, float]:
+    """Per process: CPU seconds it may still use this cycle, at ``cap`` a core for each thread of it that
+    ran this cycle (at most ``cores``). A process is stopped as a whole (SIGSTOP), so its threads share
+    their cores' shares: a thread alone gets one core's share; two threads of unequal work get two
+    shares between them, not a stop as soon as the busier one reaches its own (it would stop the other)."""
+    total: dict[int, float] = {}
+    ran: dict[int, int] = {}
+    for (pid, _tid), seconds in used.items():
+        total[pid] = total.get(pid, 0.0) + seconds
+        ran[pid] = ran.get(pid, 0) + (seconds > 0.05 * cap)
+    return {pid: cap * min(cores, max(1, ran[pid])) - total[pid] for pid in total}
+
+
+def pace(freeze: Callable[..., None], cpu: Callable[[], float], *, cpu_budget: float, cores: int,
          cycle_s: float, stop: Callable[[], bool], clock: Callable[[], float] = time.monotonic,
-         sleep: Callable[[float], None] = time.sleep) -> dict[str, float]:
-    """Run cycles until ``stop()``; returns how many cycles ran, how many froze the class, over how long."""
+         sleep: Callable[[float], None] = time.sleep,
+         threads: Callable[[], dict[tuple[int, int], float]] | None = None) -> dict[str, float]:
+    """Run cycles until ``stop()``; returns how many cycles ran, how many froze the class, over how long.
+
+    With ``threads`` (each (pid, tid)'s CPU seconds, read after ``cpu()``) the budget is also kept per
+    core: no thread gets much more than ``cpu_budget / cores`` of a CPU, as no thread of a board whose
+    cores each run at that speed would. Without it the class's budget is a pool: one busy thread alone on a
+    two-core class at 40 % each ran at 80 % of a core, twice a board core's speed. A process that used
+    a core's share for each of its threads that ran (``_cores_left``) is stopped alone (``freeze(True,
+    pids)``) while the others run on to the class's budget (``cycles_hot``: cycles in which one was)."""
     budget = Budget(cpu_budget * cycle_s)
+    per_thread = Budget(cpu_budget / cores * cycle_s)
+    read_threads = threads or dict
     began = start = clock()
-    used_at = cpu()
+    used_at, threads_at = cpu(), read_threads()
     frozen = False
-    cycles = total_cycles = frozen_cycles = 0
+    cycles = total_cycles = frozen_cycles = hot_cycles = 0
     while not stop():
         cycle_start = start + cycles * cycle_s
         now = clock()
@@ -243,14 +290,15 @@ def pace(freeze: Callable[[bool], None], cpu: Callable[[], float], *, cpu_budget
         cycles += 1
         total_cycles += 1
         cycle_end = cycle_start + cycle_s
-        allowed = budget.allowed()
-        if allowed > 0:
+        allowed, cap = budget.allowed(), per_thread.allowed()
+        if allowed > 0 and cap > 0:
             if frozen:
                 freeze(False)
                 frozen = False
-            # The soonest the class could have spent it. (Sleeping for as long as it lately took instead
-            # feeds back on itself: one late wake-up and the class runs whole cycles, then owes several.)
-            wait = allowed / cores
+            capped: set[int] = set()
+            # The soonest the class (or one thread) could have spent it. (Sleeping for as long as it lately
+            # took instead feeds back on itself: one late wake-up and the class runs whole cycles, then owes.)
+            wait = min(allowed / cores, cap)
             while True:
                 left = cycle_end - clock()
                 if left <= 0:
@@ -262,7 +310,15 @@ def pace(freeze: Callable[[bool], None], cpu: Callable[[], float], *, cpu_budget
                     frozen = True
                     frozen_cycles += 1
                     break
-                wait = (allowed - spent) / cores
+                left_per_process = _cores_left(_used(threads_at, read_threads()), cap, cores)
+                hot = {pid for pid, left_s in left_per_process.items() if left_s <= 0} - capped
+                if hot:  # processes that used as many cores' shares as they ran threads: stopped, the rest run on
+                    freeze(True, hot)
+                    hot_cycles += not capped
+                    capped |= hot
+                    frozen = True
+                running = [left_s for pid, left_s in left_per_process.items() if pid not in capped]
+                wait = min([(allowed - spent) / cores, *running])
         else:  # still owing: stop whatever became busy since (a process that was asleep when the class stopped)
             freeze(True)
             frozen_cycles += not frozen
@@ -270,12 +326,14 @@ def pace(freeze: Callable[[bool], None], cpu: Callable[[], float], *, cpu_budget
         left = cycle_end - clock()
         if left > 0:
             sleep(left)
-        now_used = cpu()
+        now_used, now_threads = cpu(), read_threads()
         budget.settle(now_used - used_at)
-        used_at = now_used
+        per_thread.settle(max(_used(threads_at, now_threads).values(), default=0.0))
+        used_at, threads_at = now_used, now_threads
     if frozen:
         freeze(False)
-    return {"cycles": total_cycles, "frozen_cycles": frozen_cycles, "wall_s": clock() - began}
+    return {"cycles": total_cycles, "frozen_cycles": frozen_cycles, "cycles_hot": hot_cycles,
+            "wall_s": clock() - began}
 
 
 @dataclass
@@ -293,10 +351,12 @@ class StopBusy:
     stopped: list[int] = field(default_factory=list)
     mark: dict[int, float] = field(default_factory=dict)
 
-    def __call__(self, on: bool) -> None:
+    def __call__(self, on: bool, only: set[int] | None = None) -> None:
+        """Stop (``on``) the busy processes, or of them only those in ``only``; or continue all stopped."""
         if on:  # again while stopped: also stops what became busy since
             busy = [pid for pid in self.cpu.pids()
-                    if self.cpu.seen.get(pid, 0.0) > self.mark.get(pid, -1.0) and pid not in self.stopped]
+                    if self.cpu.seen.get(pid, 0.0) > self.mark.get(pid, -1.0) and pid not in self.stopped
+                    and (only is None or pid in only)]
             for pid in busy:
                 with contextlib.suppress(ProcessLookupError):
                     self.kill(pid, signal.SIGSTOP)
@@ -311,10 +371,11 @@ class StopBusy:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 4:
+    if len(args) not in (4, 5) or args[4:] not in ([], ["per-core"]):
         print(__doc__, file=sys.stderr)
         return 2
     procs, cpu_budget, cores, cycle_us = Path(args[0]), float(args[1]), int(args[2]), int(args[3])
+    per_core = args[4:] == ["per-core"]
     with contextlib.suppress(PermissionError, OSError):
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))  # wake on time; sleeps most of the cycle
     stopping = []
@@ -325,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     print("pacing", flush=True)  # the class may start: its budget is kept from now on
     try:
         stats = pace(stopper, cpu, cpu_budget=cpu_budget, cores=cores, cycle_s=cycle_us / 1e6,
-                     stop=lambda: bool(stopping))
+                     stop=lambda: bool(stopping), threads=cpu.threads if per_core else None)
     finally:
         stopper(False)
         for pid in cpu.pids():
@@ -337,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     clocks = cpu.read_clock
     if isinstance(clocks, ProcessCpu):  # tick-stale process clocks (no perf) let the class overshoot
         report["exact_cpu_clock"] = clocks.exact
+        report["per_core_cap"] = per_core and clocks.exact  # needs the per-thread counters
         if clocks.refused:
             report["perf_refused"] = clocks.refused
     report["delivered_cpu_s_per_s"] = class_cpu_s / max(1e-9, time.monotonic() - t0)

@@ -81,6 +81,51 @@ def test_overshoot_is_owed_and_unused_budget_is_not_saved() -> None:
     assert b.allowed() == pytest.approx(0.15e-3)
 
 
+class SimThreads:
+    """Processes of busy threads ({pid: threads}) on a clock; a stopped process's threads do not run."""
+
+    def __init__(self, threads: dict[int, int], late_s: float = 0.0) -> None:
+        self.t = 0.0
+        self.late_s = late_s
+        self.used = {(pid, k): 0.0 for pid, n in threads.items() for k in range(n)}
+        self.stopped: set[int] = set()
+
+    def sleep(self, seconds: float) -> None:
+        dt = seconds + self.late_s
+        for key in self.used:
+            if key[0] not in self.stopped:
+                self.used[key] += dt
+        self.t += dt
+
+    def freeze(self, on: bool, only: set[int] | None = None) -> None:
+        pids = {pid for pid, _ in self.used}
+        self.stopped = (self.stopped | (only if only is not None else pids)) if on else set()
+
+    def run(self, *, budget: float, cores: int, seconds: float = 1.0, per_core: bool = True) -> None:
+        pacer.pace(self.freeze, lambda: sum(self.used.values()), cpu_budget=budget, cores=cores, cycle_s=1e-3,
+                   stop=lambda: self.t >= seconds, clock=lambda: self.t, sleep=self.sleep,
+                   threads=(lambda: dict(self.used)) if per_core else None)
+
+
+@pytest.mark.parametrize("late_s", [0.0, 60e-6])
+def test_one_busy_thread_gets_one_cores_share_not_the_pooled_budget(late_s: float) -> None:
+    sim = SimThreads({10: 1}, late_s)
+    sim.run(budget=0.8, cores=2)
+    assert sim.used[(10, 0)] / sim.t == pytest.approx(0.4, rel=0.05)
+    pooled = SimThreads({10: 1}, late_s)
+    pooled.run(budget=0.8, cores=2, per_core=False)
+    assert pooled.used[(10, 0)] / pooled.t == pytest.approx(0.8, rel=0.05)  # what the cap is for
+
+
+def test_two_busy_threads_get_the_whole_budget_and_a_capped_process_stops_alone() -> None:
+    sim = SimThreads({10: 2})  # one process, two threads: each a core's share
+    sim.run(budget=0.8, cores=2)
+    assert sum(sim.used.values()) / sim.t == pytest.approx(0.8, rel=0.05)
+    apart = SimThreads({10: 1, 11: 1})  # two processes: one stopped at its cap does not stop the other
+    apart.run(budget=0.8, cores=2)
+    assert [apart.used[(pid, 0)] / apart.t for pid in (10, 11)] == [pytest.approx(0.4, rel=0.05)] * 2
+
+
 def test_class_cpu_sums_its_processes_and_keeps_what_exited_ones_used(tmp_path: Path) -> None:
     procs = tmp_path / "cgroup.procs"
     clocks = {10: 5.0, 11: 1.0}
@@ -284,3 +329,8 @@ def test_a_busy_process_on_another_core_is_read_exactly_with_perf_counters() -> 
     unchanged = sum(b == a for a, b in itertools.pairwise(readings))
     assert unchanged < 40, f"{unchanged} of 200 readings 0.5 ms apart did not move: stale like a process clock"
     assert readings == sorted(readings)
+
+
+def test_the_pacer_refuses_an_unknown_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    assert pacer.main(["procs", "0.8", "2", "1000", "per-thread"]) == 2
+    assert "per-core" in capsys.readouterr().err  # the usage names the mode it accepts
