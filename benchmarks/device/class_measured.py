@@ -6,7 +6,9 @@ Per class of ``benchmarks/device/device_class.py`` (pinned cores, a CPU budget k
 the pacer):
 
 1. ``hmt profile-device --quick --supernet <shipped supernet>`` runs *inside* the class (micro-
-   benchmarks, probe layers, block table) with the class's thread count;
+   benchmarks, probe layers, block table); it measures the thread count (the fewest ONNX Runtime
+   threads within 5 % of the fastest for the largest variant, inside the class), unless ``--threads
+   CLASS=N`` fixes it; the later repetitions' profiles, the measurement and serve use the bundle's;
 2. ``hmt pareto`` predicts from that profile (on the host: accuracy is not the device's business),
    then ``convert``, ``fuse`` (ONNX Runtime) and ``deploy --target x86-64 --profile <class profile>``
    make the bundle;
@@ -49,7 +51,7 @@ from benchmarks.harness import EMBEDDED_SUPERNET, REPO, Driver, machine, make_re
 RESULTS = Path(__file__).parent / "results"
 SEED = 0
 TOLERANCE = 0.15
-THREADS = {"rpi4-class": 1, "nano-class": 2}
+THREADS: dict[str, int] = {}  # --threads CLASS=N; otherwise profile-device measures the count
 RATE_HZ = {"rpi4-class": 8.0, "nano-class": 20.0}
 
 
@@ -159,13 +161,19 @@ def _errors(measured: dict[str, float], predicted: dict[str, float]) -> dict[str
             "relative_error": {a: round(r, 4) for a, r in rel.items()}}
 
 
-def _profile_in_class(name: str, out: Path, args: argparse.Namespace) -> float:
+def _profile_threads(profile: Path) -> int:
+    """The ONNX Runtime thread count a profile was measured with (what deploy gave its bundle)."""
+    return int(json.loads((profile / "profile.json").read_text())["device"]["threads"]) or 1
+
+
+def _profile_in_class(name: str, out: Path, args: argparse.Namespace, threads: int | None = None) -> float:
     # --calibrate-variants K > 0: the composition correction of the block-table sum, fitted on K random
     # variants timed end to end inside the class (not the bundle's). Off by default: fitted on the bimodal
     # end-to-end medians of a class the pacer did not hold, it made every prediction worse
     # (results/class_measured_composition.json); the raw sum is reported beside it either way.
     return _hmt(["profile-device", "--quick", "--supernet", str(REPO / EMBEDDED_SUPERNET), "--no-load-model",
-                 "--calibrate-variants", str(args.calibrate_variants), "--threads", str(THREADS.get(name, 2)),
+                 "--calibrate-variants", str(args.calibrate_variants),
+                 *(["--threads", str(threads or THREADS[name])] if threads or name in THREADS else []),
                  "--seed", str(args.seed), "--out", str(out), "--force"],
                 device_class=name)
 
@@ -192,10 +200,11 @@ def build_class(name: str, work: Path, args: argparse.Namespace) -> dict[str, An
     return {"paths": p, "wall_s": {k: round(v, 1) for k, v in wall.items()}}
 
 
-def _measure_in_class(name: str, bundle_dir: Path, out_json: Path, args: argparse.Namespace) -> dict[str, Any]:
+def _measure_in_class(name: str, bundle_dir: Path, out_json: Path, args: argparse.Namespace,
+                      threads: int) -> dict[str, Any]:
     delivered: dict[str, Any] = {}
     done = run_in_class(CLASSES[name], [sys.executable, "-m", "benchmarks.device.class_measured", "measure",
-                                        str(bundle_dir), "--threads", str(THREADS[name]), "--repeats",
+                                        str(bundle_dir), "--threads", str(threads), "--repeats",
                                         str(args.repeats), "--out", str(out_json)],
                         cwd=REPO, env=_env(), stderr=subprocess.PIPE, timeout_s=3600, delivered=delivered)
     if done.returncode != 0:
@@ -217,6 +226,7 @@ def bench_class(name: str, work: Path, host_profile: Path, args: argparse.Namesp
 
     built = build_class(name, work, args)
     bundle_dir = built["paths"]["bundle"]
+    threads = _profile_threads(built["paths"]["profile"])
     bundle = load_bundle(bundle_dir)
     arch_ids = [v.arch_id for v in bundle.spec.variants]
     bundle_predicted = {v.arch_id: float(v.latency_ms) for v in bundle.spec.variants}
@@ -226,25 +236,28 @@ def bench_class(name: str, work: Path, host_profile: Path, args: argparse.Namesp
         profile = built["paths"]["profile"] if rep == 0 else work / f"profile-{name}-rep{rep}"
         if not (profile / "manifest.json").is_file():
             _log(f"{name}: profile-device inside the class (repetition {rep + 1})")
-            _profile_in_class(name, profile, args)
+            _profile_in_class(name, profile, args, threads)
         predicted = predict(profile, arch_ids)
         raw = predict(profile, arch_ids, composition=False)
         _log(f"{name}: timing {len(arch_ids)} bundle variants inside the class (repetition {rep + 1})")
-        doc = _measure_in_class(name, bundle_dir, work / f"measured-{name}-rep{rep}.json", args)
+        doc = _measure_in_class(name, bundle_dir, work / f"measured-{name}-rep{rep}.json", args, threads)
         measured = {a: v["p50_ms"] for a, v in doc["variants"].items()}
         one: dict[str, Any] = {"predicted_ms": predicted, "measured": doc["variants"], "pacer": doc["pacer"],
                                "raw_predicted_ms": raw, "class_profile": _errors(measured, predicted),
                                "class_profile_raw_sum": _errors(measured, raw),
                                "host_profile_baseline": _errors(measured, host)}
         if args.scenario:
-            one["serve"] = serve_in_class(name, bundle_dir, work / f"serve-{name}-rep{rep}", args)
+            one["serve"] = serve_in_class(name, bundle_dir, work / f"serve-{name}-rep{rep}", args, threads)
         reps.append(one)
     order = sorted(arch_ids, key=lambda a: bundle_predicted[a])
     med_pred = {a: _median([r["predicted_ms"][a] for r in reps]) for a in arch_ids}
     med_meas = {a: _median([r["measured"][a]["p50_ms"] for r in reps]) for a in arch_ids}
     med_raw = {a: _median([r["raw_predicted_ms"][a] for r in reps]) for a in arch_ids}
     result: dict[str, Any] = {
-        "class": CLASSES[name].describe(), "threads": THREADS[name], "wall_s": built["wall_s"],
+        "class": CLASSES[name].describe(), "threads": threads,
+        "threads_how": "given (--threads)" if name in THREADS else "measured by profile-device inside the class",
+        "threads_measured_ms": json.loads((built["paths"]["profile"] / "profile.json").read_text())["device"].get(
+            "threads_measured_ms"), "wall_s": built["wall_s"],
         "repetitions": args.reps, "repeats_per_measurement": args.repeats,
         "variants": [{"arch_id": a, "predicted_ms": round(med_pred[a], 3), "measured_p50_ms": round(med_meas[a], 3),
                       "measured_p10_ms": round(_median([r["measured"][a]["p10_ms"] for r in reps]), 3),
@@ -282,12 +295,12 @@ def _serve_medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "accuracy": {m: med("accuracy", m) for m in modes}}
 
 
-def serve_in_class(name: str, bundle_dir: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+def serve_in_class(name: str, bundle_dir: Path, work: Path, args: argparse.Namespace, threads: int) -> dict[str, Any]:
     out = work / f"serve-{name}"
     _log(f"{name}: the serve scenario inside the class")
     done = run_in_class(CLASSES[name], [sys.executable, "-m", "benchmarks.serve.scenario", "--bundle",
                                         str(bundle_dir), "--out", str(out), "--engines",
-                                        f"onnxruntime@{THREADS[name]}", "--load-s", "0", "--phase-s",
+                                        f"onnxruntime@{threads}", "--load-s", "0", "--phase-s",
                                         str(args.phase_s), "--reps", str(args.scenario_reps), "--clients", "2",
                                         "--rate-hz", str(RATE_HZ[name]), "--samples", "500"],
                         cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout_s=3600)
@@ -376,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibrate-variants", type=int, default=0,
                         help="random variants profile-device times end to end inside the class to fit its "
                              "composition correction (0, the default: the raw block-table sum)")
+    parser.add_argument("--threads", action="append", default=[], metavar="CLASS=N",
+                        help="engine threads in a class: profiled, measured and served with (default: "
+                             "profile-device measures the count inside the class)")
     parser.add_argument("--no-scenario", dest="scenario", action="store_false")
     parser.add_argument("--phase-s", type=float, default=3.0)
     parser.add_argument("--scenario-reps", type=int, default=1, help="scenario repetitions within each repetition")
@@ -387,6 +403,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.calibrate_variants < 0:
         parser.error(f"--calibrate-variants: expected 0 or more variants, got {args.calibrate_variants}")
+    for item in args.threads:
+        name, _, count = item.partition("=")
+        if name not in CLASSES or not count.isdigit() or int(count) < 1:
+            parser.error(f"--threads {item!r}: expected CLASS=N with CLASS one of {sorted(CLASSES)} and N >= 1")
+        THREADS[name] = int(count)
     typed = shlex.join(["python", "-m", "benchmarks.device.class_measured", *argv])
     out = args.out or (Path(tempfile.mkdtemp(prefix="hmt-bench-class-")) / "class_measured.json" if args.quick
                        else RESULTS / "class_measured.json")

@@ -52,6 +52,7 @@ from hmt.deploy.sources import (
     front_points,
     graph_spec,
     match_points,
+    profile_threads,
     read_fused_variants,
     read_profile,
     runtime_entry,
@@ -202,7 +203,8 @@ def _notes(target: Target, engines: tuple[str, ...], pareto_profile: str | None,
 
 def _build_variant(writer: ArtifactWriter, variant: FusedVariant, point: Mapping[str, Any], *, fused: Any,
                    target: Target, engines: tuple[str, ...], strict: bool, progress: ProgressCallback,
-                   done: list[int], total: int, ort_session: Mapping[str, Any] | None = None
+                   done: list[int], total: int, ort_session: Mapping[str, Any] | None = None,
+                   threads: int | None = None
                    ) -> tuple[BundleVariant, VariantBuild]:
     from hmt.deploy.compile import compile_graph
 
@@ -242,7 +244,7 @@ def _build_variant(writer: ArtifactWriter, variant: FusedVariant, point: Mapping
     bundled_engines = tuple(e for e in engines if e != "tvm" or tvm_error is None)
     preferred = variant.fuse_engine if variant.fuse_engine in bundled_engines else bundled_engines[0]
     runtime, merged_source = runtime_entry(variant, exit_stage=int(point["exit_stage"]), folder=folder,
-                                           engines=bundled_engines)
+                                           engines=bundled_engines, threads=threads)
     if merged_source is not None and runtime is not None:  # fuse's merged chain: what serve runs without early exit
         shutil.copyfile(fused.file(merged_source), writer.path(runtime["merged_chain"]["onnx"]))
         size_bytes += writer.path(runtime["merged_chain"]["onnx"]).stat().st_size
@@ -419,6 +421,8 @@ def deploy_bundle(
     notes.extend(engine_notes)
     notes.extend(slower_notes)
     sessions = _ort_sessions(fused)
+    threads, threads_note = profile_threads(profile_doc)
+    notes.extend(threads_note)
     preprocess, class_names, meta_note, meta_known = _input_meta(front)
     if not meta_known and not options.allow_missing_preprocess:
         raise InputError(f"{meta_note}; serve would normalise inputs with defaults and answer without class "
@@ -435,7 +439,7 @@ def deploy_bundle(
             bundle_variant, build = _build_variant(
                 writer, variant, points[variant.arch_id], fused=fused, target=target, engines=engines,
                 strict=options.strict, progress=progress, done=done, total=total,
-                ort_session=sessions.get(variant.name))
+                ort_session=sessions.get(variant.name), threads=threads)
             bundled.append(bundle_variant)
             builds.append(build)
             if build.tvm_error:

@@ -235,6 +235,18 @@ def read_profile(path: Path) -> tuple[bytes, dict[str, Any], Artifact | None]:
     return data, json.loads(data), artifact
 
 
+def profile_threads(doc: Mapping[str, Any]) -> tuple[int | None, list[str]]:
+    """The ONNX Runtime thread count a device profile was measured (or estimated) with, and deploy's note
+    saying the bundle runs it; None (no note) when it records none (0: the engine's default) or profiles
+    another engine."""
+    device = doc.get("device") or {}
+    threads = device.get("threads")
+    if device.get("engine") != "onnxruntime" or not isinstance(threads, int) or threads < 1:
+        return None, []
+    return threads, [f"ONNX Runtime runs {threads} intra-op thread(s), the device profile's count (fuse's "
+                     "was the build machine's)"]
+
+
 def graph_spec(graph: FusedGraph, *, onnx: str, tvm: str | None) -> GraphSpec:
     return GraphSpec(index=graph.index, input=graph.input, output=graph.output, onnx=onnx, tvm=tvm,
                      consumes_segment=graph.index if graph.role == "exit" else None)
@@ -244,11 +256,12 @@ MERGED_CHAIN_FILE = "chain.onnx"
 _ENGINE_NAMES = {"ort": "onnxruntime", "tvm": "tvm"}
 
 
-def runtime_entry(variant: FusedVariant, *, exit_stage: int, folder: str,
-                  engines: Sequence[str]) -> tuple[dict[str, Any] | None, str | None]:
+def runtime_entry(variant: FusedVariant, *, exit_stage: int, folder: str, engines: Sequence[str],
+                  threads: int | None = None) -> tuple[dict[str, Any] | None, str | None]:
     """fuse's run-time choice as ``bundle.json`` records it (``extra.runtime``, read by
     :class:`hmt.runtime.variant.VariantRuntime`), and the fused file of the merged chain to
-    copy to ``<folder>/chain.onnx`` (None when not bundled).
+    copy to ``<folder>/chain.onnx`` (None when not bundled). ``threads``: ORT's intra-op thread
+    count in place of fuse's, which the build machine measured (the device profile's count).
 
     The merged chain is bundled only when fuse chose it and its path (every segment, then
     the last head) is the variant's: a variant stopping at an earlier exit runs another graph.
@@ -274,4 +287,8 @@ def runtime_entry(variant: FusedVariant, *, exit_stage: int, folder: str,
         if choice.get("ort_device") in ("cpu", "cuda"):
             entry["merged_chain"]["ort_device"] = choice["ort_device"]
         entry["choice"] = "merged_chain"
+    if threads:
+        for key in ("per_graph", "merged_chain"):
+            if isinstance(entry.get(key, {}).get("ort"), dict):
+                entry[key]["ort"]["intra_op_threads"] = threads
     return entry, merged_source

@@ -37,6 +37,7 @@ class ProfileOptions:
     batches: tuple[int, ...] = (1,)
     engine: str = "onnxruntime"
     processor: str = "cpu"
+    # None: measured (ONNX Runtime on this CPU with a supernet: stages.measure_threads), else all cores.
     threads: int | None = None
     power: str | None = None
     power_options: Mapping[str, Any] = field(default_factory=dict)

@@ -237,6 +237,11 @@ def profile_device(out_dir: Path | str, options: ProfileOptions, *, power_source
     if power_source is None and options.power is not None:
         power_source = create_power_source(options.power, **dict(options.power_options))
     loaded = stages.open_supernet(options.supernet) if options.supernet is not None else None
+    thread_ms: dict[int, float] | None = None
+    if options.threads is None and options.engine == "onnxruntime" and options.processor == "cpu" \
+            and options.rpc is None and loaded is not None:
+        threads_chosen, thread_ms = stages.measure_threads(options, loaded, progress)
+        options = dataclasses.replace(options, threads=threads_chosen)
     runner = stages.make_runner(options)
     facts = collect_facts(with_gpu=options.processor == "cuda" or options.rpc is None)
     dev_id = device_id(facts, engine=runner.engine, engine_version=runner.version, processor=options.processor)
@@ -246,6 +251,12 @@ def profile_device(out_dir: Path | str, options: ProfileOptions, *, power_source
              threads=options.threads)
     d.note("timings taken on a machine other jobs may share: medians and spreads are recorded with the CPU "
            "frequency and background load of each measurement")
+    if thread_ms is not None:
+        device: dict[str, Any] = d.doc["device"]
+        device["threads_measured_ms"] = {str(t): round(ms, 4) for t, ms in thread_ms.items()}
+        d.note(f"engine threads {options.threads}, measured: the largest variant end to end at "
+               + ", ".join(f"{t} thread(s) {ms:.3f} ms" for t, ms in thread_ms.items())
+               + f"; the fewest within {stages.THREADS_GAIN:.0%} of the fastest (deploy gives the bundle this count)")
     if options.rpc is None:
         _facts_section(d, facts)
         curve = _benchmarks(d, options, facts, progress)

@@ -50,6 +50,54 @@ def make_runner(options: ProfileOptions) -> Any:
     return OrtRunner(threads=options.threads, device=options.processor)
 
 
+# A thread count is chosen over a smaller one only when it is this much faster (more threads cost the
+# device's other work CPU, and a thread pool adds per-call costs that a block table timed alone pays).
+THREADS_GAIN = 0.05
+
+
+def thread_candidates(cores: int) -> list[int]:
+    """1, 2, 4, ... up to the cores this process may run on, and that count itself."""
+    counts = {1, cores}
+    n = 2
+    while n < cores:
+        counts.add(n)
+        n *= 2
+    return sorted(counts)
+
+
+def choose_threads(timings_ms: dict[int, float]) -> int:
+    """The fewest threads within ``THREADS_GAIN`` of the fastest count."""
+    best = min(timings_ms.values())
+    return min(t for t, ms in timings_ms.items() if ms <= best * (1 + THREADS_GAIN))
+
+
+def measure_threads(options: ProfileOptions, loaded: Any, progress: ProgressCallback,
+                    rounds: int = 3) -> tuple[int, dict[int, float]]:
+    """ONNX Runtime's thread count for this device, measured: the supernet's largest variant run end to
+    end (batch 1) at each candidate count (:func:`thread_candidates` of the CPUs this process may use:
+    a device class's pinned cores), ``rounds`` rounds in turn, the median per count; the fewest threads
+    within ``THREADS_GAIN`` of the fastest (:func:`choose_threads`). On a CPU budget shared by its
+    cores, one thread can be the fastest; on a board whose cores each run freely, more."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    module = loaded.net.materialize(loaded.space.largest()).eval()
+    shape = (1, *tuple(module.input_shape))
+    warmup, repeats = options.timing
+    candidates = thread_candidates(cores)
+    samples: dict[int, list[float]] = {t: [] for t in candidates}
+    runs = {t: OrtRunner(threads=t).prepare(module, shape) for t in candidates}
+    from hmt.profile.timing import time_callable
+
+    for r in range(rounds):
+        for t in candidates:
+            samples[t].append(time_callable(runs[t], warmup=warmup, repeats=repeats).sustained_or_median_ms)
+            progress("engine threads", r * len(candidates) + candidates.index(t) + 1, rounds * len(candidates),
+                     f"{t} thread(s)")
+    timings = {t: float(np.median(v)) for t, v in samples.items()}
+    return choose_threads(timings), timings
+
+
 def remote_curve(d: _Doc, name: str, options: ProfileOptions) -> HitRateCurve:
     """A remote device gets the cache-hit curve of its shipped estimated profile."""
     d.doc["facts"] = {"rpc_tracker": options.rpc, "rpc_key": options.rpc_key, "tvm_target": options.rpc_target}

@@ -121,3 +121,25 @@ def test_a_variant_fuse_measured_on_the_host_cpu_stays_there(monkeypatch: pytest
     object.__setattr__(variant, "extra", {"runtime": bad})
     with pytest.raises(ArtifactError, match="ort_device"):
         VariantRuntime.of(variant)
+
+
+def test_the_device_profiles_thread_count_replaces_fuses() -> None:
+    """fuse timed its candidates on the build machine; the bundle runs the thread count the device
+    profile was measured with, on the per-graph and the merged-chain sessions alike."""
+    from hmt.deploy.sources import FusedVariant, profile_threads, runtime_entry
+
+    fused = FusedVariant.__new__(FusedVariant)
+    ort = {"level": "all", "intra_op_threads": 0, "allow_spinning": True}
+    object.__setattr__(fused, "choice_per_graph", {"engine": "ort", "candidate": "ort[all](fused)", "ort": dict(ort)})
+    object.__setattr__(fused, "choice", {"candidate": "ort[all](chain)", "graphs": "chain", "onnx": "c.onnx",
+                                         "ort": dict(ort)})
+    object.__setattr__(fused, "segments", (object(),))
+    entry, _ = runtime_entry(fused, exit_stage=0, folder="variants/x", engines=("onnxruntime",), threads=1)
+    assert entry is not None
+    assert entry["per_graph"]["ort"]["intra_op_threads"] == 1 and entry["merged_chain"]["ort"]["intra_op_threads"] == 1
+    assert entry["per_graph"]["ort"]["allow_spinning"] is True  # only the count changes
+    kept, _ = runtime_entry(fused, exit_stage=0, folder="variants/x", engines=("onnxruntime",))
+    assert kept is not None and kept["per_graph"]["ort"]["intra_op_threads"] == 0
+    assert profile_threads({"device": {"engine": "onnxruntime", "threads": 2}})[0] == 2
+    assert profile_threads({"device": {"engine": "onnxruntime", "threads": 0}}) == (None, [])
+    assert profile_threads({"device": {"engine": "torch", "threads": 4}}) == (None, [])

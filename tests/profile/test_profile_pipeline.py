@@ -32,6 +32,10 @@ def test_end_to_end_with_supernet_fake_power_and_validation(tmp_path: Path, fast
                                           validate_load_processes=1, load_model=True), power_source=fake)
     profile = load_profile(out)
     assert profile.doc["device"]["origin"] == "measured" and "_onnxruntime1." in profile.device_id
+    # The thread count was measured on the largest variant and the table timed with it.
+    measured = profile.doc["device"]["threads_measured_ms"]
+    assert set(measured) == {str(t) for t in stages.thread_candidates(len(__import__("os").sched_getaffinity(0)))}
+    assert profile.doc["device"]["threads"] == stages.choose_threads({int(t): v for t, v in measured.items()})
     # Block table: every (position, choice) at batch 1 and 2.
     table = profile.table("block_latency")
     assert len(table) == 2 * len(fast.net.iter_block_choices())
@@ -207,3 +211,18 @@ def test_tampered_artifact_is_refused(tmp_path: Path, fast: Any) -> None:
     (copy / "profile.json").write_text((copy / "profile.json").read_text().replace('"host"', '"hots"', 1))
     with pytest.raises(ArtifactError, match="profile.json"):
         load_profile(copy)
+
+
+def test_thread_candidates_and_the_choice_prefers_fewer_threads() -> None:
+    assert stages.thread_candidates(1) == [1]
+    assert stages.thread_candidates(2) == [1, 2]
+    assert stages.thread_candidates(6) == [1, 2, 4, 6]
+    assert stages.choose_threads({1: 10.0, 2: 9.8}) == 1  # 2 % faster is not worth a second thread
+    assert stages.choose_threads({1: 10.0, 2: 6.0, 4: 5.9}) == 2
+    assert stages.choose_threads({1: 4.0, 2: 6.0}) == 1
+
+
+def test_given_threads_are_not_measured(tmp_path: Path, fast: Any) -> None:
+    profile_device(tmp_path / "p", _options(supernet=tmp_path / "supernet", threads=1))
+    device = load_profile(tmp_path / "p").doc["device"]
+    assert device["threads"] == 1 and "threads_measured_ms" not in device
