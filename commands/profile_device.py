@@ -77,7 +77,9 @@ def profile_device_command(
     processor: Annotated[ProcessorChoice, typer.Option(
         "--processor", help="cpu, or cuda (GPU GEMM peak, NVML facts; ORT needs onnxruntime-gpu).")
     ] = ProcessorChoice.cpu,
-    threads: Annotated[int | None, typer.Option("--threads", help="Engine threads (default: measured with --supernet on ONNX Runtime: the fewest threads within 5% of the fastest for its largest variant, which deploy gives the bundle; else all cores).")] = None,
+    threads: Annotated[int | None, typer.Option(
+        "--threads", help="Engine threads (default: measured with --supernet on ONNX Runtime: the fewest threads "
+        "within 5% of the fastest for its largest variant, which deploy gives the bundle; else all cores).")] = None,
     power: Annotated[str | None, typer.Option(
         "--power", help="Power source: rapl, nvml, ina3221, tegrastats, fake (see also --monsoon, --power-trace).")
     ] = None,
