@@ -161,19 +161,22 @@ def _errors(measured: dict[str, float], predicted: dict[str, float]) -> dict[str
             "relative_error": {a: round(r, 4) for a, r in rel.items()}}
 
 
-def _profile_threads(profile: Path) -> int:
-    """The ONNX Runtime thread count a profile was measured with (what deploy gave its bundle)."""
-    return int(json.loads((profile / "profile.json").read_text())["device"]["threads"]) or 1
+def _profile_threads(profile: Path) -> tuple[int, dict[str, float] | None]:
+    """The ONNX Runtime thread count a profile was measured with (what deploy gave its bundle), and the
+    timings profile-device chose it from (None where it was given)."""
+    device = json.loads((profile / "profile.json").read_text())["device"]
+    return int(device["threads"]) or 1, device.get("threads_measured_ms")
 
 
 def _profile_in_class(name: str, out: Path, args: argparse.Namespace, threads: int | None = None) -> float:
+    threads = threads or THREADS.get(name)  # None: profile-device measures the count
     # --calibrate-variants K > 0: the composition correction of the block-table sum, fitted on K random
     # variants timed end to end inside the class (not the bundle's). Off by default: fitted on the bimodal
     # end-to-end medians of a class the pacer did not hold, it made every prediction worse
     # (results/class_measured_composition.json); the raw sum is reported beside it either way.
     return _hmt(["profile-device", "--quick", "--supernet", str(REPO / EMBEDDED_SUPERNET), "--no-load-model",
                  "--calibrate-variants", str(args.calibrate_variants),
-                 *(["--threads", str(threads or THREADS[name])] if threads or name in THREADS else []),
+                 *(["--threads", str(threads)] if threads else []),
                  "--seed", str(args.seed), "--out", str(out), "--force"],
                 device_class=name)
 
@@ -226,7 +229,7 @@ def bench_class(name: str, work: Path, host_profile: Path, args: argparse.Namesp
 
     built = build_class(name, work, args)
     bundle_dir = built["paths"]["bundle"]
-    threads = _profile_threads(built["paths"]["profile"])
+    threads, threads_measured_ms = _profile_threads(built["paths"]["profile"])
     bundle = load_bundle(bundle_dir)
     arch_ids = [v.arch_id for v in bundle.spec.variants]
     bundle_predicted = {v.arch_id: float(v.latency_ms) for v in bundle.spec.variants}
@@ -260,8 +263,7 @@ def bench_class(name: str, work: Path, host_profile: Path, args: argparse.Namesp
     result: dict[str, Any] = {
         "class": CLASSES[name].describe(), "threads": threads,
         "threads_how": "given (--threads)" if name in THREADS else "measured by profile-device inside the class",
-        "threads_measured_ms": json.loads((built["paths"]["profile"] / "profile.json").read_text())["device"].get(
-            "threads_measured_ms"), "wall_s": built["wall_s"],
+        "threads_measured_ms": threads_measured_ms, "wall_s": built["wall_s"],
         "repetitions": args.reps, "repeats_per_measurement": args.repeats,
         "variants": [{"arch_id": a, "predicted_ms": round(med_pred[a], 3), "measured_p50_ms": round(med_meas[a], 3),
                       "measured_p10_ms": round(_median([r["measured"][a]["p10_ms"] for r in reps]), 3),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from hmt.profile.load import measure_load_model
 from hmt.profile.power.base import PowerSource
 from hmt.profile.predictor import HitRateCurve, Predictor
 from hmt.profile.schema import DeviceProfile, quantity, write_profile_artifact
-from hmt.profile.timing import ROW_UNITS, OrtRunner, TorchRunner
+from hmt.profile.timing import ROW_UNITS, OrtRunner, TorchRunner, time_callable
 from hmt.progress import ProgressCallback
 
 
@@ -78,8 +79,6 @@ def measure_threads(options: ProfileOptions, loaded: Any, progress: ProgressCall
     a device class's pinned cores), ``rounds`` rounds in turn, the median per count; the fewest threads
     within ``THREADS_GAIN`` of the fastest (:func:`choose_threads`). On a CPU budget shared by its
     cores, one thread can be the fastest; on a board whose cores each run freely, more."""
-    import os
-
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     module = loaded.net.materialize(loaded.space.largest()).eval()
     shape = (1, *tuple(module.input_shape))
@@ -87,13 +86,10 @@ def measure_threads(options: ProfileOptions, loaded: Any, progress: ProgressCall
     candidates = thread_candidates(cores)
     samples: dict[int, list[float]] = {t: [] for t in candidates}
     runs = {t: OrtRunner(threads=t).prepare(module, shape) for t in candidates}
-    from hmt.profile.timing import time_callable
-
-    for r in range(rounds):
-        for t in candidates:
-            samples[t].append(time_callable(runs[t], warmup=warmup, repeats=repeats).sustained_or_median_ms)
-            progress("engine threads", r * len(candidates) + candidates.index(t) + 1, rounds * len(candidates),
-                     f"{t} thread(s)")
+    total = rounds * len(candidates)
+    for done, t in enumerate(candidates * rounds, start=1):  # the counts in turn, round after round
+        samples[t].append(time_callable(runs[t], warmup=warmup, repeats=repeats).sustained_or_median_ms)
+        progress("engine threads", done, total, f"{t} thread(s)")
     timings = {t: float(np.median(v)) for t, v in samples.items()}
     return choose_threads(timings), timings
 
