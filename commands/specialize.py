@@ -59,10 +59,10 @@ def specialize_command(
     lr: Annotated[float | None, typer.Option("--lr", help="Peak learning rate (default: the supernet's "
                                              "fine-tuning lr).")] = None,
     exits: Annotated[
-        str, typer.Option("--exits", help="How the early exits train: 'joint' (their losses move the variant's "
-                          "blocks too, as elastification's fine-tuning) or 'detached' (the exit heads learn on the "
-                          "blocks' features; the blocks serve the final exit only).")
-    ] = "joint",
+        str, typer.Option("--exits", help="How the early exits train: 'detached' (their heads learn on the "
+                          "blocks' features; the blocks serve the variant's own exit only) or 'joint' (their "
+                          "losses move the blocks too, as elastification's fine-tuning).")
+    ] = "detached",
     kd_temperature: Annotated[
         float | None, typer.Option("--kd-temperature", help="Distillation temperature (default: the supernet's).")
     ] = None,

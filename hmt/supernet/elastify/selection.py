@@ -31,10 +31,11 @@ class SpecializeRequest:
     device: str = "auto"
     batch_size: int | None = None
     max_train_samples: int | None = None
-    # "joint": the early exits' losses train the variant's blocks too (as elastification's
-    # fine-tuning); "detached": the exit heads learn on the blocks' features without moving
-    # them, so every gradient on the path serves the final exit, the one a deployment runs.
-    exits: str = "joint"
+    # "detached": the early exit heads learn on the blocks' features without moving them, so
+    # every gradient on the path serves the variant's own exit, the one a deployment runs
+    # (ResNet-18 width 0.5 from a 92 % original: +0.3 test / +0.7 validation points over
+    # "joint"); "joint": their losses train the blocks too, as elastification's fine-tuning.
+    exits: str = "detached"
     kd_temperature: float | None = None  # None: the parent's
 
     def validate(self) -> SpecializeRequest:

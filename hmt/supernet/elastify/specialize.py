@@ -1,11 +1,12 @@
-"""Specialization, Once-for-All's step after the search: fine-tune only the chosen variants'
-paths of an elastified supernet, with the fine-tuning phase's losses (label-smoothed cross-entropy
-plus distillation from the frozen original, early exits weighted as there), on the parent's own
-training split. Weight sharing spreads a supernet's steps over every subnet; here every step goes
-to the variants that will be deployed. The original stays exact (checked before writing) and
-the output is an ordinary supernet artifact whose ``variants.csv`` holds the largest variant and
-the specialized ones, re-evaluated (other variants share weights with them and are not listed).
-Checkpoints between epochs make a killed run resume where it stood."""
+"""Specialization, Once-for-All's step after the search: fine-tune only the chosen variants' paths of
+an elastified supernet, with the fine-tuning phase's losses (label-smoothed cross-entropy plus
+distillation from the frozen original; the early exits' heads learn on detached features unless
+``exits="joint"``), on the parent's own training split. Weight sharing spreads a supernet's steps
+over every subnet; here every step goes to the variants that will be deployed. The original stays
+exact (checked before writing) and the output is an ordinary supernet artifact whose
+``variants.csv`` holds the largest variant and the specialized ones, re-evaluated (other variants
+share weights with them and are not listed). Checkpoints between epochs make a killed run resume
+where it stood."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def parent_config(loaded: Any, request: SpecializeRequest) -> TrainConfig:
         raise ArtifactError(f"{loaded.artifact.root}: its manifest's training config cannot be read ({exc})") from exc
 
 
-def fingerprint(loaded: Any, config: TrainConfig, choices: list[Choice], exits: str = "joint") -> str:
+def fingerprint(loaded: Any, config: TrainConfig, choices: list[Choice], exits: str) -> str:
     """What a checkpoint must match to be resumed: the parent, the variants, the config and how
     the exits train."""
     text = json.dumps({"parent": loaded.artifact.manifest_sha256, "variants": [c.arch.arch_id for c in choices],
@@ -136,8 +137,8 @@ def specialize_supernet(
     report = {"parent": {"manifest_sha256": loaded.artifact.manifest_sha256, "kind": loaded.artifact.kind},
               "variants": [{**c.to_json_dict(), **_accuracies(before, after, c.arch)} for c in choices],
               "epochs": config.finetune_epochs, "lr": config.finetune_lr, "seed": config.seed,
-              "losses": "label-smoothed cross-entropy + KD from the frozen original (+ early exits), "
-                        "as elastification's fine-tuning phase",
+              "losses": "label-smoothed cross-entropy + KD from the frozen original (+ early exits: "
+                        "detached, their heads only, or joint), as elastification's fine-tuning phase",
               "exits": request.exits, "kd_temperature": config.kd_temperature,
               "candidates": table_path.name if request.front_within is not None else None,
               "exactness": {"atol": EXACT_ATOL, "after_training": error}}
