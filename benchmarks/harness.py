@@ -203,6 +203,8 @@ def run_here(area: str, name: str, mode: str, args: Sequence[str], out_dir: Path
             sys.argv = saved
         if code not in (None, 0):
             raise RuntimeError(f"benchmarks.{area}.{name} exited {code}")
+        if any(arg in ("-h", "--help") for arg in argv):  # the driver printed its help: nothing to record
+            return None
         report = read_report(Path(bench.report.format(**values)))
         if report is None:
             raise RuntimeError(f"benchmarks.{area}.{name} wrote no report at {bench.report}")
@@ -295,6 +297,8 @@ def area_main(area: str, argv: Sequence[str] | None = None) -> int:
     finally:
         if out_ctx is not None:
             out_ctx.cleanup()
+    if ran == 0 and not failed and any(arg in ("-h", "--help") for arg in ns.args):
+        return 0  # the driver printed its help
     if ran == 0:
         print(f"benchmarks.{area}: nothing ran", file=sys.stderr)
     return 1 if failed or ran == 0 else 0

@@ -58,6 +58,14 @@ def specialize_command(
     epochs: Annotated[int, typer.Option("--epochs", help="Fine-tuning epochs.")] = 30,
     lr: Annotated[float | None, typer.Option("--lr", help="Peak learning rate (default: the supernet's "
                                              "fine-tuning lr).")] = None,
+    exits: Annotated[
+        str, typer.Option("--exits", help="How the early exits train: 'detached' (their heads learn on the "
+                          "blocks' features; the blocks serve the variant's own exit only) or 'joint' (their "
+                          "losses move the blocks too, as elastification's fine-tuning).")
+    ] = "detached",
+    kd_temperature: Annotated[
+        float | None, typer.Option("--kd-temperature", help="Distillation temperature (default: the supernet's).")
+    ] = None,
     data: Annotated[
         Path | None, typer.Option("--data", help="The data the supernet was trained on (checked by sha256); "
                                   "default: where its manifest says.")
@@ -86,7 +94,7 @@ def specialize_command(
             variants=tuple(v for v in (variants or "").split(",") if v.strip()) if variants is not None else (),
             front_within=front_within, candidates=str(candidates) if candidates else None, epochs=epochs, lr=lr,
             data_path=str(data) if data else None, device=device, batch_size=batch_size,
-            max_train_samples=max_train_samples,
+            max_train_samples=max_train_samples, exits=exits, kd_temperature=kd_temperature,
         ).validate()
         if variants is not None and not request.variants:
             from hmt.errors import UsageError
@@ -107,7 +115,7 @@ def specialize_command(
         m = result.metrics
         output.result({"out": str(out), "metrics": m},
                       f"wrote {out}: {len(m['specialized'])} variant(s) specialized for {m['epochs']} epochs "
-                      f"in {m['specialize_train_s']:.0f} s (original exact: max abs "
+                      f"({m['exits']} exits) in {m['specialize_train_s']:.0f} s (original exact: max abs "
                       f"{m['largest_vs_original_max_abs_after']:.1e})")
 
     run_command(body, json_mode=json_mode, quiet=quiet, debug=debug)

@@ -11,7 +11,7 @@
 # originals of benchmarks/supernet/originals.py). Knobs (environment): GPUS (default "0 1 2 3",
 # two GPUs: GPUS="0 1", about 16 minutes on two H200s with the defaults,
 # each job on the GPU running the fewest jobs), R18_EPOCHS R56_EPOCHS MBV2_EPOCHS (elastic fine-tuning epochs),
-# SPEC_EPOCHS, FRONT_RANDOM, MODELS (default "r18 r56 mbv2"), SPECS (which specializations, default all of SPEC_LIST; NAME=model:selection[:epochs] adds one), DATA (an unpacked
+# SPEC_EPOCHS, FRONT_RANDOM, MODELS (default "r18 r56 mbv2"), SPECS (which specializations, default all of SPEC_LIST; NAME=model:selection[:epochs[:options]] adds one, options comma-separated, e.g. --exits=detached,--kd-temperature=4), DATA (an unpacked
 # CIFAR-10 JPEG folder instead of WORKDIR/cifar10.blob), EXTRA (more train-supernet / specialize
 # options, e.g. "--device cpu --max-train-samples 256" for a CPU check of the script), SPEC_EXTRA
 # (more specialize options only, e.g. "--lr 0.2").
@@ -88,12 +88,12 @@ spec_tag() {  # the space tag of a model's elastic supernet (the first arch id o
   sed -n 2p "$W/$1-elastic/variants.csv" | cut -d. -f1
 }
 for spec in $SPECS; do
-  IFS=: read -r m how arg <<< "${SPEC_LIST[$spec]}"
+  IFS=: read -r m how arg options <<< "${SPEC_LIST[$spec]}"
   [ -f "$W/$m-elastic.done" ] || continue
   epochs=${SPEC_EPOCHS:-30}
   if [ "$how" = within ]; then pick="--front-within $arg"; else pick="--variants $how"; epochs=${arg:-$epochs}; fi
   bg "$spec" python3 -m commands specialize --supernet "$W/$m-elastic" $pick --epochs "$epochs" \
-      --data "$DATA" --cache-dir "$W/cache-$m" --out "$W/$spec" $EXTRA ${SPEC_EXTRA:-} "&&" \
+      --data "$DATA" --cache-dir "$W/cache-$m" --out "$W/$spec" $EXTRA ${SPEC_EXTRA:-} ${options//,/ } "&&" \
       python3 -m benchmarks.supernet.front --supernet "$W/$spec" --data "$DATA" --table-only --random 0 \
       --out "$W/$spec.csv" ${FRONT_EXTRA:-}
 done

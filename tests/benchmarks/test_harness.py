@@ -100,3 +100,11 @@ def test_placeholders_expand_and_other_braces_stay() -> None:
     args = ["--out", "{report}", "--serve-json", '{"correction": {"overhead": "median"}}', "{tmp}/x", "{other}"]
     assert _expand(args, {"report": "R", "tmp": "T"}) == \
         ["--out", "R", "--serve-json", '{"correction": {"overhead": "median"}}', "T/x", "{other}"]
+
+
+def test_a_drivers_help_is_printed_and_exits_0(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "benchmarks.supernet", "--out-dir", str(tmp_path), "specialized",
+                           "--help"], capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--results" in done.stdout and "Traceback" not in done.stderr and "nothing ran" not in done.stderr
+    assert not list(tmp_path.iterdir())  # no result written

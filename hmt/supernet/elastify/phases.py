@@ -54,10 +54,11 @@ def exit_step(net: ElastifiedSupernet, config: TrainConfig) -> Callable[..., tor
 
 def finetune_step(
     net: ElastifiedSupernet, config: TrainConfig, finetune_original: bool,
-    fixed: Sequence[ArchConfig] | None = None,
+    fixed: Sequence[ArchConfig] | None = None, detach_exits: bool = False,
 ) -> Callable[..., torch.Tensor]:
     """One step of the sandwich fine-tuning: the original teaches (KD) the subnets of the
-    sandwich rule, or, with ``fixed``, those architectures every step (specialization)."""
+    sandwich rule, or, with ``fixed``, those architectures every step (specialization).
+    ``detach_exits``: the early exits' losses train their heads only, not the blocks."""
     from hmt.supernet.train.phases import SubnetSampling, iter_finetune_archs, kd_loss
 
     sampling = SubnetSampling.of(config)
@@ -85,7 +86,7 @@ def finetune_step(
                 teacher = net(xb, largest)
             total = torch.zeros((), device=xb.device)
         for arch in archs(rng):
-            logits = net.forward_exits(xb, arch)
+            logits = net.forward_exits(xb, arch, detach_early=detach_exits)
             loss = F.cross_entropy(logits[-1], yb, label_smoothing=config.label_smoothing)
             loss = loss + kd_loss(logits[-1], teacher, config.kd_temperature)
             for early in logits[:-1]:

@@ -1,11 +1,12 @@
-"""Specialization, Once-for-All's step after the search: fine-tune only the chosen variants'
-paths of an elastified supernet, with the fine-tuning phase's losses (label-smoothed cross-entropy
-plus distillation from the frozen original, early exits weighted as there), on the parent's own
-training split. Weight sharing spreads a supernet's steps over every subnet; here every step goes
-to the variants that will be deployed. The original stays exact (checked before writing) and
-the output is an ordinary supernet artifact whose ``variants.csv`` holds the largest variant and
-the specialized ones, re-evaluated (other variants share weights with them and are not listed).
-Checkpoints between epochs make a killed run resume where it stood."""
+"""Specialization, Once-for-All's step after the search: fine-tune only the chosen variants' paths of
+an elastified supernet, with the fine-tuning phase's losses (label-smoothed cross-entropy plus
+distillation from the frozen original; the early exits' heads learn on detached features unless
+``exits="joint"``), on the parent's own training split. Weight sharing spreads a supernet's steps
+over every subnet; here every step goes to the variants that will be deployed. The original stays
+exact (checked before writing) and the output is an ordinary supernet artifact whose
+``variants.csv`` holds the largest variant and the specialized ones, re-evaluated (other variants
+share weights with them and are not listed). Checkpoints between epochs make a killed run resume
+where it stood."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def parent_config(loaded: Any, request: SpecializeRequest) -> TrainConfig:
     recorded.update({"data_path": data_path, "pretrained": None, "device": request.device,
                      "finetune_epochs": request.epochs})
     for key, value in (("batch_size", request.batch_size), ("max_train_samples", request.max_train_samples),
-                       ("finetune_lr", request.lr)):
+                       ("finetune_lr", request.lr), ("kd_temperature", request.kd_temperature)):
         if value is not None:
             recorded[key] = value
     try:
@@ -62,10 +63,12 @@ def parent_config(loaded: Any, request: SpecializeRequest) -> TrainConfig:
         raise ArtifactError(f"{loaded.artifact.root}: its manifest's training config cannot be read ({exc})") from exc
 
 
-def fingerprint(loaded: Any, config: TrainConfig, choices: list[Choice]) -> str:
-    """What a checkpoint must match to be resumed: the parent, the variants and the config."""
+def fingerprint(loaded: Any, config: TrainConfig, choices: list[Choice], exits: str) -> str:
+    """What a checkpoint must match to be resumed: the parent, the variants, the config and how
+    the exits train."""
     text = json.dumps({"parent": loaded.artifact.manifest_sha256, "variants": [c.arch.arch_id for c in choices],
-                       "config": config.fingerprint()}, sort_keys=True)
+                       "config": config.fingerprint(), **({} if exits == "joint" else {"exits": exits})},
+                      sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -109,8 +112,9 @@ def specialize_supernet(
     check_trainable(run.net, choices)
     before = run.table(choices)
     reference = _largest_logits(run.net, config.seed)
-    history = run.train(choices, checkpoint_dir, fingerprint(loaded, config, choices), restart=restart,
-                        stop_after_epochs=stop_after_epochs, notify=notify)
+    history = run.train(choices, checkpoint_dir, fingerprint(loaded, config, choices, request.exits),
+                        restart=restart, stop_after_epochs=stop_after_epochs, notify=notify,
+                        detach_exits=request.exits == "detached")
     error = float((_largest_logits(run.net, config.seed) - reference).abs().max())
     if error > EXACT_ATOL:
         raise VerificationError(f"after specialization the largest variant differs from the original by {error:.3g} "
@@ -122,6 +126,8 @@ def specialize_supernet(
         "specialized": [c.arch.arch_id for c in choices],
         "epochs": config.finetune_epochs,
         "lr": config.finetune_lr,
+        "exits": request.exits,
+        "kd_temperature": config.kd_temperature,
         "largest_vs_original_max_abs_after": error,
         "device": run.device_name(),
         "specialize_train_s": train_s,
@@ -131,8 +137,9 @@ def specialize_supernet(
     report = {"parent": {"manifest_sha256": loaded.artifact.manifest_sha256, "kind": loaded.artifact.kind},
               "variants": [{**c.to_json_dict(), **_accuracies(before, after, c.arch)} for c in choices],
               "epochs": config.finetune_epochs, "lr": config.finetune_lr, "seed": config.seed,
-              "losses": "label-smoothed cross-entropy + KD from the frozen original (+ early exits), "
-                        "as elastification's fine-tuning phase",
+              "losses": "label-smoothed cross-entropy + KD from the frozen original (+ early exits: "
+                        "detached, their heads only, or joint), as elastification's fine-tuning phase",
+              "exits": request.exits, "kd_temperature": config.kd_temperature,
               "candidates": table_path.name if request.front_within is not None else None,
               "exactness": {"atol": EXACT_ATOL, "after_training": error}}
     _write(out_dir, loaded, config, run, after, history, metrics, report, force=force)
@@ -242,7 +249,8 @@ class _Run:
         return table
 
     def train(self, choices: list[Choice], checkpoint_dir: Path, key: str, *, restart: bool,
-              stop_after_epochs: int | None, notify: Callable[[str], None]) -> list[dict[str, Any]]:
+              stop_after_epochs: int | None, notify: Callable[[str], None],
+              detach_exits: bool = False) -> list[dict[str, Any]]:
         from hmt.supernet.elastify.epochs import EpochResume, run_epochs, to_cpu
         from hmt.supernet.elastify.phases import finetune_step
         from hmt.supernet.elastify.train import _loader
@@ -269,7 +277,7 @@ class _Run:
         params = trainable_parameters(net)
         resume = EpochResume(PHASE, int(saved.get("epoch", 0)), saved.get("optimizer"), save,
                              stop_after_epochs=stop_after_epochs)
-        step = finetune_step(net, config, False, fixed=[c.arch for c in choices])
+        step = finetune_step(net, config, False, fixed=[c.arch for c in choices], detach_exits=detach_exits)
         net.train()
         run_epochs(PHASE, config.finetune_epochs, config.finetune_lr, params, step, loader, config, history,
                    self.progress, weight_decay=config.weight_decay, autocast=self.autocast, device=self.device,

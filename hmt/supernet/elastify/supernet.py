@@ -331,10 +331,14 @@ class ElastifiedSupernet(nn.Module):
             return self.stream.head_units[width](h)
         return exit_forward(self.exits[stage], h, self.stream.index(self._stage_positions(stage)[-1], width))
 
-    def forward_exits(self, x: torch.Tensor, arch: ArchConfig) -> list[torch.Tensor]:
+    def forward_exits(self, x: torch.Tensor, arch: ArchConfig, detach_early: bool = False) -> list[torch.Tensor]:
+        """Every exit's logits up to ``arch``'s; ``detach_early`` feeds the early heads the
+        features without their gradient (the heads learn, the blocks serve the last exit)."""
         feats = self.forward_stage_features(x, arch)
         widths = self.space.stage_widths(arch)
-        return [self.run_exit(s, f, widths[s]) for s, f in enumerate(feats)]
+        last = len(feats) - 1
+        return [self.run_exit(s, f.detach() if detach_early and s < last else f, widths[s])
+                for s, f in enumerate(feats)]
 
     def forward(self, x: torch.Tensor, arch: ArchConfig | None = None) -> torch.Tensor:
         arch = arch or self.space.largest()

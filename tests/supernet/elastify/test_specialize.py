@@ -70,6 +70,33 @@ def test_only_the_variants_path_learns_and_the_original_stays_exact(parent: Path
     assert report["variants"][0]["chosen_by"] == "--variants"
 
 
+def test_detached_exits_train_their_heads_and_leave_the_blocks_to_the_final_exit(parent: Path,
+                                                                                tmp_path: Path) -> None:
+    net = load_supernet(parent).net
+    arch = net.space.parse(f"{net.space.tag}.e2.555555")
+    x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    params = {name: p for name, p in net.named_parameters() if p.requires_grad}
+    grads = {}
+    for detach in (False, True):
+        net.zero_grad(set_to_none=True)
+        early = net.forward_exits(x, arch, detach_early=detach)[0]  # exit 0: a head on stage 0's blocks
+        early.square().sum().backward()
+        grads[detach] = {name for name, p in params.items() if p.grad is not None and bool(p.grad.abs().sum() > 0)}
+    joint_blocks = {n for n in grads[False] if n.startswith("blocks.")}
+    assert joint_blocks, sorted(grads[False])  # joint: the early loss reaches the blocks
+    assert not {n for n in grads[True] if n.startswith("blocks.")}, sorted(grads[True])  # detached: never
+    assert grads[True] and grads[True] <= grads[False]  # the head itself still learns
+    result = specialize_supernet(parent, tmp_path / "out", request(exits="detached", kd_temperature=4.0))
+    assert result.metrics["exits"] == "detached" and result.metrics["kd_temperature"] == 4.0
+    assert result.metrics["largest_vs_original_max_abs_after"] == 0.0
+    report = json.loads((tmp_path / "out" / "specialize.json").read_text())
+    assert report["exits"] == "detached" and report["kd_temperature"] == 4.0
+    for bad, words in (({"exits": "both"}, "--exits must be one of joint, detached"),
+                       ({"kd_temperature": 0.0}, "--kd-temperature")):
+        with pytest.raises(UsageError, match=words):
+            request(**bad).validate()
+
+
 def test_selection_reads_the_validation_split_never_the_test_split(parent: Path) -> None:
     space = load_supernet(parent).space
     tag = space.tag
