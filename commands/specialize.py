@@ -66,6 +66,10 @@ def specialize_command(
     kd_temperature: Annotated[
         float | None, typer.Option("--kd-temperature", help="Distillation temperature (default: the supernet's).")
     ] = None,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Training-order seed (0: the supernet's). The training and validation "
+                          "split stay the supernet's, so runs with several seeds compare on the same images.")
+    ] = 0,
     data: Annotated[
         Path | None, typer.Option("--data", help="The data the supernet was trained on (checked by sha256); "
                                   "default: where its manifest says.")
@@ -94,7 +98,7 @@ def specialize_command(
             variants=tuple(v for v in (variants or "").split(",") if v.strip()) if variants is not None else (),
             front_within=front_within, candidates=str(candidates) if candidates else None, epochs=epochs, lr=lr,
             data_path=str(data) if data else None, device=device, batch_size=batch_size,
-            max_train_samples=max_train_samples, exits=exits, kd_temperature=kd_temperature,
+            max_train_samples=max_train_samples, exits=exits, kd_temperature=kd_temperature, seed=seed,
         ).validate()
         if variants is not None and not request.variants:
             from hmt.errors import UsageError

@@ -37,6 +37,9 @@ class SpecializeRequest:
     # "joint"); "joint": their losses train the blocks too, as elastification's fine-tuning.
     exits: str = "detached"
     kd_temperature: float | None = None  # None: the parent's
+    # Varies the order of the training images (0: the parent's); the split stays the parent's, so
+    # runs with several seeds are compared on the same validation images.
+    seed: int = 0
 
     def validate(self) -> SpecializeRequest:
         if not self.variants and self.front_within is None:
@@ -53,6 +56,8 @@ class SpecializeRequest:
             raise UsageError(f"--max-train-samples must be >= 1, got {self.max_train_samples}")
         if self.exits not in SPECIALIZE_EXITS:
             raise UsageError(f"--exits must be one of {', '.join(SPECIALIZE_EXITS)}, got {self.exits!r}")
+        if not 0 <= self.seed < 2**31:
+            raise UsageError(f"--seed must be in [0, 2**31), got {self.seed}")
         if self.kd_temperature is not None and not 0 < self.kd_temperature <= 100:
             raise UsageError(f"--kd-temperature must be in (0, 100], got {self.kd_temperature}")
         return self

@@ -63,12 +63,12 @@ def parent_config(loaded: Any, request: SpecializeRequest) -> TrainConfig:
         raise ArtifactError(f"{loaded.artifact.root}: its manifest's training config cannot be read ({exc})") from exc
 
 
-def fingerprint(loaded: Any, config: TrainConfig, choices: list[Choice], exits: str) -> str:
-    """What a checkpoint must match to be resumed: the parent, the variants, the config and how
-    the exits train."""
+def fingerprint(loaded: Any, config: TrainConfig, choices: list[Choice], exits: str, seed: int = 0) -> str:
+    """What a checkpoint must match to be resumed: the parent, the variants, the config, how the
+    exits train and the training-order seed."""
     text = json.dumps({"parent": loaded.artifact.manifest_sha256, "variants": [c.arch.arch_id for c in choices],
-                       "config": config.fingerprint(), **({} if exits == "joint" else {"exits": exits})},
-                      sort_keys=True)
+                       "config": config.fingerprint(), **({} if exits == "joint" else {"exits": exits}),
+                       **({"seed": seed} if seed else {})}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -112,9 +112,9 @@ def specialize_supernet(
     check_trainable(run.net, choices)
     before = run.table(choices)
     reference = _largest_logits(run.net, config.seed)
-    history = run.train(choices, checkpoint_dir, fingerprint(loaded, config, choices, request.exits),
+    history = run.train(choices, checkpoint_dir, fingerprint(loaded, config, choices, request.exits, request.seed),
                         restart=restart, stop_after_epochs=stop_after_epochs, notify=notify,
-                        detach_exits=request.exits == "detached")
+                        detach_exits=request.exits == "detached", seed=request.seed)
     error = float((_largest_logits(run.net, config.seed) - reference).abs().max())
     if error > EXACT_ATOL:
         raise VerificationError(f"after specialization the largest variant differs from the original by {error:.3g} "
@@ -128,6 +128,7 @@ def specialize_supernet(
         "lr": config.finetune_lr,
         "exits": request.exits,
         "kd_temperature": config.kd_temperature,
+        "training_seed": request.seed,
         "largest_vs_original_max_abs_after": error,
         "device": run.device_name(),
         "specialize_train_s": train_s,
@@ -139,7 +140,7 @@ def specialize_supernet(
               "epochs": config.finetune_epochs, "lr": config.finetune_lr, "seed": config.seed,
               "losses": "label-smoothed cross-entropy + KD from the frozen original (+ early exits: "
                         "detached, their heads only, or joint), as elastification's fine-tuning phase",
-              "exits": request.exits, "kd_temperature": config.kd_temperature,
+              "exits": request.exits, "kd_temperature": config.kd_temperature, "training_seed": request.seed,
               "candidates": table_path.name if request.front_within is not None else None,
               "exactness": {"atol": EXACT_ATOL, "after_training": error}}
     _write(out_dir, loaded, config, run, after, history, metrics, report, force=force)
@@ -250,7 +251,9 @@ class _Run:
 
     def train(self, choices: list[Choice], checkpoint_dir: Path, key: str, *, restart: bool,
               stop_after_epochs: int | None, notify: Callable[[str], None],
-              detach_exits: bool = False) -> list[dict[str, Any]]:
+              detach_exits: bool = False, seed: int = 0) -> list[dict[str, Any]]:
+        """Fine-tune the choices' paths; ``seed`` varies the order of the training images and the
+        sampling (0: the parent's), never the split."""
         from hmt.supernet.elastify.epochs import EpochResume, run_epochs, to_cpu
         from hmt.supernet.elastify.phases import finetune_step
         from hmt.supernet.elastify.train import _loader
@@ -273,7 +276,7 @@ class _Run:
         if saved.get("trained"):
             return history
         loader = _loader(self.train_split.x, self.train_split.y, self.data.info, config, self.device,
-                         derive_seed(config.seed, 3), self.channels_last, self.ctx)
+                         derive_seed(config.seed, 3, *([seed] if seed else [])), self.channels_last, self.ctx)
         params = trainable_parameters(net)
         resume = EpochResume(PHASE, int(saved.get("epoch", 0)), saved.get("optimizer"), save,
                              stop_after_epochs=stop_after_epochs)
@@ -281,7 +284,7 @@ class _Run:
         net.train()
         run_epochs(PHASE, config.finetune_epochs, config.finetune_lr, params, step, loader, config, history,
                    self.progress, weight_decay=config.weight_decay, autocast=self.autocast, device=self.device,
-                   seed_word=SEED_WORD, resume=resume)
+                   seed_word=SEED_WORD + 1000 * seed, resume=resume)
         net.eval()
         save(PHASE, config.finetune_epochs, {}, trained=True)
         return history

@@ -97,6 +97,19 @@ def test_detached_exits_train_their_heads_and_leave_the_blocks_to_the_final_exit
             request(**bad).validate()
 
 
+def test_a_training_seed_changes_the_training_order_not_the_split(parent: Path, tmp_path: Path) -> None:
+    a = specialize_supernet(parent, tmp_path / "a", request())
+    b = specialize_supernet(parent, tmp_path / "b", request(seed=1))
+    assert b.metrics["training_seed"] == 1 and a.metrics["training_seed"] == 0
+    wa = load_file(str(tmp_path / "a" / "weights.safetensors"))
+    wb = load_file(str(tmp_path / "b" / "weights.safetensors"))
+    assert any(not torch.equal(wa[k], wb[k]) for k in wa)  # another training order, other weights
+    # the same validation images: the largest (the exact original) scores the same on both
+    assert float(a.variants.val_acc.iloc[0]) == float(b.variants.val_acc.iloc[0])
+    with pytest.raises(UsageError, match="--seed"):
+        request(seed=-1).validate()
+
+
 def test_selection_reads_the_validation_split_never_the_test_split(parent: Path) -> None:
     space = load_supernet(parent).space
     tag = space.tag
