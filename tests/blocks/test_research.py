@@ -127,6 +127,36 @@ def test_candidates_are_judged_at_the_serving_ratio_of_the_start_variant(written
     assert outcome.active_estimate_ms == pytest.approx(1e4 * timed) and outcome.start_timed_ms is not None
 
 
+class _SlowServed:
+    """The runner serving the start variant (the pool's): slower than its composed copy."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s, self.calls = delay_s, 0
+
+    def run(self, x: Any, confidence: Any) -> None:
+        self.calls += 1
+        time.sleep(self.delay_s)
+
+
+def test_the_serving_ratio_times_the_runner_that_served_the_start(written_blocks: Any) -> None:
+    """The loop's estimate measured the start on the runner that served it; the ratio divides by
+    that runner's time, not a fresh composed copy's (which would cancel the cost of composing that
+    a found variant, served composed, pays)."""
+    served = _SlowServed(0.02)
+    space = load_block_space(written_blocks.bundle)
+    research = Research(space, BlockStore(written_blocks.bundle, space),
+                        load_calibration(written_blocks.bundle, space),
+                        ResearchSettings(latency_runs=3, min_gap_s=0.0),
+                        served=lambda arch_id: served if arch_id == written_blocks.ids[1] else None)
+    start = space.parse(written_blocks.ids[1])
+    ratio, timed = research.serving_ratio(start, 1e3, time.monotonic() + 5.0)
+    assert served.calls == 4  # the first run and three timed ones
+    assert timed is not None and timed >= 20.0 and ratio == pytest.approx(1e3 / timed)
+    other = space.parse(written_blocks.ids[0])  # not served: its composed copy is timed
+    _, composed_ms = research.serving_ratio(other, 1e3, time.monotonic() + 5.0)
+    assert composed_ms is not None and composed_ms < 20.0 and served.calls == 4
+
+
 class _Requests:
     """The serving loop's (in flight, started) as the search reads them; a fake clock moves with each read."""
 

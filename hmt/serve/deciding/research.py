@@ -16,7 +16,12 @@ while the current variant keeps serving:
   blocks within the memory budget; while nothing fits, each change goes to a cheaper choice.
   The serving ratio is what the loop's measured estimate of the start variant (the p95 of its
   served requests, which feasibility is judged on) says over the start's median timed the
-  search's way, just before; at least ``1 / margin``. Back-to-back medians alone understate
+  search's way, just before, on the runner that served those requests (the pool's whole graph,
+  or its composed copy); at least ``1 / margin``. A candidate is served composed, and composing
+  costs what it costs in the timed runs too (on the demo bundle a composed variant timed alone is
+  1.2-1.3x its whole graph, and served 1.2x), so the ratio must come from the start as served:
+  the start composed afresh would carry the composition into the denominator and cancel it, and
+  found variants then missed the budget they were found for. Back-to-back medians alone understate
   what serving measures (requests arrive apart, the loop and the other threads run between
   them, and feasibility reads a tail): a candidate taken on its median with a fixed margin
   was judged too slow as soon as its own requests measured it (on a busy 2-core machine,
@@ -140,8 +145,11 @@ class Research:
                  settings: ResearchSettings | None = None, *, clock: Callable[[], float] = time.monotonic,
                  on_found: Callable[[Measured, ComposedRunner], None] | None = None,
                  confidence: float | None = None, requests: Callable[[], tuple[int, int]] | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 served: Callable[[str], Any] | None = None) -> None:
         self.space = space
+        # The runner serving a variant now (the pool's), or None: what the serving ratio times.
+        self._served = served
         # (requests in flight, requests started so far) of the serving loop: the search yields to
         # them (None: nothing to yield to, e.g. a search run on its own).
         self._requests = requests
@@ -270,7 +278,7 @@ class Research:
         self.yielded_s += self._clock() - t0
         return started
 
-    def _timed(self, runner: ComposedRunner, deadline: float) -> list[float] | None:
+    def _timed(self, runner: Any, deadline: float) -> list[float] | None:
         runner.run(self.x[:1], self.confidence)  # first call: ORT's lazy allocations
         times: list[float] = []
         reruns = 0
@@ -305,16 +313,21 @@ class Research:
     def serving_ratio(self, start: Config, active_estimate_ms: float | None, deadline: float
                       ) -> tuple[float, float | None]:
         """(ratio, the start's timed median): the loop's measured estimate of the start variant over
-        its median timed as candidates are, at least ``1 / margin``; ``1 / margin`` alone when there
-        is no estimate or the start cannot be composed from the blocks."""
+        its median timed as candidates are, on the runner that served it (composed from the blocks
+        when none is known), at least ``1 / margin``; ``1 / margin`` alone when there is no estimate
+        or no runner of the start."""
         floor = 1.0 / self.settings.margin
-        if active_estimate_ms is None or not math.isfinite(active_estimate_ms) or not self.space.composable(start):
+        if active_estimate_ms is None or not math.isfinite(active_estimate_ms):
             return floor, None
-        runner = compose(self.store, start)
+        served = self._served(start.arch_id) if self._served is not None else None
+        if served is None and not self.space.composable(start):
+            return floor, None
+        runner = served if served is not None else compose(self.store, start)
         try:
             times = self._timed(runner, deadline)
         finally:
-            runner.close()
+            if served is None:
+                runner.close()
         if not times:
             return floor, None
         median = float(np.median(times))

@@ -123,6 +123,6 @@ def attach(controller: Any, settings: ResearchSettings | None = None) -> Researc
     research = Research(store.space, store, calibration, settings, clock=controller._clock,
                         on_found=lambda measured, runner: adopt(controller, measured, runner),
                         confidence=early.confidence if early.enabled else None,
-                        requests=lambda: (shadow.inflight, shadow.started))
+                        requests=lambda: (shadow.inflight, shadow.started), served=pool.get)
     controller.research = research
     return research
