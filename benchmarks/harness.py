@@ -203,7 +203,7 @@ def run_here(area: str, name: str, mode: str, args: Sequence[str], out_dir: Path
             sys.argv = saved
         if code not in (None, 0):
             raise RuntimeError(f"benchmarks.{area}.{name} exited {code}")
-        if any(arg in ("-h", "--help") for arg in argv):  # the driver printed its help: nothing to record
+        if _asks_help(argv):  # the driver printed its help: nothing to record
             return None
         report = read_report(Path(bench.report.format(**values)))
         if report is None:
@@ -240,6 +240,10 @@ def run_driver(area: str, name: str, mode: str, args: Sequence[str], out_dir: Pa
         raise RuntimeError(f"benchmarks.{area}.{name} ({mode}) exited {proc.returncode}")
     path = out_dir / f"{name}.json"
     return path if path.is_file() and path.stat().st_mtime >= started else None
+
+
+def _asks_help(args: Sequence[str]) -> bool:
+    return any(arg in ("-h", "--help") for arg in args)
 
 
 def area_main(area: str, argv: Sequence[str] | None = None) -> int:
@@ -297,7 +301,7 @@ def area_main(area: str, argv: Sequence[str] | None = None) -> int:
     finally:
         if out_ctx is not None:
             out_ctx.cleanup()
-    if ran == 0 and not failed and any(arg in ("-h", "--help") for arg in ns.args):
+    if ran == 0 and not failed and _asks_help(ns.args):
         return 0  # the driver printed its help
     if ran == 0:
         print(f"benchmarks.{area}: nothing ran", file=sys.stderr)

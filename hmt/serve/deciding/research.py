@@ -56,6 +56,7 @@ import numpy as np
 
 from hmt.errors import HmtError, UsageError
 from hmt.runtime.blocks import NOT_EXECUTED, BlockSpace, BlockStore, ComposedRunner, Config, compose
+from hmt.runtime.chain import Runner
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ class Research:
                  on_found: Callable[[Measured, ComposedRunner], None] | None = None,
                  confidence: float | None = None, requests: Callable[[], tuple[int, int]] | None = None,
                  sleep: Callable[[float], None] = time.sleep,
-                 served: Callable[[str], Any] | None = None) -> None:
+                 served: Callable[[str], Runner | None] | None = None) -> None:
         self.space = space
         # The runner serving a variant now (the pool's), or None: what the serving ratio times.
         self._served = served
@@ -278,7 +279,7 @@ class Research:
         self.yielded_s += self._clock() - t0
         return started
 
-    def _timed(self, runner: Any, deadline: float) -> list[float] | None:
+    def _timed(self, runner: Runner, deadline: float) -> list[float] | None:
         runner.run(self.x[:1], self.confidence)  # first call: ORT's lazy allocations
         times: list[float] = []
         reruns = 0

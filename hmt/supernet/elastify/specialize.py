@@ -63,12 +63,14 @@ def parent_config(loaded: Any, request: SpecializeRequest) -> TrainConfig:
         raise ArtifactError(f"{loaded.artifact.root}: its manifest's training config cannot be read ({exc})") from exc
 
 
-def fingerprint(loaded: Any, config: TrainConfig, choices: list[Choice], exits: str, seed: int = 0) -> str:
+def fingerprint(loaded: Any, config: TrainConfig, choices: list[Choice], request: SpecializeRequest) -> str:
     """What a checkpoint must match to be resumed: the parent, the variants, the config, how the
-    exits train and the training-order seed."""
+    exits train and the training-order seed (joint exits and seed 0 add nothing: checkpoints made
+    before those options resume)."""
     text = json.dumps({"parent": loaded.artifact.manifest_sha256, "variants": [c.arch.arch_id for c in choices],
-                       "config": config.fingerprint(), **({} if exits == "joint" else {"exits": exits}),
-                       **({"seed": seed} if seed else {})}, sort_keys=True)
+                       "config": config.fingerprint(),
+                       **({} if request.exits == "joint" else {"exits": request.exits}),
+                       **({"seed": request.seed} if request.seed else {})}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -112,9 +114,8 @@ def specialize_supernet(
     check_trainable(run.net, choices)
     before = run.table(choices)
     reference = _largest_logits(run.net, config.seed)
-    history = run.train(choices, checkpoint_dir, fingerprint(loaded, config, choices, request.exits, request.seed),
-                        restart=restart, stop_after_epochs=stop_after_epochs, notify=notify,
-                        detach_exits=request.exits == "detached", seed=request.seed)
+    history = run.train(choices, checkpoint_dir, fingerprint(loaded, config, choices, request), request,
+                        restart=restart, stop_after_epochs=stop_after_epochs, notify=notify)
     error = float((_largest_logits(run.net, config.seed) - reference).abs().max())
     if error > EXACT_ATOL:
         raise VerificationError(f"after specialization the largest variant differs from the original by {error:.3g} "
@@ -249,11 +250,10 @@ class _Run:
                               calibration=calibration, autocast=self.autocast, progress=self.progress)
         return table
 
-    def train(self, choices: list[Choice], checkpoint_dir: Path, key: str, *, restart: bool,
-              stop_after_epochs: int | None, notify: Callable[[str], None],
-              detach_exits: bool = False, seed: int = 0) -> list[dict[str, Any]]:
-        """Fine-tune the choices' paths; ``seed`` varies the order of the training images and the
-        sampling (0: the parent's), never the split."""
+    def train(self, choices: list[Choice], checkpoint_dir: Path, key: str, request: SpecializeRequest, *,
+              restart: bool, stop_after_epochs: int | None, notify: Callable[[str], None]) -> list[dict[str, Any]]:
+        """Fine-tune the choices' paths; the request's seed varies the order of the training images
+        and the sampling (0: the parent's), never the split."""
         from hmt.supernet.elastify.epochs import EpochResume, run_epochs, to_cpu
         from hmt.supernet.elastify.phases import finetune_step
         from hmt.supernet.elastify.train import _loader
@@ -275,12 +275,14 @@ class _Run:
 
         if saved.get("trained"):
             return history
+        seed = request.seed
         loader = _loader(self.train_split.x, self.train_split.y, self.data.info, config, self.device,
                          derive_seed(config.seed, 3, *([seed] if seed else [])), self.channels_last, self.ctx)
         params = trainable_parameters(net)
         resume = EpochResume(PHASE, int(saved.get("epoch", 0)), saved.get("optimizer"), save,
                              stop_after_epochs=stop_after_epochs)
-        step = finetune_step(net, config, False, fixed=[c.arch for c in choices], detach_exits=detach_exits)
+        step = finetune_step(net, config, False, fixed=[c.arch for c in choices],
+                             detach_exits=request.exits == "detached")
         net.train()
         run_epochs(PHASE, config.finetune_epochs, config.finetune_lr, params, step, loader, config, history,
                    self.progress, weight_decay=config.weight_decay, autocast=self.autocast, device=self.device,
