@@ -18,8 +18,8 @@ while the current variant keeps serving:
   served requests, which feasibility is judged on) says over the start's median timed the
   search's way, just before, on the runner that served those requests (the pool's whole graph,
   or its composed copy); at least ``1 / margin``. A candidate is served composed, and composing
-  costs what it costs in the timed runs too (on the demo bundle a composed variant timed alone is
-  1.2-1.3x its whole graph, and served 1.2x), so the ratio must come from the start as served:
+  costs what it costs in the timed runs too (on the demo bundle, measured ad hoc on a 2-core VM, a
+  composed variant timed alone is 1.2-1.3x its whole graph, and served 1.2x), so the ratio must come from the start as served:
   the start composed afresh would carry the composition into the denominator and cancel it, and
   found variants then missed the budget they were found for. Back-to-back medians alone understate
   what serving measures (requests arrive apart, the loop and the other threads run between
