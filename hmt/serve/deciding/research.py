@@ -11,21 +11,21 @@ while the current variant keeps serving:
   nothing fits, the search walks from the fastest candidate measured so far, then from the
   most accurate one that fits;
 - *latency measured on the device*: each candidate is composed from the blocks
-  (:func:`hmt.runtime.blocks.compose`) and timed on single inputs (``latency_runs``), and
-  it fits when its median times the *serving ratio* is within the compute budget and its
-  blocks within the memory budget; while nothing fits, each change goes to a cheaper choice.
-  The serving ratio is what the loop's measured estimate of the start variant (the p95 of its
-  served requests, which feasibility is judged on) says over the start's median timed the
-  search's way, just before, on the runner that served those requests (the pool's whole graph,
-  or its composed copy); at least ``1 / margin``. A candidate is served composed, and composing
-  costs what it costs in the timed runs too (on the demo bundle, measured ad hoc on a 2-core VM, a
-  composed variant timed alone is 1.2-1.3x its whole graph, and served 1.2x), so the ratio must come from the start as served:
-  the start composed afresh would carry the composition into the denominator and cancel it, and
-  found variants then missed the budget they were found for. Back-to-back medians alone understate
-  what serving measures (requests arrive apart, the loop and the other threads run between
-  them, and feasibility reads a tail): a candidate taken on its median with a fixed margin
-  was judged too slow as soon as its own requests measured it (on a busy 2-core machine,
-  serving p95 ran 2-5x the timed median);
+  (:func:`hmt.runtime.blocks.compose`) and timed on single inputs (``latency_runs``), and it fits
+  when its median times the *serving ratio* is within the compute budget and its blocks within the
+  memory budget; while nothing fits, each change goes to a cheaper choice. The serving ratio is
+  what the loop's measured estimate of the start variant (the p95 of its served requests, which
+  feasibility is judged on) says over the start's median timed the search's way, just before, on
+  the runner that served those requests (the pool's whole graph, or its composed copy); at least
+  ``1 / margin``. A candidate is served composed, and composing costs what it costs in the timed
+  runs too (on the demo bundle, measured ad hoc on a 2-core VM, a composed variant timed alone is
+  1.2-1.3x its whole graph, and served 1.2x), so the ratio must come from the start as served: the
+  start composed afresh would carry the composition into the denominator and cancel it, and found
+  variants then missed the budget they were found for. Back-to-back medians alone understate what
+  serving measures (requests arrive apart, the loop and the other threads run between them, and
+  feasibility reads a tail): a candidate taken on its median with a fixed margin was judged too
+  slow as soon as its own requests measured it (on a busy 2-core machine, serving p95 ran 2-5x the
+  timed median);
 - *accuracy*: a bundled variant's from ``blocks.json`` (measured by deploy on the shipped
   calibration set), any other's measured now on that same labelled set;
 - *bounded in time*: the deadline is checked before every timed run and every batch; once a
