@@ -7,6 +7,7 @@ import pytest
 
 from hmt.errors import UsageError
 from hmt.serve import LoadForecaster, LoadWeights, ResourceSample, fit_ar, load_index, load_index_of
+from hmt.serve.deciding.load import OutsideLoad
 
 
 def test_load_index_weights_and_absent_gpu() -> None:
@@ -96,3 +97,16 @@ def test_a_primed_sampler_measures_from_the_priming() -> None:
     time.sleep(0.1)
     own = sampler().own_cpu_util
     assert own is not None and own < 0.2
+
+
+def test_the_forecast_follows_a_step_within_two_readings() -> None:
+    """Two burners start, then stop: two ticks into each step the forecast is within the last two
+    readings (the AR fit, still full of the phase before, neither lags the step nor dips below it)."""
+    load = OutsideLoad(LoadWeights())
+    readings = [0.0] * 12 + [0.3, 0.64, 0.8, 0.7, 0.9, 0.8, 0.7, 0.9, 0.85, 0.8, 0.86] + [0.44, 0.0, 0.0, 0.02]
+    forecasts = [load.update(ResourceSample(0.0, x, 8_000_000_000, 8_000_000_000))[1] for x in readings]
+    for k in range(1, len(readings)):
+        low, high = sorted(readings[k - 1:k + 1])
+        assert low - 1e-9 <= forecasts[k] <= high + 1e-9, (k, forecasts[k])
+    assert forecasts[14] >= 0.64 and forecasts[15] >= 0.7  # up: never back towards the calm phase
+    assert forecasts[-2] == pytest.approx(0.0)  # down: the second calm reading
