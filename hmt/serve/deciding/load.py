@@ -28,7 +28,7 @@ OVERHEAD_STEPS = 100
 class OutsideLoad:
     """The outside load index, updated once per tick from a resource sample."""
 
-    def __init__(self, weights: LoadWeights, *, order: int = 2, window: int = 60, recent: int = 2) -> None:
+    def __init__(self, weights: LoadWeights, *, order: int = 2, window: int = 60, recent: int = 5) -> None:
         self.weights = weights
         self.forecaster = LoadForecaster(order=order, window=window)
         self._recent: deque[float] = deque(maxlen=recent)
@@ -43,12 +43,17 @@ class OutsideLoad:
         recent = self._recent
         recent.append(load_now)
         # An AR fit over a step-like window can overshoot wildly (we saw 1.0 and 0.0 forecast
-        # right after a step from 0.02 to 0.27): keep its smoothing, not its extrapolation, and
-        # only within the last two readings. Over the last five, the fit (still full of the
-        # phase before) held the forecast at 0.27-0.52 two ticks into a step to 0.8, and at
-        # 0.12-0.32 for 0.75 s after two burners stopped: a decision after a step read the old
-        # load, proposing the largest variant again under load and keeping it out after.
-        load_next = min(max(recent), max(min(recent), float(self.forecaster.forecast(1)[0])))
+        # right after a step from 0.02 to 0.27): keep its smoothing, not its extrapolation.
+        forecast = float(self.forecaster.forecast(1)[0])
+        if len(recent) >= 2 and forecast > max(recent[-1], recent[-2]):
+            # Above both of the last two readings: the load has fallen, and the forecast follows it
+            # at once. Within the last five, the fit (still full of the busy phase) held it at
+            # 0.12-0.32 for 0.75 s after two burners stopped, and the largest variant stayed out.
+            # A rise keeps the smoothing over five: two short readings up are often noise, and a
+            # real step is confirmed by the requests themselves (the switcher's miss streak).
+            load_next = max(recent[-1], recent[-2])
+        else:
+            load_next = min(max(recent), max(min(recent), forecast))
         return load_now, load_next, own
 
 
