@@ -45,7 +45,7 @@ from hmt.serve.reporting.status import controller_status
 from hmt.serve.running.loop import TRIGGER_INITIAL, TRIGGER_ON_DEMAND, ControlThread
 from hmt.serve.running.pool import LoadBackoff, Loader, VariantPool
 from hmt.serve.running.shadow import ShadowRuns
-from hmt.serve.running.switcher import STAY_IMPROVEMENT_PENDING, STAY_VIOLATION_PENDING, Switcher
+from hmt.serve.running.switcher import STAY_VIOLATION_PENDING, Switcher
 
 # The decision sees the load forecast in steps of this (a load index bucket; the serving overhead
 # likewise, hmt.serve.deciding.load), so that its inputs change only when they change enough to
@@ -299,7 +299,7 @@ class Controller:
         requests since the last tick are filed under the load it just measured, the decision reads
         the overhead at its forecast's level."""
         with self.state_lock:
-            self.overhead.settle(self.estimator.level_of(load_now), self.now_s(), load_now)
+            self.overhead.settle(self.estimator.level_of(load_now), self.now_s())
         level = self._overhead_level = self.estimator.level_of(load_next)
         move_ms, stay_ms, self.overhead_ms = self.overhead.decision_limits_ms(budgets.latency_ms,
                                                                               self.settings.correction, level)
@@ -377,12 +377,8 @@ class Controller:
         )
         with self.state_lock:
             self.ticks.append(record)
-        if result.reason in (STAY_VIOLATION_PENDING, STAY_IMPROVEMENT_PENDING):
-            # Patience counts decisions: ask for the next one soon rather than a period later, both
-            # ways. A climb back after a load lifts waited a whole period for its second decision
-            # (0.25 s off the most accurate variant in every recovery); the confirming decision
-            # still reads its own sample (the load since this one), so a dip shorter than the gap
-            # confirms nothing.
+        if result.reason == STAY_VIOLATION_PENDING:
+            # Patience counts decisions: ask for the next one soon rather than a period later.
             self.loop.pending = True
         if self._on_tick is not None:
             self._on_tick(record)

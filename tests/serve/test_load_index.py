@@ -7,7 +7,6 @@ import pytest
 
 from hmt.errors import UsageError
 from hmt.serve import LoadForecaster, LoadWeights, ResourceSample, fit_ar, load_index, load_index_of
-from hmt.serve.deciding.load import OutsideLoad
 
 
 def test_load_index_weights_and_absent_gpu() -> None:
@@ -97,18 +96,3 @@ def test_a_primed_sampler_measures_from_the_priming() -> None:
     time.sleep(0.1)
     own = sampler().own_cpu_util
     assert own is not None and own < 0.2
-
-
-def test_the_forecast_follows_a_fall_at_once_and_smooths_a_rise() -> None:
-    """Two burners stop: from the second calm reading the forecast is the calm load (the AR fit,
-    still full of the busy phase, does not hold it up). A short rise in a calm phase is smoothed:
-    the forecast stays below it."""
-    load = OutsideLoad(LoadWeights())
-    readings = [0.0] * 12 + [0.3, 0.64, 0.8, 0.7, 0.9, 0.8, 0.7, 0.9, 0.85, 0.8, 0.86] + [0.44, 0.0, 0.0, 0.02]
-    forecasts = [load.update(ResourceSample(0.0, x, 8_000_000_000, 8_000_000_000))[1] for x in readings]
-    assert forecasts[-3] == pytest.approx(0.0) and forecasts[-2] == pytest.approx(0.0)
-    assert forecasts[-4] <= 0.44 + 1e-9  # the first calm reading: no higher than the one before
-    calm = OutsideLoad(LoadWeights())
-    spike = [0.0] * 20 + [0.35, 0.3]
-    forecasts = [calm.update(ResourceSample(0.0, x, 8_000_000_000, 8_000_000_000))[1] for x in spike]
-    assert forecasts[-1] < 0.3

@@ -220,31 +220,3 @@ def test_the_stay_bound_halves_switching_under_bursty_waits_and_climbs_back_as_p
     point, _ = _switches_under_bursty_waits(tmp_path / "point", correction={"overhead_stay_bound": False})
     assert 2 * stay <= point, (stay, point)
     assert stay_misses <= 0.06
-
-
-def test_a_pending_climb_asks_for_its_confirming_decision_at_once(tmp_path: Path) -> None:
-    """Improvement patience counts decisions, like violation patience: the decision that makes a
-    climb pending asks the control thread for the next one ``on_demand_min_interval_s`` later, not a
-    period later (a quarter second off the most accurate variant in every recovery). A decision
-    that keeps the variant asks for nothing."""
-    loop = Loop(tmp_path)
-    loop.waits_ms = (0.3, 6.0)
-    loop.run(2.0)
-    loop.c.loop.pending = False
-    loop.c.tick(sample=loop.sample())
-    assert not loop.c.loop.pending  # steady: the next decision comes on its period
-    loop.loaded, loop.cpu = True, 0.9
-    loop.run(3.0)
-    assert loop.c.active_arch_id == "small"
-    loop.loaded, loop.cpu = False, 0.0
-    reasons = []
-    for _ in range(40):  # requests at 40/s, a decision after each
-        loop.c.predict(X, queued_ms=loop.waits_ms[0])
-        loop.now += 0.025
-        loop.c.loop.pending = False
-        record = loop.c.tick(sample=loop.sample())
-        reasons.append(record.switch_reason)
-        if record.switch_reason == "improvement_pending":
-            assert loop.c.loop.pending, "a pending climb waited for the next period"
-            break
-    assert "improvement_pending" in reasons, reasons

@@ -44,16 +44,7 @@ class OutsideLoad:
         recent.append(load_now)
         # An AR fit over a step-like window can overshoot wildly (we saw 1.0 and 0.0 forecast
         # right after a step from 0.02 to 0.27): keep its smoothing, not its extrapolation.
-        forecast = float(self.forecaster.forecast(1)[0])
-        if len(recent) >= 2 and forecast > max(recent[-1], recent[-2]):
-            # Above both of the last two readings: the load has fallen, and the forecast follows it
-            # at once. Within the last five, the fit (still full of the busy phase) held it at
-            # 0.12-0.32 for 0.75 s after two burners stopped, and the largest variant stayed out.
-            # A rise keeps the smoothing over five: two short readings up are often noise, and a
-            # real step is confirmed by the requests themselves (the switcher's miss streak).
-            load_next = max(recent[-1], recent[-2])
-        else:
-            load_next = min(max(recent), max(min(recent), forecast))
+        load_next = min(max(recent), max(min(recent), float(self.forecaster.forecast(1)[0])))
         return load_now, load_next, own
 
 
@@ -75,15 +66,10 @@ class ServingOverhead:
     much as compute is (two busy cores put milliseconds of wait in front of a sub-ms variant), so
     the served requests are filed by the outside load they ran under (at the next tick, under the
     load that tick measured over them: :meth:`settle`), and a decision at a load reads that level's
-    window while it holds ``MIN_TAIL`` requests of the last ``memory_s``, else the nearest level's
-    that does (the busier one on a tie, as the estimates' nearest level), else the last ``window``
+    window while it holds ``MIN_TAIL`` requests of the last ``memory_s``, else the last ``window``
     served at any load. With one window for every load, the waits of a busy phase stayed in it
     for ``window`` requests after the load lifted (0.8 s at 40 requests/s): the compute limit left
-    no variant feasible and the loop climbed back 0.5-1 s late (issue 28's matrix). Falling back
-    from an empty level straight to the last requests at any load did the same one level up: right
-    after two burners stop, the load forecast reads 0.12-0.16 (level 1, never served), the decision
-    read the busy phase's 2.6-3.5 ms of waits, and the climb to the largest stalled or stopped
-    halfway (a middle variant, then a second of dwell)."""
+    no variant feasible and the loop climbed back 0.5-1 s late (issue 28's matrix)."""
 
     MIN_TAIL = 8
 
@@ -97,8 +83,6 @@ class ServingOverhead:
         self._levels: list[deque[tuple[float, float, float]]] = [deque(maxlen=window) for _ in range(levels)]
         self._pending: list[tuple[float, float, float]] = []
         self._now_s = 0.0
-        self._last_load: float | None = None  # the load index of the previous settle
-        self._level_width = 1.0 / (levels - 1) if levels > 1 else math.inf
 
     def add(self, queued_ms: float, compute_ms: float | None = None, now_s: float = 0.0) -> None:
         """One request's queue wait; ``compute_ms`` when the active variant answered it."""
@@ -109,21 +93,10 @@ class ServingOverhead:
             if len(self._levels) > 1:
                 self._pending.append((now_s, wait + compute_ms, compute_ms))
 
-    def settle(self, level: int, now_s: float, load: float | None = None) -> None:
-        """File the requests served since the last call under ``level`` (the load measured over them).
-
-        With ``load`` (that load index): when it moved more than a level's width since the previous
-        call, the interval straddled a load step, and what was measured over it is an average of two
-        loads, so its requests are filed under no level (they stay in the window at any load). The
-        waits of a burner's first tick, read as level 1 (load 0.3 half-way up), otherwise stood as
-        level 1's overhead for the memory, and the climb back after the burners stopped, at a
-        forecast of level 1, read them."""
+    def settle(self, level: int, now_s: float) -> None:
+        """File the requests served since the last call under ``level`` (the load measured over them)."""
         self._now_s = now_s
-        straddled = False
-        if load is not None and math.isfinite(load):
-            straddled = self._last_load is not None and abs(load - self._last_load) > self._level_width
-            self._last_load = load
-        if self._pending and 0 <= level < len(self._levels) and not straddled:
+        if self._pending and 0 <= level < len(self._levels):
             self._levels[level].extend(self._pending)
         self._pending = []
 
@@ -133,19 +106,13 @@ class ServingOverhead:
         for window in self._levels:
             window.clear()
         self._pending = []
-        self._last_load = None
 
     def _served_at(self, level: int | None) -> list[tuple[float, float]]:
-        n_levels = len(self._levels)
-        if self.mode == "tail" and level is not None and 0 <= level < n_levels and n_levels > 1:
+        served: list[tuple[float, float]] = []
+        if self.mode == "tail" and level is not None and 0 <= level < len(self._levels) and len(self._levels) > 1:
             since_s = self._now_s - self.memory_s
-            for d in range(n_levels):  # this level, else the nearest one, the busier on a tie
-                for other in (level,) if d == 0 else (level + d, level - d):
-                    if 0 <= other < n_levels:
-                        served = [(lat, comp) for t, lat, comp in list(self._levels[other]) if t >= since_s]
-                        if len(served) >= self.MIN_TAIL:
-                            return served
-        return list(self._served)
+            served = [(lat, comp) for t, lat, comp in list(self._levels[level]) if t >= since_s]
+        return served if len(served) >= self.MIN_TAIL else list(self._served)
 
     def bounds_ms(self, level: int | None = None) -> tuple[float, float, float]:
         """(overhead, lower bound, upper bound) at load ``level`` (None: over the last requests at
