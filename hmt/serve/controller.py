@@ -31,7 +31,6 @@ from hmt.runtime.chain import ChainResult, Runner
 from hmt.runtime.settings import Budgets, ServeSettings
 from hmt.runtime.variant import bundle_providers
 from hmt.serve.deciding.decision import DecisionPath
-from hmt.serve.deciding.estimates import SOURCE_PRIOR, SOURCE_SCALED
 from hmt.serve.deciding.free_memory import FreeMemory
 from hmt.serve.deciding.joint import Candidate, JointPath
 from hmt.serve.deciding.load import OutsideLoad, ServingOverhead
@@ -52,8 +51,6 @@ from hmt.serve.running.switcher import STAY_VIOLATION_PENDING, Switcher
 # likewise, hmt.serve.deciding.load), so that its inputs change only when they change enough to
 # matter and the cached decision holds.
 LOAD_STEP = 0.02
-# Estimates that are predictions, not measurements at the decision's load (Controller._predicted_only).
-PREDICTED_SOURCES = frozenset({SOURCE_PRIOR, SOURCE_SCALED})
 
 
 class Controller:
@@ -308,19 +305,6 @@ class Controller:
                                                                               self.settings.correction, level)
         return move_ms, (stay_ms - move_ms if math.isfinite(move_ms) else 0.0)
 
-    def _predicted_only(self, budgets: Budgets) -> bool:
-        """Whether a violation of the active variant would rest on a latency prediction alone: the
-        loop measures, the active variant's estimate at this load is a prior or scaled from another
-        level, and its memory (known, not predicted) fits; no energy budget (energies follow the
-        latency ratios). With ``estimates.measure`` off predictions are all the loop has."""
-        active = self.switcher.active_arch_id
-        if active is None or active not in self._known_ids or not self.estimator.measure or budgets.energy is not None:
-            return False
-        if self.estimator.source(active) not in PREDICTED_SOURCES:
-            return False
-        memory_bytes = budgets.memory_bytes
-        return memory_bytes is None or self.optimizer.variant(active).memory_bytes <= memory_bytes
-
     def _tick(self, trigger: str, sample: ResourceSample | None) -> TickRecord:
         self.loop.last_tick_s = self._clock()
         if sample is None:
@@ -347,8 +331,7 @@ class Controller:
             choice = self.joint.choose(mask, mu, switcher.active_arch_id, switcher.home)  # type: ignore[arg-type]
         else:
             choice = self.decision.choose(mask, mu, switcher.active_arch_id, switcher.home)  # type: ignore[arg-type]
-        # The switcher reads our clock if it needs it.
-        result = switcher.offer(choice, confirmed=confirmed, predicted=self._predicted_only(budgets))
+        result = switcher.offer(choice, confirmed=confirmed)  # the switcher reads our clock if it needs it
         t1 = time.perf_counter()
         decision_cpu_us = (time.thread_time_ns() - cpu0) / 1e3
         decision_us = (t1 - t0) * 1e6

@@ -101,27 +101,3 @@ def test_decision_must_score_active_variant() -> None:
         sw.offer(opt.decide(), now_s=1.0)
     with pytest.raises(UsageError):
         SwitchPolicy.from_mapping({"margin": 1})
-
-
-def test_a_violation_on_a_prediction_alone_waits_for_the_requests() -> None:
-    """At serve start the largest's estimate is a prior: a violation that rests on it does not count
-    towards the patience (no request was late); the requests' miss streak confirms it at once, and
-    a violation of a measured estimate switches after the patience as before."""
-    opt, sw = Optimizer(TABLE), Switcher(SwitchPolicy(violation_patience=2, min_dwell_s=100.0))
-    step(opt, sw, 0.0)
-    for k in range(5):
-        d = opt.decide(0.0, 100.0, budgets=Budgets(latency_ms=30.0), current_arch_id=sw.active_arch_id)
-        r = sw.offer(d, now_s=0.1 * (k + 1), predicted=True)
-        assert not r.switched and r.reason == "violation_pending" and sw.active_arch_id == "big"
-    r = sw.offer(d, now_s=0.7, predicted=True, confirmed=True)
-    assert r.switched and r.reason == "budget_violation_confirmed_by_misses"
-    opt2, sw2 = Optimizer(TABLE), Switcher(SwitchPolicy(violation_patience=2, min_dwell_s=100.0))
-    step(opt2, sw2, 0.0)
-    d = opt2.decide(0.0, 100.0, budgets=Budgets(latency_ms=30.0), current_arch_id="big")
-    assert not sw2.offer(d, now_s=0.1).switched
-    assert sw2.offer(d, now_s=0.2).switched  # measured: the patience of two decisions
-    off = Switcher(SwitchPolicy(violation_patience=2, miss_streak=0))
-    step(opt, off, 0.0)
-    d = opt.decide(0.0, 100.0, budgets=Budgets(latency_ms=30.0), current_arch_id="big")
-    off.offer(d, now_s=0.1, predicted=True)
-    assert off.offer(d, now_s=0.2, predicted=True).switched  # no miss streak to wait for

@@ -466,10 +466,6 @@ class LatencyEstimator:
         values = self._latency_value[0]
         return values[self._index[arch_id]] if values else None
 
-    def source(self, arch_id: str) -> str:
-        """Where ``arch_id``'s estimate as of the last :meth:`latencies` came from (``SOURCE_*``)."""
-        return self._sources[self._index[arch_id]] if self.measure else SOURCE_PRIOR
-
     def measured_since(self, arch_id: str, since_s: float) -> bool:
         """Whether ``arch_id`` has a sample taken at or after ``since_s`` (any load level)."""
         last = self._last[self._index[arch_id]]

@@ -9,14 +9,6 @@ Rules, applied to each :class:`~hmt.serve.deciding.optimizer.Decision` (one per 
   row over the budget): switch to the proposal at once, dwell time or not (getting back
   within budget comes first; the patience filters one-tick spikes that no request felt).
   This is the fast attack; the slow release is the next rule;
-- a latency violation that rests on a prediction alone (``predicted``: the active variant's
-  estimate is the profile's prior, or scaled from another load level by the load model) does not
-  count towards the patience until the requests confirm it (with ``miss_streak`` on): at serve
-  start a prior of 4.9-7.3 ms against a 5 ms budget sent the loop off the largest variant within
-  0.1 s with no request late, and the dwell and a climb in two steps kept it off for 1-2.5 s of
-  an idle phase (``benchmarks/serve/startup_trace.py``). A real step is confirmed by the
-  requests' miss streak, or measured at its load level within a tick or two (the active variant
-  serves every request);
 - otherwise switch only when the same proposal has beaten the active variant's score
   by at least ``score_margin`` for ``improve_patience`` consecutive decisions and the
   active variant has served for at least ``min_dwell_s``; with ``probe_backoff_max_s`` set,
@@ -127,11 +119,10 @@ class Switcher:
         return SwitchResult(False, self.active_arch_id, self.active_arch_id, decision.arch_id, reason)
 
     def offer(self, decision: Decision | Choice, now_s: float | None = None, *,
-              confirmed: bool = False, predicted: bool = False) -> SwitchResult:
+              confirmed: bool = False) -> SwitchResult:
         """Apply the rules to ``decision`` (or the loop's :class:`Choice`), which must score the
         active variant (``current_arch_id``). ``confirmed``: requests in a row missed the budget,
-        so a violation needs no patience. ``predicted``: a violation would rest on a latency
-        prediction alone, so it waits for the requests to confirm it."""
+        so a violation needs no patience."""
         active = self.active_arch_id
         if active is None:
             return self._switch(decision, self._clock() if now_s is None else now_s, SWITCH_INITIAL)
@@ -151,10 +142,6 @@ class Switcher:
             return stay
         now = self._clock() if now_s is None else now_s
         if decision.current_feasible is False:
-            if predicted and not confirmed and self.policy.miss_streak > 0:
-                self._violations = 0
-                self._candidate, self._candidate_streak = None, 0
-                return self._stay(decision, STAY_VIOLATION_PENDING)
             self._violations += 1
             self._candidate, self._candidate_streak = None, 0
             if self._violations >= self.policy.violation_patience:
