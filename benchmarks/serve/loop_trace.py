@@ -27,9 +27,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness import Driver
-from benchmarks.serve.replay_common import calibrate_ms, export_cifar, machine_details, synthetic_bundle
+from benchmarks.serve.replay_common import REPLAY_API, calibrate_ms, export_cifar, machine_details, synthetic_bundle
 from hmt.bundle import load_bundle
-from hmt.serve.http.api import ApiOptions
 from hmt.serve.http.server import ServerOptions
 from hmt.serve.running.scenario import DriveOptions, Scenario
 from hmt.serve.running.session import SessionOptions, run_scenario
@@ -174,7 +173,7 @@ def main() -> None:
         scenario = Scenario.from_text(f"time_s,cpu_load,latency_budget_ms\n0,,{budget_ms:.4f}\n"
                                       f"{p:g},1.0,{budget_ms:.4f}\n{2 * p:g},,{budget_ms:.4f}\n")
         drive = DriveOptions(duration_s=3 * p, clients=args.clients, rate_hz=args.rate_hz, load_mode="burn")
-        api = ApiOptions(max_queue=64, workers=2, deadline_ms=2000.0)
+        api = REPLAY_API
         report: dict[str, Any] = {"bundle": "synthetic" if args.synthetic else bundle_path.name,
                                   "engine": args.engine, "rate_hz": args.rate_hz, "phase_s": p,
                                   "budget_ms": budget_ms, "largest_idle_p95_ms": idle_p95,

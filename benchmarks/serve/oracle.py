@@ -34,15 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import Driver
-from benchmarks.serve.replay_common import calibrate_ms, export_cifar, machine_details, synthetic_bundle
+from benchmarks.serve.replay_common import REPLAY_API, calibrate_ms, export_cifar, machine_details, synthetic_bundle
 from hmt.bundle import load_bundle
-from hmt.serve.http.api import ApiOptions
 from hmt.serve.http.server import ServerOptions
 from hmt.serve.running.compare import replay_compare
 from hmt.serve.running.scenario import DriveOptions, Scenario
 from hmt.serve.running.session import SessionOptions
 
 SHAPES = ("burn1", "burn2", "squeeze", "memory", "poisson", "onoff", "budget")
+BUDGET_STEP = 0.6  # the budget shape's middle-phase factor (--budget-step)
 
 
 def shape_scenario(shape: str, phase_s: float, budget_ms: float, memory_cut_mb: float,
@@ -113,7 +113,7 @@ def run_engine(bundle_path: Path, data: Path | None, engine: str, shapes: list[s
     """Every shape of ``shapes`` on ``engine``, ``args.reps`` times, into ``out`` (``save()`` after each)."""
     largest, _, memory_cut_mb = bundle_facts(bundle_path)
     overrides = json.loads(args.serve_json)
-    api = ApiOptions(max_queue=64, workers=2, deadline_ms=2000.0)
+    api = REPLAY_API
     mode = "processes" if args.client_processes else "threads"
     idle_p95 = calibrate_ms(bundle_path, largest, data, engine=engine, rate_hz=args.rate_hz, clients=args.clients,
                             client_mode=mode)
@@ -181,7 +181,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "so the server's latency is not inflated by client threads sharing its interpreter; "
                              "--no-client-processes runs them as threads in the benchmark's process")
     parser.add_argument("--budget-factor", type=float, default=1.3)
-    parser.add_argument("--budget-step", type=float, default=0.6, help="the budget shape's middle-phase factor")
+    parser.add_argument("--budget-step", type=float, default=BUDGET_STEP, help="the budget shape's middle-phase factor")
     parser.add_argument("--budget-ms", type=float, default=None, help="a fixed budget instead of calibrating")
     parser.add_argument("--squeeze-headroom-mb", type=float, default=1024.0,
                         help="squeeze shape: serve keeps all but this much of the available memory free "

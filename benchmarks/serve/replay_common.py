@@ -22,6 +22,9 @@ from hmt.serve.http.server import ServerOptions
 from hmt.serve.running.scenario import DriveOptions, Scenario
 from hmt.serve.running.session import SessionOptions, run_scenario
 
+# The API every replay serves through: the queue, workers and request deadline of the matrix's runs.
+REPLAY_API = ApiOptions(max_queue=64, workers=2, deadline_ms=2000.0)
+
 # Synthetic variants: (arch_id, accuracy, MatMul layers per segment); each layer is 384 x 384.
 SYNTHETIC = (("s2", 0.80, 1), ("s4", 0.85, 3), ("s8", 0.89, 7), ("s16", 0.92, 14))
 SYNTHETIC_WIDTH = 384
@@ -133,7 +136,7 @@ def calibrate_ms(bundle: Path, largest: str, data: Path | None, *, engine: str, 
     result = run_scenario(bundle, Scenario.from_text("time_s\n0\n"),
                           SessionOptions(engine=engine, fixed_variant=largest),
                           DriveOptions(duration_s=seconds, clients=clients, rate_hz=rate_hz, client_mode=client_mode),
-                          api=ApiOptions(max_queue=64, workers=2, deadline_ms=2000.0), server=ServerOptions(port=0),
+                          api=REPLAY_API, server=ServerOptions(port=0),
                           data=data, rng=np.random.default_rng(0), label="calibration")
     latency = result.summary["latency_ms"]
     if latency is None:

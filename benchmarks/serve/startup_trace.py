@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import Driver
-from benchmarks.serve.oracle import bundle_facts, shape_scenario
-from benchmarks.serve.replay_common import export_cifar
+from benchmarks.serve.oracle import BUDGET_STEP, bundle_facts, parse_shapes, shape_scenario
+from benchmarks.serve.replay_common import REPLAY_API, export_cifar
 from hmt.serve.running.scenario import DriveOptions, Scenario
-from hmt.serve.running.session import ApiOptions, ServerOptions, SessionOptions, run_scenario
+from hmt.serve.running.session import ServerOptions, SessionOptions, run_scenario
 
 STARTUP_S = 0.6  # a departure this soon after serve started is a start-up one
 
@@ -94,13 +94,14 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2000)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    shapes = parse_shapes(parser, args.shapes)
     largest, _, memory_cut_mb = bundle_facts(args.bundle)
-    api = ApiOptions(max_queue=64, workers=2, deadline_ms=2000.0)
+    api = REPLAY_API
     runs = []
     with tempfile.TemporaryDirectory(prefix="hmt-startup-trace-") as tmp:
         data = export_cifar(Path(tmp) / "cifar.npz", args.samples)
-        for shape in [s.strip() for s in args.shapes.split(",") if s.strip()]:
-            text, arrivals = shape_scenario(shape, args.phase_s, args.budget_ms, memory_cut_mb, 0.6)
+        for shape in shapes:
+            text, arrivals = shape_scenario(shape, args.phase_s, args.budget_ms, memory_cut_mb, BUDGET_STEP)
             for rep in range(args.reps):
                 drive = DriveOptions(duration_s=3 * args.phase_s, clients=args.clients, rate_hz=args.rate_hz,
                                      load_mode="burn", arrivals=arrivals, seed=rep, client_mode="processes")
