@@ -22,6 +22,7 @@ from typing import Any
 from benchmarks.harness import Driver
 from benchmarks.serve.oracle import BUDGET_STEP, bundle_facts, parse_shapes, shape_scenario
 from benchmarks.serve.replay_common import REPLAY_API, export_cifar
+from hmt.errors import HmtError
 from hmt.serve.running.scenario import DriveOptions, Scenario
 from hmt.serve.running.session import ServerOptions, SessionOptions, run_scenario
 
@@ -95,7 +96,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     shapes = parse_shapes(parser, args.shapes)
-    largest, _, memory_cut_mb = bundle_facts(args.bundle)
+    try:
+        largest, _, memory_cut_mb = bundle_facts(args.bundle)
+    except HmtError as exc:  # not a bundle: the usage error, no traceback
+        parser.error(f"--bundle: {exc}")
     api = REPLAY_API
     runs = []
     with tempfile.TemporaryDirectory(prefix="hmt-startup-trace-") as tmp:
