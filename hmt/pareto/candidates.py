@@ -78,8 +78,9 @@ def resolve_search(search: SearchOptions, loaded: Any,
     if candidates_path is None:
         source = loaded.artifact.file(VARIANTS)
         ids = read_candidates(source, loaded.space)
-        what = (f"the {len(ids)} variants {loaded.artifact.root.name} was specialized for (its variants.csv) and "
-                "their earlier exits: its other variants share their weights untrained")
+        what = (f"the {len(ids)} variants {loaded.artifact.root.name} lists (its variants.csv: the largest and "
+                "those it was specialized for) and their earlier exits; its other variants share their weights "
+                "without having been trained for themselves")
     else:
         ids = read_candidates(Path(candidates_path), loaded.space)
         what = f"the {len(ids)} variants of {Path(candidates_path).name} and their earlier exits"

@@ -201,7 +201,7 @@ def test_the_front_of_a_specialized_supernet_is_made_of_its_listed_variants(pare
     assert evaluated == listed and run.metrics["evaluations"] == 2  # no search: the listed variants only
     derived = archive[archive.derived_from.notna()]
     assert set(derived.derived_from) <= listed and len(derived) == 4  # and exits 0 and 1 of each, free
-    assert run.result.options.method == "listed" and any("specialized for" in n for n in run.notes)
+    assert run.result.options.method == "listed" and any("it was specialized for" in n for n in run.notes)
     # The whole space when asked for, with a note; a list of the user's, by CSV.
     searched = find_front(tmp_path / "sp", profile, tmp_path / "searched",
                           ParetoOptions(max_eval_samples=32, search=SearchOptions(evaluations=4, population=2)))
