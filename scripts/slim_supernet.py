@@ -33,9 +33,10 @@ def slim_net(loaded: Any, operators: list[str]) -> Any:
     from hmt.supernet.elastify.rebuild import rebuild
 
     info = copy.deepcopy(loaded.model_info)
-    unknown = sorted(set(operators) - set(info.get("operators") or []))
+    offered = {c for p in loaded.space.positions for c in p.choices} - {"base"}
+    unknown = sorted(set(operators) - offered)
     if unknown:
-        raise SystemExit(f"operators {unknown} are not in the source supernet's {info.get('operators')}")
+        raise SystemExit(f"operators {unknown} are not in the source supernet's space ({sorted(offered)})")
     info["operators"] = list(operators)
     source = info["elastify"].get("source")
     net = rebuild(info, loaded.artifact.file(source) if source else None)
