@@ -35,6 +35,12 @@ fp32 here; one losing more than --max-accuracy-drop points is refused:
 
 The baselines (same evaluation budget): --method evolution (plain NSGA-II) or --method random.
 
+A specialized supernet (hmt specialize) trained only the variants its variants.csv lists: the
+front is made of those and their earlier exits, without a search (--method auto resolves to
+listed); --candidates FILE.csv evaluates any other list the same way:
+
+    hmt pareto --supernet runs/specialized --profile runs/profile --out runs/pareto-specialized
+
 Writes front.json (per point: arch id, config, accuracy per exit, predicted latency / energy /
 memory, the profile they were predicted for), index.json (the runtime index serve loads),
 archive.csv (every evaluated variant) and front.png. BudgetSweep that nothing meets fail with
@@ -43,9 +49,11 @@ exit code 8 and name the closest variant and by how much it misses.
 
 
 class MethodChoice(str, Enum):
+    auto = "auto"
     nearby = "nearby"
     evolution = "evolution"
     random = "random"
+    listed = "listed"
 
 
 class SplitChoice(str, Enum):
@@ -74,8 +82,13 @@ def pareto_command(
     max_eval_samples: Annotated[int | None, typer.Option(
         help="Evaluate on a seeded, stratified subset of this many samples.")] = None,
     method: Annotated[MethodChoice, typer.Option(
-        help="nearby: NSGA-II + NearbyInit/NearbyMutate + noise; evolution: plain NSGA-II; random.")] = (
-        MethodChoice.nearby),
+        help="auto: listed for a specialized supernet (hmt specialize), else nearby; nearby: NSGA-II + "
+             "NearbyInit/NearbyMutate + noise; evolution: plain NSGA-II; random; listed: no search, the variants "
+             "of --candidates (default: the supernet's variants.csv) and their earlier exits.")] = (
+        MethodChoice.auto),
+    candidates: Annotated[Path | None, typer.Option(
+        "--candidates", help="A CSV with an arch_id column (a variants.csv or a front CSV): evaluate exactly "
+        "these variants and their earlier exits (method listed).")] = None,
     evaluations: Annotated[int, typer.Option(help="Accuracy evaluations (distinct variants) to spend.")] = 200,
     population: Annotated[int, typer.Option(help="Population (and group) size.")] = 32,
     objectives: Annotated[str, typer.Option(
@@ -146,7 +159,7 @@ def pareto_command(
                                  greedy_share=greedy_share, greedy_drop=greedy_drop / 100.0),
             data_path=data, data_split=data_split.value, max_eval_samples=max_eval_samples, batch_size=batch_size,
             cache_mb=cache_mb, device=device, use_block_table=not no_block_table, threads=threads,
-            calibration_samples=calibration_samples, offload_link=offload_link,
+            calibration_samples=calibration_samples, offload_link=offload_link, candidates_path=candidates,
             precision=PrecisionOptions(precisions=("fp32", *(precision or [])),
                                        max_accuracy_drop=max_accuracy_drop / 100.0,
                                        max_candidates=precision_candidates),

@@ -10,13 +10,14 @@ mkdir -p "$OUT"
 # train-supernet at work: a tiny supernet on the embedded images (a few CPU minutes).
 hmt train-supernet --preset tiny --out "$OUT/supernet-tiny"
 # The rest of the pipeline runs on the supernet shipped with hmt (the pretrained CIFAR-10
-# ResNet-56, elastified on a GPU: hmt/data/embedded/supernet-cifar-resnet56/PROVENANCE.md).
+# ResNet-56, elastified and specialized on a GPU: hmt/data/embedded/supernet-cifar-resnet56/PROVENANCE.md).
 SUPERNET=hmt/data/embedded/supernet-cifar-resnet56
 hmt profile-device --quick --supernet "$SUPERNET" --out "$OUT/profile"
-# Accuracy measured on the embedded test images (CIFAR-10 test split, which it never trained on).
+# Accuracy measured on the embedded test images (CIFAR-10 test split, which it never trained on). The
+# shipped supernet is specialized: its front is made of the variants it lists and their early exits.
 hmt pareto --supernet "$SUPERNET" --profile "$OUT/profile" --data hmt/data/embedded \
     --evaluations 40 --population 12 --out "$OUT/pareto"
-# Four variants spread along the front above 80% (the front reaches down to ~35% exit-0 variants).
+# Up to four variants spread along the front above 80% (early exits reach down to ~50%).
 hmt convert --supernet "$SUPERNET" --pareto "$OUT/pareto" --max-variants 4 --min-accuracy 80 --out "$OUT/converted"
 hmt fuse "$OUT/converted" --out "$OUT/fused"
 hmt deploy --fused "$OUT/fused" --pareto "$OUT/pareto" --target x86-64 --out "$OUT/bundle-x86-64"

@@ -11,6 +11,7 @@
 # originals of benchmarks/supernet/originals.py). Knobs (environment): GPUS (default "0 1 2 3",
 # two GPUs: GPUS="0 1", about 16 minutes on two H200s with the defaults,
 # each job on the GPU running the fewest jobs), R18_EPOCHS R56_EPOCHS MBV2_EPOCHS (elastic fine-tuning epochs),
+# R56_CONFIG and R56_FACTORY (the shipped supernet: shipped-cifar-resnet56 and cifar_resnet56),
 # SPEC_EPOCHS, FRONT_RANDOM, MODELS (default "r18 r56 mbv2"), SPECS (which specializations, default all of SPEC_LIST; NAME=model:selection[:epochs[:options]] adds one, options comma-separated, e.g. --exits=detached,--kd-temperature=4), DATA (an unpacked
 # CIFAR-10 JPEG folder instead of WORKDIR/cifar10.blob), EXTRA (more train-supernet / specialize
 # options, e.g. "--device cpu --max-train-samples 256" for a CPU check of the script), SPEC_EXTRA
@@ -46,8 +47,10 @@ bg() {  # name, command...: start once, on the next GPU, in its own session
 }
 # model name: model file, recipe, elastic fine-tuning epochs
 declare -A FILE=([r18]=cifar_resnet18 [r56]=cifar_resnet56 [mbv2]=cifar_mobilenetv2)
-declare -A CFG=([r18]=elastify-cifar-resnet18-tied-200 [r56]=elastify-cifar-resnet56-tied-140
+declare -A CFG=([r18]=elastify-cifar-resnet18-tied-200 [r56]=${R56_CONFIG:-elastify-cifar-resnet56-tied-140}
                 [mbv2]=elastify-cifar-mobilenetv2-tied-100)
+# the factory in the model file (its name tags the space: cifar_resnet56 for the shipped supernet)
+declare -A FACTORY=([r18]=build [r56]=${R56_FACTORY:-build} [mbv2]=build)
 declare -A EPOCHS=([r18]=${R18_EPOCHS:-50} [r56]=${R56_EPOCHS:-40} [mbv2]=${MBV2_EPOCHS:-30})
 # specializations: name = model:selection[:epochs] (an id without the space tag, or "within:POINTS":
 # the fewest MACs within POINTS of the original on validation). A kept block of a depth variant runs
@@ -80,7 +83,7 @@ for spec in $SPECS; do  # an unknown name or a malformed NAME=... would otherwis
   fi
 done
 for m in ${MODELS:-r18 mbv2 r56}; do  # round-robin: on two GPUs the lighter R56 shares with R18
-  bg "$m-elastic" python3 -m commands train-supernet --model "$M/${FILE[$m]}.py:build" \
+  bg "$m-elastic" python3 -m commands train-supernet --model "$M/${FILE[$m]}.py:${FACTORY[$m]}" \
       --weights "$W/$m.safetensors" --input-shape 1,3,32,32 --data "$DATA" --config "$C/${CFG[$m]}.json" \
       --finetune-epochs "${EPOCHS[$m]}" --eval-variants 6 --cache-dir "$W/cache-$m" --out "$W/$m-elastic" $EXTRA
 done

@@ -7,12 +7,18 @@ position x choice x stream widths, each exit head; :mod:`hmt.runtime.blocks` nam
 ``blocks/blocks.json`` describing them, and optionally a small labelled calibration set.
 The device composes any variant of the sub-space by chaining the unit sessions; a variant
 composed so answers as the whole-variant graph made of the same units (tests: <= 1e-5).
+Any supernet with ``space``, ``original_units``, ``stage_entries()``, ``variant_units(arch)``,
+``unit_module(unit)`` and ``block_input_shapes()`` can ship so: a preset one
+(``hmt.supernet.supernet.Supernet``, whose original variant alone runs the original's modules) and
+an elastified one (``hmt.supernet.elastify``, whose every variant runs the original's frozen blocks
+wherever a ``base`` choice reads and writes full streams).
 
 BN statistics. A bundled whole variant has its own statistics (re-estimated on the
 supernet's calibration set for that variant alone, ``hmt.supernet.calibrate``); a unit
 shared by many variants can hold one set. The units' statistics are re-estimated once over
 the bundled variants plus ``extra`` seeded samples of the sub-space, every forward
-counting the same (the original network's layers keep theirs, as everywhere). A composed
+counting the same (the original network's layers keep theirs, as everywhere: an elastified
+supernet's frozen stem, blocks and head, opaque leaves included). A composed
 variant is therefore not bit-equal to the per-variant calibrated graph of the same id;
 its accuracy on the shipped calibration set is measured here for the bundled variants
 (``accuracy`` in blocks.json) and on the device for any other (re-search), on the same set.
@@ -33,10 +39,11 @@ from hmt.runtime.blocks import (
     BLOCKS_SPEC_NAME,
     BLOCKS_SPEC_VERSION,
     NOT_EXECUTED,
-    SLIM_FULL,
+    ORIGINALS,
     STREAM_COMPATIBLE,
     WIDTH_KIND,
     Unit,
+    base_unit,
     unit_file,
     unit_key,
 )
@@ -74,14 +81,28 @@ def sub_space(space: Any, archs: Sequence[Any]) -> SubSpace:
     return SubSpace(tuple(choices), tuple(widths), tuple(sorted({a.exit_stage for a in archs})))
 
 
+def supernet_originals(net: Any) -> str:
+    """Which units of ``net`` run the original's modules (``net.original_units``, one of
+    :data:`hmt.runtime.blocks.ORIGINALS`); UsageError for a supernet that does not say."""
+    originals = getattr(net, "original_units", None)
+    if originals not in ORIGINALS:
+        raise UsageError(f"--blocks: a {type(net).__name__} does not say which of its units are the original's "
+                         f"(original_units, one of {list(ORIGINALS)}); its variants cannot be shipped as blocks")
+    return str(originals)
+
+
 def sub_space_units(net: Any, sub: SubSpace) -> list[Unit]:
-    """Every unit a config of ``sub`` can run (in the supernet's order, no duplicates)."""
+    """Every unit a config of ``sub`` can run (in the supernet's order, no duplicates); ``net`` is any
+    supernet with ``space``, ``original_units``, ``stage_entries()`` and ``variant_units(arch)``."""
     space = net.space
-    units: list[Unit] = [("stem", 0, unit_key(SLIM_FULL, "base", w)) for w in sub.widths[0]]
+    originals = supernet_originals(net)
+    entries = net.stage_entries()
+    units: list[Unit] = [("stem", 0, unit_key(base_unit(originals, False, "base", w), "base", w))
+                         for w in sub.widths[0]]
     last = space.num_stages - 1
     for s in range(max(sub.exits) + 1):
         previous = sub.widths[s - 1] if s > 0 else sub.widths[0]
-        if net.definition.stages[s].entry is not None:
+        if entries[s]:
             units += [("entry", s, unit_key("base", w, w)) for w in previous]
         for p, pos in enumerate(space.positions):
             if pos.stage != s or pos.kind == WIDTH_KIND:
@@ -90,9 +111,11 @@ def sub_space_units(net: Any, sub: SubSpace) -> list[Unit]:
                 for in_w in (previous if pos.index == 0 and s > 0 else (out_w,)):
                     slim = (in_w, out_w) != ("base", "base")
                     for choice in sub.choices[p]:
-                        key = SLIM_FULL if choice == "base" or (slim and choice not in STREAM_COMPATIBLE) else choice
+                        copy = choice == "base" or (slim and choice not in STREAM_COMPATIBLE)
+                        key = base_unit(originals, False, in_w, out_w) if copy else choice
                         units.append(("block", p, unit_key(key, in_w, out_w)))
-        units += [("exit", s, unit_key(SLIM_FULL if s == last else "base", w, w)) for w in sub.widths[s]]
+        units += [("exit", s, unit_key(base_unit(originals, False, w, w) if s == last else "base", w, w))
+                  for w in sub.widths[s]]
     # The original network (every choice base, full streams) runs its own frozen modules.
     for e in sub.exits:
         if all("base" in sub.choices[p] for p, pos in enumerate(space.positions) if pos.stage <= e):
@@ -287,7 +310,7 @@ def write_blocks(writer: ArtifactWriter, loaded: Any, arch_ids: Sequence[str], o
         "version": BLOCKS_SPEC_VERSION, "space_tag": space.tag, "num_stages": space.num_stages,
         "positions": [{"name": p.name, "stage": p.stage, "index": p.index, "kind": p.kind,
                        "choices": list(sub.choices[i])} for i, p in enumerate(space.positions)],
-        "entries": [stage.entry is not None for stage in net.definition.stages],
+        "entries": list(net.stage_entries()), "originals": supernet_originals(net),
         "exits": list(sub.exits), "units": records, "accuracy": {}, "calibration": None,
         "bn": {"method": "shared statistics re-estimated over the bundled variants and seeded sub-space samples",
                "variants": len(archs) + len(extra), "samples": seen,

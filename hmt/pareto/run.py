@@ -27,7 +27,8 @@ from hmt.progress import ProgressCallback, no_progress
 @dataclass(frozen=True)
 class ParetoOptions:
     budgets: BudgetSweep = field(default_factory=BudgetSweep)
-    search: SearchOptions = field(default_factory=SearchOptions)
+    # "auto": the variants a specialized supernet lists, else the nearby search (hmt.pareto.candidates)
+    search: SearchOptions = field(default_factory=lambda: SearchOptions(method="auto"))
     data_path: Path | None = None  # the "edge" data; None: the supernet's validation split
     data_split: str = "test"
     max_eval_samples: int | None = None
@@ -42,6 +43,8 @@ class ParetoOptions:
     precision: PrecisionOptions = field(default_factory=PrecisionOptions)
 
     offload_link: str | None = None  # "BW_MBIT_S,RTT_MS[,PEER_SPEEDUP[,CODEC]]": price each variant at its best cut
+    # Method "listed" (or "auto") evaluates the variants of this CSV; None: the supernet's variants.csv
+    candidates_path: Path | None = None
 
     def validate(self) -> ParetoOptions:
         self.search.validate()
@@ -52,6 +55,9 @@ class ParetoOptions:
             raise UsageError(f"feature cache must be >= 0 MB, got {self.cache_mb}")
         if self.threads is not None and self.threads < 1:
             raise UsageError(f"threads must be >= 1, got {self.threads}")
+        if self.candidates_path is not None and self.search.method not in ("auto", "listed"):
+            raise UsageError(f"--candidates lists the variants to evaluate; --method {self.search.method} searches "
+                             "the whole space (leave --method out, or pass --method listed)")
         if self.offload_link is not None:
             from hmt.pareto.offload import OffloadCostModel
 
@@ -73,6 +79,7 @@ class ParetoOptions:
         data["precision"] = dataclasses.asdict(self.precision) | {"precisions": list(self.precision.precisions)}
         data["data_path"] = where(self.data_path)
         data["cache_dir"] = where(self.cache_dir)
+        data["candidates_path"] = where(self.candidates_path)
         return data
 
 
@@ -159,7 +166,10 @@ def check_inputs(supernet: Path | str, profile: Path | str, out: Path | str, opt
                          "profiles/*.json file")
     if profile.is_dir():
         load_artifact(profile, kind=ARTIFACT_KIND, verify_checksums=False)
-    inputs = [p for p in (supernet, profile, options.data_path) if p]
+    if options.candidates_path is not None and not Path(options.candidates_path).is_file():
+        raise InputError(f"--candidates {options.candidates_path}: no such file; expected a CSV of variants "
+                         "(a variants.csv or a front CSV)")
+    inputs = [p for p in (supernet, profile, options.data_path, options.candidates_path) if p]
     check_output_dir(out, kind=KIND, inputs=inputs, force=force)
 
 
@@ -182,6 +192,7 @@ def find_front(supernet: Path | str, profile: Path | str, out: Path | str, optio
 def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions,
                 progress: ProgressCallback, force: bool) -> ParetoRun:
     from hmt.artifacts.paths import relative_to_artifact
+    from hmt.pareto.candidates import resolve_search
     from hmt.pareto.data import calibration_batches, device_batches, held_out_data
     from hmt.pareto.encoding import Encoding
     from hmt.pareto.evaluate import PrefixEvaluator
@@ -195,6 +206,8 @@ def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions
 
         check_device(options.precision, options.device)
     loaded = load_supernet(supernet, device=options.device)
+    search_options, search_note = resolve_search(options.search, loaded, options.candidates_path)
+    options = dataclasses.replace(options, search=search_options)
     device_profile = load_profile(profile)
     progress("block costs", 0, None, "measuring every block choice once")
     blocks = measure_block_costs(loaded.net)
@@ -278,7 +291,7 @@ def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions
                         "hypervolume_gain_from_precision": hv / hv_fp32 - 1.0 if hv_fp32 > 0 else None,
                         "precision_variants_admitted": len(expansion.records),
                         "precision_variants_on_front": sum(r.candidate.precision != "fp32" for r in front_records)})
-    notes = []
+    notes = [search_note] if search_note else []
     if calibration is None:
         notes.append("the supernet stores no calibration set: variants ran with the supernet's shared BN "
                      "statistics, which underestimate most subnets' accuracy")

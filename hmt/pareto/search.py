@@ -9,7 +9,10 @@ Three methods share one evaluation path, so that they compare at equal budgets:
   Gaussian noise on every gene; genes are ordered by cost, so noise moves a block to a
   neighbouring width / rank / kernel);
 - ``evolution``: plain NSGA-II (random initial population, SBX + polynomial mutation);
-- ``random``: uniform random candidates.
+- ``random``: uniform random candidates;
+- ``listed``: no search, exactly the variants named in ``candidates`` (a specialized
+  supernet's own list: its other variants share weights with them and were never trained
+  for themselves, so a search there finds variants no deployment should run).
 
 The budget is counted in accuracy *evaluations*: distinct variants measured on the
 held-out data. Candidates above the loosest budgets are priced (microseconds) but never
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -36,7 +39,10 @@ from hmt.pareto.objectives import COST_METRICS, Costs, VariantCostModel
 from hmt.progress import ProgressCallback, no_progress
 from hmt.supernet.space import ArchConfig
 
-METHODS = ("nearby", "evolution", "random")
+METHODS = ("nearby", "evolution", "random", "listed")
+# "auto" (what ``hmt pareto`` passes): "listed" for a specialized supernet, else "nearby";
+# hmt.pareto.candidates resolves it once the supernet is loaded.
+METHOD_CHOICES = ("auto", *METHODS)
 OBJECTIVES = ("accuracy", *COST_METRICS)
 
 
@@ -63,10 +69,14 @@ class SearchOptions:
     # of the original, the part of the front a user deploys first. 0 turns it off.
     greedy_share: float = 0.0
     greedy_drop: float = 0.05  # accuracy (fraction) the path may lose against the largest variant
+    candidates: tuple[str, ...] = ()  # method "listed": the arch ids to evaluate (and their earlier exits)
 
     def validate(self) -> SearchOptions:
-        if self.method not in METHODS:
-            raise UsageError(f"unknown search method {self.method!r}; expected one of {', '.join(METHODS)}")
+        if self.method not in METHOD_CHOICES:
+            raise UsageError(f"unknown search method {self.method!r}; expected one of {', '.join(METHOD_CHOICES)}")
+        if self.candidates and self.method not in ("listed", "auto"):
+            raise UsageError(f"candidates are the variants method 'listed' evaluates; method {self.method!r} "
+                             "searches the whole space and takes none")
         if self.evaluations < 1:
             raise UsageError(f"evaluations must be >= 1, got {self.evaluations}")
         if self.population < 2:
@@ -443,6 +453,15 @@ def _run_random(search: _Search) -> str:
     return "evaluation budget reached"
 
 
+def _run_listed(search: _Search) -> str:
+    """Evaluate the listed variants (after the largest, which greedy_walk put first), once each."""
+    space = search.encoding.space
+    genes = [search.encoding.encode(search.encoding.candidate(space.parse(a))) for a in search.options.candidates]
+    search.evaluate_genes(np.stack(genes))
+    search.generation += 1
+    return f"the {len(search.options.candidates)} listed variant(s) evaluated"
+
+
 def run_search(encoding: Encoding, costs: VariantCostModel, evaluator: PrefixEvaluator, budgets: BudgetSweep,
                options: SearchOptions, *, progress: ProgressCallback = no_progress) -> SearchResult:
     """Search, returning the archive of evaluated variants and its front."""
@@ -451,9 +470,17 @@ def run_search(encoding: Encoding, costs: VariantCostModel, evaluator: PrefixEva
         if name != "accuracy" and name not in COST_METRICS:
             raise UsageError(f"unknown objective {name!r}")
     start = time.perf_counter()
+    if options.method == "auto" or (options.method == "listed" and not options.candidates):
+        raise UsageError(f"method {options.method!r} needs its candidates resolved first "
+                         "(hmt.pareto.candidates.resolve_search)")
+    if options.method == "listed":  # every listed variant is evaluated, whatever the evaluation budget says
+        options = replace(options, evaluations=len(options.candidates) + 1, greedy_share=0.0)
     search = _Search(encoding, costs, evaluator, budgets, options, progress)
     search.greedy_walk()
-    reason = _run_random(search) if options.method == "random" else _run_nsga2(search, options.method == "nearby")
+    if options.method == "listed":
+        reason = _run_listed(search)
+    else:
+        reason = _run_random(search) if options.method == "random" else _run_nsga2(search, options.method == "nearby")
     front = front_of(search.records, options.objectives)
     extras: dict[str, Any] = {}
     if search.closest is not None:

@@ -7,10 +7,12 @@ the sub-space (the positions and the choices each may take, the stream widths of
 stage, the exits) and lists the units with their files; every file is in the manifest.
 
 :class:`BlockSpace` canonicalises a choice list as ``hmt.supernet.space.SearchSpace.make``
-does and lists the units a variant runs, as ``Supernet.variant_units`` does (tests check
-both against the torch side). :class:`BlockStore` loads unit graphs on demand, each once,
-however many variants use it; :func:`compose` builds a :class:`~hmt.runtime.chain.ChainRunner`
-for any variant of the sub-space from them (segments = chains of unit sessions).
+does and lists the units a variant runs, as ``Supernet.variant_units`` (a preset supernet) or
+``ElastifiedSupernet.variant_units`` (a user's model cut by elastify) does: ``originals`` in
+blocks.json says which of the two keys ``base`` choices (tests check both against the torch
+side). :class:`BlockStore` loads unit graphs on demand, each once, however many variants use
+it; :func:`compose` builds a :class:`~hmt.runtime.chain.ChainRunner` for any variant of the
+sub-space from them (segments = chains of unit sessions).
 """
 
 from __future__ import annotations
@@ -39,6 +41,13 @@ WIDTH_KIND = "width"
 WIDTH_CHOICES = ("base", "w75", "w50", "w25")
 STREAM_COMPATIBLE = ("base", "w75", "w50", "w25", "skip")
 SLIM_FULL = "full"  # the weight-shared copy of a block's base path (every variant but the original)
+# Which variants run the original network's own modules for a ``base`` choice (blocks.json
+# ``originals``): a preset supernet's original variant only (every other variant runs the shared
+# copies, ``full``); an elastified supernet's every variant wherever the unit reads and writes
+# full streams (its original blocks are frozen and shared; the copies exist only slim).
+ORIGINALS_VARIANT = "original-variant"
+ORIGINALS_FULL_STREAM = "full-stream"
+ORIGINALS = (ORIGINALS_VARIANT, ORIGINALS_FULL_STREAM)
 
 Unit = Tuple[str, int, str]  # (kind: stem | entry | block | exit, index, key)
 
@@ -48,6 +57,14 @@ def unit_key(choice: str, in_width: str, out_width: str) -> str:
     if in_width == "base" and out_width == "base":
         return choice
     return f"{choice}/{CHOICE_CODES[in_width]}{CHOICE_CODES[out_width]}"
+
+
+def base_unit(originals: str, original_variant: bool, in_width: str, out_width: str) -> str:
+    """The choice a unit running a ``base`` choice is keyed by: ``base`` (the original network's
+    module) or ``full`` (its weight-shared copy), under rule ``originals`` (see ORIGINALS)."""
+    if originals == ORIGINALS_FULL_STREAM:
+        return "base" if (in_width, out_width) == ("base", "base") else SLIM_FULL
+    return "base" if original_variant else SLIM_FULL
 
 
 def unit_file(unit: Unit) -> str:
@@ -102,6 +119,7 @@ class BlockSpace:
     accuracy: dict[str, float] = field(default_factory=dict)  # composed variants' accuracy on the calibration set
     calibration: str | None = None  # the labelled calibration set's file, if shipped
     notes: tuple[str, ...] = ()
+    originals: str = ORIGINALS_VARIANT  # which units run the original's modules (see ORIGINALS)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -123,11 +141,15 @@ class BlockSpace:
                         entries=tuple(bool(e) for e in data["entries"]), exits=tuple(int(e) for e in data["exits"]),
                         units=units, accuracy={str(k): float(v) for k, v in dict(data.get("accuracy", {})).items()},
                         calibration=None if data.get("calibration") is None else str(data["calibration"]["path"]),
-                        notes=tuple(str(n) for n in data.get("notes", ())))
+                        notes=tuple(str(n) for n in data.get("notes", ())),
+                        originals=str(data.get("originals", ORIGINALS_VARIANT)))
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"{where}: malformed ({exc})") from exc
         if len(space.entries) != space.num_stages or not space.exits or not space.positions:
             raise ArtifactError(f"{where}: needs one entry flag per stage, exits and positions")
+        if space.originals not in ORIGINALS:
+            raise ArtifactError(f"{where}: originals {space.originals[:40]!r} is none of {list(ORIGINALS)} "
+                                "(a newer hmt wrote these blocks?)")
         for spec in units.values():
             if spec.onnx != unit_file(spec.unit):
                 raise ArtifactError(f"{where}: unit {spec.unit} names file {spec.onnx[:80]!r}, "
@@ -193,8 +215,11 @@ class BlockSpace:
         (as ``Supernet.variant_units``)."""
         widths = self.stage_widths(config)
         original = all(c in ("base", NOT_EXECUTED) for c in config.choices)
-        base = "base" if original else SLIM_FULL
-        units: list[Unit] = [("stem", 0, unit_key(base, "base", widths[0]))]
+
+        def base(in_w: str, out_w: str) -> str:
+            return base_unit(self.originals, original, in_w, out_w)
+
+        units: list[Unit] = [("stem", 0, unit_key(base("base", widths[0]), "base", widths[0]))]
         stage_end: dict[int, int] = {}
         exits: dict[int, Unit] = {}
         for s in range(config.exit_stage + 1):
@@ -206,9 +231,10 @@ class BlockSpace:
                 if pos.stage != s or choice == NOT_EXECUTED or pos.kind == WIDTH_KIND:
                     continue
                 in_w = previous if pos.index == 0 else widths[s]
-                units.append(("block", p, unit_key(base if choice == "base" else choice, in_w, widths[s])))
+                units.append(("block", p, unit_key(base(in_w, widths[s]) if choice == "base" else choice, in_w,
+                                                   widths[s])))
             stage_end[s] = len(units)
-            head = base if s == self.num_stages - 1 else "base"
+            head = base(widths[s], widths[s]) if s == self.num_stages - 1 else "base"
             exits[s] = ("exit", s, unit_key(head, widths[s], widths[s]))
         return units, stage_end, exits
 

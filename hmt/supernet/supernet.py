@@ -105,6 +105,10 @@ def space_from_definition(definition: BackboneDef) -> SearchSpace:
 
 
 class Supernet(nn.Module):
+    # A ``base`` choice runs the original's frozen modules only in the original variant; every
+    # other variant runs the shared copies (``full``): hmt.runtime.blocks.ORIGINALS.
+    original_units = "original-variant"
+
     def __init__(self, definition: BackboneDef) -> None:
         super().__init__()
         self.definition = definition
@@ -315,6 +319,10 @@ class Supernet(nn.Module):
         pos = next((self.space.positions[p] for p in self._positions_of[stage]
                     if self.space.positions[p].kind == WIDTH_KIND), None)
         return pos.choices if pos is not None else ("base",)
+
+    def stage_entries(self) -> tuple[bool, ...]:
+        """Whether each stage starts with an entry unit (a module before its first block)."""
+        return tuple(not isinstance(entry, nn.Identity) for entry in self.entries)
 
     def variant_units(self, arch: ArchConfig) -> tuple[list[Unit], dict[int, int], dict[int, Unit]]:
         """The units ``arch`` runs in order, {stage: units done when it ends}, and each

@@ -10,8 +10,20 @@ import numpy as np
 import pytest
 
 SHIPPED = Path(__file__).resolve().parents[2] / "hmt" / "data" / "embedded" / "supernet-cifar-resnet56"
-SMALLEST = "cifar_resnet56-03130f.e0.5SSSSSSSSSxxxxxxxxxxxxxxxxxxxx"
-OTHER = "cifar_resnet56-03130f.e0.55BSS55B57xxxxxxxxxxxxxxxxxxxx"
+
+
+def _exit0_ids() -> tuple[str, str]:
+    """The shipped space's smallest exit-0 variant, and another exit-0 variant of depth and width
+    (its block 1 runs where the smallest skips it)."""
+    from hmt.supernet import load_supernet
+
+    space = load_supernet(SHIPPED).space
+    stage0 = ["w75", "w75", "base", "skip", "skip", "w75", "w75", "base", "w75"]
+    other = space.make(stage0 + ["base"] * (len(space.positions) - len(stage0)), 0)
+    return space.smallest(0).arch_id, other.arch_id
+
+
+SMALLEST, OTHER = _exit0_ids()
 
 
 @pytest.fixture(scope="session")

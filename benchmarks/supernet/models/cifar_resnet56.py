@@ -62,6 +62,12 @@ def build(num_classes: int = 10) -> nn.Module:
     return CifarResNet(9, num_classes)
 
 
+def cifar_resnet56(num_classes: int = 10) -> nn.Module:
+    """``build`` under the network's name: a supernet elastified from ``FILE:cifar_resnet56`` has
+    its variants tagged ``cifar_resnet56-...`` (the shipped supernet's)."""
+    return CifarResNet(9, num_classes)
+
+
 def load_pretrained(net: nn.Module, path: Path) -> None:
     """Weights-only load of a ``{'state_dict': {'module.conv1.weight': ...}}`` checkpoint."""
     saved = torch.load(path, map_location="cpu", weights_only=True)

@@ -83,6 +83,10 @@ def _stride(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> int:
 
 
 class ElastifiedSupernet(nn.Module):
+    # A ``base`` choice on full streams runs the original's frozen block in every variant; the
+    # copies (``full``) exist only slim: hmt.runtime.blocks.ORIGINALS.
+    original_units = "full-stream"
+
     def __init__(
         self,
         model: nn.Module,
@@ -387,6 +391,10 @@ class ElastifiedSupernet(nn.Module):
         """(position, key) pairs ``arch`` executes, in order (its final exit only)."""
         units, _, exits = self.variant_units(arch)
         return [(self.unit_name(u), u[2]) for u in [*units, exits[arch.exit_stage]]]
+
+    def stage_entries(self) -> tuple[bool, ...]:
+        """Whether each stage starts with an entry unit (never: a cut model's stages are its blocks)."""
+        return tuple(not isinstance(entry, nn.Identity) for entry in self.entries)
 
     def variant_units(
         self, arch: ArchConfig

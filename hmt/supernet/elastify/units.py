@@ -11,6 +11,7 @@ from typing import Any
 
 from torch import nn
 
+from hmt.supernet.blocks import keep_statistics
 from hmt.supernet.elastify.stream import FULL, keep_count, plain_unit, slice_exit
 from hmt.supernet.space import NOT_EXECUTED, WIDTH_KIND, ArchConfig
 from hmt.supernet.supernet import parse_unit_key, unit_key
@@ -48,6 +49,12 @@ def variant_units(net: ElastifiedSupernet, arch: ArchConfig) -> tuple[list[Unit]
     return units, stage_end, exits
 
 
+def _original(module: nn.Module) -> nn.Module:
+    """An eval-mode copy of one of the original's modules, its BN layers marked to keep their
+    statistics (its frozen norms ignore re-estimation anyway; an opaque leaf's plain ones too)."""
+    return keep_statistics(copy.deepcopy(module)).eval()
+
+
 def unit_module(net: ElastifiedSupernet, unit: Unit) -> nn.Module:
     """A plain eval-mode module for one unit (slim units as ordinary layers)."""
     kind, index, key = unit
@@ -57,15 +64,18 @@ def unit_module(net: ElastifiedSupernet, unit: Unit) -> nn.Module:
         return copy.deepcopy(net.entries[index]).eval()
     if kind == "stem":
         if out_w == "base" or stream is None:
-            return copy.deepcopy(net.stem).eval()
+            return _original(net.stem)
         return plain_unit(stream.stem_units[out_w])
     if kind == "exit":
+        last = index == len(net.exits) - 1
         if out_w == "base" or stream is None:
-            return copy.deepcopy(net.exits[index]).eval()
-        if index == len(net.exits) - 1:
+            return _original(net.exits[index]) if last else copy.deepcopy(net.exits[index]).eval()
+        if last:
             return plain_unit(stream.head_units[out_w])
         return slice_exit(net.exits[index], stream.index(net._stage_positions(index)[-1], out_w)).eval()
     if (in_w, out_w) == ("base", "base") or stream is None:
+        if key == "base":
+            return _original(net.blocks[index].base)
         return net.blocks[index].materialize(key).eval()
     if choice == "skip":
         return nn.Identity()

@@ -185,3 +185,38 @@ def test_a_killed_specialization_resumes_where_it_stood(parent: Path, tmp_path: 
     b = load_file(str(tmp_path / "resumed" / "weights.safetensors"))
     assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
     assert not (tmp_path / "resumed.ckpt").exists()
+
+
+def test_the_front_of_a_specialized_supernet_is_made_of_its_listed_variants(parent: Path, tmp_path: Path) -> None:
+    from hmt.errors import InputError
+    from hmt.pareto import ParetoOptions, SearchOptions, find_front
+
+    specialize_supernet(parent, tmp_path / "sp", request())
+    space = load_supernet(tmp_path / "sp").space
+    listed = {space.largest().arch_id, f"{space.tag}.e2.555555"}
+    profile = REPO / "profiles" / "jetson-nano.json"
+    run = find_front(tmp_path / "sp", profile, tmp_path / "front", ParetoOptions(max_eval_samples=32))
+    archive = pd.read_csv(tmp_path / "front" / "archive.csv")
+    evaluated = set(archive[archive.derived_from.isna()].arch_id)
+    assert evaluated == listed and run.metrics["evaluations"] == 2  # no search: the listed variants only
+    derived = archive[archive.derived_from.notna()]
+    assert set(derived.derived_from) <= listed and len(derived) == 4  # and exits 0 and 1 of each, free
+    assert run.result.options.method == "listed" and any("it was specialized for" in n for n in run.notes)
+    # The whole space when asked for, with a note; a list of the user's, by CSV.
+    searched = find_front(tmp_path / "sp", profile, tmp_path / "searched",
+                          ParetoOptions(max_eval_samples=32, search=SearchOptions(evaluations=4, population=2)))
+    assert searched.result.options.method == "nearby" and any("searched with" in n for n in searched.notes)
+    mine = tmp_path / "mine.csv"
+    mine.write_text(f"arch_id,note\n{space.tag}.e1.555xxx,x\n{space.tag}.e1.555xxx.int8,same variant\n")
+    own = find_front(tmp_path / "sp", profile, tmp_path / "own", ParetoOptions(max_eval_samples=32,
+                                                                                candidates_path=mine))
+    own_archive = pd.read_csv(tmp_path / "own" / "archive.csv")
+    assert set(own_archive[own_archive.derived_from.isna()].arch_id) == {space.largest().arch_id,
+                                                                         f"{space.tag}.e1.555xxx"}
+    assert own.metrics["evaluations"] == 2
+    mine.write_text("arch_id\nnot-an-id\n")
+    with pytest.raises(InputError, match="mine.csv, row 2"):
+        find_front(tmp_path / "sp", profile, tmp_path / "bad", ParetoOptions(candidates_path=mine))
+    done = hmt("pareto", "--supernet", str(tmp_path / "sp"), "--profile", str(profile), "--method", "nearby",
+               "--candidates", str(mine), "--out", str(tmp_path / "o"))
+    assert done.returncode == 2 and "--candidates" in done.stderr and "Traceback" not in done.stderr, done.stderr
