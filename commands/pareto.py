@@ -165,8 +165,8 @@ def pareto_command(
                                        max_candidates=precision_candidates),
         ).validate()
         check_inputs(supernet, profile, out, options, force=force)
-        output.note(f"searching {supernet} for {profile} ({method.value}, {evaluations} evaluations, "
-                    f"{describe(options.budgets.limits(), 'mJ')}) -> {out}")
+        what = _what_runs(supernet, method.value, evaluations, candidates)
+        output.note(f"searching {supernet} for {profile} ({what}, {describe(options.budgets.limits(), 'mJ')}) -> {out}")
         with output.progress() as progress:
             run = find_front(supernet, profile, out, options, progress=progress, force=force)
         unit = run.energy_unit
@@ -194,3 +194,16 @@ def pareto_command(
         )
 
     run_command(body, json_mode=json_mode, quiet=quiet, debug=debug)
+
+
+def _what_runs(supernet: Path, method: str, evaluations: int, candidates: Path | None) -> str:
+    """The search the run will do, as the note before it says it (auto resolved as find_front does)."""
+    if method == "auto":
+        from hmt.artifacts import load_artifact
+        from hmt.supernet.artifact import KIND
+
+        extra = load_artifact(supernet, kind=KIND, verify_checksums=False).manifest.config.get("extra") or {}
+        method = "listed" if candidates is not None or (isinstance(extra, dict) and "specialize" in extra) else "nearby"
+    if method == "listed":
+        return f"listed: the variants of {candidates.name if candidates else 'its variants.csv'}, no search"
+    return f"{method}, {evaluations} evaluations"

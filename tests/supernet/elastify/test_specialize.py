@@ -220,3 +220,7 @@ def test_the_front_of_a_specialized_supernet_is_made_of_its_listed_variants(pare
     done = hmt("pareto", "--supernet", str(tmp_path / "sp"), "--profile", str(profile), "--method", "nearby",
                "--candidates", str(mine), "--out", str(tmp_path / "o"))
     assert done.returncode == 2 and "--candidates" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    done = hmt("pareto", "--supernet", str(tmp_path / "sp"), "--profile", str(profile), "--max-eval-samples", "32",
+               "--out", str(tmp_path / "cli"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "listed: the variants of its variants.csv, no search" in done.stdout + done.stderr
