@@ -198,12 +198,13 @@ def pareto_command(
 
 def _what_runs(supernet: Path, method: str, evaluations: int, candidates: Path | None) -> str:
     """The search the run will do, as the note before it says it (auto resolved as find_front does)."""
-    if method == "auto":
-        from hmt.artifacts import load_artifact
-        from hmt.supernet.artifact import KIND
+    from hmt.artifacts import load_artifact
+    from hmt.pareto.candidates import is_specialized, resolve_method
+    from hmt.supernet.artifact import KIND
 
-        extra = load_artifact(supernet, kind=KIND, verify_checksums=False).manifest.config.get("extra") or {}
-        method = "listed" if candidates is not None or (isinstance(extra, dict) and "specialize" in extra) else "nearby"
+    if method == "auto":
+        config = load_artifact(supernet, kind=KIND, verify_checksums=False).manifest.config
+        method = resolve_method(method, is_specialized(config), candidates)
     if method == "listed":
         return f"listed: the variants of {candidates.name if candidates else 'its variants.csv'}, no search"
     return f"{method}, {evaluations} evaluations"

@@ -9,6 +9,7 @@ a ``variants.csv`` or a front CSV with an ``arch_id`` column)."""
 from __future__ import annotations
 
 import csv
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,18 @@ from hmt.supernet.space import SearchSpace
 MAX_CANDIDATES = 10_000  # rows read from a candidate CSV (a listed run evaluates every one)
 
 
-def is_specialized(loaded: Any) -> bool:
-    """Whether ``loaded`` (a loaded supernet) was written by ``hmt specialize``."""
-    extra = loaded.artifact.manifest.config.get("extra") or {}
+def is_specialized(manifest_config: Mapping[str, Any]) -> bool:
+    """Whether a supernet artifact with this manifest config was written by ``hmt specialize``."""
+    extra = manifest_config.get("extra") or {}
     return isinstance(extra, dict) and "specialize" in extra
+
+
+def resolve_method(method: str, specialized: bool, candidates_path: Path | None) -> str:
+    """Method ``auto`` as a run resolves it: ``listed`` for a specialized supernet or a candidate
+    list, else ``nearby``; any other method as given."""
+    if method != "auto":
+        return method
+    return "listed" if specialized or candidates_path is not None else "nearby"
 
 
 def read_candidates(path: Path, space: SearchSpace) -> tuple[str, ...]:
@@ -62,13 +71,9 @@ def resolve_search(search: SearchOptions, loaded: Any,
     front's record when a specialized supernet is searched as a whole."""
     from hmt.supernet.artifact import VARIANTS
 
-    specialized = is_specialized(loaded)
-    method = search.method
-    if method == "auto":
-        method = "listed" if specialized or candidates_path is not None else "nearby"
-    if candidates_path is not None and method != "listed":
-        raise UsageError(f"--candidates lists the variants to evaluate; --method {method} searches the whole space "
-                         "(leave --method out, or pass --method listed)")
+    specialized = is_specialized(loaded.artifact.manifest.config)
+    # (--candidates with a searching method is refused by ParetoOptions.validate, before any work)
+    method = resolve_method(search.method, specialized, candidates_path)
     if method != "listed":
         note = None
         if specialized:
