@@ -89,4 +89,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from hmt.errors import HmtError
+
+    try:
+        raise SystemExit(main())
+    except HmtError as exc:  # a bad input: one line, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
