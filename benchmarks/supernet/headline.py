@@ -92,10 +92,10 @@ def _claims(report: dict[str, Any]) -> list[dict[str, str]]:
 
 BENCH = Driver(
     baseline="the original network, timed against each candidate in alternating bursts",
-    quick=["--front", "{repo}/benchmarks/supernet/results/shipped_front.csv", "--supernet", "{supernet}",
-             "--candidates", "1", "--bursts", "2", "--burst", "6", "--drop", "2", "--out", "{report}"],
-    default=["--front", "{repo}/benchmarks/supernet/results/shipped_front.csv", "--supernet", "{supernet}",
-             "--candidates", "5", "--bursts", "7", "--out", "{report}"],
+    quick=["--front", "{repo}/benchmarks/supernet/results/shipped_specialized_front.csv", "--supernet", "{supernet}",
+           "--select-on", "test-half", "--every", "--bursts", "2", "--burst", "6", "--drop", "2", "--out", "{report}"],
+    default=["--front", "{repo}/benchmarks/supernet/results/shipped_specialized_front.csv", "--supernet",
+             "{supernet}", "--select-on", "test-half", "--every", "--bursts", "9", "--out", "{report}"],
     claims=_claims,
 )
 
@@ -157,7 +157,10 @@ def main() -> None:
         net.prepare_alternatives()
         space, materialize = net.space, net.materialize
     largest = space.largest().arch_id
-    original = next(r for r in rows if r["arch_id"] == largest)
+    original = next((r for r in rows if r["arch_id"] == largest), None)
+    if original is None:
+        raise SystemExit(f"error: {args.front} has no row for the supernet's largest variant {largest}; "
+                         "the front must come from this supernet (its space tag is in each arch_id)")
     picks: dict[str, dict[str, Any]] = {}
     for margin in ((1.0,) if args.every else (0.02, 0.01)):
         within = sorted((r for r in rows if r[select_on] >= original[select_on] - margin - 1e-9
