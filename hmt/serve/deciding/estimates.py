@@ -443,7 +443,7 @@ class LatencyEstimator:
         bound = 0.0
         for i in self._by_predicted:
             source = sources[i]
-            if source == SOURCE_MEASURED or source == SOURCE_FEW:
+            if source in (SOURCE_MEASURED, SOURCE_FEW):
                 if out[i] > bound:
                     bound = out[i]
             elif out[i] < bound:
