@@ -35,6 +35,11 @@ load model that says the variant still fits. In every case the lower median of a
 newest ``LAST_SAMPLES`` (3) samples, whatever their level, while they are within ``max_age_s`` of
 now, is a floor as well (**measured_few**): two of its last three requests this slow.
 
+Last, a scaled or prior estimate is at least the estimate of every variant the profile calls faster
+that was measured at this load (measured or measured_few; the source stays what it was): an
+extrapolation from a calmer level must not make a bigger variant look faster than what this load
+measures on a smaller one (:meth:`LatencyEstimator._bound_by_faster`).
+
 Samples are filed under the load of the tick before them and moved, at the next tick, to the
 level of the load that tick measured over their interval (:meth:`LatencyEstimator.refile`);
 within a level, old samples make way for new ones only once ``min_samples`` new ones are there.
