@@ -220,3 +220,24 @@ def test_the_stay_bound_halves_switching_under_bursty_waits_and_climbs_back_as_p
     point, _ = _switches_under_bursty_waits(tmp_path / "point", correction={"overhead_stay_bound": False})
     assert 2 * stay <= point, (stay, point)
     assert stay_misses <= 0.06
+
+
+def test_nothing_fits_after_a_step_and_the_loop_does_not_move_up(tmp_path: Path) -> None:
+    """The demo's up-switch (issue 28). Calm, big (8.5 ms + 1 ms of queue wait) sits over the 9 ms
+    budget, so mid serves and big is measured only calm, by shadow runs. The load steps: mid takes
+    12 ms and small 11 ms, so nothing fits. big's estimate at the new load is only *scaled* from
+    calm (8.5 ms x 1.18 = 10 ms): below what mid and small measure there. The nothing-feasible
+    fallback serves the fastest by the estimates, and on that extrapolation it moved *up* to big
+    (21 ms loaded). A variant the profile calls slower is never estimated faster than one measured
+    at this load, so the loop stays on the fastest measured one and never serves big under load."""
+    loop = Loop(tmp_path)
+    loop.waits_ms = (1.0, 1.0)
+    loop.times = {"big": (8.5, 21.0), "mid": (4.0, 12.0), "small": (2.5, 11.0)}
+    loop.run(3.0)
+    assert loop.c.active_arch_id == "mid", loop.c.status()["estimates"]
+    assert loop.c.status()["estimates"]["big"]["samples"] > 0  # big was measured calm
+    loop.loaded, loop.cpu = True, 0.9
+    loaded = loop.run(3.0)
+    assert not any(v == "big" for _, v, _ in loaded), [(t, v) for t, v, _ in loaded if v == "big"][:5]
+    assert loop.c.active_arch_id in ("mid", "small")
+    assert loop.c.status()["estimates"]["big"]["latency_ms"] >= 11.0

@@ -35,6 +35,11 @@ load model that says the variant still fits. In every case the lower median of a
 newest ``LAST_SAMPLES`` (3) samples, whatever their level, while they are within ``max_age_s`` of
 now, is a floor as well (**measured_few**): two of its last three requests this slow.
 
+Last, a scaled or prior estimate is at least the estimate of every variant the profile calls faster
+that was measured at this load (measured or measured_few; the source stays what it was): an
+extrapolation from a calmer level must not make a bigger variant look faster than what this load
+measures on a smaller one (:meth:`LatencyEstimator._bound_by_faster`).
+
 Samples are filed under the load of the tick before them and moved, at the next tick, to the
 level of the load that tick measured over their interval (:meth:`LatencyEstimator.refile`);
 within a level, old samples make way for new ones only once ``min_samples`` new ones are there.
@@ -148,6 +153,8 @@ class LatencyEstimator:
         self._latency_key: tuple[int, float, int, int, int] | None = None
         self._latency_value: tuple[list[float], list[float]] = ([], [])
         self._sources: list[str] = [SOURCE_PRIOR] * len(self.arch_ids)
+        # Fastest first by the profile, ties in table order (see _bound_by_faster).
+        self._by_predicted = sorted(range(len(self.arch_ids)), key=lambda i: (self.predicted_ms[i], i))
 
     def level_of(self, load: float) -> int:
         """The load level (bucket) of an outside load index; levels are centred on 0, 1/(n-1), ..., 1."""
@@ -424,9 +431,29 @@ class LatencyEstimator:
                 out.append(tail)
                 ratios.append(tail / prior_ms if source != SOURCE_PRIOR else prior_r[i])
                 sources[i] = source
+            self._bound_by_faster(out, ratios, load_scale)
             value = out, ratios
         self._latency_key, self._latency_value = key, value
         return value
+
+    def _bound_by_faster(self, out: list[float], ratios: list[float], load_scale: float) -> None:
+        """A variant judged on an extrapolation (scaled or prior) is never estimated faster than a
+        variant the profile calls faster that was measured at this load (measured or measured_few):
+        the load model scales from a calmer level, the measurement says what this load does. Right
+        after a load step, the active variant's requests show the step at once while a bigger
+        variant's estimate is still scaled from idle; without the bound that bigger variant looked
+        the fastest, and the nothing-feasible fallback moved *up* to it (issue 28)."""
+        sources = self._sources
+        predicted = self.predicted_ms
+        bound = 0.0
+        for i in self._by_predicted:
+            source = sources[i]
+            if source in (SOURCE_MEASURED, SOURCE_FEW):
+                if out[i] > bound:
+                    bound = out[i]
+            elif out[i] < bound:
+                out[i] = bound
+                ratios[i] = bound / (predicted[i] * load_scale)
 
     def _nearest_level_tail(self, tails: Sequence[float | None], i: int, level: int,
                             load_scale: float) -> float | None:

@@ -29,6 +29,7 @@ from hmt.serve.http.api import ApiOptions, create_app
 from hmt.serve.http.server import ApiServer, ServerOptions
 from hmt.serve.reporting.timeline import plot_timeline, summarize, write_csv
 from hmt.serve.running.burn import LoadGenerator
+from hmt.serve.running.drive import drive
 from hmt.serve.running.overrides import Layer, flatten, layered_settings
 from hmt.serve.running.runner import numpy_dtype
 from hmt.serve.running.scenario import (
@@ -40,7 +41,6 @@ from hmt.serve.running.scenario import (
     ScenarioSampler,
     ScenarioState,
     Send,
-    drive,
     http_sender,
 )
 from hmt.serve.running.squeeze import MemorySqueeze
