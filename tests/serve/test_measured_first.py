@@ -230,11 +230,12 @@ def test_one_stalled_request_does_not_make_every_variant_infeasible(bundle_dir: 
     c.predict(X, queued_ms=500.0)  # the machine stalled once
     record = c.tick(sample=sample())
     # (the tail overhead is a difference of two order statistics of the same requests: the
-    # compute times' jitter moves it by a fraction of a millisecond, the stall by nothing)
-    assert record.overhead_ms == pytest.approx(1.0, abs=0.3) and record.feasible and record.active == "big"
+    # compute times' jitter moves it by a fraction of a millisecond, up to 0.32 ms in a full suite
+    # run on a busy 2-core machine, the stall by nothing)
+    assert record.overhead_ms == pytest.approx(1.0, abs=0.6) and record.feasible and record.active == "big"
     for _ in range(20):
         c.predict(X, queued_ms=9.0)  # queueing that lasts: it is the budget's
-    assert c.tick(sample=sample()).overhead_ms == pytest.approx(9.0, abs=0.3)
+    assert c.tick(sample=sample()).overhead_ms == pytest.approx(9.0, abs=0.6)
 
 
 def test_shadow_runs_time_the_longest_path(bundle_dir: Path) -> None:
