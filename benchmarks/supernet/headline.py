@@ -159,8 +159,8 @@ def main() -> None:
     largest = space.largest().arch_id
     original = next((r for r in rows if r["arch_id"] == largest), None)
     if original is None:
-        raise SystemExit(f"error: {args.front} has no row for the supernet's largest variant {largest}; "
-                         "the front must come from this supernet (its space tag is in each arch_id)")
+        parser.error(f"--front {args.front} has no row for the supernet's largest variant {largest}; "
+                     "the front must come from this supernet (its space tag is in each arch_id)")
     picks: dict[str, dict[str, Any]] = {}
     for margin in ((1.0,) if args.every else (0.02, 0.01)):
         within = sorted((r for r in rows if r[select_on] >= original[select_on] - margin - 1e-9

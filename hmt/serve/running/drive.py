@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from queue import Empty
 from typing import Any, Callable
 
 import numpy as np
@@ -107,7 +108,7 @@ def _wait_until_up(ready: Any, procs: Sequence[Any], timeout_s: float) -> None:
             ready.get(timeout=0.2)
             up += 1
             continue
-        except Exception:  # noqa: BLE001 - queue.Empty: check on the processes, then wait on
+        except Empty:  # check on the processes, then wait on
             pass
         dead = [p.exitcode for p in procs if p.exitcode is not None]
         if dead:
@@ -115,6 +116,42 @@ def _wait_until_up(ready: Any, procs: Sequence[Any], timeout_s: float) -> None:
         if time.monotonic() > deadline_s:
             raise DeviceError(f"{len(procs) - up} of {len(procs)} scenario client processes were not up within "
                               f"{timeout_s:g} s (a slow device: fewer clients, or clients as threads)")
+
+
+def _start_client_processes(ctx: Any, url: tuple[str, str | None], inputs: Inputs, options: DriveOptions,
+                            period_s: float, rows: Sequence[ScenarioRow], base_latency_ms: float | None,
+                            out: Any) -> tuple[list[Any], str, float]:
+    """Spawn the client processes and start the scenario's clock once every one is up: (processes,
+    their scratch folder, start on the shared monotonic clock). On failure nothing is left behind."""
+    # Through a file, not the spawn pipe: a child that dies before reading a large
+    # pickled argument would leave the parent blocked on the pipe.
+    scratch = tempfile.mkdtemp(prefix="hmt-scenario-")
+    inputs_path = os.path.join(scratch, "inputs.npz")
+    if inputs.y is None:
+        np.savez(inputs_path, x=inputs.x)
+    else:
+        np.savez(inputs_path, x=inputs.x, y=inputs.y)
+    # Spawned children take a second to import here, many on a slow board: the scenario's clock
+    # starts once every one of them says it is up.
+    window, ready, go = ctx.Array("d", 2), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_client_process, name=f"hmt-scenario-client-{i}", daemon=True,
+                         args=(url[0], url[1], inputs_path, i, options.clients, period_s, window, ready, go,
+                               tuple(rows), base_latency_ms, out, options.arrivals, options.seed))
+             for i in range(options.clients)]
+    try:
+        for proc in procs:
+            proc.start()
+        _wait_until_up(ready, procs, CLIENTS_UP_TIMEOUT_S)
+    except BaseException:
+        for proc in procs:
+            if proc.pid is not None:
+                proc.terminate()
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    start_s = time.monotonic() + 0.05
+    window[0], window[1] = start_s, start_s + options.duration_s
+    go.set()
+    return procs, scratch, start_s
 
 
 def drive(
@@ -164,34 +201,9 @@ def drive(
     scratch: str | None = None
     if use_processes:
         assert url is not None
-        # Through a file, not the spawn pipe: a child that dies before reading a large
-        # pickled argument would leave the parent blocked on the pipe.
-        scratch = tempfile.mkdtemp(prefix="hmt-scenario-")
-        inputs_path = os.path.join(scratch, "inputs.npz")
-        if inputs.y is None:
-            np.savez(inputs_path, x=inputs.x)
-        else:
-            np.savez(inputs_path, x=inputs.x, y=inputs.y)
-        # Spawned children take a second to import here, many on a slow board: the scenario's clock
-        # starts once every one of them says it is up.
-        window, ready, go = ctx.Array("d", 2), ctx.Queue(), ctx.Event()
-        procs = [ctx.Process(target=_client_process, name=f"hmt-scenario-client-{i}", daemon=True,
-                             args=(url[0], url[1], inputs_path, i, options.clients, period_s, window, ready, go,
-                                   tuple(rows), base_latency_ms, queue, options.arrivals, options.seed))
-                 for i in range(options.clients)]
-        for proc in procs:
-            proc.start()
-        try:
-            _wait_until_up(ready, procs, CLIENTS_UP_TIMEOUT_S)
-        except DeviceError:
-            for proc in procs:
-                proc.terminate()
-            shutil.rmtree(scratch, ignore_errors=True)
-            raise
-        start_s = clock() + 0.05
+        procs, scratch, start_s = _start_client_processes(ctx, url, inputs, options, period_s, rows,
+                                                          base_latency_ms, queue)
         stop_s = start_s + options.duration_s
-        window[0], window[1] = start_s, stop_s
-        go.set()
     elif sender_factory is not None:
         threads = [threading.Thread(target=client, args=(i,), name=f"hmt-scenario-client-{i}", daemon=True)
                    for i in range(options.clients)]
