@@ -123,26 +123,47 @@ def best(summary: dict[str, Any], margin: float) -> dict[str, Any] | None:
     return max(ok, key=lambda s: (s["speedup"], s["after"][summary["selected_on"]])) if ok else None
 
 
+def at_target(summary: dict[str, Any], speedup: float) -> dict[str, Any] | None:
+    """The run most accurate on the selection split among those at least ``speedup`` times faster."""
+    fast = [s for s in summary["specialized"] if s.get("speedup", 0.0) >= speedup]
+    return max(fast, key=lambda s: s["after"][summary["selected_on"]]) if fast else None
+
+
+def _target_claims(model: str, summary: dict[str, Any]) -> list[dict[str, str]]:
+    """Each target read the other way round: the speed-up is fixed, the variant is chosen on the selection split."""
+    claims = []
+    for margin, target in zip((1, 2), TARGETS.get(model, (None, None)), strict=True):
+        if target is None:
+            continue
+        pick = at_target(summary, target)
+        claim = (f"{model}: the variant at least {target:.1f}x faster most accurate on {summary['selected_on']}, "
+                 f"within {margin} point(s)?")
+        if pick is None:
+            claims.append({"claim": claim, "figure": f"no variant timed at {target:.1f}x or more: missed"})
+            continue
+        kept = pick["selected_drop_points"] <= margin + 1e-9 and pick["reported_drop_points"] <= margin + 1e-9
+        claims.append({"claim": claim, "figure": f"{pick['name']} ({pick['arch_id']}, {pick['speedup']:.2f}x): "
+                       f"-{pick['selected_drop_points']:.2f} points on {summary['selected_on']}, "
+                       f"-{pick['reported_drop_points']:.2f} on {summary['reported_on']} (original "
+                       f"{100 * summary['original'][summary['reported_on']]:.2f} %): "
+                       f"{'met' if kept else 'missed'}"})
+    return claims
+
+
 def _claims(report: dict[str, Any]) -> list[dict[str, str]]:
     claims = []
     for model, summary in report["models"].items():
-        for margin, target in zip((1, 2), TARGETS.get(model, (None, None)), strict=True):
+        claims += _target_claims(model, summary)
+        for margin in (1, 2):  # the targets' verdicts are _target_claims'
             pick = best(summary, margin)
             if pick is None:
                 claims.append({"claim": f"{model}: specialized variants within {margin} point(s) of the original "
                                         f"on {summary['selected_on']}",
-                               "figure": "none" + ("" if target is None else f" (target {target:.1f}x: missed)")})
+                               "figure": "none"})
                 continue
-            # met only where the reported split also stays within the margin (chosen on one, reported on the other)
-            kept = pick["reported_drop_points"] <= margin + 1e-9
-            met = "" if target is None else (
-                f" (target {target:.1f}x within {margin} point(s): "
-                f"{'met' if pick['speedup'] >= target and kept else 'missed'}"
-                + ("" if kept else f", {pick['reported_drop_points']:.2f} points lost on {summary['reported_on']}")
-                + ")")
             claims.append({"claim": f"{model}: fastest specialized variant within {margin} point(s) of the original "
                                     f"on {summary['selected_on']}, ORT batch 1, 1 thread",
-                           "figure": f"{pick['arch_id']}: {pick['speedup']:.2f}x{met}, "
+                           "figure": f"{pick['arch_id']}: {pick['speedup']:.2f}x, "
                                      f"{100 * pick['after'][summary['reported_on']]:.2f} % "
                                      f"{summary['reported_on']} (-{pick['reported_drop_points']:.2f} points)"})
         for s in summary["specialized"]:
