@@ -96,6 +96,7 @@ def test_the_status_shows_a_loop_that_outlived_a_bug_and_it_still_follows_a_memo
             time.sleep(0.01)
         loop = c.status()["control_loop"]
         assert loop["alive"] and loop["unexpected_errors"] == 1 and "KeyError" in loop["last_unexpected_error"]
+        assert loop["seconds_since_decision"] is not None and loop["seconds_since_decision"] < 5.0
         assert c.active_arch_id == "big"
         metrics = controller_metrics_text(c)
         assert "hmt_control_loop_alive 1.0" in metrics and "hmt_control_loop_unexpected_errors_total 1.0" in metrics

@@ -55,6 +55,11 @@ class ControlThread:
         thread = self._thread
         return thread is not None and thread.is_alive()
 
+    def seconds_since_tick(self) -> float | None:
+        """How long ago the last decision began (None before the first): a few periods at most while
+        the loop is alive and not stuck."""
+        return None if math.isinf(self.last_tick_s) else max(0.0, self._clock() - self.last_tick_s)
+
     def _guarded(self, call: Callable[..., object], *args: object) -> object:
         """``call(*args)``; an HmtError is the call's own to record (None), any other exception is counted."""
         try:
