@@ -48,7 +48,8 @@ SUMMARY_KEYS = ("requests", "ok", "failed", "failed_by_status", "latency_ms", "c
                 "switches", "decisions", "decision_us", "decision_cpu_us", "estimate_us", "per_exit", "per_variant",
                 "steps",
                 "back_within_budget_s_max", "steps_never_back", "first_clean_window_s_max", "steps_never_clean",
-                "client_over_budget_share", "engine", "fixed_variant", "burn")
+                "client_over_budget_share", "engine", "fixed_variant", "burn", "control_loop_errors",
+                "control_loop_last_error")
 
 
 def machine() -> dict[str, Any]:

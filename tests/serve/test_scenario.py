@@ -78,6 +78,7 @@ def test_short_replay_writes_a_timeline(bundle_dir: Path, tmp_path: Path, via_ap
     assert s["via"] == ("api" if via_api else "in_process")
     assert [step["time_s"] for step in s["steps"]] == [0.6, 1.2]
     assert s["decision_us"]["p50"] < 5000
+    assert s["control_loop_errors"] == 0 and s["control_loop_last_error"] is None
     after_cut = [t for t in result.ticks if t.time_s >= 1.2]
     assert after_cut and after_cut[-1].active == "small"  # the memory cut leaves only small
     assert [r.variant for r in result.records if r.time_s > 1.3] == ["small"] * sum(

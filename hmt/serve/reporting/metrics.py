@@ -145,6 +145,11 @@ class StatusCollector(Collector):
         yield _counter("hmt_variant_load_failures", "Variant loads that failed.", pool["load_failures"])
         yield _counter("hmt_variant_integrity_failures", "Variant loads refused because a file no longer matches "
                        "the bundle manifest's sha256.", pool.get("integrity_failures", 0))
+        loop = status.get("control_loop") or {}
+        yield GaugeMetricFamily("hmt_control_loop_alive", "1 while the decision thread runs (0: the variant is "
+                                "no longer chosen by the loop).", value=float(bool(loop.get("alive"))))
+        yield _counter("hmt_control_loop_unexpected_errors", "Decisions or shadow runs that raised a bug (not an "
+                       "hmt error); the loop outlived them.", loop.get("unexpected_errors", 0))
         estimates = status.get("estimates") or {}
         yield _labelled(GaugeMetricFamily, "hmt_variant_latency_estimate_seconds", "Tail latency the loop decides "
                         "on per variant: measured p95, or the prior (profile x load x r).", ["variant", "source"],

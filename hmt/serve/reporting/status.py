@@ -76,6 +76,10 @@ def controller_status(c: Any, last: int = 10) -> dict[str, Any]:
                                                  "p95": float(np.percentile(lat, 95))},
         "decision_us_p50": None if dec is None else float(np.median(dec)),
         "last_error": c.last_error,
+        # The decision thread: alive, and the errors it outlived that are bugs rather than HmtErrors.
+        "control_loop": {"alive": c.loop.alive, "seconds_since_decision": c.loop.seconds_since_tick(),
+                         "period_s": c.loop.period_s, "unexpected_errors": c.loop.unexpected_errors,
+                         "last_unexpected_error": c.loop.last_unexpected_error},
         "adapt": None if c.adapt is None else c.adapt.status(),
         # serve --blocks / --research (hmt.serve.running.blocks, hmt.serve.deciding.research)
         "blocks": c.pool.status() if hasattr(c.pool, "status") else None,

@@ -4,11 +4,15 @@ A decision runs every ``period_s``, and on demand (a request over its latency bu
 budget change, a pending budget violation) at most every ``min_gap_s``; requests for one in
 between merge into one. Between decisions the thread runs ``idle_work`` (shadow runs of idle
 variants) while it says it did something and there is time, never instead of a decision.
+
+Nothing a tick or a shadow run raises ends the thread: an error that is not an ``HmtError`` (a
+bug, or a runtime library's own exception) is counted and kept as ``last_unexpected_error`` for
+``/v1/status``, and the decisions go on. A dead control thread would leave the last variant
+serving through every later budget, memory cut and load step.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 from collections.abc import Callable
@@ -38,10 +42,34 @@ class ControlThread:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.unexpected_errors = 0  # exceptions other than HmtError from a tick or a shadow run
+        self.last_unexpected_error: str | None = None
 
     @property
     def running(self) -> bool:
         return self._thread is not None
+
+    @property
+    def alive(self) -> bool:
+        """The thread is started and has not ended."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def seconds_since_tick(self) -> float | None:
+        """How long ago the last decision began (None before the first): a few periods at most while
+        the loop is alive and not stuck."""
+        return None if math.isinf(self.last_tick_s) else max(0.0, self._clock() - self.last_tick_s)
+
+    def _guarded(self, call: Callable[..., object], *args: object) -> object:
+        """``call(*args)``; an HmtError is the call's own to record (None), any other exception is counted."""
+        try:
+            return call(*args)
+        except HmtError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - the loop must outlive a bug in one decision
+            self.unexpected_errors += 1
+            self.last_unexpected_error = f"{type(exc).__name__}: {exc}"
+            return None
 
     def start(self) -> None:
         self._stop.clear()
@@ -81,10 +109,7 @@ class ControlThread:
                 wait_s = min(wait_s, self.last_tick_s + min_gap_s - now)
             # Idle variants are measured between decisions (bounded share), never instead of one; a
             # failed shadow run must not end the loop (the decisions go on without it).
-            idle_ran = False
-            if wait_s > 0.02:
-                with contextlib.suppress(HmtError):
-                    idle_ran = self._idle_work()
+            idle_ran = bool(self._guarded(self._idle_work)) if wait_s > 0.02 else False
             if idle_ran:
                 continue
             self._wake.wait(max(0.0, min(wait_s, 0.1) if self._idle_wanted() else wait_s))
@@ -100,5 +125,4 @@ class ControlThread:
                 next_s = max(next_s + period_s, now)  # fell behind: do not burst
             else:
                 continue
-            with contextlib.suppress(HmtError):  # the tick records its error
-                self._tick(trigger)
+            self._guarded(self._tick, trigger)  # an HmtError: the tick records it

@@ -319,7 +319,10 @@ def run_scenario(
                     "via": "api" if server is not None else "in_process",
                     "client_mode": drive_options.client_mode, "fixed_variant": options.fixed_variant,
                     "early_exit": dataclasses.asdict(controller.settings.early_exit),
-                    "engine": controller.status(last=0)["engine"]})
+                    "engine": controller.status(last=0)["engine"],
+                    # decisions that raised a bug (the loop outlived them; hmt.serve.running.loop)
+                    "control_loop_errors": controller.loop.unexpected_errors,
+                    "control_loop_last_error": controller.loop.last_unexpected_error})
     if burner is not None:
         summary["burn"] = burner.describe()
     result = ScenarioResult(summary, records, shifted, url=None if api_server is None else api_server.url)
