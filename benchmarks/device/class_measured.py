@@ -20,9 +20,7 @@ the pacer):
    processes all share the class's CPU budget): adaptive against static largest and smallest under
    the same busy phases as on the host. The busy processes are sized to the class, not the host
    (``hmt.serve.running.burn``): one per class core, so ``cpu_load`` 0.5 is half of the class's CPU, as
-   other work on the board would take. serve is told the class's CPU (serve.json ``cpu_cores``: the
-   pacer's budget is in no cgroup file), so its load index is the busy share of the class, as on a
-   board, not of the host core (which a saturated class keeps 75 % idle).
+   other work on the board would take.
 
 ``--reps`` repetitions of 1 (a fresh profile inside the class each time; the bundle is built from the
 first), 3 and 4; per variant the medians over repetitions are compared. The Jetson and Raspberry Pi
@@ -312,10 +310,7 @@ def serve_in_class(name: str, bundle_dir: Path, work: Path, args: argparse.Names
                                         str(bundle_dir), "--out", str(out), "--engines",
                                         f"onnxruntime@{threads}", "--load-s", "0", "--phase-s",
                                         str(args.phase_s), "--reps", str(args.scenario_reps), "--clients", "2",
-                                        "--rate-hz", str(RATE_HZ[name]), "--samples", "500",
-                                        # the pacer's budget is in no cgroup file serve could read (a CFS
-                                        # quota is): serve's load index is the busy share of the class's CPU
-                                        "--serve-json", json.dumps({"cpu_cores": CLASSES[name].cpu_budget})],
+                                        "--rate-hz", str(RATE_HZ[name]), "--samples", "500"],
                         cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout_s=3600)
     if done.returncode != 0:
         raise RuntimeError(f"serve scenario inside {name} failed: {done.stderr.decode()[-1500:]}")

@@ -311,10 +311,6 @@ class ServeSettings:
     # A request over budget asks for a decision now, at most once per this interval.
     on_demand_min_interval_s: float = 0.05
     engine: str = "auto"
-    # Cores' worth of CPU time per second serve's cores give it (None: the cgroup's CPU quota, else every
-    # allowed core). The load index is the busy share of that capacity: a container limited to half a core
-    # reads 1.0 when its quota is spent, not the cores' 0.25 (hmt.serve.deciding.monitor.PsutilSampler).
-    cpu_cores: float | None = None
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_CHOICES:
@@ -325,10 +321,6 @@ class ServeSettings:
             raise UsageError(f"on_demand_min_interval_s must be >= 0, got {self.on_demand_min_interval_s}")
         if self.preload_memory_mb is not None and not self.preload_memory_mb >= 0:
             raise UsageError(f"preload_memory_mb must be >= 0 or null, got {self.preload_memory_mb}")
-        cores = self.cpu_cores
-        if cores is not None and (isinstance(cores, bool) or not isinstance(cores, (int, float))
-                                  or not (math.isfinite(cores) and cores > 0)):
-            raise UsageError(f"cpu_cores must be a number > 0 or null, got {cores!r}")
         reserve = self.memory_reserve_mb
         if reserve is not None and (isinstance(reserve, bool) or not isinstance(reserve, (int, float))
                                     or not (math.isfinite(reserve) and reserve >= 0)):

@@ -102,11 +102,7 @@ class Controller:
         self._miss_streak = 0
         self._measured_count = 0
         self.load = OutsideLoad(self.settings.load_weights)
-        configure = getattr(sampler, "configure", None)  # a replay's sampler over the live one
-        if configure is not None:
-            configure(capacity_cores=self.settings.cpu_cores)
-        self.monitor = ResourceMonitor(sampler, frequency_hz=1.0 / self.settings.monitor_period_s,
-                                       capacity_cores=self.settings.cpu_cores)
+        self.monitor = ResourceMonitor(sampler, frequency_hz=1.0 / self.settings.monitor_period_s)
         self.pool = self._make_pool(bundle, blocks=blocks, loader=loader, threads=threads, warmup_runs=warmup_runs,
                                     max_threads=max_threads)
         # serve --research (hmt.serve.deciding.research_join.attach): offered every decision, searches when none fits.

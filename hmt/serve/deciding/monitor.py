@@ -11,11 +11,6 @@ never blocks. The first reading after construction covers the time since constru
 a container or an emulated device class pinned to one core of two reads that core, not the
 machine's average, which the other core's idleness would halve); serve's own share is over
 the same cores, so the outside load is their difference on one base.
-
-Where those cores give serve less than all of their time (a cgroup CPU quota, read by
-:func:`hmt.runtime.cpus.cpu_capacity`, or serve.json ``cpu_cores``), both shares are of that
-capacity instead: a container with half a core on two cores reads 1.0 when its quota is spent,
-where the cores' busy share would say 0.25 and the loop would see a light load.
 """
 
 from __future__ import annotations
@@ -31,7 +26,7 @@ from typing import Any, Callable, Collection
 import psutil
 
 from hmt.errors import DeviceError, UsageError
-from hmt.runtime.cpus import allowed_cpus, cpu_capacity
+from hmt.runtime.cpus import allowed_cpus
 from hmt.runtime.gpus import nvml_handle
 
 Sampler = Callable[[], "ResourceSample"]
@@ -107,7 +102,7 @@ class PsutilSampler:
     """Samples the live machine. ``use_nvml=False`` skips the GPU even where NVML exists."""
 
     def __init__(self, use_nvml: bool = True, clock: Callable[[], float] = time.monotonic,
-                 cpus: Collection[int] | None = None, capacity_cores: float | None = None) -> None:
+                 cpus: Collection[int] | None = None) -> None:
         self._clock = clock
         self._nvml = _Nvml() if use_nvml else None
         self._process = psutil.Process()
@@ -117,10 +112,6 @@ class PsutilSampler:
         # machine-wide figure, the same thing, cheaper).
         self._cpus: list[int] | None = allowed if allowed and len(allowed) < machine else None
         self._cores = len(allowed) if self._cpus is not None else machine
-        if capacity_cores is None:
-            capacity_cores = cpu_capacity(affinity=allowed or None).cores
-        # What serve may use of its cores: shares are of this (cores' worth of CPU time per second).
-        self.capacity_cores = min(float(self._cores), float(capacity_cores))
         self.prime()
 
     def prime(self) -> None:
@@ -143,22 +134,18 @@ class PsutilSampler:
         self._own_last = now
         if t1 - t0 <= 0:
             return None
-        return min(1.0, max(0.0, (c1 - c0) / ((t1 - t0) * self.capacity_cores)))
+        return min(1.0, max(0.0, (c1 - c0) / ((t1 - t0) * self._cores)))
 
     @property
     def has_gpu(self) -> bool:
         return self._nvml is not None and self._nvml.present
 
     def _cpu_util(self) -> float:
-        """The busy share of the cores, over the capacity serve has of them."""
-        scale = self._cores / self.capacity_cores
         if self._cpus is None:
-            return scale * float(psutil.cpu_percent(interval=None)) / 100.0
+            return float(psutil.cpu_percent(interval=None)) / 100.0
         per_core = psutil.cpu_percent(interval=None, percpu=True)
         mine = [per_core[i] for i in self._cpus if i < len(per_core)]
-        if not mine:
-            return float(sum(per_core)) / (100.0 * max(1, len(per_core)))
-        return scale * sum(mine) / (100.0 * len(mine))
+        return sum(mine) / (100.0 * len(mine)) if mine else float(sum(per_core)) / (100.0 * max(1, len(per_core)))
 
     def __call__(self) -> ResourceSample:
         cpu_util = self._cpu_util()
@@ -223,14 +210,13 @@ class ResourceMonitor:
         frequency_hz: float = 1.0,
         history_len: int = 600,
         on_sample: Callable[[ResourceSample], None] | None = None,
-        capacity_cores: float | None = None,  # without a sampler: PsutilSampler's (None: the cgroup's)
     ) -> None:
         if not frequency_hz > 0:
             raise UsageError(f"monitor frequency_hz must be > 0, got {frequency_hz}")
         if history_len < 1:
             raise UsageError(f"monitor history_len must be >= 1, got {history_len}")
         self._owns_sampler = sampler is None
-        self._sampler: Sampler = sampler if sampler is not None else PsutilSampler(capacity_cores=capacity_cores)
+        self._sampler: Sampler = sampler if sampler is not None else PsutilSampler()
         self.frequency_hz = float(frequency_hz)
         self._on_sample = on_sample
         self._history: deque[ResourceSample] = deque(maxlen=history_len)

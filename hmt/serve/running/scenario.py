@@ -148,14 +148,7 @@ class ScenarioSampler:
     def __init__(self, state: ScenarioState, synthetic_cpu: bool, base: Sampler | None = None) -> None:
         self.state = state
         self.synthetic_cpu = synthetic_cpu
-        self._owns_base = base is None
         self._base: Sampler = base if base is not None else PsutilSampler()
-
-    def configure(self, capacity_cores: float | None) -> None:
-        """The live sampler's CPU capacity (serve.json ``cpu_cores``; None: the cgroup's), once the
-        controller has its settings; a base given by the caller is kept as it is."""
-        if self._owns_base:
-            self._base = PsutilSampler(capacity_cores=capacity_cores)
 
     def prime(self) -> None:
         """The live sampler's next sample measures from now (:meth:`PsutilSampler.prime`)."""
