@@ -291,18 +291,23 @@ class Controller:
         """(compute share of the latency budget a variant is moved to within, serving overhead):
         :class:`ServingOverhead` at load ``level`` (None: the last decision's)."""
         level = self._overhead_level if level is None else level
-        move_ms, _, overhead_ms = self.overhead.decision_limits_ms(budgets.latency_ms, self.settings.correction, level)
+        with self.state_lock:  # the request threads append to its windows (record)
+            move_ms, _, overhead_ms = self.overhead.decision_limits_ms(budgets.latency_ms, self.settings.correction,
+                                                                       level)
         return move_ms, overhead_ms
 
     def _limits(self, load_now: float, load_next: float, budgets: Budgets) -> tuple[float, float]:
         """(compute limit to move to a variant, how much more the active one may use to stay): the
         requests since the last tick are filed under the load it just measured, the decision reads
         the overhead at its forecast's level."""
+        level = self._overhead_level = self.estimator.level_of(load_next)
+        # Under the state lock: the request threads append to the overhead's windows (record), and a
+        # list or sort of a deque another thread appends to can raise "deque mutated during iteration"
+        # (a garbage collection inside it lets another thread run); that once ended the control thread.
         with self.state_lock:
             self.overhead.settle(self.estimator.level_of(load_now), self.now_s())
-        level = self._overhead_level = self.estimator.level_of(load_next)
-        move_ms, stay_ms, self.overhead_ms = self.overhead.decision_limits_ms(budgets.latency_ms,
-                                                                              self.settings.correction, level)
+            move_ms, stay_ms, self.overhead_ms = self.overhead.decision_limits_ms(budgets.latency_ms,
+                                                                                  self.settings.correction, level)
         return move_ms, (stay_ms - move_ms if math.isfinite(move_ms) else 0.0)
 
     def _tick(self, trigger: str, sample: ResourceSample | None) -> TickRecord:

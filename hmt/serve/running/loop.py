@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import math
 import threading
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 from hmt.errors import DeviceError, HmtError
 
@@ -67,8 +69,10 @@ class ControlThread:
         except HmtError:
             return None
         except Exception as exc:  # noqa: BLE001 - the loop must outlive a bug in one decision
-            self.unexpected_errors += 1
-            self.last_unexpected_error = f"{type(exc).__name__}: {exc}"
+            frames = traceback.extract_tb(exc.__traceback__)
+            where = f" (in {frames[-1].name}, {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+            self.last_unexpected_error = f"{type(exc).__name__}: {exc}{where}"
+            self.unexpected_errors += 1  # after the message: a reader that sees the count sees its message
             return None
 
     def start(self) -> None:
