@@ -6,8 +6,8 @@
 # limited to 10 minutes):
 #   bash scripts/gpu_originals.sh BLOB WORKDIR [JOBS...]   (BLOB: scripts/gpu_pack_cifar.py pack output)
 # JOBS (default: all): r18 mbv2 r56-measure r56 r18-elastic mbv2-elastic r56-elastic r18-front
-#   mbv2-front r56-front, r18b-elastic r18b-front (a second ResNet-18 recipe, R18B_CONFIG), r18-e300 and
-#   r18-b128 (the ResNet-18 original trained longer, or with batch 128), twin-w50 and twin-w50x25 (the
+#   mbv2-front r56-front, r18b-elastic r18b-front (a second ResNet-18 recipe, R18B_CONFIG), r18-e300 (r18-e300-sN: seed N,
+#   the same split) and r18-b128 (the ResNet-18 original trained longer, or with batch 128), twin-w50 and twin-w50x25 (the
 #   twins of its width variants e3.555555555555 and e3.522522522522, on r18's recipe), twin-w50-b128,
 #   twin-w50x25-b128 and mbv2-b128 (batch 128), energy (issue 23's
 #   NVML energy benchmark on ENERGY_GPU, alone on its GPU) (a front job waits for its elastic job: benchmarks/supernet/front.py on the GPU,
@@ -69,6 +69,7 @@ for job in $JOBS; do
   case $job in
     r18) orig r18 cifar_resnet18.py:build --epochs 200 --lr 0.2 ;;
     r18-e300) orig r18-e300 cifar_resnet18.py:build --epochs 300 --lr 0.2 ;;  # longer
+    r18-e300-s[0-9]) orig "$job" cifar_resnet18.py:build --epochs 300 --lr 0.2 --seed "${job##*-s}" ;;  # other seeds, same split
     r18-b128) orig r18-b128 cifar_resnet18.py:build --epochs 200 --lr 0.1 --batch-size 128 ;;  # more steps
     twin-w50) orig twin-w50 cifar_resnet18.py:build_w50 --epochs 200 --lr 0.2 ;;  # r18's recipe
     twin-w50x25) orig twin-w50x25 cifar_resnet18.py:build_w50x25 --epochs 200 --lr 0.2 ;;

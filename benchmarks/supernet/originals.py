@@ -48,7 +48,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.2)
     p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--batch-size", type=int, default=512)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="initialisation and batch order (not the split)")
+    p.add_argument("--split-seed", type=int, default=0,
+                   help="the train/validation split; keep 0 to share hmt's split (train-supernet, specialize)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--input-norm", choices=("dataset", "imagenet"), default="dataset")
     p.add_argument("--max-train-samples", type=int, help="cap the training split (quick checks)")
@@ -131,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     started = time.perf_counter()
     data = load_dataset("cifar10", args.data, cache_dir=args.cache_dir)
-    train, val = split_train_val(data, 0.1, np.random.default_rng(derive_seed(args.seed, 1)))
+    train, val = split_train_val(data, 0.1, np.random.default_rng(derive_seed(args.split_seed, 1)))
     if args.max_train_samples:
         train = type(train)(train.x[: args.max_train_samples], train.y[: args.max_train_samples])
     torch.manual_seed(derive_seed(args.seed, 0))
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         "area": "supernet", "name": f"original-{Path(args.model.split(':')[0]).stem}",
         "command": "python -m benchmarks.supernet.originals " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": datetime.now(UTC).isoformat(timespec="seconds"), "revision": _revision(),
-        "machine": _machine(device), "seed": args.seed,
+        "machine": _machine(device), "seed": args.seed, "split_seed": args.split_seed,
         "baseline": {"init_val_acc": result["init_val_acc"], "init_test_acc": result["init_test_acc"]},
         "results": {**result, "wall_s": time.perf_counter() - started,
                     "recipe": {"lr": args.lr, "weight_decay": args.weight_decay, "batch_size": args.batch_size,
