@@ -214,6 +214,20 @@ def _quotas(root: Path, self_cgroup: Path, notes: list[str]) -> tuple[list[_Quot
     return found, groups
 
 
+def _given_quota(groups: _Groups, cores: float) -> _Quota | None:
+    """A quota given by the caller (a paced CPU, a hypervisor's cap: no kernel file holds it), charged
+    to this process's own cpu cgroup (v1 where the cpu controller is on a v1 hierarchy, else v2)."""
+    if not (cores > 0 and cores == cores and cores != float("inf")):
+        raise ValueError(f"a CPU quota must be a positive number of cores, got {cores!r}")
+    if groups.cpu_mount is not None:
+        folder = _chain(groups.cpu_mount, groups.cpu_path)[0]
+        return _Quota(folder, folder, cores, version=1)
+    if groups.v2_mount is not None:
+        folder = _chain(groups.v2_mount, groups.v2_path)[0]
+        return _Quota(folder, folder, cores, version=2)
+    return None
+
+
 def cpu_capacity(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP,
                  affinity: Collection[int] | None = None) -> CpuCapacity:
     """This process's CPU capacity (see the module's text); never raises for what the files hold."""
@@ -300,12 +314,22 @@ class CgroupCpuTime:
       first reading). A task that exits between two readings loses what it used since the previous
       one, so the figure is a little low under short-lived tasks. More than ``max_tasks`` tasks (or
       ``MAX_GROUPS`` cgroups) and the reading gives ``None`` and says so in ``notes``.
+
+    ``quota_cores`` adds a quota no kernel file holds (a CPU paced from outside, a hypervisor's cap),
+    charged to this process's own cgroup; the smallest quota still binds.
     """
 
     def __init__(self, root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP, *, proc_root: Path = PROC_ROOT,
-                 max_tasks: int = MAX_TASKS, ticks_per_s: int | None = None) -> None:
+                 max_tasks: int = MAX_TASKS, ticks_per_s: int | None = None,
+                 quota_cores: float | None = None) -> None:
         notes: list[str] = []
         quotas, groups = _quotas(root, self_cgroup, notes)
+        if quota_cores is not None:  # a quota the caller knows of and no kernel file holds: this cgroup's
+            given = _given_quota(groups, quota_cores)
+            if given is None:
+                notes.append("no cgroup of this process was found for the given CPU quota; not read")
+            else:
+                quotas.append(given)
         self.notes = notes  # files skipped and readings given up, and why (each said once)
         quota = self._quota = min(quotas, key=lambda q: q.cores) if quotas else None
         self.quota_cores = None if quota is None else quota.cores  # the binding quota, cores' worth per second

@@ -253,3 +253,25 @@ def test_task_stat_lines_with_odd_command_names() -> None:
         parse_task_stat("5 (short) S 1 2 3\n")
     start, used = parse_task_stat(Path("/proc/self/stat").read_text())  # this process: started since boot
     assert used >= 0 and 0 < start / os.sysconf("SC_CLK_TCK") <= float(Path("/proc/uptime").read_text().split()[0])
+
+
+def test_a_given_quota_reads_this_process_cgroup_where_no_kernel_file_holds_one(tmp_path: Path) -> None:
+    """A paced class: its cpu cgroup has no quota (-1); the quota serve is told charges the class's tasks."""
+    root, self_cgroup = _v1(tmp_path, "/class", {"cpu/class/cpu.cfs_quota_us": "-1\n",
+                                                 "cpu/class/cpu.cfs_period_us": "100000\n", "cpu/class/tasks": "10\n"})
+    proc = tmp_path / "proc"
+    _proc(proc, 100.0, {10: (50, 100)}, per_thread=True)
+    assert CgroupCpuTime(root, self_cgroup, proc_root=proc)() is None  # told nothing: no quota, nothing read
+    reader = CgroupCpuTime(root, self_cgroup, proc_root=proc, ticks_per_s=100, quota_cores=0.25)
+    assert (reader.quota_cores, reader.quota_group) == (0.25, root / "cpu" / "class") and reader() == 0.0
+    _proc(proc, 101.0, {10: (50, 125)}, per_thread=True)
+    assert reader() == pytest.approx(0.25)
+
+
+def test_a_smaller_kernel_quota_binds_over_a_given_one(tmp_path: Path) -> None:
+    root, self_cgroup = _v2(tmp_path, "/g", {"g/cpu.max": "10000 100000\n", "g/cpu.stat": "usage_usec 3000000\n"})
+    reader = CgroupCpuTime(root, self_cgroup, quota_cores=0.5)
+    assert (reader.quota_cores, reader()) == (0.1, 3.0)
+    assert CgroupCpuTime(root, self_cgroup, quota_cores=0.05).quota_cores == 0.05
+    with pytest.raises(ValueError):
+        CgroupCpuTime(root, self_cgroup, quota_cores=0.0)

@@ -28,7 +28,7 @@ import contextlib
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Callable, Collection
 
@@ -118,6 +118,7 @@ class PsutilSampler:
     def __init__(self, use_nvml: bool = True, clock: Callable[[], float] = time.monotonic,
                  cpus: Collection[int] | None = None, capacity: CpuCapacity | None = None,
                  cgroup_cpu: Callable[[], float | None] | None = None) -> None:
+        self._cpus_given = cpus
         self._clock = clock
         self._nvml = _Nvml() if use_nvml else None
         self._process = psutil.Process()
@@ -129,6 +130,25 @@ class PsutilSampler:
         self._cores = len(allowed) if self._cpus is not None else machine
         if capacity is None:
             capacity = cpu_capacity(affinity=cpus) if cpus is not None else cpu_capacity()
+        self._set_quota(capacity, cgroup_cpu)
+        self.prime()
+
+    def use_cpu_quota(self, cores: float) -> None:
+        """Read the load against ``cores`` cores' worth of CPU for this process's cgroup, a quota no
+        kernel file holds (serve setting ``cpu_quota_cores``: a CPU paced from outside, a hypervisor's
+        cap); a smaller kernel quota still binds."""
+        base = cpu_capacity(affinity=self._cpus_given) if self._cpus_given is not None else cpu_capacity()
+        kernel = base.quota_cores
+        capacity = replace(base, quota_cores=cores if kernel is None else min(kernel, cores),
+                           source=f"{base.source}; serve setting cpu_quota_cores {cores:g}")
+        try:
+            reader: CgroupCpuTime | None = CgroupCpuTime(quota_cores=cores)
+        except Exception:  # noqa: BLE001 - an unreadable cgroup leaves the busy share standing
+            reader = None
+        self._set_quota(capacity, reader)
+        self.prime()
+
+    def _set_quota(self, capacity: CpuCapacity, cgroup_cpu: Callable[[], float | None] | None) -> None:
         quota = capacity.quota_cores
         self._quota_cores: float | None = quota if quota is not None and quota < capacity.cpus else None
         self._cgroup_cpu: Callable[[], float | None] | None = None
@@ -143,7 +163,6 @@ class PsutilSampler:
             f"cgroup CPU time over its quota of {self._quota_cores:g} cores "
             f"({getattr(self._cgroup_cpu, 'source', 'given reader')})")
         self.cpu_source = self._quota_source or self._busy_source  # what the last sample's cpu_util is
-        self.prime()
 
     def prime(self) -> None:
         """The next sample measures from now (what ran before, such as a replay's load generator
@@ -291,6 +310,17 @@ class ResourceMonitor:
     @property
     def period_s(self) -> float:
         return 1.0 / self.frequency_hz
+
+    def use_cpu_quota(self, cores: float) -> bool:
+        """Pass a CPU quota no kernel file holds to the sampler (:meth:`PsutilSampler.use_cpu_quota`);
+        False where the sampler reads no live CPU (a test's or a replay's own). Before :meth:`start`."""
+        if self.running:
+            raise UsageError("the CPU quota is set before the resource monitor starts")
+        use = getattr(self._sampler, "use_cpu_quota", None)
+        if use is None:
+            return False
+        use(cores)
+        return True
 
     @property
     def running(self) -> bool:
