@@ -45,7 +45,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.device.device_class import CLASSES, CgroupUnavailable, cpu_seconds_per_second, layout, run_in_class
+from benchmarks.device.device_class import (
+    CLASSES,
+    CgroupUnavailable,
+    DeviceClass,
+    cpu_seconds_per_second,
+    layout,
+    run_in_class,
+)
 from benchmarks.harness import EMBEDDED_SUPERNET, REPO, Driver, machine, make_result, write_result
 
 RESULTS = Path(__file__).parent / "results"
@@ -303,6 +310,15 @@ def _serve_medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "accuracy": {m: med("accuracy", m) for m in modes}}
 
 
+def _quota_setting(device_class: DeviceClass) -> list[str]:
+    """The class's budget told to serve where no kernel quota holds it: a paced class's cores read a
+    quarter busy when the class's own processes use all of its budget (the pacer stops them), where a
+    board's core reads full; serve reads its cgroup's CPU time over the budget instead."""
+    if device_class.mechanism != "pacer":
+        return []
+    return ["--serve-json", json.dumps({"cpu_quota_cores": device_class.cpu_budget})]
+
+
 def serve_in_class(name: str, bundle_dir: Path, work: Path, args: argparse.Namespace, threads: int) -> dict[str, Any]:
     out = work / f"serve-{name}"
     _log(f"{name}: the serve scenario inside the class")
@@ -310,7 +326,8 @@ def serve_in_class(name: str, bundle_dir: Path, work: Path, args: argparse.Names
                                         str(bundle_dir), "--out", str(out), "--engines",
                                         f"onnxruntime@{threads}", "--load-s", "0", "--phase-s",
                                         str(args.phase_s), "--reps", str(args.scenario_reps), "--clients", "2",
-                                        "--rate-hz", str(RATE_HZ[name]), "--samples", "500"],
+                                        "--rate-hz", str(RATE_HZ[name]), "--samples", "500",
+                                        *_quota_setting(CLASSES[name])],
                         cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout_s=3600)
     if done.returncode != 0:
         raise RuntimeError(f"serve scenario inside {name} failed: {done.stderr.decode()[-1500:]}")

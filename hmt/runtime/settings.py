@@ -305,6 +305,10 @@ class ServeSettings:
     # Keep this much of the device's available memory free (MB; None: off): the loaded variants grow
     # only into what is available above it (hmt.serve.deciding.free_memory).
     memory_reserve_mb: float | None = None
+    # Cores' worth of CPU time per second this device gives serve's cgroup where no kernel quota says
+    # so (a CPU paced from outside, a hypervisor's cap; None: the kernel's quota, if any): the load
+    # index then reads the cgroup's CPU time over it (hmt.serve.deciding.monitor).
+    cpu_quota_cores: float | None = None
     # Periodic decisions (misses ask for one at once anyway): 4 a second, so improvement patience
     # (2 ticks) and the load forecast follow a step within half a second. A tick costs ~1 ms of CPU.
     monitor_period_s: float = 0.25
@@ -325,6 +329,10 @@ class ServeSettings:
         if reserve is not None and (isinstance(reserve, bool) or not isinstance(reserve, (int, float))
                                     or not (math.isfinite(reserve) and reserve >= 0)):
             raise UsageError(f"memory_reserve_mb must be a number >= 0 or null, got {reserve!r}")
+        quota = self.cpu_quota_cores
+        if quota is not None and (isinstance(quota, bool) or not isinstance(quota, (int, float))
+                                  or not (math.isfinite(quota) and quota > 0)):
+            raise UsageError(f"cpu_quota_cores must be a number of cores > 0 or null, got {quota!r}")
 
     @classmethod
     def from_mapping(cls, data: Any, where: str = "serve.json") -> ServeSettings:

@@ -103,6 +103,8 @@ class Controller:
         self._measured_count = 0
         self.load = OutsideLoad(self.settings.load_weights)
         self.monitor = ResourceMonitor(sampler, frequency_hz=1.0 / self.settings.monitor_period_s)
+        if self.settings.cpu_quota_cores is not None:
+            self.monitor.use_cpu_quota(self.settings.cpu_quota_cores)
         self.pool = self._make_pool(bundle, blocks=blocks, loader=loader, threads=threads, warmup_runs=warmup_runs,
                                     max_threads=max_threads)
         # serve --research (hmt.serve.deciding.research_join.attach): offered every decision, searches when none fits.

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -156,3 +157,47 @@ def test_class_measured_counts_a_repetition_as_held_only_on_exact_clocks_and_its
                                                          "delivered_cpu_s_per_s": 0.84 * budget})
     assert not class_measured._pacer_held("rpi4-class", {"exact_cpu_clock": False, "delivered_cpu_s_per_s": budget})
     assert not class_measured._pacer_held("rpi4-class", {"pacer_error": "pacer exited 1"})
+
+
+_SAMPLER_PROBE = """
+import json, subprocess, sys, time
+from hmt.serve.deciding.monitor import PsutilSampler
+burner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if sys.argv[1] == "inside" else None
+try:
+    time.sleep(0.3)
+    sampler = PsutilSampler(use_nvml=False)
+    time.sleep(1.5)
+    s = sampler()
+finally:
+    if burner is not None:
+        burner.kill()
+        burner.wait()
+print(json.dumps({"cpu_util": s.cpu_util, "own": s.own_cpu_util, "source": sampler.cpu_source}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _cgroups_writable(), reason="needs root and writable cpu/cpuset cgroups")
+def test_the_sampler_inside_a_quota_reads_the_cgroups_own_load_not_its_cores() -> None:
+    """Inside a one-core class held to 25 % by a CFS quota, a busy loop in the class spends the quota (the
+    core reads about a quarter busy, so the busy share never rose): the sampler reads it full. A busy loop
+    outside the class on the same core keeps the core busy but not the class: the sampler reads it idle."""
+    rpi = replace(dc.CLASSES["rpi4-class"], mechanism="cfs")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+
+    def probe(where: str) -> dict[str, Any]:
+        done = dc.run_in_class(rpi, [sys.executable, "-c", _SAMPLER_PROBE, where], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=env, timeout_s=60)
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        return dict(json.loads(done.stdout.decode().strip().splitlines()[-1]))
+
+    inside = probe("inside")
+    assert inside["source"].startswith("cgroup CPU time over its quota of 0.25 cores") and inside["cpu_util"] >= 0.8
+    outside_burner = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                      preexec_fn=lambda: os.sched_setaffinity(0, {0}))
+    try:
+        outside = probe("outside")
+    finally:
+        outside_burner.kill()
+        outside_burner.wait()
+    assert outside["cpu_util"] <= 0.3, (inside, outside)

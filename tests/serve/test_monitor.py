@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from hmt.errors import DeviceError, UsageError
+from hmt.runtime.cpus import CpuCapacity
 from hmt.serve import PsutilSampler, ResourceMonitor, ResourceSample
 
 
@@ -103,3 +104,80 @@ def test_sampler_pinned_to_some_cores_reads_those_cores(monkeypatch: pytest.Monk
     assert pinned().cpu_util == pytest.approx(0.8)
     everywhere = PsutilSampler(use_nvml=False, cpus={0, 1})
     assert everywhere().cpu_util == pytest.approx(0.4)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+class _Times:
+    def __init__(self, cpu_s: float) -> None:
+        self.user, self.system = cpu_s, 0.0
+
+
+def _quota_sampler(monkeypatch: pytest.MonkeyPatch, capacity: CpuCapacity, group: list[float | Exception | None],
+                   own: list[float]) -> tuple[PsutilSampler, _Clock]:
+    """A sampler pinned to core 0 of 2 (psutil reads it 30 % busy) with a fake clock, its own CPU time
+    (``own[0]``) and the quota cgroup's (``group[0]``; an exception is raised) as the test sets them."""
+    import psutil
+
+    class Process:
+        def cpu_times(self) -> _Times:
+            return _Times(own[0])
+
+    def reader() -> float | None:
+        value = group[0]
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    monkeypatch.setattr(psutil, "Process", Process)
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 2)
+    monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None, percpu=False: [30.0, 0.0] if percpu else 15.0)
+    clock = _Clock()
+    return PsutilSampler(use_nvml=False, clock=clock, cpus={0}, capacity=capacity, cgroup_cpu=reader), clock
+
+
+def test_inside_a_quota_the_cpu_is_the_cgroups_time_over_the_quota(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A quarter core on core 0: the cgroup spent its whole quota (0.25 s in 1 s), serve 0.05 s of it, and
+    # the core reads only 30 % busy (throttled the rest of the time).
+    group: list[float | Exception | None] = [10.0]
+    own = [3.0]
+    sampler, clock = _quota_sampler(monkeypatch, CpuCapacity(cpus=1, quota_cores=0.25), group, own)
+    clock.now_s, group[0], own[0] = 101.0, 10.25, 3.05
+    s = sampler()
+    assert s.cpu_util == pytest.approx(1.0) and s.own_cpu_util == pytest.approx(0.2)
+    assert sampler.cpu_source.startswith("cgroup CPU time over its quota of 0.25 cores")
+    clock.now_s, group[0], own[0] = 103.0, 10.35, 3.10  # 0.1 s in 2 s: a fifth of the quota, serve a tenth
+    s = sampler()
+    assert s.cpu_util == pytest.approx(0.2) and s.own_cpu_util == pytest.approx(0.1)
+
+
+def test_a_failed_cgroup_reading_falls_back_to_the_cores_busy_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    group: list[float | Exception | None] = [10.0]
+    own = [3.0]
+    sampler, clock = _quota_sampler(monkeypatch, CpuCapacity(cpus=1, quota_cores=0.25), group, own)
+    for value in (None, OSError("gone")):
+        clock.now_s, group[0], own[0] = clock.now_s + 1.0, value, own[0] + 0.1
+        s = sampler()  # never raises
+        assert s.cpu_util == pytest.approx(0.3) and s.own_cpu_util == pytest.approx(0.1)  # on core 0's base
+        assert sampler.cpu_source == "busy share of core(s) 0 (psutil)"
+    clock.now_s, group[0] = clock.now_s + 2.0, 10.4  # the next reading covers the time since the last good one
+    assert sampler().cpu_util == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize("capacity", [CpuCapacity(cpus=1), CpuCapacity(cpus=1, quota_cores=1.0),
+                                      CpuCapacity(cpus=2, quota_cores=4.0)])
+def test_without_a_quota_below_the_cores_the_cgroup_is_not_read(monkeypatch: pytest.MonkeyPatch,
+                                                                 capacity: CpuCapacity) -> None:
+    group: list[float | Exception | None] = [10.0]
+    own = [3.0]
+    sampler, clock = _quota_sampler(monkeypatch, capacity, group, own)
+    clock.now_s, group[0], own[0] = 101.0, 20.0, 3.5  # read, the cgroup would say 1.0
+    s = sampler()
+    assert (s.cpu_util, s.own_cpu_util) == (pytest.approx(0.3), pytest.approx(0.5))
+    assert sampler.cpu_source.startswith("busy share")

@@ -11,6 +11,15 @@ never blocks. The first reading after construction covers the time since constru
 a container or an emulated device class pinned to one core of two reads that core, not the
 machine's average, which the other core's idleness would halve); serve's own share is over
 the same cores, so the outside load is their difference on one base.
+
+Inside a cgroup whose CPU quota is less than those cores (a container with ``--cpus``, a device
+class at 25 % of one core) the cores' busy share is blind: when other processes of the cgroup have
+spent the quota, the cgroup is throttled while its core reads a quarter busy, and that core also
+runs work outside the cgroup. There ``cpu_util`` is the cgroup's own CPU time since the previous
+sample over the quota's (:class:`hmt.runtime.cpus.CgroupCpuTime`: wall time x quota cores), and
+``own_cpu_util`` is this process's CPU time on the same base, so their difference is the load of
+the cgroup's other processes. A reading of the cgroup that fails falls back, for that sample, to
+the cores' busy share (``cpu_source`` says which figure the last sample holds).
 """
 
 from __future__ import annotations
@@ -19,14 +28,14 @@ import contextlib
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Callable, Collection
 
 import psutil
 
 from hmt.errors import DeviceError, UsageError
-from hmt.runtime.cpus import allowed_cpus
+from hmt.runtime.cpus import CgroupCpuTime, CpuCapacity, allowed_cpus, cpu_capacity
 from hmt.runtime.gpus import nvml_handle
 
 Sampler = Callable[[], "ResourceSample"]
@@ -99,10 +108,17 @@ class _Nvml:
 
 
 class PsutilSampler:
-    """Samples the live machine. ``use_nvml=False`` skips the GPU even where NVML exists."""
+    """Samples the live machine. ``use_nvml=False`` skips the GPU even where NVML exists.
+
+    ``clock`` (monotonic seconds) stamps the samples and times the CPU shares. ``capacity`` (default:
+    :func:`~hmt.runtime.cpus.cpu_capacity`) says whether a cgroup quota binds; ``cgroup_cpu`` gives the
+    quota cgroup's cumulative CPU seconds (default: :class:`~hmt.runtime.cpus.CgroupCpuTime`), read
+    only where the quota is less than the cores."""
 
     def __init__(self, use_nvml: bool = True, clock: Callable[[], float] = time.monotonic,
-                 cpus: Collection[int] | None = None) -> None:
+                 cpus: Collection[int] | None = None, capacity: CpuCapacity | None = None,
+                 cgroup_cpu: Callable[[], float | None] | None = None) -> None:
+        self._cpus_given = cpus
         self._clock = clock
         self._nvml = _Nvml() if use_nvml else None
         self._process = psutil.Process()
@@ -112,20 +128,65 @@ class PsutilSampler:
         # machine-wide figure, the same thing, cheaper).
         self._cpus: list[int] | None = allowed if allowed and len(allowed) < machine else None
         self._cores = len(allowed) if self._cpus is not None else machine
+        if capacity is None:
+            capacity = cpu_capacity(affinity=cpus) if cpus is not None else cpu_capacity()
+        self._set_quota(capacity, cgroup_cpu)
         self.prime()
+
+    def use_cpu_quota(self, cores: float) -> None:
+        """Read the load against ``cores`` cores' worth of CPU for this process's cgroup, a quota no
+        kernel file holds (serve setting ``cpu_quota_cores``: a CPU paced from outside, a hypervisor's
+        cap); a smaller kernel quota still binds."""
+        base = cpu_capacity(affinity=self._cpus_given) if self._cpus_given is not None else cpu_capacity()
+        kernel = base.quota_cores
+        capacity = replace(base, quota_cores=cores if kernel is None else min(kernel, cores),
+                           source=f"{base.source}; serve setting cpu_quota_cores {cores:g}")
+        try:
+            reader: CgroupCpuTime | None = CgroupCpuTime(quota_cores=cores)
+        except Exception:  # noqa: BLE001 - an unreadable cgroup leaves the busy share standing
+            reader = None
+        self._set_quota(capacity, reader)
+        self.prime()
+
+    def _set_quota(self, capacity: CpuCapacity, cgroup_cpu: Callable[[], float | None] | None) -> None:
+        quota = capacity.quota_cores
+        self._quota_cores: float | None = quota if quota is not None and quota < capacity.cpus else None
+        self._cgroup_cpu: Callable[[], float | None] | None = None
+        if self._quota_cores is not None:
+            try:
+                self._cgroup_cpu = cgroup_cpu if cgroup_cpu is not None else CgroupCpuTime()
+            except Exception:  # noqa: BLE001 - it reads no odd file as an error; if it did, the busy share stands
+                self._quota_cores = None
+        where = f"core(s) {','.join(map(str, self._cpus))}" if self._cpus is not None else "all cores"
+        self._busy_source = f"busy share of {where} (psutil)"
+        self._quota_source = "" if self._quota_cores is None else (
+            f"cgroup CPU time over its quota of {self._quota_cores:g} cores "
+            f"({getattr(self._cgroup_cpu, 'source', 'given reader')})")
+        self.cpu_source = self._quota_source or self._busy_source  # what the last sample's cpu_util is
 
     def prime(self) -> None:
         """The next sample measures from now (what ran before, such as a replay's load generator
         starting, is not in it)."""
         psutil.cpu_percent(interval=None, percpu=self._cpus is not None)
         self._own_last = self._own_times()
+        self._group_last = self._group_times()
 
     def _own_times(self) -> tuple[float, float]:
         times = self._process.cpu_times()
-        return time.monotonic(), float(times.user + times.system)
+        return self._clock(), float(times.user + times.system)
 
-    def _own_share(self) -> float | None:
-        """This process's CPU time since the last sample over the wall time of all cores."""
+    def _group_times(self) -> tuple[float, float] | None:
+        """(now, the quota cgroup's CPU seconds); None without a quota or when the reading fails."""
+        if self._cgroup_cpu is None:
+            return None
+        try:
+            used_s = self._cgroup_cpu()
+        except Exception:  # noqa: BLE001 - a cgroup reading never stops the sampler: the busy share stands in
+            used_s = None
+        return None if used_s is None else (self._clock(), float(used_s))
+
+    def _own_share(self, base_cores: float) -> float | None:
+        """This process's CPU time since the last sample over the wall time of ``base_cores``."""
         try:
             now = self._own_times()
         except psutil.Error:
@@ -134,7 +195,18 @@ class PsutilSampler:
         self._own_last = now
         if t1 - t0 <= 0:
             return None
-        return min(1.0, max(0.0, (c1 - c0) / ((t1 - t0) * self._cores)))
+        return min(1.0, max(0.0, (c1 - c0) / ((t1 - t0) * base_cores)))
+
+    def _group_share(self) -> float | None:
+        """The quota cgroup's CPU time since the last reading over the quota's; None: not measured."""
+        if self._quota_cores is None:
+            return None
+        now, last = self._group_times(), self._group_last
+        if now is not None:
+            self._group_last = now
+        if now is None or last is None or now[0] - last[0] <= 0:
+            return None
+        return min(1.0, max(0.0, (now[1] - last[1]) / ((now[0] - last[0]) * self._quota_cores)))
 
     @property
     def has_gpu(self) -> bool:
@@ -147,9 +219,18 @@ class PsutilSampler:
         mine = [per_core[i] for i in self._cpus if i < len(per_core)]
         return sum(mine) / (100.0 * len(mine)) if mine else float(sum(per_core)) / (100.0 * max(1, len(per_core)))
 
+    def _cpu_shares(self) -> tuple[float, float | None]:
+        """(cpu_util, own_cpu_util) on one base: the quota where it binds and reads, else the cores."""
+        busy = self._cpu_util()  # read every sample, so that a fallback covers one sample too
+        group = self._group_share()
+        if group is not None and self._quota_cores is not None:
+            self.cpu_source = self._quota_source
+            return group, self._own_share(self._quota_cores)
+        self.cpu_source = self._busy_source
+        return busy, self._own_share(self._cores)
+
     def __call__(self) -> ResourceSample:
-        cpu_util = self._cpu_util()
-        own = self._own_share()
+        cpu_util, own = self._cpu_shares()
         mem = psutil.virtual_memory()
         freq_mhz: float | None = None
         with contextlib.suppress(Exception):
@@ -229,6 +310,17 @@ class ResourceMonitor:
     @property
     def period_s(self) -> float:
         return 1.0 / self.frequency_hz
+
+    def use_cpu_quota(self, cores: float) -> bool:
+        """Pass a CPU quota no kernel file holds to the sampler (:meth:`PsutilSampler.use_cpu_quota`);
+        False where the sampler reads no live CPU (a test's or a replay's own). Before :meth:`start`."""
+        if self.running:
+            raise UsageError("the CPU quota is set before the resource monitor starts")
+        use = getattr(self._sampler, "use_cpu_quota", None)
+        if use is None:
+            return False
+        use(cores)
+        return True
 
     @property
     def running(self) -> bool:

@@ -156,6 +156,12 @@ class ScenarioSampler:
         if prime is not None:
             prime()
 
+    def use_cpu_quota(self, cores: float) -> None:
+        """The live sampler reads the load against this quota (:meth:`PsutilSampler.use_cpu_quota`)."""
+        use = getattr(self._base, "use_cpu_quota", None)
+        if use is not None:
+            use(cores)
+
     def __call__(self) -> ResourceSample:
         sample = self._base()
         cpu = self.state.cpu_load
