@@ -52,6 +52,7 @@ from benchmarks.device.device_class import (
     cpu_seconds_per_second,
     layout,
     run_in_class,
+    terminate_as_exit,
 )
 from benchmarks.harness import EMBEDDED_SUPERNET, REPO, Driver, machine, make_result, write_result
 
@@ -492,4 +493,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with terminate_as_exit():  # killed, it still removes its class: no process left stopped, no cgroup left
+        sys.exit(main())

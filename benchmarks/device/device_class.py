@@ -210,9 +210,46 @@ def class_cgroup(device_class: DeviceClass, *, root: Path = CGROUP_ROOT,
     finally:
         if pacer_proc is not None:
             _stop_pacer(pacer_proc, procs[0], delivered)
+        _empty(made)
         for group in reversed(made):
             with contextlib.suppress(OSError):
                 group.rmdir()  # only our own, empty once its processes have exited
+
+
+def _pids(groups: Sequence[Path]) -> set[int]:
+    pids: set[int] = set()
+    for group in groups:
+        with contextlib.suppress(OSError, ValueError):
+            pids.update(int(p) for p in (group / "cgroup.procs").read_text().split())
+    return pids
+
+
+def _empty(groups: Sequence[Path], wait_s: float = 5.0) -> None:
+    """Kill what is left in the class's cgroups (a command stopped by a signal leaves its children:
+    a server, its clients, burners, some of them stopped by the pacer), so that the cgroups can go.
+    Everything in them was started inside the class by this module."""
+    deadline = time.monotonic() + wait_s
+    while (pids := _pids(groups)) and time.monotonic() < deadline:
+        for pid in pids:
+            for sig in (signal.SIGKILL, signal.SIGCONT):  # a stopped process dies once continued
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+        time.sleep(0.05)
+
+
+@contextmanager
+def terminate_as_exit() -> Iterator[None]:
+    """SIGTERM (``kill``, a CI job's timeout) raises SystemExit in the main thread while the block
+    runs, so that the class's ``finally`` stops the pacer, kills what is left and removes its cgroups
+    (the default action ends the process at once and leaves them, some of its processes stopped)."""
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _joiner(procs: Sequence[Path]):  # type: ignore[no-untyped-def]
@@ -294,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give a class and a command: CLASS -- COMMAND [ARGS ...]")
     device_class = replace(CLASSES[args.device_class], per_core=args.per_core)
     try:
-        with class_cgroup(device_class) as procs:
+        with terminate_as_exit(), class_cgroup(device_class) as procs:
             return popen_in_class(device_class, procs, command).wait()
     except CgroupUnavailable as exc:
         print(f"device_class: {exc}", file=sys.stderr)

@@ -22,6 +22,7 @@ what the processes of the cgroup use of it, not how busy its cores are (other cg
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Collection
@@ -307,7 +308,8 @@ class CgroupCpuTime:
       exist or this process is elsewhere, counts other processes, so it is not read;
     * otherwise the sum over the cgroup's tasks (v1 ``tasks``, per thread from
       ``/proc/TID/task/TID/stat``; v2 ``cgroup.procs``, per process from ``/proc/PID/stat``), in that
-      cgroup and those below it, of utime + stime. Tasks come and go, so the sum of their totals is no
+      cgroup and those below it, of a thread's ``schedstat`` time (ns) or else utime + stime (ticks:
+      10 ms, coarse for a reading of a quarter core every 0.25 s). Tasks come and go, so the sum of their totals is no
       counter: each reading adds each task's time since the previous reading (a task seen before, by
       id and start time); a task seen for the first time adds its whole time if it started after the
       previous reading (it all falls between the two), else nothing (it was moved in, or this is the
@@ -340,9 +342,9 @@ class CgroupCpuTime:
         self._ticks_per_s = ticks_per_s or _clock_ticks_per_s()
         self._counter: tuple[Path, float] | None = None  # (file, its unit in seconds)
         self._tasks: tuple[str, bool] | None = None  # (listing file name, per thread)
-        self._last: dict[int, tuple[int, int]] = {}  # task id -> (start, used) in ticks at the last reading
+        self._last: dict[int, tuple[int, int]] = {}  # task id -> (start in ticks, used in ns) at the last reading
         self._last_uptime_ticks: int | None = None
-        self._used_ticks = 0
+        self._used_ns = 0
         self._lock = threading.Lock()  # a reading of the tasks updates what the next one adds to
         if quota is None:
             return
@@ -352,7 +354,7 @@ class CgroupCpuTime:
             self.source = f"{counter[0]}"
         else:
             self._tasks = ("tasks", True) if quota.version == 1 else ("cgroup.procs", False)
-            self.source = f"{quota.folder / self._tasks[0]} (utime + stime of each task)"
+            self.source = f"{quota.folder / self._tasks[0]} (CPU time of each task)"
 
     def _cpuacct(self, root: Path, groups: _Groups, quota: _Quota) -> tuple[Path, float] | None:
         """v1: the quota cgroup's ``cpuacct.usage`` (ns), where the cpuacct hierarchy groups as the cpu one."""
@@ -391,10 +393,20 @@ class CgroupCpuTime:
         except (OSError, ValueError, IndexError) as exc:  # a listing or /proc/uptime unreadable or odd
             self._note(f"{self.quota_group}: cannot sum its tasks' CPU time ({exc})")
             return None
-        return None if used is None else used / self._ticks_per_s
+        return None if used is None else used / 1e9
+
+    def _task_used_ns(self, stat: Path, per_thread: bool) -> tuple[int, int]:
+        """(start in ticks, CPU time in ns) of a task: a thread's ``schedstat`` (ns on the CPU) where it
+        is readable, else its stat's utime + stime (whole ticks: a 0.25 s reading at a quarter core is
+        six of them). ``/proc/PID/schedstat`` is the leader thread's alone, so a process's is not read."""
+        start, used_ticks = parse_task_stat(stat.read_text())
+        if per_thread:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                return start, int((stat.parent / "schedstat").read_text().split()[0])
+        return start, used_ticks * 1_000_000_000 // self._ticks_per_s
 
     def _read_tasks(self, folder: Path, listing: str, per_thread: bool) -> int | None:
-        """The cumulative ticks (see the class's text); None when there are too many tasks or cgroups."""
+        """The cumulative ns (see the class's text); None when there are too many tasks or cgroups."""
         uptime_ticks = int(float((self._proc_root / "uptime").read_text().split()[0]) * self._ticks_per_s)
         ids: list[int] = []
         for count, (where, subfolders, _) in enumerate(os.walk(folder)):
@@ -415,17 +427,17 @@ class CgroupCpuTime:
             task_dir = self._proc_root / str(task)
             stat = (task_dir / "task" / str(task) if per_thread else task_dir) / "stat"
             try:
-                start, used = parse_task_stat(stat.read_text())
+                start, used = self._task_used_ns(stat, per_thread)
             except (OSError, ValueError):  # exited since the listing (or not a task): it adds nothing
                 continue
             before = last.get(task)
             if before is not None and before[0] == start:
-                self._used_ticks += max(0, used - before[1])
+                self._used_ns += max(0, used - before[1])
             elif since is not None and start >= since:
-                self._used_ticks += used
+                self._used_ns += used
             now[task] = (start, used)
         self._last, self._last_uptime_ticks = now, uptime_ticks
-        return self._used_ticks
+        return self._used_ns
 
 
 def _clock_ticks_per_s() -> int:

@@ -201,3 +201,46 @@ def test_the_sampler_inside_a_quota_reads_the_cgroups_own_load_not_its_cores() -
         outside_burner.kill()
         outside_burner.wait()
     assert outside["cpu_util"] <= 0.3, (inside, outside)
+
+
+_SPAWN_AND_WAIT = """
+import subprocess, sys, time
+kid = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a busy child the pacer keeps stopping
+print(kid.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _cgroups_writable(), reason="needs root and writable cpu/cpuset cgroups")
+def test_a_class_killed_with_sigterm_leaves_no_process_and_no_cgroup() -> None:
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.device.device_class", "rpi4-class", "--", sys.executable,
+                             "-c", _SPAWN_AND_WAIT], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert proc.stdout is not None
+    kid = int(proc.stdout.readline())
+    where = dc.layout()
+    groups = sorted({g for d in (where.cpu, where.cpuset) for g in d.glob(f"hmt-rpi4-class-{proc.pid}-*")})
+    assert groups and Path(f"/proc/{kid}").exists()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert not any(g.exists() for g in groups)
+    assert _gone(kid)  # killed, not left stopped in a removed class
+
+
+def _gone(pid: int, wait_s: float = 5.0) -> bool:
+    """The process has exited: no /proc entry, or a zombie its new parent has yet to reap."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False

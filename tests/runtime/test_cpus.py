@@ -209,7 +209,7 @@ def test_v1_tasks_sum_per_thread_deltas_through_exits_new_tasks_and_reused_ids(t
     proc = tmp_path / "proc"
     _proc(proc, 1000.0, {10: (500, 300), 11: (600, 50)}, per_thread=True)
     reader = CgroupCpuTime(root, self_cgroup, proc_root=proc, ticks_per_s=100)
-    assert reader.source == f"{root / 'cpu' / 'class' / 'tasks'} (utime + stime of each task)"
+    assert reader.source == f"{root / 'cpu' / 'class' / 'tasks'} (CPU time of each task)"
     assert any("cpuacct cgroup / is not its cpu cgroup /class" in n for n in reader.notes)
     assert reader() == 0.0  # the first reading: what the tasks used before it is not counted
     # 11 exited; 12 started after the first reading (all its time counts); 13 was moved in (none counts).
@@ -275,3 +275,17 @@ def test_a_smaller_kernel_quota_binds_over_a_given_one(tmp_path: Path) -> None:
     assert CgroupCpuTime(root, self_cgroup, quota_cores=0.05).quota_cores == 0.05
     with pytest.raises(ValueError):
         CgroupCpuTime(root, self_cgroup, quota_cores=0.0)
+
+
+def test_a_threads_schedstat_gives_its_time_in_ns_where_it_is_readable(tmp_path: Path) -> None:
+    """The 10 ms ticks of utime + stime are six to a reading of a quarter core every 0.25 s; a thread's
+    schedstat counts ns. A process's schedstat is its leader thread's alone, so cgroup.procs reads ticks."""
+    root, self_cgroup = _v1(tmp_path, "/class", {"cpu/class/cpu.cfs_quota_us": "25000\n",
+                                                 "cpu/class/cpu.cfs_period_us": "100000\n", "cpu/class/tasks": "10\n"})
+    proc = tmp_path / "proc"
+    _proc(proc, 100.0, {10: (50, 100)}, per_thread=True)
+    (proc / "10/task/10/schedstat").write_text("1000123456 500 7\n")
+    reader = CgroupCpuTime(root, self_cgroup, proc_root=proc, ticks_per_s=100)
+    assert reader() == 0.0
+    (proc / "10/task/10/schedstat").write_text("1003456789 500 9\n")
+    assert reader() == pytest.approx(0.003333333, abs=1e-9)  # not a whole tick

@@ -139,7 +139,8 @@ def _quota_sampler(monkeypatch: pytest.MonkeyPatch, capacity: CpuCapacity, group
     monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 2)
     monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None, percpu=False: [30.0, 0.0] if percpu else 15.0)
     clock = _Clock()
-    return PsutilSampler(use_nvml=False, clock=clock, cpus={0}, capacity=capacity, cgroup_cpu=reader), clock
+    return PsutilSampler(use_nvml=False, clock=clock, cpus={0}, capacity=capacity, cgroup_cpu=reader,
+                         own_cpu_s=lambda: Process().cpu_times().user), clock
 
 
 def test_inside_a_quota_the_cpu_is_the_cgroups_time_over_the_quota(monkeypatch: pytest.MonkeyPatch) -> None:

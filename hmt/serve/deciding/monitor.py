@@ -113,15 +113,17 @@ class PsutilSampler:
     ``clock`` (monotonic seconds) stamps the samples and times the CPU shares. ``capacity`` (default:
     :func:`~hmt.runtime.cpus.cpu_capacity`) says whether a cgroup quota binds; ``cgroup_cpu`` gives the
     quota cgroup's cumulative CPU seconds (default: :class:`~hmt.runtime.cpus.CgroupCpuTime`), read
-    only where the quota is less than the cores."""
+    only where the quota is less than the cores. ``own_cpu_s`` gives this process's CPU seconds (all its
+    threads; default :func:`time.process_time`)."""
 
     def __init__(self, use_nvml: bool = True, clock: Callable[[], float] = time.monotonic,
                  cpus: Collection[int] | None = None, capacity: CpuCapacity | None = None,
-                 cgroup_cpu: Callable[[], float | None] | None = None) -> None:
+                 cgroup_cpu: Callable[[], float | None] | None = None,
+                 own_cpu_s: Callable[[], float] = time.process_time) -> None:
         self._cpus_given = cpus
+        self._own_cpu_s = own_cpu_s  # this process's CPU seconds, all threads (ns-exact, not in 10 ms ticks)
         self._clock = clock
         self._nvml = _Nvml() if use_nvml else None
-        self._process = psutil.Process()
         machine = psutil.cpu_count() or 1
         allowed = sorted(set(cpus) if cpus is not None else allowed_cpus())
         # Per-core readings only when this process is pinned to some of the cores (else the
@@ -172,8 +174,7 @@ class PsutilSampler:
         self._group_last = self._group_times()
 
     def _own_times(self) -> tuple[float, float]:
-        times = self._process.cpu_times()
-        return self._clock(), float(times.user + times.system)
+        return self._clock(), float(self._own_cpu_s())
 
     def _group_times(self) -> tuple[float, float] | None:
         """(now, the quota cgroup's CPU seconds); None without a quota or when the reading fails."""
@@ -189,7 +190,7 @@ class PsutilSampler:
         """This process's CPU time since the last sample over the wall time of ``base_cores``."""
         try:
             now = self._own_times()
-        except psutil.Error:
+        except (OSError, psutil.Error):
             return None
         (t0, c0), (t1, c1) = self._own_last, now
         self._own_last = now
