@@ -180,16 +180,3 @@ def test_the_loop_does_not_go_back_to_a_variant_that_was_slow_at_this_load(tmp_p
     estimate = c.status()["estimates"]["big"]
     assert estimate["source"] == "measured" and estimate["latency_ms"] == pytest.approx(14.0, rel=0.05)
 
-
-
-def test_a_bigger_variants_older_measurement_is_bounded_by_a_smaller_ones_newer() -> None:
-    """Both measured at the same level: big early in a busy phase (8 ms, before the load filled the
-    machine), small since (12 ms, queueing). Big is judged at least 12 ms, not 8: else the loop moves
-    *up* to it on small's violation. A newer measurement of big stands on its own."""
-    est = estimator()
-    t = run(est, "big", 8.0, 1.0, 0.0)
-    t = run(est, "small", 12.0, 1.0, t)
-    got = decide(est, 1.0, t)
-    assert got["big"] == (pytest.approx(12.0), SOURCE_MEASURED) and got["small"][0] == pytest.approx(12.0)
-    t = run(est, "big", 9.0, 1.0, t)  # big measured since: its 9 ms are newer than small's 12
-    assert decide(est, 1.0, t)["big"][0] == pytest.approx(9.0)

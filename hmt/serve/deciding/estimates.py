@@ -35,11 +35,10 @@ load model that says the variant still fits. In every case the lower median of a
 newest ``LAST_SAMPLES`` (3) samples, whatever their level, while they are within ``max_age_s`` of
 now, is a floor as well (**measured_few**): two of its last three requests this slow.
 
-Last, a scaled or prior estimate, or a measured one older than the faster variant's, is at least
-the estimate of every variant the profile calls faster that was measured at this load (measured or
-measured_few; the source stays what it was): an extrapolation from a calmer level, or a
-measurement from before the load filled the machine, must not make a bigger variant look faster
-than what this load measures on a smaller one (:meth:`LatencyEstimator._bound_by_faster`).
+Last, a scaled or prior estimate is at least the estimate of every variant the profile calls faster
+that was measured at this load (measured or measured_few; the source stays what it was): an
+extrapolation from a calmer level must not make a bigger variant look faster than what this load
+measures on a smaller one (:meth:`LatencyEstimator._bound_by_faster`).
 
 Samples are filed under the load of the tick before them and moved, at the next tick, to the
 level of the load that tick measured over their interval (:meth:`LatencyEstimator.refile`);
@@ -432,44 +431,29 @@ class LatencyEstimator:
                 out.append(tail)
                 ratios.append(tail / prior_ms if source != SOURCE_PRIOR else prior_r[i])
                 sources[i] = source
-            self._bound_by_faster(out, ratios, load_scale, level)
+            self._bound_by_faster(out, ratios, load_scale)
             value = out, ratios
         self._latency_key, self._latency_value = key, value
         return value
 
-    def _bound_by_faster(self, out: list[float], ratios: list[float], load_scale: float, level: int) -> None:
-        """A variant is never estimated faster than a variant the profile calls faster that was
-        measured at this load (measured or measured_few), when its own estimate is older: an
-        extrapolation (scaled or prior), or a p95 at this level whose newest sample is older than
-        that of a faster variant's p95 here. The load model scales from a calmer level, and a level holds loads a
-        fifth apart: what a smaller variant measures now says what this load does. Right after a
-        load step, the active variant's requests show the step at once while a bigger variant's
-        estimate is still scaled from idle, or measured earlier in the step, before the load had
-        filled the machine; without the bound that bigger variant looked the fastest, and the loop
-        moved *up* to it on a budget violation (issue 28; inside the rpi4 class, 8 of 35 switches)."""
+    def _bound_by_faster(self, out: list[float], ratios: list[float], load_scale: float) -> None:
+        """A variant judged on an extrapolation (scaled or prior) is never estimated faster than a
+        variant the profile calls faster that was measured at this load (measured or measured_few):
+        the load model scales from a calmer level, the measurement says what this load does. Right
+        after a load step, the active variant's requests show the step at once while a bigger
+        variant's estimate is still scaled from idle; without the bound that bigger variant looked
+        the fastest, and the nothing-feasible fallback moved *up* to it (issue 28)."""
         sources = self._sources
         predicted = self.predicted_ms
-        windows = self._windows
-        bound = 0.0  # the slowest measured (or measured_few) so far, fastest variants first
-        newer, newer_s = 0.0, -math.inf  # the slowest p95 measured at this level so far, its newest sample
+        bound = 0.0
         for i in self._by_predicted:
             source = sources[i]
-            value = out[i]
-            if source == SOURCE_MEASURED:
-                times = windows[i][level].times
-                newest_s = times[-1] if times else -math.inf
-                if value < newer and newest_s < newer_s:  # older than what a faster variant measures now
-                    value = newer
-                elif value >= newer:
-                    newer, newer_s = value, newest_s
-                bound = max(bound, value)
-            elif source == SOURCE_FEW:
-                bound = max(bound, value)
-            elif value < bound:
-                value = bound
-            if value != out[i]:
-                out[i] = value
-                ratios[i] = value / (predicted[i] * load_scale)
+            if source in (SOURCE_MEASURED, SOURCE_FEW):
+                if out[i] > bound:
+                    bound = out[i]
+            elif out[i] < bound:
+                out[i] = bound
+                ratios[i] = bound / (predicted[i] * load_scale)
 
     def _nearest_level_tail(self, tails: Sequence[float | None], i: int, level: int,
                             load_scale: float) -> float | None:
