@@ -66,3 +66,24 @@ def test_the_live_sampler_reads_against_the_quota_it_is_told() -> None:
     assert "quota of 0.25 cores" in sampler.cpu_source  # this process's cgroup, read as the quota's
     sample = sampler()
     assert 0.0 <= sample.cpu_util <= 1.0 and sample.own_cpu_util is not None
+
+
+def test_status_says_what_the_cpu_figure_is_read_from(tmp_path: Path) -> None:
+    bundle = load_bundle(make_bundle(tmp_path / "b", (VariantDef("big", 0.9, 2.0, 2.0),)))
+    live = _Sampler()
+    live.cpu_source = "cgroup CPU time over its quota of 0.5 cores (a reader)"  # type: ignore[attr-defined]
+    c = Controller(bundle, ServeSettings(), sampler=ScenarioSampler(ScenarioState(), synthetic_cpu=False, base=live),
+                   warmup_runs=1)
+    c.start(background=False)
+    try:
+        assert c.status()["cpu_source"] == live.cpu_source  # type: ignore[attr-defined]
+    finally:
+        c.stop()
+    replay = ScenarioSampler(ScenarioState(), synthetic_cpu=True, base=live)
+    assert replay.cpu_source is None  # the scenario's load stands in for the CPU reading
+    untold = Controller(bundle, ServeSettings(), sampler=_Sampler(), warmup_runs=1)
+    untold.start(background=False)
+    try:
+        assert untold.status()["cpu_source"] is None  # a replay's own sampler reads no live CPU
+    finally:
+        untold.stop()

@@ -312,6 +312,13 @@ class ResourceMonitor:
     def period_s(self) -> float:
         return 1.0 / self.frequency_hz
 
+    @property
+    def cpu_source(self) -> str | None:
+        """What the sampler's last CPU figure is read from (:attr:`PsutilSampler.cpu_source`); None
+        where it reads no live CPU."""
+        source = getattr(self._sampler, "cpu_source", None)
+        return source if isinstance(source, str) else None
+
     def use_cpu_quota(self, cores: float) -> bool:
         """Pass a CPU quota no kernel file holds to the sampler (:meth:`PsutilSampler.use_cpu_quota`);
         False where the sampler reads no live CPU (a test's or a replay's own). Before :meth:`start`."""

@@ -52,6 +52,9 @@ def controller_status(c: Any, last: int = 10) -> dict[str, Any]:
         "energy_budget": c.budgets.energy,  # per inference, the profile's energy unit (None: unconstrained)
         "load_model": {"alpha_latency": c.optimizer.alpha_latency, "source": c.alpha_source},
         "own_cpu_util": None if latest is None else latest.own_cpu_util,
+        # What the load index's CPU figure is read from (a cores' busy share, or a cgroup's CPU time
+        # over its quota); None where the sampler reads no live CPU (a replay's own).
+        "cpu_source": c.monitor.cpu_source,
         "estimates": estimates,
         "engine_ratios": engine_ratios,
         # Measured / predicted outside [r_min, r_max]: the measurement is what decides.

@@ -156,6 +156,15 @@ class ScenarioSampler:
         if prime is not None:
             prime()
 
+    @property
+    def cpu_source(self) -> str | None:
+        """The live sampler's (:attr:`PsutilSampler.cpu_source`); None in synthetic mode, where the
+        scenario's load stands in for the CPU reading."""
+        if self.synthetic_cpu:
+            return None
+        source = getattr(self._base, "cpu_source", None)
+        return source if isinstance(source, str) else None
+
     def use_cpu_quota(self, cores: float) -> None:
         """The live sampler reads the load against this quota (:meth:`PsutilSampler.use_cpu_quota`)."""
         use = getattr(self._base, "use_cpu_quota", None)
