@@ -23,6 +23,7 @@ what the processes of the cgroup use of it, not how busy its cores are (other cg
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 from collections.abc import Collection
@@ -218,7 +219,7 @@ def _quotas(root: Path, self_cgroup: Path, notes: list[str]) -> tuple[list[_Quot
 def _given_quota(groups: _Groups, cores: float) -> _Quota | None:
     """A quota given by the caller (a paced CPU, a hypervisor's cap: no kernel file holds it), charged
     to this process's own cpu cgroup (v1 where the cpu controller is on a v1 hierarchy, else v2)."""
-    if not (cores > 0 and cores == cores and cores != float("inf")):
+    if not (math.isfinite(cores) and cores > 0):
         raise ValueError(f"a CPU quota must be a positive number of cores, got {cores!r}")
     if groups.cpu_mount is not None:
         folder = _chain(groups.cpu_mount, groups.cpu_path)[0]
@@ -333,7 +334,7 @@ class CgroupCpuTime:
             else:
                 quotas.append(given)
         self.notes = notes  # files skipped and readings given up, and why (each said once)
-        quota = self._quota = min(quotas, key=lambda q: q.cores) if quotas else None
+        quota = min(quotas, key=lambda q: q.cores) if quotas else None
         self.quota_cores = None if quota is None else quota.cores  # the binding quota, cores' worth per second
         self.quota_group = None if quota is None else quota.folder  # the cgroup holding it
         self.source = "none (no CPU quota)"  # what the figure is read from, in words

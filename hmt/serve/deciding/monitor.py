@@ -120,7 +120,6 @@ class PsutilSampler:
                  cpus: Collection[int] | None = None, capacity: CpuCapacity | None = None,
                  cgroup_cpu: Callable[[], float | None] | None = None,
                  own_cpu_s: Callable[[], float] = time.process_time) -> None:
-        self._cpus_given = cpus
         self._own_cpu_s = own_cpu_s  # this process's CPU seconds, all threads (ns-exact, not in 10 ms ticks)
         self._clock = clock
         self._nvml = _Nvml() if use_nvml else None
@@ -132,31 +131,28 @@ class PsutilSampler:
         self._cores = len(allowed) if self._cpus is not None else machine
         if capacity is None:
             capacity = cpu_capacity(affinity=cpus) if cpus is not None else cpu_capacity()
-        self._set_quota(capacity, cgroup_cpu)
+        self._capacity = capacity  # the kernel's view; use_cpu_quota adds a quota no kernel file holds
+        self._set_quota(capacity, (lambda: cgroup_cpu) if cgroup_cpu is not None else CgroupCpuTime)
         self.prime()
 
     def use_cpu_quota(self, cores: float) -> None:
         """Read the load against ``cores`` cores' worth of CPU for this process's cgroup, a quota no
         kernel file holds (serve setting ``cpu_quota_cores``: a CPU paced from outside, a hypervisor's
         cap); a smaller kernel quota still binds."""
-        base = cpu_capacity(affinity=self._cpus_given) if self._cpus_given is not None else cpu_capacity()
-        kernel = base.quota_cores
-        capacity = replace(base, quota_cores=cores if kernel is None else min(kernel, cores),
-                           source=f"{base.source}; serve setting cpu_quota_cores {cores:g}")
-        try:
-            reader: CgroupCpuTime | None = CgroupCpuTime(quota_cores=cores)
-        except Exception:  # noqa: BLE001 - an unreadable cgroup leaves the busy share standing
-            reader = None
-        self._set_quota(capacity, reader)
+        kernel = self._capacity.quota_cores
+        capacity = replace(self._capacity, quota_cores=cores if kernel is None else min(kernel, cores),
+                           source=f"{self._capacity.source}; serve setting cpu_quota_cores {cores:g}")
+        self._set_quota(capacity, lambda: CgroupCpuTime(quota_cores=cores))
         self.prime()
 
-    def _set_quota(self, capacity: CpuCapacity, cgroup_cpu: Callable[[], float | None] | None) -> None:
+    def _set_quota(self, capacity: CpuCapacity, make_reader: Callable[[], Callable[[], float | None]]) -> None:
+        """Read the cgroup's CPU time (``make_reader()``) where ``capacity``'s quota is less than its cores."""
         quota = capacity.quota_cores
         self._quota_cores: float | None = quota if quota is not None and quota < capacity.cpus else None
         self._cgroup_cpu: Callable[[], float | None] | None = None
         if self._quota_cores is not None:
             try:
-                self._cgroup_cpu = cgroup_cpu if cgroup_cpu is not None else CgroupCpuTime()
+                self._cgroup_cpu = make_reader()
             except Exception:  # noqa: BLE001 - it reads no odd file as an error; if it did, the busy share stands
                 self._quota_cores = None
         where = f"core(s) {','.join(map(str, self._cpus))}" if self._cpus is not None else "all cores"
