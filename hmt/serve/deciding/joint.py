@@ -24,7 +24,8 @@ The offload device supplies the cut costs and the peer's conditions
 
 Feasible: within the latency, memory and energy budgets (and the peer usable for a cut). Eq. 3
 (``mu*Norm(A) - (1-mu)*Norm(E)``) ranks the feasible candidates; equal scores go to the
-fastest. Nothing feasible: the fastest candidate within memory, else the least memory.
+fastest. Nothing feasible: the fastest candidate within memory (a bigger local variant only on
+evidence at least as new, :meth:`JointPath._newer`), else the least memory.
 
 The two timed stages keep the local loop's split (:mod:`hmt.serve.deciding.decision`):
 :meth:`JointPath.feasible` (the estimate stage) costs every candidate and reduces the result to

@@ -17,7 +17,9 @@
   (``None``: use the level anyway). ``mu`` is rounded to ``mu_step``.
 - Nothing feasible: the fastest variant that fits the memory budget, flagged
   ``feasible=False``; if none fits memory, the one of least memory (a variant that does
-  not fit memory may fail to load at all, which is worse than running late).
+  not fit memory may fail to load at all, which is worse than running late). With the
+  estimates' sample times (:meth:`Optimizer.fallback`), the profile's fastest unless a bigger
+  variant's lower estimate is at least as new.
 
 Decision cost: the variants are kept sorted by profiled latency, so the latency budget
 is a prefix found by bisection; the memory budget is reduced to a count by bisection
