@@ -5,9 +5,11 @@ One :class:`Controller` per served bundle wires the parts. Each tick (on its
 serve and its forecast (:mod:`hmt.serve.deciding.load`), every variant's tail latency,
 measured first (:mod:`hmt.serve.deciding.estimates`), chooses by CrowdHMTware eq. 3 within
 the budgets (:mod:`hmt.serve.deciding.decision`) and offers the choice to the hysteresis
-switcher. When nothing is feasible it serves the fastest and says so. A switch to a variant
-that is not loaded loads it on the control thread while the old one keeps serving; a failed
-load is reverted, the old variant stays, and status says why.
+switcher. When nothing is feasible it serves the fastest and says so: the profile's fastest,
+unless a bigger variant's lower estimate is as new
+(:meth:`~hmt.serve.deciding.optimizer.Optimizer.fallback`). A switch to a variant that is not
+loaded loads it on the control thread while the old one keeps serving; a failed load is
+reverted, the old variant stays, and status says why.
 
 Requests call :meth:`Controller.predict` from any thread: it reads the active runner
 (one reference, swapped atomically), runs it, and records the measured time.
@@ -286,8 +288,8 @@ class Controller:
         if joint is not None:
             self.decision.inputs = (latencies, ratios, 1.0 + self.optimizer.alpha_latency * load_next)
             adopted = self.adapt.adopted_base if self.adapt is not None else None
-            return joint.feasible(latencies, ratios, load_next, latency_limit_ms, budgets, adopted)
-        return self.decision.feasible(latencies, ratios, load_next, latency_limit_ms, budgets)
+            return joint.feasible(latencies, ratios, load_next, latency_limit_ms, budgets, adopted, estimator.newest_s)
+        return self.decision.feasible(latencies, ratios, load_next, latency_limit_ms, budgets, estimator.newest_s)
 
     def _latency_limit_ms(self, budgets: Budgets, level: int | None = None) -> tuple[float, float]:
         """(compute share of the latency budget a variant is moved to within, serving overhead):

@@ -136,3 +136,22 @@ def test_choices_are_cached_on_the_feasible_set_and_costs_rebuild_on_a_new_versi
     provider.version += 1
     _decide(path, Budgets(latency_ms=8.0))
     assert len(path.candidates) == before + 1
+
+
+def test_nothing_feasible_a_bigger_local_variant_needs_newer_evidence_and_a_route_does_not() -> None:
+    """Table order: small_int8, small, big. Nothing fits 1 ms. Locally, a bigger variant's lower
+    estimate is the fallback only when measured at least as recently (as Optimizer.fallback); an
+    offloaded route competes on its cost, which the link and the peer set, not the local samples."""
+    closed = JointPath(Optimizer(TABLE), Provider(rtt_ms=None))
+    lat = [30.0, 12.0, 50.0]  # small_int8's p95 now, small's from earlier, big's
+    budgets = Budgets(latency_ms=1.0)
+    bits, fallback, _ = closed.feasible(lat, [1.0] * 3, 0.0, 1.0, budgets, None, [10.0, 9.0, 9.0])
+    assert bits == 0 and closed.candidates[fallback].label == "small_int8@local"
+    _, fallback, _ = closed.feasible(lat, [1.0] * 3, 0.0, 1.0, budgets, None, [10.0, 10.0, 9.0])
+    assert closed.candidates[fallback].label == "small@local"
+    _, fallback, _ = closed.feasible(lat, [1.0] * 3, 0.0, 1.0, budgets)  # no times: the lowest cost
+    assert closed.candidates[fallback].label == "small@local"
+    # with the link up, big cut at 0 costs about 8 ms: the cheapest, whatever the local samples' age
+    path = JointPath(Optimizer(TABLE), Provider())
+    bits, fallback, _ = path.feasible(lat, [1.0] * 3, 0.0, 1.0, budgets, None, [10.0, 9.0, 1.0])
+    assert bits == 0 and path.candidates[fallback].label.startswith("big@cut0/")

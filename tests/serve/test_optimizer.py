@@ -193,3 +193,28 @@ def test_the_loops_hot_path_choice_matches_the_full_decision() -> None:
         assert (fast.arch_id, fast.reason_code, fast.current_feasible) == (
             full.arch_id, full.reason_code, full.current_feasible)
         assert fast.score == full.score and fast.current_score == full.current_score
+
+
+def test_nothing_feasible_falls_back_to_the_profiles_fastest_unless_newer_evidence_says_otherwise() -> None:
+    """Optimizer.fallback: table order is the profile's (small, mid, big). A bigger variant's lower
+    estimate wins only when its newest sample is at least as new as the current fallback's."""
+    from hmt.serve.deciding.decision import DecisionPath
+
+    opt = Optimizer(TABLE)
+    assert [v.arch_id for v in opt.variants] == ["small", "mid", "big"]
+    est = [90.0, 25.0, 120.0]  # small's p95 now, mid's floor of a few samples from earlier, big's
+    inf = float("-inf")
+    assert opt.fallback(est, [10.0, 9.0, 8.0], None) == 0  # mid's is older: the profile's fastest
+    assert opt.fallback(est, [10.0, 10.0, 8.0], None) == 1  # as new: the estimate wins
+    assert opt.fallback(est, [inf, 9.0, inf], None) == 1  # small never measured: mid's evidence wins
+    assert opt.fallback([90.0, 25.0, 20.0], [inf, inf, inf], None) == 2  # priors only: the lowest estimate
+    # memory keeps small out: the fastest within memory is mid, big's older estimate does not beat it
+    assert opt.fallback([90.0, 60.0, 20.0], [10.0, 10.0, 5.0], 300 * MB) == 1
+    assert opt.fallback(est, [10.0, 9.0, 8.0], 10 * MB) == -1  # nothing fits memory: -1 - the least memory's
+    # the decision path uses it only when nothing is feasible, and recomputes it as the times move
+    path = DecisionPath(opt)
+    budgets = Budgets(latency_ms=5.0)
+    assert path.feasible(est, [1.0] * 3, 0.0, 5.0, budgets, [10.0, 9.0, 8.0]) == (0, 0)
+    assert path.feasible(est, [1.0] * 3, 0.0, 5.0, budgets, [10.0, 10.0, 8.0]) == (0, 1)
+    assert path.feasible(est, [1.0] * 3, 0.0, 5.0, budgets) == (0, 1)  # no times: the lowest estimate
+    assert path.feasible([4.0, 25.0, 120.0], [1.0] * 3, 0.0, 5.0, budgets, [10.0, 10.0, 8.0])[0] == 1

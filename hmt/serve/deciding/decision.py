@@ -6,7 +6,9 @@ A tick has two timed stages (``estimate_us`` and ``decision_us`` in its record):
   :class:`~hmt.serve.deciding.estimates.LatencyEstimator`) against the budgets give the *feasible set*
   (a bit mask over the table) and the fallback when it is empty
   (:meth:`~hmt.serve.deciding.optimizer.Optimizer.feasible_mask`); recomputed only when the estimates,
-  the load bucket, the compute budget or a budget changed;
+  the load bucket, the compute budget or a budget changed. An empty set's fallback is the profile's
+  fastest unless a bigger variant's lower estimate is at least as new
+  (:meth:`~hmt.serve.deciding.optimizer.Optimizer.fallback`);
 - :meth:`DecisionPath.choose`: eq. 3 over the feasible set. A choice depends only on (feasible
   set, mu, active variant), so it is computed once per such triple and then looked up.
 
@@ -63,9 +65,12 @@ class DecisionPath:
         return mu
 
     def feasible(self, latencies: list[float], ratios: list[float], load_next: float, latency_limit_ms: float,
-                 budgets: Budgets) -> tuple[int, int]:
+                 budgets: Budgets, newest_s: list[float] | None = None) -> tuple[int, int]:
         """(feasible mask, fallback) for these estimates (the estimator's cached lists: the same
-        objects until they change) within the budgets, with ``latency_limit_ms`` the compute share."""
+        objects until they change) within the budgets, with ``latency_limit_ms`` the compute share.
+        ``newest_s`` (each variant's newest sample): when nothing is feasible, the fallback is
+        :meth:`Optimizer.fallback` (the profile's fastest unless newer evidence overrules it),
+        recomputed on every call, as those times move with every request."""
         key = (latencies, latency_limit_ms, budgets, load_next)
         if key != self._mask_key:
             optimizer = self.optimizer
@@ -76,6 +81,9 @@ class DecisionPath:
                                                  budgets.energy)
             self._mask_key = key
             self.inputs = (latencies, ratios, 1.0 + optimizer.alpha_latency * load_next)
+        mask, fallback = self._mask
+        if mask == 0 and fallback >= 0 and newest_s is not None:
+            return mask, self.optimizer.fallback(latencies, newest_s, budgets.memory_bytes)
         return self._mask
 
     def energies(self, ratios: list[float], load_next: float) -> list[float]:

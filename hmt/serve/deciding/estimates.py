@@ -145,6 +145,9 @@ class LatencyEstimator:
         kept = LAST_SAMPLES if self.settings.floor_span_s <= 0 else self.settings.window
         self._last: list[deque[tuple[float, float]]] = [deque(maxlen=kept) for _ in self.arch_ids]
         self._last_floor: list[float] = [0.0] * len(self.arch_ids)
+        # Each variant's newest sample time, whatever its level (-inf: never measured): the
+        # nothing-feasible fallback trusts a bigger variant's lower estimate only when it is as new.
+        self.newest_s: list[float] = [-math.inf] * len(self.arch_ids)
         # Windows that got samples since the last refile, and when that was (see refile).
         self._recent: set[tuple[int, int]] = set()
         self._refiled_s = -math.inf
@@ -182,6 +185,8 @@ class LatencyEstimator:
         self._dirty.add((i, level))
         self._recent.add((i, level))
         self._last[i].append((now_s, measured_ms))
+        if now_s > self.newest_s[i]:
+            self.newest_s[i] = now_s
         expiry_s = now_s + self.settings.memory_s
         if expiry_s < self._next_expiry_s:
             self._next_expiry_s = expiry_s

@@ -24,7 +24,8 @@ The offload device supplies the cut costs and the peer's conditions
 
 Feasible: within the latency, memory and energy budgets (and the peer usable for a cut). Eq. 3
 (``mu*Norm(A) - (1-mu)*Norm(E)``) ranks the feasible candidates; equal scores go to the
-fastest. Nothing feasible: the fastest candidate within memory, else the least memory.
+fastest. Nothing feasible: the fastest candidate within memory (a bigger local variant only on
+evidence at least as new, :meth:`JointPath._newer`), else the least memory.
 
 The two timed stages keep the local loop's split (:mod:`hmt.serve.deciding.decision`):
 :meth:`JointPath.feasible` (the estimate stage) costs every candidate and reduces the result to
@@ -198,10 +199,13 @@ class JointPath:
     # -- the estimate stage ------------------------------------------------------------------
 
     def feasible(self, latencies: Sequence[float], ratios: Sequence[float], load_next: float,
-                 latency_limit_ms: float, budgets: Budgets, adopted: str | None = None
-                 ) -> tuple[int, int, int]:
+                 latency_limit_ms: float, budgets: Budgets, adopted: str | None = None,
+                 newest_s: Sequence[float] | None = None) -> tuple[int, int, int]:
         """Cost every candidate under the estimates and the provider's conditions: (feasible bits,
-        fallback candidate (``-1 - i``: least memory, nothing fits memory), latency order id)."""
+        fallback candidate (``-1 - i``: least memory, nothing fits memory), latency order id).
+        ``newest_s`` (each variant's newest sample): among local candidates, a bigger variant is the
+        fallback over a smaller one only on evidence at least as new (as :meth:`Optimizer.fallback`);
+        an offloaded route competes on its cost alone."""
         provider = self.provider
         cond = RouteConditions()
         if provider is not None:
@@ -247,7 +251,8 @@ class JointPath:
                 least, least_bytes = i, c.memory_bytes
             if memory_limit is not None and c.memory_bytes > memory_limit:
                 continue
-            if t < fastest_ms:
+            if t < fastest_ms and (newest_s is None or fastest < 0 or self._newer(c, self.candidates[fastest],
+                                                                                  newest_s)):
                 fastest, fastest_ms = i, t
             if t <= latency_limit_ms and (energy_limit is None or e <= energy_limit):
                 bits |= 1 << i
@@ -262,6 +267,14 @@ class JointPath:
             self._orders.append(order)
         self.latency_ms, self.remote_ms, self.energy, self.feasible_bits = lat, remote_list, energy, bits
         return bits, (fastest if fastest >= 0 else -1 - least), oid
+
+    @staticmethod
+    def _newer(c: Candidate, best: Candidate, newest_s: Sequence[float]) -> bool:
+        """Whether ``c``, costed lower than ``best``, may replace it as the fallback: always for a
+        route or the same variant; for a bigger local variant only on evidence at least as new."""
+        if c.route is not None or best.route is not None or c.position <= best.position:
+            return True
+        return newest_s[c.position] >= newest_s[best.position]
 
     # -- the decision stage ------------------------------------------------------------------
 

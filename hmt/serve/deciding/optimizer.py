@@ -17,7 +17,9 @@
   (``None``: use the level anyway). ``mu`` is rounded to ``mu_step``.
 - Nothing feasible: the fastest variant that fits the memory budget, flagged
   ``feasible=False``; if none fits memory, the one of least memory (a variant that does
-  not fit memory may fail to load at all, which is worse than running late).
+  not fit memory may fail to load at all, which is worse than running late). With the
+  estimates' sample times (:meth:`Optimizer.fallback`), the profile's fastest unless a bigger
+  variant's lower estimate is at least as new.
 
 Decision cost: the variants are kept sorted by profiled latency, so the latency budget
 is a prefix found by bisection; the memory budget is reduced to a count by bisection
@@ -269,7 +271,8 @@ class Optimizer:
         """Everything of the estimates a choice depends on, so that :meth:`choose_mask` can be
         cached on it: (bit i set: variant i within every limit; the fallback when none is: the
         fastest by ``latency_ms`` within memory as its position, or ``-1 - position`` of the
-        least memory when nothing fits memory)."""
+        least memory when nothing fits memory; :meth:`fallback` refines it by when each estimate
+        was measured)."""
         fits = self._fits.get(memory_limit_bytes)
         if fits is None:
             fits = self.memory_fits(memory_limit_bytes)
@@ -284,6 +287,27 @@ class Optimizer:
             if lat <= latency_limit_ms and (energy_limit is None or energy_mj[i] <= energy_limit):  # type: ignore[index]
                 mask |= 1 << i
         return mask, (-1 - self._least_memory if fastest < 0 else fastest)
+
+    def fallback(self, latency_ms: Sequence[float], newest_s: Sequence[float],
+                 memory_limit_bytes: float | None) -> int:
+        """The variant to serve when none is feasible (as :meth:`feasible_mask`'s fallback): the
+        profile's fastest within memory, unless a slower one by the profile has a lower estimate
+        measured at least as recently (``newest_s``: each variant's newest sample, -inf: never).
+
+        When nothing fits, every estimate is over the budget, and a bigger variant that *looks*
+        faster than a smaller one does so on evidence from another time: a p95 from before the
+        load filled the machine, a few samples, or a calmer load level scaled by the load model,
+        against the smaller variant's requests now. Inside a paced device class that made the loop
+        climb to the largest variant on a budget violation and fall back at once (issue 28).
+        Evidence at least as new as the smaller variant's may still overrule the profile."""
+        fits = self._fits.get(memory_limit_bytes)
+        if fits is None:
+            fits = self.memory_fits(memory_limit_bytes)
+        best = -1
+        for i, lat in enumerate(latency_ms):  # the table is in the profile's latency order
+            if fits[i] and (best < 0 or (lat < latency_ms[best] and newest_s[i] >= newest_s[best])):
+                best = i
+        return -1 - self._least_memory if best < 0 else best
 
     def choose_mask(self, mask: int, fallback: int, mu: float, current: int) -> Choice:
         """:meth:`choose_within` given :meth:`feasible_mask`'s answer: the best score among the
