@@ -55,7 +55,7 @@ class Loop:
                 result = real_run(x, confidence)  # the real graphs answer
                 self.real_runs += 1
                 ms = self.times[arch_id][self.loaded]
-                if isinstance(ms, tuple):  # a cycle of times (a paced class: some requests wait a period)
+                if isinstance(ms, tuple):  # a cycle of times (a busy paced class: some requests wait behind others)
                     ms = ms[self.real_runs % len(ms)]
                 self.now += ms / 1e3
                 return replace(result, compute_ms=ms)
@@ -248,11 +248,12 @@ def test_nothing_fits_after_a_step_and_the_loop_does_not_move_up(tmp_path: Path)
 
 def test_nothing_fits_and_a_bigger_variants_older_estimate_does_not_move_the_loop_up(tmp_path: Path) -> None:
     """Inside a paced device class (issue 23) every variant slows far past the 9 ms budget, and one
-    request in four waits out the pacer's stop whatever variant runs it: p95s are the stop, medians
-    the variant. mid's few samples from a moment ago (a floor, their lower median) undercut small's
-    p95 of now, and the nothing-feasible fallback, which took the lowest estimate, moved up to mid
-    and back on each violation (3 switches here before; 9 of 35 in the class went up). It now serves
-    the profile's fastest unless a bigger variant's lower estimate is at least as new."""
+    request in four waits behind the other work sharing the class's CPU, whatever variant runs it:
+    p95s are the wait, medians the variant. mid's few samples from a moment ago (a floor, their
+    lower median) undercut small's p95 of now, and the nothing-feasible fallback, which took the
+    lowest estimate, moved up to mid and back on each violation (3 switches here before; 7 of 28
+    in the rpi4 class's runs went up). It now serves the profile's fastest unless a bigger
+    variant's lower estimate is at least as new."""
     loop = Loop(tmp_path)
     loop.times = {"big": (5.0, (40.0, 40.0, 40.0, 120.0)), "mid": (3.0, (25.0, 25.0, 25.0, 100.0)),
                   "small": (2.0, (12.0, 12.0, 12.0, 90.0))}
