@@ -91,6 +91,7 @@ def test_nothing_feasible_serves_the_fastest_and_says_so(tmp_path: Path) -> None
     assert record.active == "small" and not record.feasible
     status = c.status()
     assert status["feasible"] is False and "serving the fastest" in status["infeasible_reason"]
+    assert "the profile's fastest unless a variant measured as recently is faster" in status["infeasible_reason"]
     assert c.last_decision is not None and c.last_decision.reason_code == REASON_MEASURED_FASTEST
 
 

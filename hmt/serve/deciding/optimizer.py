@@ -74,7 +74,8 @@ class Decision:
     def reason(self) -> str:
         if self.reason_code == REASON_MEASURED_FASTEST:
             return (f"no variant meets the budgets on the latencies measured now: serving the fastest, "
-                    f"{self.arch_id} at p95 {self.predicted_latency_ms:.3f} ms (budget {self.budgets.latency_ms} ms)")
+                    f"{self.arch_id} at p95 {self.predicted_latency_ms:.3f} ms (budget {self.budgets.latency_ms} ms; "
+                    f"the profile's fastest unless a variant measured as recently is faster)")
         if self.reason_code == REASON_BEST:
             head = "best mu*Norm(A) - (1-mu)*Norm(E) within budgets"
         elif self.reason_code == REASON_FASTEST:
