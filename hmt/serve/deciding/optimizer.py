@@ -301,9 +301,7 @@ class Optimizer:
         against the smaller variant's requests now. Inside a paced device class that made the loop
         climb to the largest variant on a budget violation and fall back at once (issue 28).
         Evidence at least as new as the smaller variant's may still overrule the profile."""
-        fits = self._fits.get(memory_limit_bytes)
-        if fits is None:
-            fits = self.memory_fits(memory_limit_bytes)
+        fits = self.memory_fits(memory_limit_bytes)
         best = -1
         for i, lat in enumerate(latency_ms):  # the table is in the profile's latency order
             if fits[i] and (best < 0 or (lat < latency_ms[best] and newest_s[i] >= newest_s[best])):
