@@ -39,19 +39,21 @@ def test_the_row_applier_applies_each_row_once_in_order_from_either_caller() -> 
     scenario = Scenario.from_text("time_s,cpu_load\n0,\n1,0.5\n2,1\n3,\n")
     rows = list(scenario.rows)
     applied: list[float] = []
-    applier = RowApplier(rows, lambda row: applied.append(row.time_s))
+    now = [0.0]
+    applier = RowApplier(rows, lambda row: applied.append(row.time_s), clock=lambda: now[0])
     applier.due(50.0)
     assert applied == []  # not started: nothing is due
     applier.start(100.0)
     applier.due(101.5)  # the control thread, first: rows 0 and 1 are due
-    assert applied == [0.0, 1.0]
+    assert applied == [0.0, 1.0] and applier.applied_on_sample == 2
     applier.through(rows[0])  # the driver, late: already applied, nothing again
-    applier.through(rows[2])  # the driver at row 2's time
-    assert applied == [0.0, 1.0, 2.0]
+    now[0] = 102.25
+    applier.through(rows[2])  # the driver, a quarter second after row 2's time
+    assert applied == [0.0, 1.0, 2.0] and applier.driver_late_max_s == pytest.approx(0.25)
     applier.due(102.9)
     assert applied == [0.0, 1.0, 2.0] and applier.applied == 3
     applier.due(103.0)
-    assert applied == [0.0, 1.0, 2.0, 3.0]
+    assert applied == [0.0, 1.0, 2.0, 3.0] and applier.applied_on_sample == 3
 
 
 def test_the_burners_follow_their_plan_without_the_parent() -> None:
@@ -102,4 +104,5 @@ def test_a_late_driver_does_not_delay_the_rows(bundle_dir: Path, tmp_path: Path,
     result = run_scenario(bundle_dir, scenario, SessionOptions(), DriveOptions(duration_s=1.6, clients=1, rate_hz=20.0),
                           api=None, server=None, data=data, rng=rng)
     first = next(t.time_s for t in result.ticks if t.latency_budget_ms == 1.5)
+    assert result.summary["rows_applied_on_sample"] >= 1 and result.summary["driver_late_max_s"] >= 0.7
     assert 0.55 <= first < 0.6 + 0.4, first  # without the control thread's part: 1.4 s

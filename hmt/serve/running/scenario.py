@@ -161,6 +161,8 @@ class RowApplier:
         self._start_s: float | None = None
         self._next = 0
         self._lock = threading.Lock()
+        self.applied_on_sample = 0  # rows the sampler applied before the driver came to them
+        self.driver_late_max_s = 0.0  # how late the driver came to a row at worst (a starved thread)
 
     @property
     def applied(self) -> int:
@@ -174,6 +176,9 @@ class RowApplier:
     def through(self, row: ScenarioRow) -> None:
         """Apply every row up to ``row`` (one of :attr:`rows`) not applied yet."""
         index = next(i for i, r in enumerate(self.rows) if r is row)
+        if self._start_s is not None:
+            late_s = self._clock() - (self._start_s + row.time_s)
+            self.driver_late_max_s = max(self.driver_late_max_s, late_s)
         with self._lock:
             self._apply_to(index + 1)
 
@@ -186,6 +191,7 @@ class RowApplier:
             end = self._next
             while end < len(self.rows) and self._start_s + self.rows[end].time_s <= now_s:
                 end += 1
+            self.applied_on_sample += end - self._next
             self._apply_to(end)
 
     def _apply_to(self, end: int) -> None:

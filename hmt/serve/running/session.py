@@ -333,6 +333,9 @@ def run_scenario(
                     # decisions that raised a bug (the loop outlived them; hmt.serve.running.loop)
                     "control_loop_errors": controller.loop.unexpected_errors,
                     "control_loop_last_error": controller.loop.last_unexpected_error})
+    # rows the control thread applied before the driver thread came to them (a late driver: a starved CPU)
+    summary["rows_applied_on_sample"] = applier.applied_on_sample
+    summary["driver_late_max_s"] = round(applier.driver_late_max_s, 4)
     if burner is not None:
         summary["burn"] = burner.describe()
     result = ScenarioResult(summary, records, shifted, url=None if api_server is None else api_server.url)
