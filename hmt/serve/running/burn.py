@@ -21,12 +21,14 @@ import math
 import multiprocessing
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from hmt.errors import DeviceError, UsageError
 from hmt.runtime.cpus import CpuCapacity, cpu_capacity
 
 _BURN_SLOT_S = 0.02
+_PLAN_POLL_S = 0.02  # a child following a plan reads it this often
 START_TIMEOUT_S = 30.0  # a child process that is not up by then: the machine is too busy to replay on
 
 
@@ -38,13 +40,61 @@ def wait_ready(events: list[Any], timeout_s: float, what: str) -> None:
             raise DeviceError(f"{what}: a child process was not up after {timeout_s:g} s")
 
 
-def _burn(duty: Any, stop: Any, ready: Any) -> None:  # pragma: no cover - runs in a child process
+class SharedPlan:
+    """A step function of time that child processes read on their own: from ``start_s + times_s[i]``
+    (the monotonic clock, which every process of a Linux machine shares) the value is ``values[i]``.
+
+    A replay's load must change at the scenario's times whatever the replaying process is doing: set
+    by the driver thread of serve's process, the load of a row at 6 s once stopped at 21 s instead of
+    9 s (in a device class at a quarter core, the driver thread waited seconds for the interpreter
+    while the burner, at full duty, took most of the class from serve). A child that reads its plan
+    needs nothing of the parent after :meth:`set`. Made before the children are spawned (its arrays
+    travel with them); ``capacity`` rows at most."""
+
+    def __init__(self, ctx: Any, capacity: int) -> None:
+        self.capacity = max(1, int(capacity))
+        self._start = ctx.Value("d", -1.0, lock=False)  # < 0: no plan; the parent's set values hold
+        self._count = ctx.Value("i", 0, lock=False)
+        self._times = ctx.Array("d", self.capacity, lock=False)
+        self._values = ctx.Array("d", self.capacity, lock=False)
+
+    def set(self, start_s: float, times_s: Sequence[float], values: Sequence[float | None]) -> None:
+        """Follow ``values`` (None: 0) from ``start_s + times_s`` on; times ascending. UsageError over capacity."""
+        if len(times_s) != len(values):
+            raise UsageError(f"plan: {len(times_s)} times for {len(values)} values")
+        if len(times_s) > self.capacity:
+            raise UsageError(f"plan: {len(times_s)} rows, room for {self.capacity}")
+        if any(b < a for a, b in zip(times_s, times_s[1:])):
+            raise UsageError("plan: times must be ascending")
+        self._start.value = -1.0  # children ignore the plan while it is rewritten
+        for i, (t, v) in enumerate(zip(times_s, values)):
+            self._times[i] = float(t)
+            self._values[i] = 0.0 if v is None else float(v)
+        self._count.value = len(times_s)
+        self._start.value = float(start_s)
+
+    def at(self, now_s: float) -> float | None:
+        """The value in force at ``now_s`` (0 before the first row); None without a plan."""
+        start = float(self._start.value)
+        if start < 0:
+            return None
+        value = 0.0
+        for i in range(int(self._count.value)):
+            if start + self._times[i] > now_s:
+                break
+            value = float(self._values[i])
+        return value
+
+
+def _burn(duty: Any, stop: Any, ready: Any, plan: SharedPlan | None = None, index: int = 0,
+          cores: float = 1.0) -> None:  # pragma: no cover - runs in a child process
     x = 0.0
     parent = os.getppid()
     ready.set()  # the interpreter is up and the imports are done: what is left is the duty asked for
     # An orphan (the parent was killed before it could set ``stop``) must not burn forever.
     while not stop.is_set() and os.getppid() == parent:
-        share = float(duty.value)
+        planned = None if plan is None else plan.at(time.monotonic())
+        share = float(duty.value) if planned is None else _duty(planned, cores, index)
         start = time.perf_counter()
         busy_until = start + share * _BURN_SLOT_S
         while time.perf_counter() < busy_until:
@@ -54,12 +104,18 @@ def _burn(duty: Any, stop: Any, ready: Any) -> None:  # pragma: no cover - runs 
             time.sleep(rest)
 
 
+def _duty(cpu_load: float | None, cores: float, index: int) -> float:
+    """Burner ``index``'s busy share for ``cpu_load`` of ``cores``: the first ones flat out, the next part."""
+    total = 0.0 if cpu_load is None else min(1.0, max(0.0, cpu_load)) * cores
+    return min(1.0, max(0.0, total - index))
+
+
 class LoadGenerator:
     """Busy processes that together keep ``cpu_load`` of ``cores`` busy: ``ceil(cores)`` of them, the
     first ones flat out, the next part of the time. ``cores`` (cores' worth of CPU time per second)
     defaults to this process's capacity (:func:`hmt.runtime.cpus.cpu_capacity`)."""
 
-    def __init__(self, cores: float | None = None) -> None:
+    def __init__(self, cores: float | None = None, plan_rows: int = 0) -> None:
         self.capacity: CpuCapacity | None = None
         if cores is None:
             self.capacity = cpu_capacity()
@@ -72,7 +128,10 @@ class LoadGenerator:
         self._stop = ctx.Event()
         self._duties = [ctx.Value("d", 0.0, lock=False) for _ in range(self.processes)]
         self._ready = [ctx.Event() for _ in self._duties]
-        self._procs = [ctx.Process(target=_burn, args=(d, self._stop, r), daemon=True, name=f"hmt-burn-{i}")
+        # ``plan_rows`` > 0: room for a plan the burners follow on their own (:meth:`follow`)
+        self._plan = SharedPlan(ctx, plan_rows) if plan_rows > 0 else None
+        self._procs = [ctx.Process(target=_burn, args=(d, self._stop, r, self._plan, i, self.cores), daemon=True,
+                                   name=f"hmt-burn-{i}")
                        for i, (d, r) in enumerate(zip(self._duties, self._ready))]
         self.load = 0.0
 
@@ -99,11 +158,18 @@ class LoadGenerator:
         wait_ready(self._ready, timeout_s, "load generator")
 
     def set(self, cpu_load: float | None) -> None:
-        """Busy share of the capacity: the first processes run flat out, the next one part of the time."""
-        total = 0.0 if cpu_load is None else min(1.0, max(0.0, cpu_load)) * self.cores
-        self.load = total / self.cores
+        """Busy share of the capacity: the first processes run flat out, the next one part of the time.
+        A plan being followed (:meth:`follow`) takes precedence in the burners."""
+        self.load = 0.0 if cpu_load is None else min(1.0, max(0.0, cpu_load))
         for i, duty in enumerate(self._duties):
-            duty.value = min(1.0, max(0.0, total - i))
+            duty.value = _duty(cpu_load, self.cores, i)
+
+    def follow(self, start_s: float, times_s: Sequence[float], cpu_loads: Sequence[float | None]) -> None:
+        """From now on the burners change their duty at ``start_s + times_s`` (monotonic clock) by
+        themselves, whatever this process is doing (:class:`SharedPlan`). Needs ``plan_rows``."""
+        if self._plan is None:
+            raise UsageError("load generator: made without room for a plan (plan_rows=0)")
+        self._plan.set(start_s, times_s, cpu_loads)
 
     def stop(self) -> None:
         """Stop the burners; safe after a start that failed part-way (a burner never started is skipped)."""

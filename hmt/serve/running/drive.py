@@ -162,6 +162,7 @@ def drive(
     inputs: Inputs,
     base_latency_ms: float | None = None,
     url: tuple[str, str | None] | None = None,
+    on_start: Callable[[float], object] | None = None,
 ) -> tuple[float, list[RequestRecord]]:
     """Apply each row at its time while ``clients`` clients send for ``duration_s``.
 
@@ -169,7 +170,8 @@ def drive(
     "processes") processes posting to ``url`` = (base URL, token). Each request is judged
     against the latency budget in force when it was sent (the row's, else
     ``base_latency_ms``). Returns the scenario's start (monotonic clock, shared by all
-    processes on Linux) and every request's record, by send time.
+    processes on Linux) and every request's record, by send time. ``on_start`` is told that start
+    before the first row is applied (so that what follows the rows on its own can start on time).
     """
     clock = time.monotonic
     rows = list(scenario.rows)
@@ -207,6 +209,8 @@ def drive(
     elif sender_factory is not None:
         threads = [threading.Thread(target=client, args=(i,), name=f"hmt-scenario-client-{i}", daemon=True)
                    for i in range(options.clients)]
+    if on_start is not None:
+        on_start(start_s)
     time.sleep(max(0.0, start_s - clock()))
     apply_row(rows[0])
     for thread in threads:

@@ -30,6 +30,8 @@ import io
 import json
 import math
 import socket
+import threading
+import time
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -141,14 +143,74 @@ class ScenarioState:
         self.memory_squeeze_mb: float | None = None
 
 
+class RowApplier:
+    """Applies each row of a scenario once, in order, at its time, from whichever thread gets there
+    first: the driver at each row's time (:meth:`through`) and the sampler at each sample
+    (:meth:`due`, through :attr:`ScenarioSampler.on_sample`).
+
+    The driver alone was late where it mattered most: in a device class at a quarter core, its thread
+    waited seconds for the interpreter while serve's other threads ran, so a memory budget due at 12 s
+    reached the loop at 14.2 s (once never), and the misses meanwhile were charged to the loop. The
+    control thread samples every tick, so a row is applied within a tick of its time."""
+
+    def __init__(self, rows: Sequence[ScenarioRow], apply: Callable[[ScenarioRow], object],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.rows = list(rows)
+        self._apply = apply
+        self._clock = clock
+        self._start_s: float | None = None
+        self._next = 0
+        self._lock = threading.Lock()
+        self.applied_on_sample = 0  # rows the sampler applied before the driver came to them
+        self.driver_late_max_s = 0.0  # how late the driver came to a row at worst (a starved thread)
+
+    @property
+    def applied(self) -> int:
+        """How many rows have been applied."""
+        return self._next
+
+    def start(self, start_s: float) -> None:
+        """The scenario's time 0 on the monotonic clock: from then on :meth:`due` applies rows."""
+        self._start_s = start_s
+
+    def through(self, row: ScenarioRow) -> None:
+        """Apply every row up to ``row`` (one of :attr:`rows`) not applied yet."""
+        index = next(i for i, r in enumerate(self.rows) if r is row)
+        if self._start_s is not None:
+            late_s = self._clock() - (self._start_s + row.time_s)
+            self.driver_late_max_s = max(self.driver_late_max_s, late_s)
+        with self._lock:
+            self._apply_to(index + 1)
+
+    def due(self, now_s: float | None = None) -> None:
+        """Apply every row whose time has come and that is not applied yet (nothing before :meth:`start`)."""
+        if self._start_s is None:
+            return
+        now_s = self._clock() if now_s is None else now_s
+        with self._lock:
+            end = self._next
+            while end < len(self.rows) and self._start_s + self.rows[end].time_s <= now_s:
+                end += 1
+            self.applied_on_sample += end - self._next
+            self._apply_to(end)
+
+    def _apply_to(self, end: int) -> None:
+        while self._next < end:
+            row = self.rows[self._next]
+            self._next += 1  # first: a row whose application raises is not retried on every sample
+            self._apply(row)
+
+
 class ScenarioSampler:
     """The live sampler with the scenario's battery (and, in synthetic mode, CPU load and memory
-    squeeze) laid over it."""
+    squeeze) laid over it. ``on_sample`` (if set) is called first, with the monotonic clock: a
+    :class:`RowApplier`'s :meth:`~RowApplier.due`, so that rows are applied by the control thread too."""
 
     def __init__(self, state: ScenarioState, synthetic_cpu: bool, base: Sampler | None = None) -> None:
         self.state = state
         self.synthetic_cpu = synthetic_cpu
         self._base: Sampler = base if base is not None else PsutilSampler()
+        self.on_sample: Callable[[float], object] | None = None
 
     def prime(self) -> None:
         """The live sampler's next sample measures from now (:meth:`PsutilSampler.prime`)."""
@@ -172,6 +234,8 @@ class ScenarioSampler:
             use(cores)
 
     def __call__(self) -> ResourceSample:
+        if self.on_sample is not None:
+            self.on_sample(time.monotonic())
         sample = self._base()
         cpu = self.state.cpu_load
         battery = self.state.battery_pct

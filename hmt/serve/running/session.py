@@ -36,6 +36,7 @@ from hmt.serve.running.scenario import (
     DriveOptions,
     Inputs,
     RequestRecord,
+    RowApplier,
     Scenario,
     ScenarioRow,
     ScenarioSampler,
@@ -260,9 +261,11 @@ def run_scenario(
     controller = open_controller(bundle_path, options, sampler=sampler, on_tick=on_tick)
     inputs = load_inputs(controller.bundle, data, rng)
     base = controller.budgets
-    burner = LoadGenerator() if drive_options.load_mode == "burn" else None
-    squeeze = MemorySqueeze() if drive_options.load_mode == "burn" and any(
-        r.memory_squeeze_mb for r in scenario.rows) else None
+    rows = list(scenario.rows)
+    # the burners and the squeeze follow the rows' times on their own (hmt.serve.running.burn.SharedPlan)
+    burner = LoadGenerator(plan_rows=len(rows)) if drive_options.load_mode == "burn" else None
+    squeeze = MemorySqueeze(plan_rows=len(rows)) if drive_options.load_mode == "burn" and any(
+        r.memory_squeeze_mb for r in rows) else None
     api_server: ApiServer | None = None
     try:
         if burner is not None:
@@ -281,27 +284,34 @@ def run_scenario(
         else:
             factory = _in_process_sender(controller)
 
-        def apply_row(row: ScenarioRow) -> float | None:
+        def apply_row(row: ScenarioRow) -> None:
             state.cpu_load = row.cpu_load
             state.battery_pct = row.battery_pct
             state.memory_squeeze_mb = row.memory_squeeze_mb
-            if burner is not None:
-                burner.set(row.cpu_load)
-            if squeeze is not None:
-                squeeze.set(row.memory_squeeze_mb)
             latency = row.latency_budget_ms if row.latency_budget_ms is not None else base.latency_ms
             memory = row.memory_budget_mb if row.memory_budget_mb is not None else base.memory_mb
             controller.set_budgets(latency, memory)
             controller.request_tick()
-            return latency
+
+        applier = RowApplier(rows, apply_row)
+        sampler.on_sample = applier.due  # the control thread applies a row on time, should the driver be late
+
+        def on_start(start_s: float) -> None:
+            times = [r.time_s for r in rows]
+            if burner is not None:
+                burner.follow(start_s, times, [r.cpu_load for r in rows])
+            if squeeze is not None:
+                squeeze.follow(start_s, times, [r.memory_squeeze_mb for r in rows])
+            applier.start(start_s)
 
         switches_before = controller.switcher.switch_count
         token = api.token if api is not None else None
-        start_s, records = drive(scenario, drive_options, apply_row, factory if drive_options.clients else None,
+        start_s, records = drive(scenario, drive_options, applier.through, factory if drive_options.clients else None,
                                  inputs, base_latency_ms=base.latency_ms,
-                                 url=None if api_server is None else (api_server.url, token))
+                                 url=None if api_server is None else (api_server.url, token), on_start=on_start)
         switches = controller.switcher.switch_count - switches_before
     finally:
+        sampler.on_sample = None
         if api_server is not None:
             api_server.stop_background()
         controller.stop()
@@ -323,6 +333,9 @@ def run_scenario(
                     # decisions that raised a bug (the loop outlived them; hmt.serve.running.loop)
                     "control_loop_errors": controller.loop.unexpected_errors,
                     "control_loop_last_error": controller.loop.last_unexpected_error})
+    # rows the control thread applied before the driver thread came to them (a late driver: a starved CPU)
+    summary["rows_applied_on_sample"] = applier.applied_on_sample
+    summary["driver_late_max_s"] = round(applier.driver_late_max_s, 4)
     if burner is not None:
         summary["burn"] = burner.describe()
     result = ScenarioResult(summary, records, shifted, url=None if api_server is None else api_server.url)

@@ -13,11 +13,14 @@ from __future__ import annotations
 import mmap
 import multiprocessing
 import os
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import psutil
 
-from hmt.serve.running.burn import START_TIMEOUT_S, wait_ready
+from hmt.errors import UsageError
+from hmt.serve.running.burn import START_TIMEOUT_S, SharedPlan, wait_ready
 
 MAX_SQUEEZE_MB = 8192.0
 KEEP_FREE_MB = 1024.0  # the squeeze never takes the machine's available memory below this
@@ -38,13 +41,16 @@ def _chunk() -> Any:
     return chunk
 
 
-def _hold(wanted: Any, held: Any, stop: Any, ready: Any) -> None:  # pragma: no cover - runs in a child process
+def _hold(wanted: Any, held: Any, stop: Any, ready: Any,
+          plan: SharedPlan | None = None) -> None:  # pragma: no cover - runs in a child process
     chunks: list[Any] = []
     parent = os.getppid()
     ready.set()
     # An orphan (the parent was killed before it could set ``stop``) must not hold memory forever.
     while not stop.is_set() and os.getppid() == parent:
-        target = int(float(wanted.value) // _CHUNK_MB)
+        planned = None if plan is None else plan.at(time.monotonic())
+        mb = float(wanted.value) if planned is None else min(MAX_SQUEEZE_MB, max(0.0, planned))
+        target = int(mb // _CHUNK_MB)
         while len(chunks) > target:
             chunk = chunks.pop()
             if isinstance(chunk, mmap.mmap):
@@ -60,14 +66,16 @@ def _hold(wanted: Any, held: Any, stop: Any, ready: Any) -> None:  # pragma: no 
 class MemorySqueeze:
     """One child process holding ``set(mb)`` MB of touched memory (in steps of 64 MB)."""
 
-    def __init__(self) -> None:
+    def __init__(self, plan_rows: int = 0) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._stop = ctx.Event()
         self._wanted = ctx.Value("d", 0.0, lock=False)
         self._held = ctx.Value("d", 0.0, lock=False)
         self._ready = ctx.Event()
-        self._proc = ctx.Process(target=_hold, args=(self._wanted, self._held, self._stop, self._ready), daemon=True,
-                                 name="hmt-memory-squeeze")
+        # ``plan_rows`` > 0: room for a plan the child follows on its own (:meth:`follow`)
+        self._plan = SharedPlan(ctx, plan_rows) if plan_rows > 0 else None
+        self._proc = ctx.Process(target=_hold, args=(self._wanted, self._held, self._stop, self._ready, self._plan),
+                                 daemon=True, name="hmt-memory-squeeze")
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Start the child and return once it is up (see :meth:`LoadGenerator.start`)."""
@@ -77,6 +85,13 @@ class MemorySqueeze:
     def set(self, mb: float | None) -> None:
         """Hold ``mb`` MB from now on (None or 0: none)."""
         self._wanted.value = 0.0 if mb is None else min(MAX_SQUEEZE_MB, max(0.0, float(mb)))
+
+    def follow(self, start_s: float, times_s: Sequence[float], squeeze_mb: Sequence[float | None]) -> None:
+        """From now on the child holds ``squeeze_mb`` from ``start_s + times_s`` (monotonic clock) by
+        itself, whatever this process is doing (:class:`hmt.serve.running.burn.SharedPlan`)."""
+        if self._plan is None:
+            raise UsageError("memory squeeze: made without room for a plan (plan_rows=0)")
+        self._plan.set(start_s, times_s, squeeze_mb)
 
     @property
     def held_mb(self) -> float:
