@@ -49,7 +49,7 @@ SUMMARY_KEYS = ("requests", "ok", "failed", "failed_by_status", "latency_ms", "c
                 "steps",
                 "back_within_budget_s_max", "steps_never_back", "first_clean_window_s_max", "steps_never_clean",
                 "client_over_budget_share", "engine", "fixed_variant", "burn", "control_loop_errors",
-                "control_loop_last_error")
+                "control_loop_last_error", "driver_late_max_s", "rows_applied_on_sample")
 
 
 def machine() -> dict[str, Any]:

@@ -225,6 +225,34 @@ def _in_process_sender(controller: Controller) -> Callable[[], Send]:
     return factory
 
 
+def _row_applier(rows: list[ScenarioRow], state: ScenarioState, controller: Controller) -> RowApplier:
+    """What a row changes in serve's process: the state the sampler lays over, and the budgets (a
+    row's, else the controller's budgets at the start)."""
+    base = controller.budgets
+
+    def apply_row(row: ScenarioRow) -> None:
+        state.cpu_load = row.cpu_load
+        state.battery_pct = row.battery_pct
+        state.memory_squeeze_mb = row.memory_squeeze_mb
+        latency = row.latency_budget_ms if row.latency_budget_ms is not None else base.latency_ms
+        memory = row.memory_budget_mb if row.memory_budget_mb is not None else base.memory_mb
+        controller.set_budgets(latency, memory)
+        controller.request_tick()
+
+    return RowApplier(rows, apply_row)
+
+
+def _follow(rows: list[ScenarioRow], start_s: float, burner: LoadGenerator | None,
+            squeeze: MemorySqueeze | None) -> None:
+    """The load processes follow the rows from ``start_s`` on by themselves
+    (:class:`hmt.serve.running.burn.SharedPlan`)."""
+    times = [r.time_s for r in rows]
+    if burner is not None:
+        burner.follow(start_s, times, [r.cpu_load for r in rows])
+    if squeeze is not None:
+        squeeze.follow(start_s, times, [r.memory_squeeze_mb for r in rows])
+
+
 def run_scenario(
     bundle_path: Path | str,
     scenario: Scenario,
@@ -262,7 +290,6 @@ def run_scenario(
     inputs = load_inputs(controller.bundle, data, rng)
     base = controller.budgets
     rows = list(scenario.rows)
-    # the burners and the squeeze follow the rows' times on their own (hmt.serve.running.burn.SharedPlan)
     burner = LoadGenerator(plan_rows=len(rows)) if drive_options.load_mode == "burn" else None
     squeeze = MemorySqueeze(plan_rows=len(rows)) if drive_options.load_mode == "burn" and any(
         r.memory_squeeze_mb for r in rows) else None
@@ -284,24 +311,11 @@ def run_scenario(
         else:
             factory = _in_process_sender(controller)
 
-        def apply_row(row: ScenarioRow) -> None:
-            state.cpu_load = row.cpu_load
-            state.battery_pct = row.battery_pct
-            state.memory_squeeze_mb = row.memory_squeeze_mb
-            latency = row.latency_budget_ms if row.latency_budget_ms is not None else base.latency_ms
-            memory = row.memory_budget_mb if row.memory_budget_mb is not None else base.memory_mb
-            controller.set_budgets(latency, memory)
-            controller.request_tick()
-
-        applier = RowApplier(rows, apply_row)
+        applier = _row_applier(rows, state, controller)
         sampler.on_sample = applier.due  # the control thread applies a row on time, should the driver be late
 
         def on_start(start_s: float) -> None:
-            times = [r.time_s for r in rows]
-            if burner is not None:
-                burner.follow(start_s, times, [r.cpu_load for r in rows])
-            if squeeze is not None:
-                squeeze.follow(start_s, times, [r.memory_squeeze_mb for r in rows])
+            _follow(rows, start_s, burner, squeeze)
             applier.start(start_s)
 
         switches_before = controller.switcher.switch_count
