@@ -180,3 +180,33 @@ def test_the_loop_does_not_go_back_to_a_variant_that_was_slow_at_this_load(tmp_p
     estimate = c.status()["estimates"]["big"]
     assert estimate["source"] == "measured" and estimate["latency_ms"] == pytest.approx(14.0, rel=0.05)
 
+
+
+def test_a_smaller_variant_scaled_from_idle_is_not_judged_slower_than_a_bigger_one_measured_now() -> None:
+    """small measured 3 ms idle (mostly serving overhead, which the load does not scale), then big
+    served the busy period at 4 ms. At load 1.0 the load model scales small to 3 x 2 = 6 ms, slower
+    than big measures there; small's estimate is capped at big's 4 ms (still marked scaled), so a
+    loop with nothing feasible does not judge big the faster and stay on it."""
+    est = estimator()
+    t = run(est, "small", 3.0, 0.0, 0.0)
+    t = run(est, "big", 4.0, 1.0, t)
+    high = decide(est, 1.0, t)
+    assert high["big"] == (pytest.approx(4.0), SOURCE_MEASURED)
+    assert high["small"] == (pytest.approx(4.0), SOURCE_SCALED)  # not 6.0
+    assert decide(est, 0.0, t)["small"] == (pytest.approx(3.0), SOURCE_MEASURED)  # its own level: untouched
+
+
+def test_where_the_two_bounds_disagree_the_higher_estimate_wins() -> None:
+    """Three variants by the profile: tiny < mid < top. tiny measured 9 ms at load 1.0, top 5 ms
+    there (noise, or a profile that orders them wrong); mid, only measured idle, is capped by top
+    (5 ms) and bounded below by tiny (9 ms): the cautious bound, 9 ms, wins."""
+    ids, predicted = ["top", "mid", "tiny"], [1.0, 0.6, 0.3]
+    est = LatencyEstimator(ids, predicted, ["tvm"] * 3, EstimatorSettings(), alpha_latency=1.0)
+    t = 0.0
+    for arch, ms, load in (("mid", 2.0, 0.0), ("tiny", 9.0, 1.0), ("top", 5.0, 1.0)):
+        for _ in range(20):
+            est.observe(arch, ms, predicted[ids.index(arch)] * (1 + load), t, load)
+            t += 0.05
+    est.refresh(t)
+    latencies, _ = est.latencies(2.0, 1.0)
+    assert latencies[ids.index("mid")] == pytest.approx(9.0)

@@ -35,7 +35,10 @@ load model that says the variant still fits. In every case the lower median of a
 newest ``LAST_SAMPLES`` (3) samples, whatever their level, while they are within ``max_age_s`` of
 now, is a floor as well (**measured_few**): two of its last three requests this slow.
 
-Last, a scaled or prior estimate is at least the estimate of every variant the profile calls faster
+A scaled or prior estimate is at most the measured p95 of every variant the profile calls slower that
+was measured at this load (:meth:`LatencyEstimator._cap_by_slower`): the load model must not make a
+smaller variant look slower than what this load measures on a bigger one. Last, a scaled or prior
+estimate is at least the estimate of every variant the profile calls faster
 that was measured at this load (measured or measured_few; the source stays what it was): an
 extrapolation from a calmer level must not make a bigger variant look faster than what this load
 measures on a smaller one (:meth:`LatencyEstimator._bound_by_faster`).
@@ -436,10 +439,31 @@ class LatencyEstimator:
                 out.append(tail)
                 ratios.append(tail / prior_ms if source != SOURCE_PRIOR else prior_r[i])
                 sources[i] = source
-            self._bound_by_faster(out, ratios, load_scale)
+            self._cap_by_slower(out, ratios, load_scale)
+            self._bound_by_faster(out, ratios, load_scale)  # second: where the two disagree, the higher wins
             value = out, ratios
         self._latency_key, self._latency_value = key, value
         return value
+
+    def _cap_by_slower(self, out: list[float], ratios: list[float], load_scale: float) -> None:
+        """The converse of :meth:`_bound_by_faster`: a variant judged on an extrapolation (scaled or
+        prior) is never estimated slower than a variant the profile calls slower that was measured at
+        this load (its p95 there). Under a load step, a small variant not served since idle is scaled
+        up by the load model from its idle tail, which on a sub-millisecond variant is mostly serving
+        overhead that does not grow with the load; the bigger variant serving now measured less than
+        that extrapolation, so when nothing fit the fallback judged the bigger variant the faster and
+        stayed on it through the whole busy phase (issue 28's burn2 shape, per-window trace)."""
+        sources = self._sources
+        predicted = self.predicted_ms
+        cap = math.inf
+        for i in reversed(self._by_predicted):
+            source = sources[i]
+            if source == SOURCE_MEASURED:
+                if out[i] < cap:
+                    cap = out[i]
+            elif source != SOURCE_FEW and out[i] > cap:
+                out[i] = cap
+                ratios[i] = cap / (predicted[i] * load_scale)
 
     def _bound_by_faster(self, out: list[float], ratios: list[float], load_scale: float) -> None:
         """A variant judged on an extrapolation (scaled or prior) is never estimated faster than a
