@@ -49,6 +49,7 @@ from benchmarks.device.device_class import (
     CLASSES,
     CgroupUnavailable,
     DeviceClass,
+    child_error,
     cpu_seconds_per_second,
     layout,
     run_in_class,
@@ -331,7 +332,7 @@ def serve_in_class(name: str, bundle_dir: Path, work: Path, args: argparse.Names
                                         *_quota_setting(CLASSES[name])],
                         cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout_s=3600)
     if done.returncode != 0:
-        raise RuntimeError(f"serve scenario inside {name} failed: {done.stderr.decode()[-1500:]}")
+        raise RuntimeError(f"serve scenario inside {name} failed: {child_error(done.stderr.decode())}")
     report = json.loads((out / "results.json").read_text())
     engine = next(iter(report["engines"].values()))
     mean = engine["scenario"]["mean"]

@@ -280,6 +280,14 @@ def run_in_class(device_class: DeviceClass, argv: Sequence[str], *, root: Path =
         return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
 
 
+def child_error(stderr: str, limit: int = 3000) -> str:
+    """What a failed child said: from its last traceback on (warnings printed at shutdown, such as the
+    resource tracker's, come after it and hid the cause when only the end was kept)."""
+    start = stderr.rfind("Traceback (most recent call last)")
+    text = stderr[start:] if start >= 0 else stderr
+    return text[:limit] if start >= 0 else text[-limit:]
+
+
 def cpu_seconds_per_second(device_class: DeviceClass, seconds: float = 2.0) -> float:
     """Measured CPU seconds per second that busy loops inside the class get, one per class core (its
     budget, if the controller works: one loop alone gets one core's share and more, never the class's)."""
@@ -291,8 +299,14 @@ def cpu_seconds_per_second(device_class: DeviceClass, seconds: float = 2.0) -> f
             "    kids.append(pid)\n"
             "t0=time.time()\nfor k in kids: os.waitpid(k,0)\n"
             "c=os.times()\nprint((c.children_user+c.children_system)/(time.time()-t0))")
-    done = run_in_class(device_class, [sys.executable, "-c", code], stdout=subprocess.PIPE, timeout_s=seconds + 30)
-    return float(done.stdout.decode().strip())
+    done = run_in_class(device_class, [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        timeout_s=seconds + 30)
+    out = done.stdout.decode().strip()
+    try:
+        return float(out)
+    except ValueError:
+        raise RuntimeError(f"{device_class.name}: the busy-loop check inside the class gave no figure (exit code "
+                           f"{done.returncode}, output {out!r}): {child_error(done.stderr.decode())}") from None
 
 
 def check() -> str:

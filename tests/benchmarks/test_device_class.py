@@ -244,3 +244,14 @@ def _gone(pid: int, wait_s: float = 5.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def test_a_child_error_keeps_the_traceback_not_only_the_warnings_after_it() -> None:
+    """A serve scenario that failed inside a class printed its traceback, then the resource tracker's
+    shutdown warning; keeping only the end of stderr kept the warning and lost the cause."""
+    from benchmarks.device.device_class import child_error
+
+    stderr = "starting\nTraceback (most recent call last):\n  File \"x\"\nValueError: the cause\n" + "warn\n" * 600
+    kept = child_error(stderr, limit=200)
+    assert kept.startswith("Traceback") and "ValueError: the cause" in kept and len(kept) <= 200
+    assert child_error("no traceback here\n" * 400, limit=50) == ("no traceback here\n" * 400)[-50:]
