@@ -21,6 +21,7 @@ import math
 import multiprocessing
 import os
 import time
+from bisect import bisect_right
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +29,6 @@ from hmt.errors import DeviceError, UsageError
 from hmt.runtime.cpus import CpuCapacity, cpu_capacity
 
 _BURN_SLOT_S = 0.02
-_PLAN_POLL_S = 0.02  # a child following a plan reads it this often
 START_TIMEOUT_S = 30.0  # a child process that is not up by then: the machine is too busy to replay on
 
 
@@ -78,12 +78,8 @@ class SharedPlan:
         start = float(self._start.value)
         if start < 0:
             return None
-        value = 0.0
-        for i in range(int(self._count.value)):
-            if start + self._times[i] > now_s:
-                break
-            value = float(self._values[i])
-        return value
+        i = bisect_right(self._times[:int(self._count.value)], now_s - start) - 1  # as Scenario.at
+        return 0.0 if i < 0 else float(self._values[i])
 
 
 def _burn(duty: Any, stop: Any, ready: Any, plan: SharedPlan | None = None, index: int = 0,
