@@ -40,24 +40,19 @@ from hmt.bundle import (
     BundleSpec,
     BundleVariant,
     GraphSpec,
-    Preprocess,
     variant_dir,
 )
 from hmt.deploy.archive import archive_path_for, build_archive_file, is_bundle_archive
 from hmt.deploy.sources import (
     FUSED_KIND,
     FusedVariant,
-    check_lineage,
-    drop_slower_quantised,
-    front_points,
     graph_spec,
-    match_points,
+    input_meta,
+    one_input_and_classes,
     profile_threads,
-    read_fused_variants,
     read_profile,
     runtime_entry,
-    select_variants,
-    supernet_hint,
+    selected_variants,
 )
 from hmt.deploy.targets import Target, default_profile_path, get_target
 from hmt.errors import InputError, ModelError, UsageError
@@ -146,39 +141,6 @@ def _compiler_version(target: Target) -> str | None:
         return None
     lines = done.stdout.strip().splitlines()
     return lines[0] if lines else None
-
-
-def _dataset_meta(dataset: Mapping[str, Any]) -> tuple[Preprocess | None, tuple[str, ...] | None]:
-    names = None if dataset.get("class_names") is None else tuple(str(n) for n in dataset["class_names"])
-    if dataset.get("modality") != "image":
-        return None, names
-    return Preprocess(mean=tuple(float(v) for v in dataset["mean"]), std=tuple(float(v) for v in dataset["std"]),
-                      layout="NCHW", pixel_scale=255.0), names
-
-
-def _input_meta(front: Any) -> tuple[Preprocess | None, tuple[str, ...] | None, str | None, bool]:
-    """The input's preprocessing and class names: from the front's dataset record, else from the
-    supernet it was searched on (found relative to the front and checked by manifest sha256).
-
-    Returns (preprocess, class names, note, known): ``known`` is False when neither could be
-    read; serve would then assume CIFAR-10's normalisation for a 3-channel image input."""
-    from hmt.artifacts.lineage import find_parent
-    from hmt.errors import HmtError
-
-    doc = front.doc
-    try:
-        if isinstance(doc.get("dataset"), Mapping):
-            return (*_dataset_meta(doc["dataset"]), None, True)
-        record = next((p for p in front.artifact.manifest.parents if p.kind == "supernet"), None)
-        if record is None:
-            return None, None, "no supernet recorded: the bundle carries no preprocessing or class names", False
-        supernet = find_parent(front.artifact, record)
-        if supernet is None:
-            return None, None, (f"the supernet the front was searched on ({record.path}, relative to "
-                                f"{front.artifact.root}) was not found: no preprocessing or class names"), False
-        return (*_dataset_meta(supernet.read_json("supernet.json")["dataset"]), None, True)
-    except (HmtError, KeyError, TypeError, ValueError) as exc:
-        return None, None, f"dataset record of the front's supernet unreadable ({exc}): no preprocessing", False
 
 
 def _notes(target: Target, engines: tuple[str, ...], pareto_profile: str | None, profile_id: str) -> list[str]:
@@ -339,67 +301,16 @@ def _add_blocks(writer: ArtifactWriter, bundled: list[BundleVariant], front: Any
     return list(summary["notes"])
 
 
-def deploy_bundle(
-    fused_dir: Path | str,
-    pareto_dir: Path | str,
-    out_dir: Path | str,
-    *,
-    options: DeployOptions,
-    progress: ProgressCallback = no_progress,
-    force: bool = False,
-) -> DeployResult:
-    """Build the bundle for ``options.target`` in ``out_dir`` (atomically) and ``<out>.tar.gz``.
-
-    ``out_dir`` and the archive are checked before any work (:mod:`hmt.artifacts.outputs`)."""
-    from hmt.artifacts.outputs import check_output_dir, check_output_file
+def _config(options: DeployOptions, target: Target, engines: tuple[str, ...], variants: list[FusedVariant],
+            out_dir: Path, fused_root: Path, pareto_root: Path, profile_path: Path,
+            profile_bytes: bytes) -> dict[str, Any]:
+    """The bundle manifest's config: what it was built from (relative to it) and how."""
     from hmt.artifacts.paths import relative_to_artifact
-    from hmt.pareto.artifact import load_front
-    from hmt.pareto.index import FrontIndex
-    from hmt.runtime.settings import Budgets, ServeSettings
 
-    start = time.perf_counter()
-    target = get_target(options.target)
-    engines, engine_notes = resolve_engines(options, target)
-    _check_options(engines, options, target)
-    inputs = [p for p in (fused_dir, pareto_dir, options.profile, options.sign_key, options.supernet,
-                        options.blocks_data) if p]
-    check_output_dir(out_dir, kind=BUNDLE_KIND, inputs=inputs, force=force)
-    out_abs = Path(os.path.abspath(out_dir))
-    archive = archive_path_for(out_abs) if options.archive else None
-    if archive is not None:
-        check_output_file(archive, recognise=is_bundle_archive, description="an hmt bundle archive", inputs=inputs,
-                          what="--out (its archive)")
-    signing_key = load_private_key(options.sign_key) if options.sign_key is not None else None
-    serve = ServeSettings(budgets=Budgets(latency_ms=options.latency_ms, memory_mb=options.memory_mb,
-                                          energy=options.energy))
-    fused = load_artifact(fused_dir, kind=FUSED_KIND)
-    front = load_front(pareto_dir)
-    energy_unit = str((front.doc.get("units") or {}).get("energy", "unknown"))
-    if options.energy is not None and energy_unit != "mJ":
-        raise UsageError(f"--energy {options.energy:g}: the front's energies are in {energy_unit} (pareto ran on a "
-                         "profile with an uncalibrated energy model); an energy budget is in mJ per inference and "
-                         "needs a profile calibrated with a power source (hmt profile-device --power ...)")
-    lineage = check_lineage(fused, front.artifact)
-    all_fused = read_fused_variants(fused)
-    variants, slower_notes = drop_slower_quantised(select_variants(all_fused, options.variants), all_fused,
-                                                   named=options.variants)
-    points = front_points(front.doc, front.artifact.root)
-    match_points(variants, points, fused_root=fused.root, pareto_root=front.artifact.root,
-                 supernet_hint=supernet_hint(front.artifact))
-    profile_path = Path(options.profile) if options.profile is not None else default_profile_path(target)
-    profile_bytes, profile_doc, profile_artifact = read_profile(profile_path)
-    profile_id = str(profile_doc["device"]["id"])
-    pareto_profile = (front.doc.get("profile") or {}).get("id")
-    first = variants[0].segments[0]
-    classes = variants[0].exits[0].output.shape[-1]
-    for v in variants:
-        if v.segments[0].input != first.input or any(e.output.shape[-1] != classes for e in v.exits):
-            raise ModelError(f"variant {v.arch_id} takes {v.segments[0].input} / gives {classes} classes unlike "
-                             f"{variants[0].arch_id}; a bundle serves one input and one set of classes")
-    config = {
+    return {
         "target": target.name,
-        "fused": relative_to_artifact(fused.root, out_dir),
-        "pareto": relative_to_artifact(front.artifact.root, out_dir),
+        "fused": relative_to_artifact(fused_root, out_dir),
+        "pareto": relative_to_artifact(pareto_root, out_dir),
         # A profile directory is an artifact (recorded relative to this one); a file, by name and sha256.
         "profile": relative_to_artifact(profile_path, out_dir) if profile_path.is_dir() else profile_path.name,
         "profile_sha256": hashlib.sha256(profile_bytes).hexdigest(),
@@ -412,6 +323,94 @@ def deploy_bundle(
         "toolchain": {"hmt": __version__, "tvm_target": target.tvm_target,
                       "compiler": _compiler_version(target) if "tvm" in engines else None},
     }
+
+
+def _add_adaptable(writer: ArtifactWriter, bundled: list[BundleVariant], front: Any, options: DeployOptions,
+                   progress: ProgressCallback, notes: list[str]) -> list[BundleVariant]:
+    """deploy --adaptable: BN-adaptable graphs for serve --adapt, and the canary set it checks them on."""
+    from hmt.deploy.adaptable import add_adaptable, ship_canary
+
+    progress("adaptable", 0, len(bundled), None)
+    bundled, adapt_notes = add_adaptable(writer, bundled, front, options.supernet)
+    notes.extend(adapt_notes)
+    notes.append("variants with extra.adaptable carry BN-adaptable graphs (variants/<arch_id>/adapt): "
+                 "hmt serve --adapt re-estimates their BN statistics on recent inputs without torch")
+    if options.canary_data is not None:
+        shipped = ship_canary(writer, options.canary_data, seed=options.seed)
+        notes.append(f"{shipped['path']}: {shipped['samples']} labelled samples (of {shipped['of']}, seed "
+                     f"{shipped['seed']}) that serve --adapt checks every adapted variant against")
+    else:
+        notes.append("no canary set shipped (deploy --canary-data): serve --adapt will need --canary")
+    progress("adaptable", len(bundled), len(bundled), None)
+    return bundled
+
+
+def _record_metrics(writer: ArtifactWriter, target: Target, builds: list[VariantBuild],
+                    lineage: Any) -> tuple[int, float, dict[str, str]]:
+    """The manifest's metrics; returns (bundle size in bytes, compile seconds, TVM failures by arch id)."""
+    size_bytes = sum(p.stat().st_size for p in writer.tmp_dir.rglob("*") if p.is_file())
+    compile_s = sum(b.compile_s for b in builds)
+    failures = {b.arch_id: b.tvm_error for b in builds if b.tvm_error}
+    writer.metrics.update({
+        "target": target.name, "variants": len(builds), "size_bytes": size_bytes,
+        "compile_s": round(compile_s, 3), "tvm_failures": failures, "lineage": lineage,
+        "per_variant": {b.arch_id: {"engines": list(b.engines), "size_bytes": b.size_bytes,
+                                    "compile_s": round(b.compile_s, 3)} for b in builds},
+    })
+    return size_bytes, compile_s, failures
+
+
+def _check_outputs(out_dir: Path | str, options: DeployOptions, inputs: list[Any],
+                   force: bool) -> tuple[Path, Path | None]:
+    """Refuse, before any work, an output that is not deploy's to replace; returns (the bundle's absolute
+    path, its archive or None)."""
+    from hmt.artifacts.outputs import check_output_dir, check_output_file
+
+    check_output_dir(out_dir, kind=BUNDLE_KIND, inputs=inputs, force=force)
+    out_abs = Path(os.path.abspath(out_dir))
+    archive = archive_path_for(out_abs) if options.archive else None
+    if archive is not None:
+        check_output_file(archive, recognise=is_bundle_archive, description="an hmt bundle archive", inputs=inputs,
+                          what="--out (its archive)")
+    return out_abs, archive
+
+
+def deploy_bundle(
+    fused_dir: Path | str,
+    pareto_dir: Path | str,
+    out_dir: Path | str,
+    *,
+    options: DeployOptions,
+    progress: ProgressCallback = no_progress,
+    force: bool = False,
+) -> DeployResult:
+    """Build the bundle for ``options.target`` in ``out_dir`` (atomically) and ``<out>.tar.gz``.
+
+    ``out_dir`` and the archive are checked before any work (:mod:`hmt.artifacts.outputs`)."""
+    from hmt.pareto.artifact import load_front
+    from hmt.pareto.index import FrontIndex
+    from hmt.runtime.settings import Budgets, ServeSettings
+
+    start = time.perf_counter()
+    target = get_target(options.target)
+    engines, engine_notes = resolve_engines(options, target)
+    _check_options(engines, options, target)
+    inputs = [p for p in (fused_dir, pareto_dir, options.profile, options.sign_key, options.supernet,
+                        options.blocks_data) if p]
+    out_abs, archive = _check_outputs(out_dir, options, inputs, force)
+    signing_key = load_private_key(options.sign_key) if options.sign_key is not None else None
+    serve = ServeSettings(budgets=Budgets(latency_ms=options.latency_ms, memory_mb=options.memory_mb,
+                                          energy=options.energy))
+    fused = load_artifact(fused_dir, kind=FUSED_KIND)
+    front = load_front(pareto_dir)
+    variants, points, slower_notes, lineage = selected_variants(fused, front, options.variants, options.energy)
+    profile_path = Path(options.profile) if options.profile is not None else default_profile_path(target)
+    profile_bytes, profile_doc, profile_artifact = read_profile(profile_path)
+    profile_id = str(profile_doc["device"]["id"])
+    pareto_profile = (front.doc.get("profile") or {}).get("id")
+    first, classes = one_input_and_classes(variants)
+    config = _config(options, target, engines, variants, Path(out_dir), fused.root, front.artifact.root,
+                     profile_path, profile_bytes)
     parents = [fused, front.artifact, *([profile_artifact] if profile_artifact is not None else [])]
     total = sum(len(v.graphs()) for v in variants)
     done = [0]
@@ -423,7 +422,7 @@ def deploy_bundle(
     sessions = _ort_sessions(fused)
     threads, threads_note = profile_threads(profile_doc)
     notes.extend(threads_note)
-    preprocess, class_names, meta_note, meta_known = _input_meta(front)
+    preprocess, class_names, meta_note, meta_known = input_meta(front)
     if not meta_known and not options.allow_missing_preprocess:
         raise InputError(f"{meta_note}; serve would normalise inputs with defaults and answer without class "
                          "names. Search the front with this hmt (pareto records the dataset), keep the supernet "
@@ -452,22 +451,7 @@ def deploy_bundle(
                          "for GPU providers); their accuracy was measured on held-out images by pareto and convert")
         progress("compile", total, total, None)
         if options.adaptable:
-            from hmt.deploy.adaptable import add_adaptable
-
-            progress("adaptable", 0, len(bundled), None)
-            bundled, adapt_notes = add_adaptable(writer, bundled, front, options.supernet)
-            notes.extend(adapt_notes)
-            notes.append("variants with extra.adaptable carry BN-adaptable graphs (variants/<arch_id>/adapt): "
-                         "hmt serve --adapt re-estimates their BN statistics on recent inputs without torch")
-            if options.canary_data is not None:
-                from hmt.deploy.adaptable import ship_canary
-
-                shipped = ship_canary(writer, options.canary_data, seed=options.seed)
-                notes.append(f"{shipped['path']}: {shipped['samples']} labelled samples (of {shipped['of']}, seed "
-                             f"{shipped['seed']}) that serve --adapt checks every adapted variant against")
-            else:
-                notes.append("no canary set shipped (deploy --canary-data): serve --adapt will need --canary")
-            progress("adaptable", len(bundled), len(bundled), None)
+            bundled = _add_adaptable(writer, bundled, front, options, progress, notes)
         if options.blocks:
             notes.extend(_add_blocks(writer, bundled, front, options, progress))
         if meta_note is not None:
@@ -486,15 +470,7 @@ def deploy_bundle(
         writer.write_json(INDEX_NAME, index.to_json_dict())
         writer.write_json(SERVE_CONFIG_NAME, serve.to_json_dict())
         BundleSpec.from_mapping(spec.to_json_dict())  # what serve will read must parse
-        size_bytes = sum(p.stat().st_size for p in writer.tmp_dir.rglob("*") if p.is_file())
-        compile_s = sum(b.compile_s for b in builds)
-        failures = {b.arch_id: b.tvm_error for b in builds if b.tvm_error}
-        writer.metrics.update({
-            "target": target.name, "variants": len(builds), "size_bytes": size_bytes,
-            "compile_s": round(compile_s, 3), "tvm_failures": failures, "lineage": lineage,
-            "per_variant": {b.arch_id: {"engines": list(b.engines), "size_bytes": b.size_bytes,
-                                        "compile_s": round(b.compile_s, 3)} for b in builds},
-        })
+        size_bytes, compile_s, failures = _record_metrics(writer, target, builds, lineage)
     return DeployResult(
         out_dir=Path(out_dir), archive=archive, target=target, variants=tuple(builds), notes=tuple(notes),
         lineage=lineage, size_bytes=size_bytes, archive_size_bytes=archive.stat().st_size if archive else None,

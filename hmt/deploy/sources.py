@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from hmt.artifacts import Artifact, load_artifact
-from hmt.bundle import GraphSpec, TensorSpec
-from hmt.errors import ArtifactError, InputError, UsageError
+from hmt.bundle import GraphSpec, Preprocess, TensorSpec
+from hmt.errors import ArtifactError, InputError, ModelError, UsageError
 
 FUSED_KIND = "fused"
 FUSED_REPORT = "report.json"
@@ -292,3 +292,66 @@ def runtime_entry(variant: FusedVariant, *, exit_stage: int, folder: str, engine
             if isinstance(entry.get(key, {}).get("ort"), dict):
                 entry[key]["ort"]["intra_op_threads"] = threads
     return entry, merged_source
+
+
+def _dataset_meta(dataset: Mapping[str, Any]) -> tuple[Preprocess | None, tuple[str, ...] | None]:
+    names = None if dataset.get("class_names") is None else tuple(str(n) for n in dataset["class_names"])
+    if dataset.get("modality") != "image":
+        return None, names
+    return Preprocess(mean=tuple(float(v) for v in dataset["mean"]), std=tuple(float(v) for v in dataset["std"]),
+                      layout="NCHW", pixel_scale=255.0), names
+
+
+def input_meta(front: Any) -> tuple[Preprocess | None, tuple[str, ...] | None, str | None, bool]:
+    """The input's preprocessing and class names: from the front's dataset record, else from the
+    supernet it was searched on (found relative to the front and checked by manifest sha256).
+
+    Returns (preprocess, class names, note, known): ``known`` is False when neither could be
+    read; serve would then assume CIFAR-10's normalisation for a 3-channel image input."""
+    from hmt.artifacts.lineage import find_parent
+    from hmt.errors import HmtError
+
+    doc = front.doc
+    try:
+        if isinstance(doc.get("dataset"), Mapping):
+            return (*_dataset_meta(doc["dataset"]), None, True)
+        record = next((p for p in front.artifact.manifest.parents if p.kind == "supernet"), None)
+        if record is None:
+            return None, None, "no supernet recorded: the bundle carries no preprocessing or class names", False
+        supernet = find_parent(front.artifact, record)
+        if supernet is None:
+            return None, None, (f"the supernet the front was searched on ({record.path}, relative to "
+                                f"{front.artifact.root}) was not found: no preprocessing or class names"), False
+        return (*_dataset_meta(supernet.read_json("supernet.json")["dataset"]), None, True)
+    except (HmtError, KeyError, TypeError, ValueError) as exc:
+        return None, None, f"dataset record of the front's supernet unreadable ({exc}): no preprocessing", False
+
+
+def one_input_and_classes(variants: list[FusedVariant]) -> tuple[Any, int]:
+    """The first segment (its input is the bundle's) and the class count, the same for every variant."""
+    first = variants[0].segments[0]
+    classes = variants[0].exits[0].output.shape[-1]
+    for v in variants:
+        if v.segments[0].input != first.input or any(e.output.shape[-1] != classes for e in v.exits):
+            raise ModelError(f"variant {v.arch_id} takes {v.segments[0].input} / gives {classes} classes unlike "
+                             f"{variants[0].arch_id}; a bundle serves one input and one set of classes")
+    return first, int(classes)
+
+
+def selected_variants(fused: Any, front: Any, names: Sequence[str], energy_budget: float | None
+                      ) -> tuple[list[FusedVariant], dict[str, Any], list[str], Any]:
+    """The fused variants to bundle (``names``: deploy --variants, empty: every fused variant), matched to
+    their front points: (variants, points by arch id, notes on quantised variants dropped as slower,
+    lineage). An energy budget needs the front's energies in mJ."""
+    energy_unit = str((front.doc.get("units") or {}).get("energy", "unknown"))
+    if energy_budget is not None and energy_unit != "mJ":
+        raise UsageError(f"--energy {energy_budget:g}: the front's energies are in {energy_unit} (pareto ran on a "
+                         "profile with an uncalibrated energy model); an energy budget is in mJ per inference and "
+                         "needs a profile calibrated with a power source (hmt profile-device --power ...)")
+    lineage = check_lineage(fused, front.artifact)
+    all_fused = read_fused_variants(fused)
+    variants, slower_notes = drop_slower_quantised(select_variants(all_fused, names), all_fused, named=names)
+    points = front_points(front.doc, front.artifact.root)
+    match_points(variants, points, fused_root=fused.root, pareto_root=front.artifact.root,
+                 supernet_hint=supernet_hint(front.artifact))
+    return variants, points, slower_notes, lineage

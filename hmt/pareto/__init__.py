@@ -37,7 +37,7 @@ def __getattr__(name: str):  # type: ignore[no-untyped-def]
 
         return getattr(run, name)
     if name == "SearchOptions":
-        from hmt.pareto.search import SearchOptions
+        from hmt.pareto.records import SearchOptions
 
         return SearchOptions
     if name in ("load_front", "LoadedFront"):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hmt.errors import InputError, UsageError
-from hmt.pareto.search import SearchOptions
+from hmt.pareto.records import SearchOptions
 from hmt.supernet.space import SearchSpace
 
 MAX_CANDIDATES = 10_000  # rows read from a candidate CSV (a listed run evaluates every one)

@@ -31,7 +31,8 @@ from typing import Any
 from hmt.errors import HmtError, UsageError
 from hmt.pareto.evaluate import ArchAccuracy
 from hmt.pareto.objectives import BYTES_PER_MB, Costs
-from hmt.pareto.search import Record, SearchResult, front_of
+from hmt.pareto.records import Record, SearchResult
+from hmt.pareto.search import front_of
 from hmt.precision import BYTES_PER_PARAM, FP16, FP32, PRECISIONS
 from hmt.progress import ProgressCallback, no_progress
 

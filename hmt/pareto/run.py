@@ -20,7 +20,8 @@ from hmt.pareto.front import budget_excess, closest_to_budgets, hypervolume
 from hmt.pareto.index import FrontIndex, IndexEntry
 from hmt.pareto.objectives import COST_METRICS
 from hmt.pareto.precision import PrecisionOptions
-from hmt.pareto.search import Record, SearchOptions, SearchResult, minimise_metric, run_search
+from hmt.pareto.records import Record, SearchOptions, SearchResult
+from hmt.pareto.search import minimise_metric, run_search
 from hmt.progress import ProgressCallback, no_progress
 
 
@@ -189,9 +190,25 @@ def find_front(supernet: Path | str, profile: Path | str, out: Path | str, optio
         torch.set_num_threads(threads_before)
 
 
-def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions,
-                progress: ProgressCallback, force: bool) -> ParetoRun:
-    from hmt.artifacts.paths import relative_to_artifact
+@dataclass
+class _Searched:
+    """What the search stage of :func:`find_front` leaves for the front and its artifact."""
+
+    options: ParetoOptions
+    loaded: Any  # the supernet (hmt.supernet.LoadedSupernet)
+    device_profile: Any
+    predictor: Any  # ProfilePredictor
+    costs: Any  # VariantCostModel, or OffloadCostModel around it
+    data: Any  # the held-out data the variants were evaluated on
+    calibration: Any
+    result: SearchResult
+    expansion: Any  # the precision expansion (None: fp32 only)
+    fp32_front: list[Record]  # the front before the precision expansion
+    notes: list[str]
+
+
+def _search(supernet: Path, profile: Path, options: ParetoOptions, progress: ProgressCallback) -> _Searched:
+    """Load the supernet and the profile, price every block, search, and add the precisions."""
     from hmt.pareto.candidates import resolve_search
     from hmt.pareto.data import calibration_batches, device_batches, held_out_data
     from hmt.pareto.encoding import Encoding
@@ -200,7 +217,6 @@ def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions
     from hmt.profile import load_profile
     from hmt.supernet import load_supernet
 
-    start = time.perf_counter()
     if options.precision.extra:  # before any work: fp16 needs a GPU provider to be timed
         from hmt.pareto.precision import check_device
 
@@ -237,42 +253,60 @@ def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions
 
         expansion = expand_precisions(supernet, result, data, options.precision, device=options.device,
                                       progress=progress)
-    limits = options.budgets.limits()
     if not result.records:
-        closest = result.extras.get("closest_infeasible")
-        if closest is None:
-            raise BudgetError(f"no variant within {describe(limits, costs.energy_unit)} was found in "
-                              f"{result.priced} candidates ({result.stop_reason}); loosen the budgets")
-        candidate, miss = closest
-        raise BudgetError(_budget_error(f"after {result.priced} candidates ({result.stop_reason}) the closest",
-                                        candidate.arch.arch_id, {m: miss.metric(m) for m in COST_METRICS}, limits,
-                                        costs.energy_unit))
+        _raise_nothing_found(result, costs, options.budgets.limits())
+    return _Searched(options, loaded, device_profile, predictor, costs, data, calibration, result, expansion,
+                     fp32_front, [search_note] if search_note else [])
 
-    device_id = device_profile.device_id
-    front_records = [result.records[i] for i in result.front]
+
+def _raise_nothing_found(result: SearchResult, costs: Any, limits: dict[str, float]) -> None:
+    closest = result.extras.get("closest_infeasible")
+    if closest is None:
+        raise BudgetError(f"no variant within {describe(limits, costs.energy_unit)} was found in "
+                          f"{result.priced} candidates ({result.stop_reason}); loosen the budgets")
+    candidate, miss = closest
+    raise BudgetError(_budget_error(f"after {result.priced} candidates ({result.stop_reason}) the closest",
+                                    candidate.arch.arch_id, {m: miss.metric(m) for m in COST_METRICS}, limits,
+                                    costs.energy_unit))
+
+
+def _front_points(s: _Searched, front_records: list[Record]) -> tuple[list[dict[str, Any]], FrontIndex]:
+    """The front's points (predicted for the profiled device) and their runtime index."""
+    device_id = s.device_profile.device_id
     points = [_point(r, device_id) for r in front_records]
-    if hasattr(costs, "candidate"):  # an OffloadCostModel: each point's best cut for the link
-        points = [p | {"offload_cut": costs.candidate(r.candidate).offload_cut} for p, r in zip(points, front_records,
-                                                                                                 strict=True)]
+    if hasattr(s.costs, "candidate"):  # an OffloadCostModel: each point's best cut for the link
+        points = [p | {"offload_cut": s.costs.candidate(r.candidate).offload_cut}
+                  for p, r in zip(points, front_records, strict=True)]
     index = FrontIndex(
         [IndexEntry(p["arch_id"], p["accuracy"], p["latency_ms"], p["energy"], p["memory_mb"], p["exit_stage"],
                     tuple(p["accuracy_per_exit"]), p["engine"]) for p in points],
-        units={"accuracy": "fraction", "latency_ms": "ms", "energy": costs.energy_unit, "memory_mb": "MB"},
-        meta={"space_tag": loaded.space.tag, "predicted_for": device_id, "objectives": list(options.search.objectives)},
+        units={"accuracy": "fraction", "latency_ms": "ms", "energy": s.costs.energy_unit, "memory_mb": "MB"},
+        meta={"space_tag": s.loaded.space.tag, "predicted_for": device_id,
+              "objectives": list(s.options.search.objectives)},
     )
+    return points, index
+
+
+def _answers(s: _Searched, points: list[dict[str, Any]], index: FrontIndex) -> list[BudgetAnswer]:
+    """Per budget combination: the most accurate front point within it, else the closest miss."""
     by_id = {p["arch_id"]: p for p in points}
     answers = []
-    for combo in options.budgets.combos():
+    for combo in s.options.budgets.combos():
         entry = index.best_within(**combo)
         closest = None
         if entry is None:
-            miss = closest_to_budgets([r.costs.to_json_dict() for r in result.records], combo)
-            closest = _miss(result.records[miss.index], combo) if miss else None
+            miss = closest_to_budgets([r.costs.to_json_dict() for r in s.result.records], combo)
+            closest = _miss(s.result.records[miss.index], combo) if miss else None
         answers.append(BudgetAnswer(combo, by_id[entry.arch_id] if entry else None, closest))
+    return answers
 
-    hv_ref_latency = max(limits.get("latency_ms", 0.0), max(r.costs.latency_ms for r in result.records)) * 1.1
+
+def _metrics(s: _Searched, points: list[dict[str, Any]], front_records: list[Record],
+             answers: list[BudgetAnswer]) -> dict[str, Any]:
+    result = s.result
+    hv_ref_latency = max(s.options.budgets.limits().get("latency_ms", 0.0),
+                         max(r.costs.latency_ms for r in result.records)) * 1.1
     hv = hypervolume([[-r.accuracy.accuracy, r.costs.latency_ms] for r in front_records], [0.0, hv_ref_latency])
-    hv_fp32 = hypervolume([[-r.accuracy.accuracy, r.costs.latency_ms] for r in fp32_front], [0.0, hv_ref_latency])
     stats = result.eval_stats.to_json_dict()
     metrics: dict[str, Any] = {
         "front_size": len(points), "evaluations": result.evaluations, "archive_size": len(result.records),
@@ -286,43 +320,64 @@ def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions
         "hypervolume_acc_latency": hv, "hypervolume_reference": {"accuracy": 0.0, "latency_ms": hv_ref_latency},
         "budgets_met": sum(a.point is not None for a in answers), "budget_combos": len(answers),
     }
-    if expansion is not None:
+    if s.expansion is not None:
+        hv_fp32 = hypervolume([[-r.accuracy.accuracy, r.costs.latency_ms] for r in s.fp32_front],
+                              [0.0, hv_ref_latency])
         metrics.update({"hypervolume_acc_latency_fp32_only": hv_fp32,
                         "hypervolume_gain_from_precision": hv / hv_fp32 - 1.0 if hv_fp32 > 0 else None,
-                        "precision_variants_admitted": len(expansion.records),
+                        "precision_variants_admitted": len(s.expansion.records),
                         "precision_variants_on_front": sum(r.candidate.precision != "fp32" for r in front_records)})
-    notes = [search_note] if search_note else []
-    if calibration is None:
+    return metrics
+
+
+def _notes(s: _Searched, answers: list[BudgetAnswer]) -> list[str]:
+    """What a reader of the front must know about how it was obtained."""
+    notes = list(s.notes)
+    if s.calibration is None:
         notes.append("the supernet stores no calibration set: variants ran with the supernet's shared BN "
                      "statistics, which underestimate most subnets' accuracy")
-    if predictor.energy_unit != "mJ":
-        notes.append(f"energy is in {predictor.energy_unit} (the profile's energy model is not calibrated)")
-    if device_profile.doc["device"].get("origin") == "estimated":
-        notes.append(f"profile {device_profile.name} is estimated from datasheets, not measured")
+    if s.predictor.energy_unit != "mJ":
+        notes.append(f"energy is in {s.predictor.energy_unit} (the profile's energy model is not calibrated)")
+    if s.device_profile.doc["device"].get("origin") == "estimated":
+        notes.append(f"profile {s.device_profile.name} is estimated from datasheets, not measured")
     for answer in answers:
         if answer.point is None:
-            notes.append(f"nothing on the front meets {describe(answer.budgets, costs.energy_unit)}"
+            notes.append(f"nothing on the front meets {describe(answer.budgets, s.costs.energy_unit)}"
                          + (f"; closest: {answer.closest['arch_id']} ("
                             + ", ".join(f"{m} +{100 * e:.1f}%" for m, e in answer.closest["excess"].items()) + ")"
                             if answer.closest else ""))
+    if s.expansion is not None:
+        notes.append("quantised variants' latency and energy are the fp32 predictions scaled by the speed ratio "
+                     "measured on the build host, not on the profiled device")
+    return notes
 
-    # A profile directory is an artifact (recorded relative to this one); a file, by name (and sha256 below).
-    profile_where = relative_to_artifact(profile, out) if profile.is_dir() else profile.name
-    profile_record: dict[str, Any] = {**predictor.describe(), "path": profile_where}
-    parents: list[Any] = [loaded.artifact]
+
+def _profile_record(s: _Searched, profile: Path, out: Path) -> tuple[dict[str, Any], list[Any]]:
+    """How the front names its profile, and the parents it records: a profile directory is an
+    artifact (recorded relative to this one); a file, by name and sha256."""
+    from hmt.artifacts.paths import relative_to_artifact
+
+    record: dict[str, Any] = {**s.predictor.describe(),
+                              "path": relative_to_artifact(profile, out) if profile.is_dir() else profile.name}
+    parents: list[Any] = [s.loaded.artifact]
     if profile.is_dir():
         from hmt.artifacts import load_artifact
         from hmt.profile.schema import ARTIFACT_KIND
 
         profile_artifact = load_artifact(profile, kind=ARTIFACT_KIND)
         parents.append(profile_artifact)
-        profile_record["manifest_sha256"] = profile_artifact.manifest_sha256
+        record["manifest_sha256"] = profile_artifact.manifest_sha256
     else:
-        profile_record["sha256"] = _sha256(profile)
-    from hmt.pareto.artifact import FRONT_SCHEMA, FRONT_SCHEMA_VERSION, write_pareto_artifact
-    from hmt.pareto.plot import front_png
+        record["sha256"] = _sha256(profile)
+    return record, parents
 
-    sorted_points = sorted(points, key=lambda p: (p["latency_ms"], -p["accuracy"]))
+
+def _front_doc(s: _Searched, supernet: Path, out: Path, sorted_points: list[dict[str, Any]],
+               answers: list[BudgetAnswer], profile_record: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    from hmt.artifacts.paths import relative_to_artifact
+    from hmt.pareto.artifact import FRONT_SCHEMA, FRONT_SCHEMA_VERSION
+
+    loaded, result, options, calibration = s.loaded, s.result, s.options, s.calibration
     front_doc = {
         "schema": FRONT_SCHEMA, "schema_version": FRONT_SCHEMA_VERSION,
         "supernet": {"path": relative_to_artifact(supernet, out), "manifest_sha256": loaded.artifact.manifest_sha256,
@@ -330,45 +385,68 @@ def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions
         # What a bundle needs of the data, carried here so deploy does not depend on finding the supernet.
         "dataset": {k: loaded.dataset_info.get(k) for k in ("name", "modality", "input_shape", "num_classes",
                                                             "class_names", "mean", "std", "source_sha256")},
-        "profile": profile_record, "data": data.describe(),
+        "profile": profile_record, "data": s.data.describe(),
         "bn_statistics": ("re-estimated per variant on the supernet's calibration set "
                           f"({sum(len(b) for b in calibration)} samples)" if calibration is not None
                           else "the supernet's shared statistics"),
         "objectives": list(options.search.objectives),
-        "units": {"accuracy": "fraction", "latency_ms": "ms", "energy": costs.energy_unit, "memory_mb": "MB (1e6 B)",
-                  "params": "count", "macs": "MAC", "activation_peak_bytes": "byte"},
+        "units": {"accuracy": "fraction", "latency_ms": "ms", "energy": s.costs.energy_unit,
+                  "memory_mb": "MB (1e6 B)", "params": "count", "macs": "MAC", "activation_peak_bytes": "byte"},
         "budgets": options.budgets.to_json_dict(),
         "answers": [a.to_json_dict() for a in answers],
         "points": sorted_points,
         "search": {"method": options.search.method, "evaluations": result.evaluations,
                    "generations": result.generations, "priced": result.priced, "infeasible": result.infeasible,
-                   "stop_reason": result.stop_reason, "wall_s": result.wall_s, "evaluation": stats},
+                   "stop_reason": result.stop_reason, "wall_s": result.wall_s,
+                   "evaluation": result.eval_stats.to_json_dict()},
         "notes": notes,
     }
-    if expansion is not None:
-        front_doc["precision"] = {**expansion.to_json_dict(), "options": options.to_json_dict()["precision"],
+    if s.expansion is not None:
+        front_doc["precision"] = {**s.expansion.to_json_dict(), "options": options.to_json_dict()["precision"],
                                   "latency": "fp32 prediction for the profile x the quantised/fp32 ratio of "
                                              "medians measured on the build host (ONNX Runtime)"}
-        notes.append("quantised variants' latency and energy are the fp32 predictions scaled by the speed ratio "
-                     "measured on the build host, not on the profiled device")
+    return front_doc
+
+
+def _archive_rows(result: SearchResult, front_records: list[Record]) -> list[dict[str, Any]]:
     front_ids = {r.candidate.key for r in front_records}
-    archive_rows = [{"order": r.order, "generation": r.generation, "arch_id": r.candidate.variant_id,
-                     "engine": r.candidate.engine, "precision": r.candidate.precision,
-                     "exit_stage": r.candidate.arch.exit_stage,
-                     "accuracy": r.accuracy.accuracy, **r.costs.to_json_dict(),
-                     "derived_from": r.derived_from or "", "on_front": r.candidate.key in front_ids}
-                    for r in result.records]
-    picks = [a.point for a in answers if a.point is not None]
+    return [{"order": r.order, "generation": r.generation, "arch_id": r.candidate.variant_id,
+             "engine": r.candidate.engine, "precision": r.candidate.precision,
+             "exit_stage": r.candidate.arch.exit_stage,
+             "accuracy": r.accuracy.accuracy, **r.costs.to_json_dict(),
+             "derived_from": r.derived_from or "", "on_front": r.candidate.key in front_ids}
+            for r in result.records]
+
+
+def _find_front(supernet: Path, profile: Path, out: Path, options: ParetoOptions,
+                progress: ProgressCallback, force: bool) -> ParetoRun:
+    from hmt.artifacts.paths import relative_to_artifact
+    from hmt.pareto.artifact import write_pareto_artifact
+    from hmt.pareto.plot import front_png
+
+    start = time.perf_counter()
+    s = _search(supernet, profile, options, progress)
+    options, result, unit = s.options, s.result, s.costs.energy_unit
+    front_records = [result.records[i] for i in result.front]
+    points, index = _front_points(s, front_records)
+    answers = _answers(s, points, index)
+    metrics = _metrics(s, points, front_records, answers)
+    notes = _notes(s, answers)
+    profile_record, parents = _profile_record(s, profile, out)
+    sorted_points = sorted(points, key=lambda p: (p["latency_ms"], -p["accuracy"]))
+    front_doc = _front_doc(s, supernet, out, sorted_points, answers, profile_record, notes)
+    limits = options.budgets.limits()
     plot = front_png(
         evaluated=[r.metrics() for r in result.records], front=points,
-        latency_budgets_ms=options.budgets.latency_ms, picks=picks,
-        other_budgets=", ".join(describe({m: v}, costs.energy_unit) for m, v in limits.items() if m != "latency_ms"),
-        title=f"{loaded.space.tag} on {device_profile.name} ({options.search.method}, "
+        latency_budgets_ms=options.budgets.latency_ms, picks=[a.point for a in answers if a.point is not None],
+        other_budgets=", ".join(describe({m: v}, unit) for m, v in limits.items() if m != "latency_ms"),
+        title=f"{s.loaded.space.tag} on {s.device_profile.name} ({options.search.method}, "
               f"{result.evaluations} evaluations)",
     )
-    config = options.to_json_dict(out) | {"supernet": relative_to_artifact(supernet, out), "profile": profile_where}
+    config = options.to_json_dict(out) | {"supernet": relative_to_artifact(supernet, out),
+                                          "profile": profile_record["path"]}
     metrics["total_wall_s"] = time.perf_counter() - start
-    write_pareto_artifact(out, front_doc=front_doc, index=index, archive_rows=archive_rows, plot_png=plot,
-                          config=config, parents=parents, metrics=metrics, force=force,
+    write_pareto_artifact(out, front_doc=front_doc, index=index, archive_rows=_archive_rows(result, front_records),
+                          plot_png=plot, config=config, parents=parents, metrics=metrics, force=force,
                           inputs=[p for p in (profile, options.data_path) if p])
-    return ParetoRun(out, sorted_points, answers, result, metrics, costs.energy_unit, notes)
+    return ParetoRun(out, sorted_points, answers, result, metrics, unit, notes)

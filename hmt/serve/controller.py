@@ -44,8 +44,9 @@ from hmt.serve.deciding.optimizer import (
 from hmt.serve.deciding.table import estimator_for, optimizer_config, variants_of
 from hmt.serve.reporting.records import Prediction, Stats, TickRecord
 from hmt.serve.reporting.status import controller_status
+from hmt.serve.running.blocks import make_pool
 from hmt.serve.running.loop import TRIGGER_INITIAL, TRIGGER_ON_DEMAND, ControlThread
-from hmt.serve.running.pool import LoadBackoff, Loader, VariantPool
+from hmt.serve.running.pool import LoadBackoff, Loader
 from hmt.serve.running.shadow import ShadowRuns
 from hmt.serve.running.switcher import STAY_VIOLATION_PENDING, Switcher
 
@@ -107,8 +108,9 @@ class Controller:
         self.monitor = ResourceMonitor(sampler, frequency_hz=1.0 / self.settings.monitor_period_s)
         if self.settings.cpu_quota_cores is not None:
             self.monitor.use_cpu_quota(self.settings.cpu_quota_cores)
-        self.pool = self._make_pool(bundle, blocks=blocks, loader=loader, threads=threads, warmup_runs=warmup_runs,
-                                    max_threads=max_threads)
+        self.pool = make_pool(bundle, blocks=blocks, engine=self.engine, loader=loader, threads=threads,
+                              warmup_runs=warmup_runs, providers=self.providers,
+                              early_exit=self.settings.early_exit.enabled, max_threads=max_threads)
         # serve --research (hmt.serve.deciding.research_join.attach): offered every decision, searches when none fits.
         self.research: Any = None
         self.budgets: Budgets = self.settings.budgets
@@ -393,21 +395,14 @@ class Controller:
             self._on_tick(record)
         return record
 
-    def _make_pool(self, bundle: Any, *, blocks: bool, loader: Any, threads: int | None,
-                   warmup_runs: int, max_threads: int | None) -> VariantPool:
-        pool_kwargs: dict[str, Any] = {"threads": threads, "warmup_runs": warmup_runs, "providers": self.providers,
-                                       "early_exit": self.settings.early_exit.enabled, "max_threads": max_threads}
-        if blocks:  # serve --blocks: variants composed from shared block graphs (hmt.serve.running.blocks)
-            from hmt.serve.running.blocks import BlockPool
-
-            return BlockPool(bundle, **pool_kwargs)
-        return VariantPool(bundle, engine=self.engine, loader=loader, **pool_kwargs)
-
     def _settle(self, active: str) -> None:
         """After a decision: the active variant's route (joint decision), and the pool trimmed to the
         memory budget, keeping the active variant and the adopted adapted copy's base."""
-        if self.joint is not None:
-            self._route(active)
+        if self.joint is not None:  # the active variant's route, read by the request path
+            self.route = self.joint.route_of(active)
+            # A local route runs the adapted copy as soon as one is adopted (before the next decision names it:
+            # same latency and energy as its variant, and adoption already checked its memory); a cut never does.
+            self.use_adapted = self.route is None or self.route[0].cut is None
         adopted = self.adapt.adopted_arch_id if self.adapt is not None else None
         evicted = self.pool.trim(self.capacity_bytes(), keep={active} if adopted is None else {active, adopted})
         self.loads.dropped.update(evicted)
@@ -418,21 +413,6 @@ class Controller:
             runner = self.loads.refill(self.pool.preload_order(active), self.capacity_bytes())
             if runner is not None:
                 self.estimator.set_engine(runner.arch_id, runner.engine)
-
-    def _route(self, active: str) -> None:
-        """The active variant's route from the joint decision just made (read by the request path)."""
-        joint = self.joint
-        assert joint is not None
-        i = joint.route_index(active)
-        if i < 0:
-            self.route = None
-            self.use_adapted = True
-            return
-        candidate = joint.candidates[i]
-        self.route = (candidate, joint.latency_ms[i], joint.remote_ms[i], joint.energy[i])
-        # A local route runs the adapted copy as soon as one is adopted (before the next decision names it:
-        # same latency and energy as its variant, and adoption already checked its memory); a cut never does.
-        self.use_adapted = candidate.cut is None
 
     def _apply(self, result: Any) -> str | None:
         """Load the switcher's choice if it is not the active runner; a failure reverts the switch."""

@@ -214,7 +214,7 @@ def _spec(shape: tuple[int, ...]) -> BundleSpec:
 
 
 def test_deploy_takes_preprocessing_and_class_names_from_the_supernet(tmp_path: Path) -> None:
-    from hmt.deploy.build import _input_meta
+    from hmt.deploy.sources import input_meta
 
     dataset = {"name": "cifar10", "modality": "image", "input_shape": [3, 32, 32], "num_classes": 3,
                "class_names": ["a", "b", "c"], "mean": [0.1, 0.2, 0.3], "std": [0.4, 0.5, 0.6]}
@@ -233,10 +233,10 @@ def test_deploy_takes_preprocessing_and_class_names_from_the_supernet(tmp_path: 
 
     expected = Preprocess(mean=(0.1, 0.2, 0.3), std=(0.4, 0.5, 0.6))
     # The front's own dataset record (what pareto writes), else the supernet it names, by sha256.
-    assert _input_meta(front("carried", [], {"dataset": dataset})) == (expected, ("a", "b", "c"), None, True)
-    assert _input_meta(front("named", [supernet.as_parent()], {})) == (expected, ("a", "b", "c"), None, True)
+    assert input_meta(front("carried", [], {"dataset": dataset})) == (expected, ("a", "b", "c"), None, True)
+    assert input_meta(front("named", [supernet.as_parent()], {})) == (expected, ("a", "b", "c"), None, True)
     rebuilt = ParentRecord(kind="supernet", path=str(tmp_path / "supernet"), manifest_sha256="0" * 64)
-    pre, names, note, known = _input_meta(front("rebuilt", [rebuilt], {}))
+    pre, names, note, known = input_meta(front("rebuilt", [rebuilt], {}))
     assert pre is None and names is None and not known and note and "was not found" in note
-    assert _input_meta(front("none", [], {}))[2:] == (
+    assert input_meta(front("none", [], {}))[2:] == (
         "no supernet recorded: the bundle carries no preprocessing or class names", False)

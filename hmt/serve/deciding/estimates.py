@@ -35,13 +35,9 @@ load model that says the variant still fits. In every case the lower median of a
 newest ``LAST_SAMPLES`` (3) samples, whatever their level, while they are within ``max_age_s`` of
 now, is a floor as well (**measured_few**): two of its last three requests this slow.
 
-A scaled or prior estimate is at most the measured p95 of every variant the profile calls slower that
-was measured at this load (:meth:`LatencyEstimator._cap_by_slower`): the load model must not make a
-smaller variant look slower than what this load measures on a bigger one. Last, a scaled or prior
-estimate is at least the estimate of every variant the profile calls faster
-that was measured at this load (measured or measured_few; the source stays what it was): an
-extrapolation from a calmer level must not make a bigger variant look faster than what this load
-measures on a smaller one (:meth:`LatencyEstimator._bound_by_faster`).
+Last, a scaled or prior estimate is held between what this load measured on the variants the
+profile ranks beside it (:mod:`hmt.serve.deciding.bounds`): at most the p95 of a slower variant, and
+at least the estimate of a faster one; where the two disagree, the higher wins.
 
 Samples are filed under the load of the tick before them and moved, at the next tick, to the
 level of the load that tick measured over their interval (:meth:`LatencyEstimator.refile`);
@@ -71,13 +67,16 @@ from dataclasses import dataclass
 
 from hmt.compat import strict_zip
 from hmt.runtime.settings import MODE_MEASURED, EstimatorSettings
+from hmt.serve.deciding.bounds import (
+    SOURCE_FEW,
+    SOURCE_MEASURED,
+    SOURCE_PRIOR,
+    SOURCE_SCALED,
+    bound_by_faster,
+    cap_by_slower,
+)
 from hmt.serve.deciding.window import SampleWindow
 
-SOURCE_MEASURED = "measured"
-SOURCE_SCALED = "scaled"  # measured at another load level, scaled by the load model
-SOURCE_PRIOR = "prior"
-# Fewer than min_samples at this level, and their lower median is above the scaled or prior estimate.
-SOURCE_FEW = "measured_few"
 # A prior's r is published again only when it moved by more than this (relative) from the value
 # published, so that the EMA moving by a fraction of a percent with every request does not
 # change the estimates (and recompute the feasible set) every tick.
@@ -159,7 +158,7 @@ class LatencyEstimator:
         self._latency_key: tuple[int, float, int, int, int] | None = None
         self._latency_value: tuple[list[float], list[float]] = ([], [])
         self._sources: list[str] = [SOURCE_PRIOR] * len(self.arch_ids)
-        # Fastest first by the profile, ties in table order (see _bound_by_faster).
+        # Fastest first by the profile, ties in table order (see bounds.py).
         self._by_predicted = sorted(range(len(self.arch_ids)), key=lambda i: (self.predicted_ms[i], i))
 
     def level_of(self, load: float) -> int:
@@ -439,50 +438,13 @@ class LatencyEstimator:
                 out.append(tail)
                 ratios.append(tail / prior_ms if source != SOURCE_PRIOR else prior_r[i])
                 sources[i] = source
-            self._cap_by_slower(out, ratios, load_scale)
-            self._bound_by_faster(out, ratios, load_scale)  # second: where the two disagree, the higher wins
+            by_predicted = self._by_predicted
+            cap_by_slower(out, ratios, sources, predicted, by_predicted, load_scale)
+            # second: where the two disagree, the higher wins
+            bound_by_faster(out, ratios, sources, predicted, by_predicted, load_scale)
             value = out, ratios
         self._latency_key, self._latency_value = key, value
         return value
-
-    def _cap_by_slower(self, out: list[float], ratios: list[float], load_scale: float) -> None:
-        """The converse of :meth:`_bound_by_faster`: a variant judged on an extrapolation (scaled or
-        prior) is never estimated slower than a variant the profile calls slower that was measured at
-        this load (its p95 there). Under a load step, a small variant not served since idle is scaled
-        up by the load model from its idle tail, which on a sub-millisecond variant is mostly serving
-        overhead that does not grow with the load; the bigger variant serving now measured less than
-        that extrapolation, so when nothing fit the fallback judged the bigger variant the faster and
-        stayed on it through the whole busy phase (issue 28's burn2 shape, per-window trace)."""
-        sources = self._sources
-        predicted = self.predicted_ms
-        cap = math.inf
-        for i in reversed(self._by_predicted):
-            source = sources[i]
-            if source == SOURCE_MEASURED:
-                if out[i] < cap:
-                    cap = out[i]
-            elif source != SOURCE_FEW and out[i] > cap:
-                out[i] = cap
-                ratios[i] = cap / (predicted[i] * load_scale)
-
-    def _bound_by_faster(self, out: list[float], ratios: list[float], load_scale: float) -> None:
-        """A variant judged on an extrapolation (scaled or prior) is never estimated faster than a
-        variant the profile calls faster that was measured at this load (measured or measured_few):
-        the load model scales from a calmer level, the measurement says what this load does. Right
-        after a load step, the active variant's requests show the step at once while a bigger
-        variant's estimate is still scaled from idle; without the bound that bigger variant looked
-        the fastest, and the nothing-feasible fallback moved *up* to it (issue 28)."""
-        sources = self._sources
-        predicted = self.predicted_ms
-        bound = 0.0
-        for i in self._by_predicted:
-            source = sources[i]
-            if source in (SOURCE_MEASURED, SOURCE_FEW):
-                if out[i] > bound:
-                    bound = out[i]
-            elif out[i] < bound:
-                out[i] = bound
-                ratios[i] = bound / (predicted[i] * load_scale)
 
     def _nearest_level_tail(self, tails: Sequence[float | None], i: int, level: int,
                             load_scale: float) -> float | None:

@@ -348,3 +348,11 @@ class JointPath:
         """The candidate (its index) the last choice runs ``arch_id`` as; -1: none, run it all locally."""
         pos = self.optimizer._position.get(arch_id)
         return -1 if pos is None or pos >= len(self._routes) else self._routes[pos]
+
+    def route_of(self, arch_id: str) -> tuple[Candidate, float, float, float] | None:
+        """The route the last choice runs ``arch_id`` as: (candidate, predicted ms, remote ms, energy);
+        None: none, run it all locally."""
+        i = self.route_index(arch_id)
+        if i < 0:
+            return None
+        return self.candidates[i], self.latency_ms[i], self.remote_ms[i], self.energy[i]

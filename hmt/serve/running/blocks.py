@@ -83,3 +83,13 @@ class BlockPool(VariantPool):
         return {"units_shipped": len(self.space.units), "units_loaded": len(self.store.loaded_units()),
                 "unit_loads": self.store.loads, "unit_unloads": self.store.unloads,
                 "blocks_mb": self.store.loaded_bytes() / 1e6}
+
+
+def make_pool(bundle: Bundle, *, blocks: bool, engine: str, loader: Any = None, **pool_kwargs: Any) -> VariantPool:
+    """The pool serve runs: whole variants (:class:`VariantPool`, on ``engine`` through ``loader``),
+    or with ``blocks`` (serve --blocks) variants composed from the bundle's shared block graphs
+    (:class:`BlockPool`, ONNX Runtime only). ``pool_kwargs``: threads, warmup runs, providers,
+    early exit, max threads."""
+    if blocks:
+        return BlockPool(bundle, **pool_kwargs)
+    return VariantPool(bundle, engine=engine, loader=loader, **pool_kwargs)
