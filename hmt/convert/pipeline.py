@@ -273,31 +273,22 @@ def _fp32_id(vid: str) -> str:
     return split_variant_id(vid)[0]
 
 
-def convert_model(
-    source: ModelSource,
-    out_dir: Path | str,
-    *,
-    options: ConvertOptions | None = None,
-    onnx_input_shapes: tuple[tuple[int, ...], ...] | None = None,
-    progress: ProgressCallback = no_progress,
-    force: bool = False,
-) -> ConvertResult:
-    """Convert ``source`` into a verified "converted" artifact at ``out_dir`` (atomically)."""
-    from hmt.artifacts.outputs import check_output_dir
-    from hmt.artifacts.paths import relative_to_artifact
-    from hmt.convert.sources import source_inputs
-
-    options = options or ConvertOptions()
-    inputs = [p for p in (*source_inputs(source), options.data_path) if p]
-    check_output_dir(out_dir, kind=CONVERTED_KIND, inputs=inputs, force=force)
-
-    def where(path: Path | str | None) -> str | None:
-        return relative_to_artifact(path, out_dir) if path else None
-
+def _check_options(options: ConvertOptions) -> None:
+    """Refuse accuracy options out of range, before anything is converted."""
     if not 0.0 <= options.max_accuracy_drop <= 1.0:
         raise UsageError(f"--max-accuracy-drop must be 0-100 points, got {100 * options.max_accuracy_drop:g}")
     if options.accuracy_samples is not None and options.accuracy_samples < 1:
         raise UsageError(f"--accuracy-samples must be >= 1, got {options.accuracy_samples}")
+
+
+def _run_config(source: ModelSource, options: ConvertOptions,
+                onnx_input_shapes: tuple[tuple[int, ...], ...] | None, out_dir: Path | str) -> dict[str, Any]:
+    """The config the artifact records: the options and the source, its paths relative to the artifact."""
+    from hmt.artifacts.paths import relative_to_artifact
+
+    def where(path: Path | str | None) -> str | None:
+        return relative_to_artifact(path, out_dir) if path else None
+
     config: dict[str, Any] = {
         "opset": options.opset,
         "exporter": options.exporter,
@@ -306,9 +297,6 @@ def convert_model(
         "atol": options.atol,
         "rtol": options.rtol,
     }
-    parents: list[Artifact] = []
-    variants: list[ConvertedVariant] = []
-    notes: list[str] = []
     if isinstance(source, TorchSource):
         file, _, function = source.factory.rpartition(":")
         config["source"] = {"type": "torch", "factory": f"{where(file)}:{function}" if file else source.factory,
@@ -325,19 +313,87 @@ def convert_model(
                             "min_accuracy": source.min_accuracy,
                             "max_accuracy_drop": options.max_accuracy_drop,
                             "accuracy_samples": options.accuracy_samples}
+    return config
+
+
+def _convert_torch(writer: ArtifactWriter, source: TorchSource, options: ConvertOptions) -> ConvertedVariant:
+    """The factory's module, with its weights: segmented (one input, segments and exit heads)
+    or as one graph."""
+    net = load_factory_module(source.factory)
+    if source.weights is not None:
+        apply_weights(net, source.weights)
+    if len(source.input_shapes) == 1 and hasattr(net, "segments") and hasattr(net, "exit_heads"):
+        return _convert_segmented(writer, net, source.input_shapes[0], name=source.name, arch_id=None,
+                                  options=options)
+    return _convert_torch_module(writer, net, source.input_shapes, name=source.name, arch_id=None, options=options)
+
+
+def _convert_supernet(writer: ArtifactWriter, source: SupernetSource, options: ConvertOptions,
+                      progress: ProgressCallback) -> list[ConvertedVariant]:
+    """Every requested supernet variant (each once) as segmented graphs, quantised where its id asks."""
+    sources, materialised = _supernet_variants(source)
+    writer.parents = tuple(a.as_parent() for a in sources)
+    variants: list[ConvertedVariant] = []
+    total = len(materialised)
+    context = None  # calibration + held-out images, loaded at the first quantised variant
+    for i, (arch_id, net) in enumerate(materialised):
+        progress("convert", i, total, arch_id)
+        name = safe_variant_name(arch_id)
+        if any(v.name == name for v in variants):
+            continue
+        shape = (source.batch, *tuple(net.input_shape))
+        variant = _convert_segmented(writer, net, shape, name=name, arch_id=arch_id, options=options)
+        if variant.arch_id is not None and variant.arch_id != _fp32_id(variant.arch_id):
+            from hmt.convert.precision import QuantContext, quantise_variant
+
+            progress("quantise", i, total, arch_id)
+            context = context or QuantContext.load(source.artifact_dir, options)
+            quantise_variant(writer, variant, context, options=options)
+        variants.append(variant)
+    progress("convert", total, total, None)
+    return variants
+
+
+def _run_metrics(variants: list[ConvertedVariant]) -> dict[str, Any]:
+    """The artifact's metrics: the largest verification errors, and per variant its graphs and node counts."""
+    return {
+        "variants": len(variants),
+        "max_abs_error": max((v.max_abs_error for v in variants), default=0.0),
+        "max_rel_error": max((v.max_rel_error for v in variants), default=0.0),
+        "per_variant": {v.name: {"max_abs_error": v.to_json()["max_abs_error"],
+                                 "max_rel_error": v.to_json()["max_rel_error"],
+                                 "graphs": len(v.graphs),
+                                 "nodes_before": v.to_json()["nodes_before"],
+                                 "nodes_after": v.to_json()["nodes_after"]} for v in variants},
+    }
+
+
+def convert_model(
+    source: ModelSource,
+    out_dir: Path | str,
+    *,
+    options: ConvertOptions | None = None,
+    onnx_input_shapes: tuple[tuple[int, ...], ...] | None = None,
+    progress: ProgressCallback = no_progress,
+    force: bool = False,
+) -> ConvertResult:
+    """Convert ``source`` into a verified "converted" artifact at ``out_dir`` (atomically)."""
+    from hmt.artifacts.outputs import check_output_dir
+    from hmt.convert.sources import source_inputs
+
+    options = options or ConvertOptions()
+    inputs = [p for p in (*source_inputs(source), options.data_path) if p]
+    check_output_dir(out_dir, kind=CONVERTED_KIND, inputs=inputs, force=force)
+    _check_options(options)
+    config = _run_config(source, options, onnx_input_shapes, out_dir)
+    parents: list[Artifact] = []
+    variants: list[ConvertedVariant] = []
+    notes: list[str] = []
     with ArtifactWriter(out_dir, kind=CONVERTED_KIND, config=config, parents=parents, inputs=inputs,
                         force=force) as writer:
         if isinstance(source, TorchSource):
             progress("convert", 0, 1, source.name)
-            net = load_factory_module(source.factory)
-            if source.weights is not None:
-                apply_weights(net, source.weights)
-            if len(source.input_shapes) == 1 and hasattr(net, "segments") and hasattr(net, "exit_heads"):
-                variants.append(_convert_segmented(writer, net, source.input_shapes[0], name=source.name,
-                                                   arch_id=None, options=options))
-            else:
-                variants.append(_convert_torch_module(writer, net, source.input_shapes, name=source.name,
-                                                      arch_id=None, options=options))
+            variants.append(_convert_torch(writer, source, options))
             progress("convert", 1, 1, source.name)
         elif isinstance(source, OnnxSource):
             progress("convert", 0, 1, source.name)
@@ -345,37 +401,10 @@ def convert_model(
             variants.append(variant)
             progress("convert", 1, 1, source.name)
         else:
-            sources, materialised = _supernet_variants(source)
-            writer.parents = tuple(a.as_parent() for a in sources)
-            total = len(materialised)
-            context = None  # calibration + held-out images, loaded at the first quantised variant
-            for i, (arch_id, net) in enumerate(materialised):
-                progress("convert", i, total, arch_id)
-                name = safe_variant_name(arch_id)
-                if any(v.name == name for v in variants):
-                    continue
-                shape = (source.batch, *tuple(net.input_shape))
-                variant = _convert_segmented(writer, net, shape, name=name, arch_id=arch_id, options=options)
-                if variant.arch_id is not None and variant.arch_id != _fp32_id(variant.arch_id):
-                    from hmt.convert.precision import QuantContext, quantise_variant
-
-                    progress("quantise", i, total, arch_id)
-                    context = context or QuantContext.load(source.artifact_dir, options)
-                    quantise_variant(writer, variant, context, options=options)
-                variants.append(variant)
-            progress("convert", total, total, None)
+            variants = _convert_supernet(writer, source, options, progress)
         report = {"variants": [v.to_json() for v in variants], "notes": notes}
         writer.write_json(REPORT_NAME, report)
-        writer.metrics.update({
-            "variants": len(variants),
-            "max_abs_error": max((v.max_abs_error for v in variants), default=0.0),
-            "max_rel_error": max((v.max_rel_error for v in variants), default=0.0),
-            "per_variant": {v.name: {"max_abs_error": v.to_json()["max_abs_error"],
-                                     "max_rel_error": v.to_json()["max_rel_error"],
-                                     "graphs": len(v.graphs),
-                                     "nodes_before": v.to_json()["nodes_before"],
-                                     "nodes_after": v.to_json()["nodes_after"]} for v in variants},
-        })
+        writer.metrics.update(_run_metrics(variants))
     return ConvertResult(Path(out_dir), tuple(variants), report)
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hmt.artifacts import ArtifactWriter
+from hmt.artifacts import Artifact, ArtifactWriter
 from hmt.convert.pipeline import load_converted
 from hmt.convert.verify import compare
 from hmt.errors import HmtError, UsageError
@@ -37,6 +37,7 @@ from hmt.fuse.engines.timing import (
     timing_mode,
 )
 from hmt.fuse.memory_plan import plan_memory
+from hmt.fuse.report import fused_metrics, precision_siblings, variant_report, variant_result
 from hmt.fuse.result import FusedGraph, FusedVariant, FuseResult, chain_runner, timed_path
 from hmt.fuse.runtime import ort_step, tvm_step
 from hmt.graph.model import check_model, graph_inputs, load_onnx, save_onnx, seeded_inputs
@@ -291,19 +292,8 @@ def _verify_candidates(runners: dict[str, Callable[[], list[Any]]], reference: l
     return checks
 
 
-def fuse_model(
-    converted_dir: Path | str,
-    out_dir: Path | str,
-    *,
-    options: FuseOptions | None = None,
-    progress: ProgressCallback = no_progress,
-    force: bool = False,
-) -> FuseResult:
-    """Fuse, plan, compile and choose an engine for every variant of a converted artifact."""
-    from hmt.artifacts.outputs import check_output_dir
-    from hmt.artifacts.paths import relative_to_artifact
-
-    options = options or FuseOptions()
+def _check_options(options: FuseOptions) -> None:
+    """Refuse options no run can honour, before anything is read or written."""
     unknown = [e for e in options.engines if e not in ENGINES]
     if unknown:
         raise UsageError(f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(ENGINES)}")
@@ -319,12 +309,13 @@ def fuse_model(
         raise UsageError(f"--drop must be >= 1, got {options.timing_drop}")
     if options.tie_floor < 0:
         raise UsageError("the tie floor must be >= 0")
-    passes = list(options.passes) if options.passes is not None else fusion_pass_names()
-    resolve_passes(passes, category="fusion")
-    artifact, converted = load_converted(converted_dir)
-    inputs = [converted_dir]
-    check_output_dir(out_dir, kind=FUSED_KIND, inputs=inputs, force=force)
-    config = {
+
+
+def _run_config(options: FuseOptions, passes: list[str], out_dir: Path | str) -> dict[str, Any]:
+    """The config the artifact records (the tuning folder relative to the artifact)."""
+    from hmt.artifacts.paths import relative_to_artifact
+
+    return {
         "passes": passes, "engines": list(options.engines), "device": options.device,
         "tune_trials": options.tune_trials,
         "tuning_dir": relative_to_artifact(options.tuning_dir, out_dir) if options.tuning_dir else None,
@@ -335,132 +326,87 @@ def fuse_model(
         "atol": options.atol, "rtol": options.rtol,
         "ort_parallel": options.ort_parallel, "measure_rss": options.measure_rss,
     }
+
+
+def _fuse_variant(
+    writer: ArtifactWriter, artifact: Artifact, entry: dict[str, Any], options: FuseOptions,
+    progress: ProgressCallback,
+) -> tuple[FusedVariant, dict[str, Any]]:
+    """One variant of the converted artifact: fuse and plan its graphs, build, verify and time
+    every candidate, choose; returns its result and its report.json entry."""
+    name = str(entry["name"])
+    graphs = []
+    for g in entry["graphs"]:
+        model = load_onnx(artifact.file(g["file"]))
+        feeds = seeded_inputs(graph_inputs(model), seed=options.seed)
+        graphs.append(FusedGraph(g["file"], g["role"], int(g["index"]), model, model, feeds, []))
+    for graph in graphs:
+        _fuse_graph(graph, options)
+    path = timed_path(graphs)
+    runners, runtime, failures = _variant_engines(writer, name, graphs, options, progress)
+    reference = runners[BASELINE]()
+    checks = _verify_candidates(runners, reference, options)
+    progress("measure", 0, 1, name)
+    timings = _measure(runners, options)
+    progress("measure", 1, 1, name)
+    best = choose(timings, tie_floor=options.tie_floor)
+    # What a runtime that runs the variant graph by graph (serve, for early exit) can
+    # use: the same rule over every candidate but the merged chain.
+    per_graph = choose({k: t for k, t in timings.items() if runtime[k].get("graphs") != "chain"},
+                       tie_floor=options.tie_floor)
+    result = variant_result(name, best, timings, graphs)
+    entry_report = variant_report(entry, name, graphs, path, runtime, failures, checks, timings, best, per_graph)
+    entry_report["choice"]["against_others"] = choice_margins(timings, best, tie_floor=options.tie_floor)
+    if options.measure_rss:
+        from hmt.fuse.rss import memory_report
+
+        progress("peak rss", 0, 1, name)
+        entry_report["memory"] = memory_report(writer, runtime[per_graph.name], path, result.planned_peak_bytes)
+    for graph in graphs:
+        writer.write_json(f"{name}/{Path(graph.file).stem}.memory_plan.json", graph.report["_plan"].to_json())
+    return result, entry_report
+
+
+def fuse_model(
+    converted_dir: Path | str,
+    out_dir: Path | str,
+    *,
+    options: FuseOptions | None = None,
+    progress: ProgressCallback = no_progress,
+    force: bool = False,
+) -> FuseResult:
+    """Fuse, plan, compile and choose an engine for every variant of a converted artifact."""
+    from hmt.artifacts.outputs import check_output_dir
+
+    options = options or FuseOptions()
+    _check_options(options)
+    passes = list(options.passes) if options.passes is not None else fusion_pass_names()
+    resolve_passes(passes, category="fusion")
+    artifact, converted = load_converted(converted_dir)
+    inputs = [converted_dir]
+    check_output_dir(out_dir, kind=FUSED_KIND, inputs=inputs, force=force)
+    config = _run_config(options, passes, out_dir)
     results: list[FusedVariant] = []
     report_variants: list[dict[str, Any]] = []
     total = len(converted["variants"])
     with ArtifactWriter(out_dir, kind=FUSED_KIND, config=config, parents=[artifact], inputs=inputs,
                         force=force) as writer:
         for vi, entry in enumerate(converted["variants"]):
-            name = str(entry["name"])
-            progress("fuse", vi, total, name)
-            graphs = []
-            for g in entry["graphs"]:
-                model = load_onnx(artifact.file(g["file"]))
-                feeds = seeded_inputs(graph_inputs(model), seed=options.seed)
-                graphs.append(FusedGraph(g["file"], g["role"], int(g["index"]), model, model, feeds, []))
-            for graph in graphs:
-                _fuse_graph(graph, options)
-            path = timed_path(graphs)
-            runners, runtime, failures = _variant_engines(writer, name, graphs, options, progress)
-            reference = runners[BASELINE]()
-            checks = _verify_candidates(runners, reference, options)
-            progress("measure", 0, 1, name)
-            timings = _measure(runners, options)
-            progress("measure", 1, 1, name)
-            best = choose(timings, tie_floor=options.tie_floor)
-            # What a runtime that runs the variant graph by graph (serve, for early exit) can
-            # use: the same rule over every candidate but the merged chain.
-            per_graph = choose({k: t for k, t in timings.items() if runtime[k].get("graphs") != "chain"},
-                               tie_floor=options.tie_floor)
-            results.append(_variant_result(name, best, timings, graphs))
-            report_variants.append(_variant_report(entry, name, graphs, path, runtime, failures, checks, timings,
-                                                   best, per_graph))
-            report_variants[-1]["choice"]["against_others"] = choice_margins(timings, best,
-                                                                             tie_floor=options.tie_floor)
-            if options.measure_rss:
-                from hmt.fuse.rss import memory_report
-
-                progress("peak rss", 0, 1, name)
-                report_variants[-1]["memory"] = memory_report(writer, runtime[per_graph.name], path,
-                                                              results[-1].planned_peak_bytes)
-            for graph in graphs:
-                writer.write_json(f"{name}/{Path(graph.file).stem}.memory_plan.json", graph.report["_plan"].to_json())
+            progress("fuse", vi, total, str(entry["name"]))
+            result, entry_report = _fuse_variant(writer, artifact, entry, options, progress)
+            results.append(result)
+            report_variants.append(entry_report)
         report = {"variants": report_variants, "device": options.device,
                   "timing": _timing_mode(options),
                   "memory_plan_status": ("predicted: hmt's tensor-lifetime plan is not executed by an engine; ORT runs "
                                          "its own (memory pattern + arena), whose peak RSS --measure-rss measures")}
         writer.write_json(REPORT_NAME, report)
-        writer.metrics.update({
-            "variants": len(results),
-            "per_variant": {
-                r.name: {"engine": r.engine, "latency_ms": round(r.latency_ms, 4),
-                         "ort_default_ms": round(r.baseline_ms, 4),
-                         "speedup_vs_ort_default": round(r.speedup_vs_ort_default, 3),
-                         "planned_peak_bytes": r.planned_peak_bytes, "naive_bytes": r.naive_bytes,
-                         "lower_bound_bytes": r.lower_bound_bytes, "fired": r.fired}
-                for r in results
-            },
-        })
-        siblings = _precision_siblings(results, converted["variants"])
+        writer.metrics.update(fused_metrics(results))
+        siblings = precision_siblings(results, converted["variants"])
         if siblings:
             writer.metrics["precision_vs_fp32"] = siblings
         progress("fuse", total, total, None)
     return FuseResult(Path(out_dir), tuple(results), report)
-
-
-def _precision_siblings(results: list[FusedVariant], entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each quantised variant against its fp32 sibling fused in the same run: the chosen engines' medians."""
-    from hmt.precision import split_variant_id
-
-    by_id = {str(e.get("arch_id") or e["name"]): r for e, r in zip(entries, results, strict=True)}
-    out: dict[str, Any] = {}
-    for vid, result in by_id.items():
-        base, precision = split_variant_id(vid)
-        if precision != "fp32" and base in by_id:
-            out[vid] = {"precision": precision, "fp32": base, "latency_ms": round(result.latency_ms, 4),
-                        "fp32_latency_ms": round(by_id[base].latency_ms, 4),
-                        "speedup_vs_fp32": round(by_id[base].latency_ms / result.latency_ms, 3)}
-    return out
-
-
-def _variant_result(name: str, best: Timing, timings: dict[str, Timing], graphs: list[FusedGraph]) -> FusedVariant:
-    fired: dict[str, int] = {}
-    for graph in graphs:
-        for r in graph.report["passes"]:
-            if r["status"] == "applied":
-                fired[r["name"]] = fired.get(r["name"], 0) + r["fired"]
-    # Variant level, over the graphs of one full-depth run (they run one after another, so
-    # one arena of the largest graph's plan serves them all; naive gives every tensor of
-    # every graph its own buffer).
-    plans = [graph.report["_plan"] for graph in timed_path(graphs)]
-    return FusedVariant(
-        name=name,
-        engine=best.name,
-        latency_ms=best.median_ms,
-        baseline_ms=timings[BASELINE].median_ms,
-        planned_peak_bytes=max(p.planned_peak_bytes for p in plans),
-        naive_bytes=sum(p.naive_bytes for p in plans),
-        lower_bound_bytes=max(p.lower_bound_bytes for p in plans),
-        fired=fired,
-        timings={k: v.to_json() for k, v in timings.items()},
-    )
-
-
-def _variant_report(entry: dict[str, Any], name: str, graphs: list[FusedGraph], path: list[FusedGraph],
-                    runtime: dict[str, Any], failures: dict[str, str], checks: dict[str, Any],
-                    timings: dict[str, Timing], best: Timing, per_graph: Timing) -> dict[str, Any]:
-    return {
-        "name": name,
-        "arch_id": entry.get("arch_id"),
-        "chain": entry.get("chain"),
-        "timed_path": [g.file for g in path],
-        "graphs": [
-            {"file": g.file, "role": g.role, "index": g.index, "input_name": next(iter(g.feeds)),
-             **{k: v for k, v in g.report.items() if not k.startswith("_")},
-             "memory_plan_file": f"{name}/{Path(g.file).stem}.memory_plan.json"}
-            for g in graphs
-        ],
-        "candidates": {label: {**runtime.get(label, {}), "verification": checks.get(label),
-                               "timing": timings[label].to_json() if label in timings else None}
-                       for label in runtime},
-        "unavailable": failures,
-        "choice": {"candidate": best.name, **runtime[best.name], "median_ms": round(best.median_ms, 4),
-                   "ort_default_ms": round(timings[BASELINE].median_ms, 4),
-                   "speedup_vs_ort_default": round(timings[BASELINE].median_ms / best.median_ms, 3)},
-        "choice_per_graph": {"candidate": per_graph.name, **runtime[per_graph.name],
-                             "median_ms": round(per_graph.median_ms, 4),
-                             "speedup_vs_ort_default": round(timings[BASELINE].median_ms / per_graph.median_ms, 3)},
-    }
 
 
 __all__ = ["ENGINES", "FUSED_KIND", "FuseOptions", "fuse_model"]

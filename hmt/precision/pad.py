@@ -26,6 +26,7 @@ convolution or a channel slice leaves the graph untouched and says why
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -95,142 +96,204 @@ def pad_channels(model: onnx.ModelProto, *, minimum: int = DEFAULT_MINIMUM) -> t
     return out, report
 
 
-def _rewrite(graph: onnx.GraphProto, minimum: int, report: PadReport) -> None:
-    import numpy as np
-    import onnx
-    from onnx import numpy_helper
+@dataclass
+class _Rewrite:
+    """One pass over a graph: the tensors' widths so far, the rewritten node list, new constants."""
 
-    inits = {i.name: i for i in graph.initializer}
+    graph: onnx.GraphProto
+    minimum: int
+    report: PadReport
+    inits: dict[str, onnx.TensorProto] = field(default_factory=dict)
     # tensor -> (real channels, carried channels); absent: not an activation the pass follows
-    width: dict[str, tuple[int, int]] = {}
-    new_nodes: list[onnx.NodeProto] = []
-    fresh = iter(range(1 << 30))
+    width: dict[str, tuple[int, int]] = field(default_factory=dict)
+    new_nodes: list[onnx.NodeProto] = field(default_factory=list)
+    fresh: Iterator[int] = field(default_factory=lambda: iter(range(1 << 30)))
 
-    def const(array: Any, stem: str) -> str:
-        name = f"{stem}__pad{next(fresh)}"
-        graph.initializer.append(numpy_helper.from_array(array, name))
+    def const(self, array: Any, stem: str) -> str:
+        """Add ``array`` as a new initializer; returns its (fresh) name."""
+        from onnx import numpy_helper
+
+        name = f"{stem}__pad{next(self.fresh)}"
+        self.graph.initializer.append(numpy_helper.from_array(array, name))
         return name
 
-    for gi in graph.input:
-        dims = gi.type.tensor_type.shape.dim
-        if gi.name in inits or len(dims) != 4 or not dims[1].HasField("dim_value"):
-            continue
-        c = dims[1].dim_value
-        p = c + (-c % 4) if c < 4 else padded_width(c, minimum)
-        if p == c:
-            width[gi.name] = (c, c)
-            continue
-        # Widen the graph input with a Pad node (the input keeps its shape for callers).
-        padded = f"{gi.name}__padded"
-        pads = np.zeros(8, dtype=np.int64)
-        pads[5] = p - c
-        new_nodes.append(onnx.helper.make_node("Pad", [gi.name, const(pads, "pads")], [padded], mode="constant"))
-        width[padded] = (c, p)
-        report.widened[padded] = (c, p)
-        for node in graph.node:
-            for k, name in enumerate(node.input):
-                if name == gi.name:
-                    node.input[k] = padded
+    def widen(self, tensor: str, channels: int, carried: int) -> None:
+        """Record ``tensor``'s width, and in the report if it carries more channels than it has."""
+        self.width[tensor] = (channels, carried)
+        if carried != channels:
+            self.report.widened[tensor] = (channels, carried)
 
+
+def _rewrite(graph: onnx.GraphProto, minimum: int, report: PadReport) -> None:
+    """Pad ``graph`` in place, node by node in graph order, recording what it widened in
+    ``report``; raises ``_Skip`` at the first thing the pass does not rewrite."""
+    rw = _Rewrite(graph, minimum, report, inits={i.name: i for i in graph.initializer})
+    _pad_graph_inputs(rw)
     for node in graph.node:
-        ins = [width.get(i) for i in node.input]
+        ins = [rw.width.get(i) for i in node.input]
         is_padded = any(w is not None and w[0] != w[1] for w in ins)
         op = node.op_type
         if op == "Conv":
-            if _attr(node, "group", 1) != 1:
-                if is_padded:
-                    raise _Skip(f"grouped convolution {node.name!r} reads a padded tensor")
-                new_nodes.append(node)
-                continue
-            if node.input[1] not in inits or (len(node.input) > 2 and node.input[2] and node.input[2] not in inits):
-                raise _Skip(f"convolution {node.name!r} has non-constant weights")
-            w = numpy_helper.to_array(inits[node.input[1]])
-            co, ci = int(w.shape[0]), int(w.shape[1])
-            c_in, p_in = ins[0] if ins[0] is not None else (ci, ci)
-            if c_in != ci:
-                raise _Skip(f"convolution {node.name!r}: weight reads {ci} channels, input has {c_in}")
-            p_out = padded_width(co, minimum)
-            if p_out != co or p_in != ci:
-                wp = np.zeros((p_out, p_in, *w.shape[2:]), dtype=w.dtype)
-                wp[:co, :ci] = w
-                node.input[1] = const(wp, node.input[1])
-                if len(node.input) > 2 and node.input[2]:
-                    b = numpy_helper.to_array(inits[node.input[2]])
-                    bp = np.zeros(p_out, dtype=b.dtype)
-                    bp[:co] = b
-                    node.input[2] = const(bp, node.input[2])
-            width[node.output[0]] = (co, p_out)
-            if p_out != co:
-                report.widened[node.output[0]] = (co, p_out)
+            _rewrite_conv(rw, node, ins, is_padded)
         elif op in _ZERO_PRESERVING:
             known = [w for w in ins if w is not None]
             if op == "Add" and is_padded and (len(known) != 2 or known[0] != known[1]):
                 raise _Skip(f"Add {node.name!r} joins tensors of different padding {known}")
             if known:
-                width[node.output[0]] = known[0]
+                rw.width[node.output[0]] = known[0]
         elif op == "Slice":
-            if is_padded:
-                axes_name = node.input[3] if len(node.input) > 3 else ""
-                if not axes_name or axes_name not in inits:
-                    raise _Skip(f"Slice {node.name!r} on a padded tensor has no constant axes")
-                axes = [int(a) for a in numpy_helper.to_array(inits[axes_name]).ravel()]
-                if 1 in axes or -3 in axes:
-                    raise _Skip(f"Slice {node.name!r} cuts the channel axis of a padded tensor")
+            _check_slice(rw, node, is_padded)
             if ins[0] is not None:
-                width[node.output[0]] = ins[0]
+                rw.width[node.output[0]] = ins[0]
         elif op == "Pad" and ins[0] is not None:
-            if _attr(node, "mode", b"constant") not in (b"constant", "constant"):
-                raise _Skip(f"Pad {node.name!r} is not a constant pad")
-            if len(node.input) > 2 and node.input[2]:
-                value = numpy_helper.to_array(inits[node.input[2]]) if node.input[2] in inits else None
-                if value is None or float(np.asarray(value).ravel()[0]) != 0.0:
-                    raise _Skip(f"Pad {node.name!r} pads with a non-zero value")
-            if node.input[1] not in inits or (len(node.input) > 3 and node.input[3]):
-                raise _Skip(f"Pad {node.name!r} has non-constant pads or axes")
-            pads = numpy_helper.to_array(inits[node.input[1]]).astype(np.int64).copy()
-            rank = len(pads) // 2
-            c, p = ins[0]
-            before, after = int(pads[1]), int(pads[1 + rank])
-            c_out = c + before + after
-            p_out = padded_width(c_out, minimum) if (p != c or c_out < minimum) else c_out
-            # Real channels land at [before, before + c); the input's zeros and the new tail fill the rest.
-            # A negative tail (ONNX allows it) drops padding zeros past p_out: before + c <= c_out <= p_out.
-            pads[1 + rank] = p_out - before - p
-            if p_out != c_out or p != c:
-                node.input[1] = const(pads, node.input[1])
-            width[node.output[0]] = (c_out, p_out)
-            if p_out != c_out:
-                report.widened[node.output[0]] = (c_out, p_out)
+            _rewrite_pad(rw, node, ins[0])
         elif op == "Flatten":
             if is_padded:
-                producer = next((n for n in new_nodes if node.input[0] in n.output), None)
+                producer = next((n for n in rw.new_nodes if node.input[0] in n.output), None)
                 if producer is None or producer.op_type != "GlobalAveragePool" or _attr(node, "axis", 1) != 1:
                     raise _Skip(f"Flatten {node.name!r} of a padded tensor not after a global pool")
             if ins[0] is not None:
-                width[node.output[0]] = ins[0]
+                rw.width[node.output[0]] = ins[0]
         elif op == "Gemm" and is_padded:
-            if node.input[1] not in inits or _attr(node, "transA", 0):
-                raise _Skip(f"Gemm {node.name!r} on padded features needs constant weights, no transA")
-            c, p = ins[0]  # type: ignore[misc]
-            b = numpy_helper.to_array(inits[node.input[1]])
-            trans_b = bool(_attr(node, "transB", 0))
-            bp = np.zeros((b.shape[0], p) if trans_b else (p, b.shape[1]), dtype=b.dtype)
-            if trans_b:
-                bp[:, :c] = b
-            else:
-                bp[:c, :] = b
-            node.input[1] = const(bp, node.input[1])
+            _rewrite_gemm(rw, node, ins[0])  # type: ignore[arg-type]
         elif is_padded:
             raise _Skip(f"{op} {node.name!r} reads a padded tensor and is not one the pass rewrites")
-        new_nodes.append(node)
+        rw.new_nodes.append(node)
+    _narrow_graph_outputs(rw)
+    del graph.node[:]
+    graph.node.extend(rw.new_nodes)
+    used = {name for node in graph.node for name in node.input}
+    kept = [i for i in graph.initializer if i.name in used]  # the narrow originals are no longer read
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
 
-    # Graph outputs keep their width: a padded one is cut back with a channel Slice.
-    for go in graph.output:
-        out_w = width.get(go.name)
+
+def _pad_graph_inputs(rw: _Rewrite) -> None:
+    """Widen each narrow 4-D graph input with a Pad node (the input keeps its shape for callers)."""
+    import numpy as np
+    import onnx
+
+    for gi in rw.graph.input:
+        dims = gi.type.tensor_type.shape.dim
+        if gi.name in rw.inits or len(dims) != 4 or not dims[1].HasField("dim_value"):
+            continue
+        c = dims[1].dim_value
+        p = c + (-c % 4) if c < 4 else padded_width(c, rw.minimum)
+        if p == c:
+            rw.width[gi.name] = (c, c)
+            continue
+        padded = f"{gi.name}__padded"
+        pads = np.zeros(8, dtype=np.int64)
+        pads[5] = p - c
+        rw.new_nodes.append(onnx.helper.make_node("Pad", [gi.name, rw.const(pads, "pads")], [padded], mode="constant"))
+        rw.widen(padded, c, p)
+        for node in rw.graph.node:
+            for k, name in enumerate(node.input):
+                if name == gi.name:
+                    node.input[k] = padded
+
+
+def _rewrite_conv(rw: _Rewrite, node: onnx.NodeProto, ins: list[tuple[int, int] | None], is_padded: bool) -> None:
+    """Give a convolution zero weight rows for its new outputs and zero columns for its padded inputs."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    if _attr(node, "group", 1) != 1:
+        if is_padded:
+            raise _Skip(f"grouped convolution {node.name!r} reads a padded tensor")
+        return
+    inits = rw.inits
+    if node.input[1] not in inits or (len(node.input) > 2 and node.input[2] and node.input[2] not in inits):
+        raise _Skip(f"convolution {node.name!r} has non-constant weights")
+    w = numpy_helper.to_array(inits[node.input[1]])
+    co, ci = int(w.shape[0]), int(w.shape[1])
+    c_in, p_in = ins[0] if ins[0] is not None else (ci, ci)
+    if c_in != ci:
+        raise _Skip(f"convolution {node.name!r}: weight reads {ci} channels, input has {c_in}")
+    p_out = padded_width(co, rw.minimum)
+    if p_out != co or p_in != ci:
+        wp = np.zeros((p_out, p_in, *w.shape[2:]), dtype=w.dtype)
+        wp[:co, :ci] = w
+        node.input[1] = rw.const(wp, node.input[1])
+        if len(node.input) > 2 and node.input[2]:
+            b = numpy_helper.to_array(inits[node.input[2]])
+            bp = np.zeros(p_out, dtype=b.dtype)
+            bp[:co] = b
+            node.input[2] = rw.const(bp, node.input[2])
+    rw.widen(node.output[0], co, p_out)
+
+
+def _check_slice(rw: _Rewrite, node: onnx.NodeProto, is_padded: bool) -> None:
+    """A Slice may read a padded tensor only along constant axes other than the channel axis."""
+    from onnx import numpy_helper
+
+    if not is_padded:
+        return
+    axes_name = node.input[3] if len(node.input) > 3 else ""
+    if not axes_name or axes_name not in rw.inits:
+        raise _Skip(f"Slice {node.name!r} on a padded tensor has no constant axes")
+    axes = [int(a) for a in numpy_helper.to_array(rw.inits[axes_name]).ravel()]
+    if 1 in axes or -3 in axes:
+        raise _Skip(f"Slice {node.name!r} cuts the channel axis of a padded tensor")
+
+
+def _rewrite_pad(rw: _Rewrite, node: onnx.NodeProto, in_width: tuple[int, int]) -> None:
+    """Re-aim a constant zero channel Pad (the option-A shortcut) at the padded width."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    inits = rw.inits
+    if _attr(node, "mode", b"constant") not in (b"constant", "constant"):
+        raise _Skip(f"Pad {node.name!r} is not a constant pad")
+    if len(node.input) > 2 and node.input[2]:
+        value = numpy_helper.to_array(inits[node.input[2]]) if node.input[2] in inits else None
+        if value is None or float(np.asarray(value).ravel()[0]) != 0.0:
+            raise _Skip(f"Pad {node.name!r} pads with a non-zero value")
+    if node.input[1] not in inits or (len(node.input) > 3 and node.input[3]):
+        raise _Skip(f"Pad {node.name!r} has non-constant pads or axes")
+    pads = numpy_helper.to_array(inits[node.input[1]]).astype(np.int64).copy()
+    rank = len(pads) // 2
+    c, p = in_width
+    before, after = int(pads[1]), int(pads[1 + rank])
+    c_out = c + before + after
+    p_out = padded_width(c_out, rw.minimum) if (p != c or c_out < rw.minimum) else c_out
+    # Real channels land at [before, before + c); the input's zeros and the new tail fill the rest.
+    # A negative tail (ONNX allows it) drops padding zeros past p_out: before + c <= c_out <= p_out.
+    pads[1 + rank] = p_out - before - p
+    if p_out != c_out or p != c:
+        node.input[1] = rw.const(pads, node.input[1])
+    rw.widen(node.output[0], c_out, p_out)
+
+
+def _rewrite_gemm(rw: _Rewrite, node: onnx.NodeProto, in_width: tuple[int, int]) -> None:
+    """Let a Gemm head read padded features through zero weight columns."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    if node.input[1] not in rw.inits or _attr(node, "transA", 0):
+        raise _Skip(f"Gemm {node.name!r} on padded features needs constant weights, no transA")
+    c, p = in_width
+    b = numpy_helper.to_array(rw.inits[node.input[1]])
+    trans_b = bool(_attr(node, "transB", 0))
+    bp = np.zeros((b.shape[0], p) if trans_b else (p, b.shape[1]), dtype=b.dtype)
+    if trans_b:
+        bp[:, :c] = b
+    else:
+        bp[:c, :] = b
+    node.input[1] = rw.const(bp, node.input[1])
+
+
+def _narrow_graph_outputs(rw: _Rewrite) -> None:
+    """Graph outputs keep their width: a padded one is cut back with a channel Slice."""
+    import numpy as np
+    import onnx
+
+    for go in rw.graph.output:
+        out_w = rw.width.get(go.name)
         if out_w is None or out_w[0] == out_w[1]:
             continue
         inner = f"{go.name}__padded"
-        for node in new_nodes:
+        for node in rw.new_nodes:
             for k, name in enumerate(node.output):
                 if name == go.name:
                     node.output[k] = inner
@@ -238,15 +301,9 @@ def _rewrite(graph: onnx.GraphProto, minimum: int, report: PadReport) -> None:
                 if name == go.name:
                     node.input[k] = inner
         i64 = np.int64
-        new_nodes.append(onnx.helper.make_node(
-            "Slice", [inner, const(np.array([0], i64), "s"), const(np.array([out_w[0]], i64), "e"),
-                      const(np.array([1], i64), "a")], [go.name]))
-    del graph.node[:]
-    graph.node.extend(new_nodes)
-    used = {name for node in graph.node for name in node.input}
-    kept = [i for i in graph.initializer if i.name in used]  # the narrow originals are no longer read
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
+        rw.new_nodes.append(onnx.helper.make_node(
+            "Slice", [inner, rw.const(np.array([0], i64), "s"), rw.const(np.array([out_w[0]], i64), "e"),
+                      rw.const(np.array([1], i64), "a")], [go.name]))
 
 
 __all__ = ["DEFAULT_MINIMUM", "PadReport", "pad_channels", "padded_width"]

@@ -17,7 +17,7 @@ from hmt.progress import ProgressCallback, no_progress
 from hmt.supernet.artifact import CALIBRATION, CURVES, HISTORY, KIND, MODEL, SPACE, VARIANTS, WEIGHTS, write_model_info
 from hmt.supernet.train.checkpoint import release_checkpoint_dir
 from hmt.supernet.train.config import PRESETS, TrainConfig, portable_config, resolve_config
-from hmt.supernet.train.trainer import TrainingInterrupted, derive_seed, train_supernet_model
+from hmt.supernet.train.trainer import TrainedSupernet, TrainingInterrupted, derive_seed, train_supernet_model
 
 __all__ = ["PRESETS", "TrainConfig", "TrainResult", "TrainingInterrupted", "resolve_config", "train_supernet"]
 
@@ -63,11 +63,6 @@ def train_supernet(
 
     Returns None on non-zero ranks of a multi-GPU run (rank 0 writes the artifact).
     """
-    from safetensors.torch import save_file
-
-    from hmt.data import batches_of, eval_loader
-    from hmt.supernet.train.report import loader_epoch_s, pick_variants, plot_curves, variant_table
-
     out_dir = Path(out_dir)
     checkpoint_dir = checkpoint_dir or default_checkpoint_dir(out_dir)
     check_training_outputs(config, out_dir, checkpoint_dir, force=force)
@@ -82,9 +77,26 @@ def train_supernet(
     )
     if not trained.ctx.is_main:
         return None
+    table = _variant_table(trained, config, progress)
+    metrics = _training_metrics(trained, table, loader_epoch_s=_loader_epoch_s(trained, config))
+    _write_artifact(out_dir, config, trained, table, metrics, force=force)
+    if not keep_checkpoint:
+        release_checkpoint_dir(checkpoint_dir)
+    return TrainResult(out_dir=out_dir, metrics=metrics, variants=table)
+
+
+def _channels_last(trained: TrainedSupernet) -> bool:
+    return trained.device.type == "cuda" and trained.dataset.info.modality == "image"
+
+
+def _variant_table(trained: TrainedSupernet, config: TrainConfig, progress: ProgressCallback) -> Any:
+    """The evaluated variants (largest, smallest and a seeded sample), each recalibrated on the
+    calibration subset and scored on the validation and test sets: a pandas DataFrame."""
+    from hmt.data import batches_of, eval_loader
+    from hmt.supernet.train.report import pick_variants, variant_table
+
     net, data, device = trained.net, trained.dataset, trained.device
-    autocast = device.type == "cuda" and config.amp
-    channels_last = device.type == "cuda" and data.info.modality == "image"
+    channels_last = _channels_last(trained)
 
     def evaluation(x: np.ndarray, y: np.ndarray | None) -> BatchLoader:
         return eval_loader(
@@ -95,33 +107,45 @@ def train_supernet(
     test_loader = evaluation(data.test_x, data.test_y)
     variants = pick_variants(net, config.eval_variants, np.random.default_rng(derive_seed(config.seed, 6)))
     calibration = batches_of(evaluation(trained.calibration_x, None))
-    table = variant_table(
+    return variant_table(
         net,
         variants,
         val_loader=val_loader,
         test_loader=test_loader,
         calibration=calibration,
-        autocast=autocast,
+        autocast=device.type == "cuda" and config.amp,
         progress=progress,
     )
+
+
+def _loader_epoch_s(trained: TrainedSupernet, config: TrainConfig) -> float:
+    """Seconds the training loader alone takes for one epoch of the whole training set."""
+    from hmt.supernet.train.report import loader_epoch_s
+
+    data = trained.dataset
     train_loader = BatchLoader(
         data.train_x,
         data.train_y,
         info=data.info,
         batch_size=config.batch_size,
-        device=device,
+        device=trained.device,
         augment=True,
         shuffle=True,
         generator=torch.Generator().manual_seed(1),
-        channels_last=channels_last,
+        channels_last=_channels_last(trained),
     )
-    fetch_s = loader_epoch_s(train_loader, device)
-    history = trained.state.history
-    timed = [h for h in history if "epoch_s" in h]
+    return loader_epoch_s(train_loader, trained.device)
+
+
+def _training_metrics(trained: TrainedSupernet, table: Any, *, loader_epoch_s: float) -> dict[str, Any]:
+    """The artifact's metrics: the largest and smallest variants' accuracy and size, and the
+    training run's time, throughput and data-loading share."""
+    net, data, device = trained.net, trained.dataset, trained.device
+    timed = [h for h in trained.state.history if "epoch_s" in h]
     largest = table[table.role == "largest"].iloc[0]
     smallest = table[table.role == "smallest"].iloc[0]
     per_image_s = [h["epoch_s"] / max(1, h["images_per_s"] * h["epoch_s"]) for h in timed]
-    metrics: dict[str, Any] = {
+    return {
         "largest_val_acc": float(largest.val_acc),
         "largest_test_acc": float(largest.test_acc),
         "smallest_val_acc": float(smallest.val_acc),
@@ -133,14 +157,25 @@ def train_supernet(
         "train_wall_s": trained.wall_s,
         "train_epochs": len(timed),
         "train_images_per_s_median": float(np.median([h["images_per_s"] for h in timed])) if timed else None,
-        "loader_epoch_s": fetch_s,
+        "loader_epoch_s": loader_epoch_s,
         # The loader alone vs a training epoch over the same number of images: an upper
         # bound on the share of step time spent waiting for data.
-        "data_wait_share": (fetch_s / (float(np.median(per_image_s)) * len(data.train_x))) if timed else None,
+        "data_wait_share": (loader_epoch_s / (float(np.median(per_image_s)) * len(data.train_x))) if timed else None,
         "partition_acc": trained.state.partition_acc,
         "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
         "world_size": trained.ctx.world_size,
     }
+
+
+def _write_artifact(out_dir: Path, config: TrainConfig, trained: TrainedSupernet, table: Any,
+                    metrics: dict[str, Any], *, force: bool) -> None:
+    """Write the supernet artifact atomically: weights, search space, model info, variant
+    table, calibration subset, training history and curves, metrics."""
+    from safetensors.torch import save_file
+
+    from hmt.supernet.train.report import plot_curves
+
+    net, data, history = trained.net, trained.dataset, trained.state.history
     with ArtifactWriter(out_dir, kind=KIND, config=portable_config(config.to_json_dict(), out_dir),
                         inputs=[p for p in (config.data_path, config.pretrained) if p], force=force) as writer:
         state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
@@ -161,6 +196,3 @@ def train_supernet(
         writer.write_json(HISTORY, history)
         plot_curves(history, writer.path(CURVES))
         writer.metrics.update(metrics)
-    if not keep_checkpoint:
-        release_checkpoint_dir(checkpoint_dir)
-    return TrainResult(out_dir=out_dir, metrics=metrics, variants=table)

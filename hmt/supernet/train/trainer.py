@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hmt.data import BatchLoader, Dataset, batches_of, eval_loader, load_dataset, split_train_val
+from hmt.data import BatchLoader, Dataset, eval_loader, load_dataset, split_train_val
 from hmt.errors import UsageError
 from hmt.progress import ProgressCallback, no_progress
 from hmt.supernet.calibrate import mixed
@@ -26,18 +26,9 @@ from hmt.supernet.supernet import Supernet, build_supernet
 from hmt.supernet.train.checkpoint import claim_checkpoint_dir, open_checkpoint, resume_message, save_checkpoint
 from hmt.supernet.train.config import TrainConfig
 from hmt.supernet.train.distributed import DistContext, all_reduce_gradients, barrier, broadcast_state, init_distributed
-from hmt.supernet.train.evaluate import calibrated_variant, evaluate_exits, evaluate_variant
-from hmt.supernet.train.phases import (
-    SubnetSampling,
-    exit_arch,
-    exit_head_parameters,
-    freeze_earlier_partitions,
-    partition_parameters,
-    step_distill,
-    step_finetune,
-    step_finetune_frozen,
-    step_supervised,
-)
+from hmt.supernet.train.evaluate import evaluate_exits
+from hmt.supernet.train.phase_setup import phase_eval, phase_setup
+from hmt.supernet.train.phases import exit_arch
 
 
 class TrainingInterrupted(Exception):
@@ -133,28 +124,20 @@ def _check_modality(net_dims: int, data: Dataset, backbone: str) -> None:
         )
 
 
-def train_supernet_model(
-    config: TrainConfig,
-    *,
-    checkpoint_dir: Path,
-    restart: bool = False,
-    cache_dir: Path | None = None,
-    progress: ProgressCallback = no_progress,
-    stop_after_epochs: int | None = None,
-    notify: Callable[[str], None] = lambda message: None,
-) -> TrainedSupernet:
-    """Run (or resume) every phase; returns the trained network and what is needed to
-    evaluate it. ``stop_after_epochs`` stops after that many epochs of this invocation,
-    right after their checkpoint (for tests of resume)."""
-    started = time.perf_counter()
+def _init_device(config: TrainConfig) -> tuple[DistContext, torch.device]:
+    """The process group (set up when launched by torchrun) and the device this rank trains on."""
     device_kind = (
         "cuda"
         if (config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available()))
         else "cpu"
     )
     ctx = init_distributed(device_kind)
-    device = resolve_device(config.device, ctx)
-    data, train, val = _prepare_data(config, cache_dir, progress)
+    return ctx, resolve_device(config.device, ctx)
+
+
+def _build_net(config: TrainConfig, data: Dataset) -> Supernet:
+    """The supernet for ``data``'s inputs and classes, its initial weights drawn from the run's
+    seed (or loaded from ``config.pretrained``)."""
     with torch.random.fork_rng():
         # Weight initialisation draws from torch's global generator; seed it in a scope.
         torch.manual_seed(derive_seed(config.seed, 0))
@@ -167,31 +150,59 @@ def train_supernet_model(
     _check_modality(net.definition.dims, data, config.backbone)
     if config.pretrained:
         net.load_pretrained(Path(config.pretrained))
-    state = TrainingState()
+    return net
+
+
+def _resume(
+    net: Supernet, checkpoint_dir: Path, config: TrainConfig, *, restart: bool, notify: Callable[[str], None]
+) -> tuple[TrainingState, dict[str, Any] | None, dict[str, torch.Tensor] | None]:
+    """Claim the checkpoint folder and load its checkpoint of this config into ``net``, if any;
+    returns the training state, the optimizer state and the partition snapshot to go on from."""
     claim_checkpoint_dir(checkpoint_dir)
     saved = open_checkpoint(checkpoint_dir, config_fingerprint=config.fingerprint(), restart=restart)
-    optimizer_state = None
-    if saved is not None:
-        net.load_state_dict(saved["model"])
-        state = TrainingState(
-            phase_index=int(saved["phase_index"]),
-            epoch=int(saved["epoch"]),
-            alternatives_prepared=bool(saved["alternatives_prepared"]),
-            partition_acc=dict(saved["partition_acc"]),
-            history=list(saved["history"]),
-            throughput=dict(saved.get("throughput", {})),
-        )
-        optimizer_state = saved.get("optimizer")
-        snapshot = saved.get("partition_snapshot")
-        notify(resume_message(checkpoint_dir, state.history, f"phase {state.phase_index + 1}, its epoch "
-                                                             f"{state.epoch + 1}"))
-    else:
-        snapshot = None
+    if saved is None:
+        return TrainingState(), None, None
+    net.load_state_dict(saved["model"])
+    state = TrainingState(
+        phase_index=int(saved["phase_index"]),
+        epoch=int(saved["epoch"]),
+        alternatives_prepared=bool(saved["alternatives_prepared"]),
+        partition_acc=dict(saved["partition_acc"]),
+        history=list(saved["history"]),
+        throughput=dict(saved.get("throughput", {})),
+    )
+    notify(resume_message(checkpoint_dir, state.history, f"phase {state.phase_index + 1}, its epoch "
+                                                         f"{state.epoch + 1}"))
+    return state, saved.get("optimizer"), saved.get("partition_snapshot")
+
+
+def _place_net(net: Supernet, device: torch.device, data: Dataset, ctx: DistContext) -> bool:
+    """Move ``net`` to ``device`` (channels-last for images on CUDA; returns whether) and give
+    every rank rank 0's weights."""
     net.to(device)
     channels_last = device.type == "cuda" and data.info.modality == "image"
     if channels_last:
         net.to(memory_format=torch.channels_last)
     broadcast_state(net, ctx)
+    return channels_last
+
+
+@dataclass
+class _Loaders:
+    """The training loader (this rank's shard, shuffled and augmented) and the evaluation ones."""
+
+    train: BatchLoader
+    val: BatchLoader
+    calibration: BatchLoader  # the calibration subset, batched as every later stage batches it
+    calibration_x: np.ndarray
+
+
+def _make_loaders(
+    config: TrainConfig, data: Dataset, train: Any, val: Any, device: torch.device, ctx: DistContext,
+    channels_last: bool,
+) -> _Loaders:
+    """The run's loaders: training batches whose order and augmentation follow the seed, and
+    the validation set and calibration subset in evaluation order."""
     gen = torch.Generator().manual_seed(derive_seed(config.seed, 3))
     loader = BatchLoader(
         train.x,
@@ -215,192 +226,163 @@ def train_supernet_model(
 
     val_loader = evaluation(val.x, val.y)
     calibration_x = calibration_subset(train.x, config)
-    calib_loader = evaluation(mixed(calibration_x), None)  # batched as every later stage batches it
-    autocast = device.type == "cuda" and config.amp
+    return _Loaders(loader, val_loader, evaluation(mixed(calibration_x), None), calibration_x)
+
+
+@dataclass
+class _Run:
+    """What every phase and epoch of one invocation shares."""
+
+    config: TrainConfig
+    net: Supernet
+    device: torch.device
+    ctx: DistContext
+    loaders: _Loaders
+    progress: ProgressCallback
+    checkpoint_dir: Path
+    stop_after_epochs: int | None
+    epochs_run: int = 0  # epochs of this invocation so far
+
+    @property
+    def autocast(self) -> bool:
+        return self.device.type == "cuda" and self.config.amp
+
+
+def train_supernet_model(
+    config: TrainConfig,
+    *,
+    checkpoint_dir: Path,
+    restart: bool = False,
+    cache_dir: Path | None = None,
+    progress: ProgressCallback = no_progress,
+    stop_after_epochs: int | None = None,
+    notify: Callable[[str], None] = lambda message: None,
+) -> TrainedSupernet:
+    """Run (or resume) every phase; returns the trained network and what is needed to
+    evaluate it. ``stop_after_epochs`` stops after that many epochs of this invocation,
+    right after their checkpoint (for tests of resume)."""
+    started = time.perf_counter()
+    ctx, device = _init_device(config)
+    data, train, val = _prepare_data(config, cache_dir, progress)
+    net = _build_net(config, data)
+    state, optimizer_state, snapshot = _resume(net, checkpoint_dir, config, restart=restart, notify=notify)
+    channels_last = _place_net(net, device, data, ctx)
+    loaders = _make_loaders(config, data, train, val, device, ctx, channels_last)
+    run = _Run(config, net, device, ctx, loaders, progress, checkpoint_dir, stop_after_epochs)
     specs = build_phases(config, net.space.num_stages)
-    epochs_run = 0
     for phase_index in range(state.phase_index, len(specs)):
-        spec = specs[phase_index]
         if phase_index > state.phase_index:
             state.phase_index, state.epoch = phase_index, 0
             optimizer_state = None
-        if spec.name != "backbone" and not state.alternatives_prepared:
-            # SVD and kernel initialisation use the trained original weights.
-            net.prepare_alternatives()
-            state.alternatives_prepared = True
-        if spec.name != "backbone" and not config.finetune_original:
-            net.freeze_original()  # the largest variant stays the user's network, exact
-        if spec.epochs == 0:
-            continue
-        params, step_fn = _phase_setup(spec.name, net, config)
-        if not params:
-            continue  # e.g. the last partition around a frozen original: its head is the original's
-        if spec.name.startswith("partition") and config.partition_mode == "update-if-better" and state.epoch == 0:
-            stage = int(spec.name.removeprefix("partition"))
-            snapshot = {k: v.detach().clone().cpu() for k, v in _earlier_partition_state(net, stage).items()}
-        optimizer = torch.optim.SGD(
-            params,
-            lr=spec.lr,
-            momentum=config.momentum,
-            nesterov=True,
-            weight_decay=config.weight_decay if spec.name != "distill" else 0.0,
-        )
-        if optimizer_state is not None:
-            optimizer.load_state_dict(optimizer_state)
-            optimizer_state = None
-        steps_per_epoch = len(loader)
-        total_steps = steps_per_epoch * spec.epochs
-        while state.epoch < spec.epochs:
-            epoch = state.epoch
-            loader.set_epoch(derive_seed(phase_index, epoch))
-            rng = np.random.default_rng(derive_seed(config.seed, 4, phase_index, epoch))
-            net.train()
-            loss_sum = torch.zeros((), device=device)
-            epoch_start = time.perf_counter()
-            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-                # Dropout draws from torch's global generator; scope it to this epoch's seed.
-                torch.manual_seed(derive_seed(config.seed, 5, phase_index, epoch))
-                for step, (xb, yb) in enumerate(loader):
-                    for group in optimizer.param_groups:
-                        group["lr"] = lr_at(spec.lr, epoch * steps_per_epoch + step, total_steps)
-                    optimizer.zero_grad(set_to_none=True)
-                    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
-                        loss = step_fn(xb, yb, rng)
-                    all_reduce_gradients(params, ctx)
-                    optimizer.step()
-                    loss_sum += loss.detach()
-                    if step % 10 == 0 or step == steps_per_epoch - 1:
-                        progress(
-                            spec.name,
-                            epoch * steps_per_epoch + step + 1,
-                            total_steps,
-                            f"epoch {epoch + 1}/{spec.epochs}",
-                        )
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            epoch_s = time.perf_counter() - epoch_start
-            record: dict[str, Any] = {
-                "phase": spec.name,
-                "epoch": epoch,
-                "train_loss": float(loss_sum) / max(1, steps_per_epoch),
-                "epoch_s": epoch_s,
-                "images_per_s": steps_per_epoch * config.batch_size * ctx.world_size / epoch_s,
-            }
-            record.update(_phase_eval(spec.name, net, val_loader, calib_loader, autocast))
-            state.history.append(record)
-            state.epoch += 1
-            if state.epoch == spec.epochs and spec.name.startswith("partition"):
-                snapshot = _finish_partition(spec.name, net, val_loader, state, config, snapshot, autocast)
-            if ctx.is_main:
-                save_checkpoint(checkpoint_dir, _checkpoint_state(net, optimizer, state, config, snapshot))
-            barrier(ctx)
-            epochs_run += 1
-            if stop_after_epochs is not None and epochs_run >= stop_after_epochs:
-                raise TrainingInterrupted(f"stopped after {epochs_run} epochs (checkpoint written)")
+        snapshot = _train_phase(run, phase_index, specs[phase_index], state, optimizer_state, snapshot)
     if not state.alternatives_prepared:
         net.prepare_alternatives()
         state.alternatives_prepared = True
     state.phase_index = len(specs)
     net.eval()
-    return TrainedSupernet(net, data, (val.x, val.y), calibration_x, state, device, time.perf_counter() - started, ctx)
+    return TrainedSupernet(
+        net, data, (val.x, val.y), loaders.calibration_x, state, device, time.perf_counter() - started, ctx
+    )
 
 
-def _phase_setup(
-    name: str, net: Supernet, config: TrainConfig
-) -> tuple[list[torch.nn.Parameter], Callable[..., torch.Tensor]]:
-    if name == "backbone":
-        largest = net.space.largest()
-        params = list(net.base_parameters())
-        # The early-exit heads are trained by the partition phases, not here.
-        head_ids = {id(p) for s in range(net.space.num_stages - 1) for p in net.exits[s].parameters()}
-        params = [p for p in params if id(p) not in head_ids]
-
-        def backbone_step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-            loss = step_supervised(net, largest, xb, yb, config.label_smoothing)
-            loss.backward()
-            return loss
-
-        return params, backbone_step
-    if name.startswith("partition"):
-        stage = int(name.removeprefix("partition"))
-        stages = range(stage, stage + 1) if config.partition_mode == "freeze" else range(stage + 1)
-        if config.finetune_original:
-            params = partition_parameters(net, stages)
-            if config.partition_mode == "update-if-better":
-                params += [p for s in range(stage) for p in net.exits[s].parameters()]
-        else:
-            # The original is frozen: each partition trains its exit head on its features.
-            params = exit_head_parameters(net, range(stage, stage + 1))
-        arch = exit_arch(net, stage)
-        freeze_earlier = config.partition_mode == "freeze"
-
-        def partition_step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-            if freeze_earlier:
-                freeze_earlier_partitions(net, stage)
-            loss = step_supervised(net, arch, xb, yb, config.label_smoothing)
-            if loss.requires_grad:
-                loss.backward()
-            return loss
-
-        return list({id(p): p for p in params}.values()), partition_step
-    if name == "distill":
-        params = list(net.alternative_parameters())
-
-        def distill_step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-            loss = step_distill(net, xb, rng)
-            loss.backward()
-            return loss
-
-        return params, distill_step
-    if name == "finetune" and not config.finetune_original:
-        params = list(net.alternative_parameters()) + exit_head_parameters(net, range(net.space.num_stages))
-
-        def frozen_finetune_step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-            return step_finetune_frozen(
-                net,
-                xb,
-                rng,
-                sampling=SubnetSampling.of(config),
-                exit_loss_weight=config.exit_loss_weight,
-                temperature=config.kd_temperature,
-            )
-
-        return params, frozen_finetune_step
-    if name == "finetune":
-        params = list(net.parameters())
-
-        def finetune_step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-            return step_finetune(
-                net,
-                xb,
-                yb,
-                rng,
-                sampling=SubnetSampling.of(config),
-                label_smoothing=config.label_smoothing,
-                exit_loss_weight=config.exit_loss_weight,
-                temperature=config.kd_temperature,
-            )
-
-        return params, finetune_step
-    raise UsageError(f"unknown phase {name!r}")
+def _train_phase(
+    run: _Run,
+    phase_index: int,
+    spec: PhaseSpec,
+    state: TrainingState,
+    optimizer_state: dict[str, Any] | None,
+    snapshot: dict[str, torch.Tensor] | None,
+) -> dict[str, torch.Tensor] | None:
+    """The phase's epochs from ``state.epoch`` on, each evaluated and checkpointed; returns the
+    partition snapshot (update-if-better mode) the next checkpoint carries."""
+    net, config = run.net, run.config
+    if spec.name != "backbone" and not state.alternatives_prepared:
+        # SVD and kernel initialisation use the trained original weights.
+        net.prepare_alternatives()
+        state.alternatives_prepared = True
+    if spec.name != "backbone" and not config.finetune_original:
+        net.freeze_original()  # the largest variant stays the user's network, exact
+    if spec.epochs == 0:
+        return snapshot
+    params, step_fn = phase_setup(spec.name, net, config)
+    if not params:
+        return snapshot  # e.g. the last partition around a frozen original: its head is the original's
+    if spec.name.startswith("partition") and config.partition_mode == "update-if-better" and state.epoch == 0:
+        stage = int(spec.name.removeprefix("partition"))
+        snapshot = {k: v.detach().clone().cpu() for k, v in _earlier_partition_state(net, stage).items()}
+    optimizer = torch.optim.SGD(
+        params,
+        lr=spec.lr,
+        momentum=config.momentum,
+        nesterov=True,
+        weight_decay=config.weight_decay if spec.name != "distill" else 0.0,
+    )
+    if optimizer_state is not None:
+        optimizer.load_state_dict(optimizer_state)
+    while state.epoch < spec.epochs:
+        record = _train_epoch(run, phase_index, spec, state.epoch, optimizer, params, step_fn)
+        record.update(phase_eval(spec.name, net, run.loaders.val, run.loaders.calibration, run.autocast))
+        state.history.append(record)
+        state.epoch += 1
+        if state.epoch == spec.epochs and spec.name.startswith("partition"):
+            snapshot = _finish_partition(spec.name, net, run.loaders.val, state, config, snapshot, run.autocast)
+        if run.ctx.is_main:
+            save_checkpoint(run.checkpoint_dir, _checkpoint_state(net, optimizer, state, config, snapshot))
+        barrier(run.ctx)
+        run.epochs_run += 1
+        if run.stop_after_epochs is not None and run.epochs_run >= run.stop_after_epochs:
+            raise TrainingInterrupted(f"stopped after {run.epochs_run} epochs (checkpoint written)")
+    return snapshot
 
 
-def _phase_eval(
-    name: str, net: Supernet, val_loader: BatchLoader, calib_loader: BatchLoader, autocast: bool
+def _train_epoch(
+    run: _Run,
+    phase_index: int,
+    spec: PhaseSpec,
+    epoch: int,
+    optimizer: torch.optim.Optimizer,
+    params: list[torch.nn.Parameter],
+    step_fn: Callable[..., torch.Tensor],
 ) -> dict[str, Any]:
-    if name == "distill":
-        return {}
-    if name.startswith("partition"):
-        stage = int(name.removeprefix("partition"))
-        acc = evaluate_exits(net, exit_arch(net, stage), val_loader, autocast=autocast)
-        return {"val_acc": acc[-1], "exit": stage}
-    largest = net.space.largest()
-    acc = evaluate_exits(net, largest, val_loader, autocast=autocast)
-    out: dict[str, Any] = {"val_acc": acc[-1], "exit": net.space.num_stages - 1}
-    if name == "finetune":
-        smallest = calibrated_variant(net, net.space.smallest(), batches_of(calib_loader))
-        out["val_acc_smallest"] = evaluate_variant(smallest, val_loader, autocast=autocast)[-1]
-    return out
+    """One epoch of the phase over this rank's shard, its shuffling, subnet draws and dropout
+    seeded by (seed, phase, epoch); returns its history record (loss and throughput)."""
+    config, device, loader = run.config, run.device, run.loaders.train
+    steps_per_epoch = len(loader)
+    total_steps = steps_per_epoch * spec.epochs
+    loader.set_epoch(derive_seed(phase_index, epoch))
+    rng = np.random.default_rng(derive_seed(config.seed, 4, phase_index, epoch))
+    run.net.train()
+    loss_sum = torch.zeros((), device=device)
+    epoch_start = time.perf_counter()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        # Dropout draws from torch's global generator; scope it to this epoch's seed.
+        torch.manual_seed(derive_seed(config.seed, 5, phase_index, epoch))
+        for step, (xb, yb) in enumerate(loader):
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(spec.lr, epoch * steps_per_epoch + step, total_steps)
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=run.autocast):
+                loss = step_fn(xb, yb, rng)
+            all_reduce_gradients(params, run.ctx)
+            optimizer.step()
+            loss_sum += loss.detach()
+            if step % 10 == 0 or step == steps_per_epoch - 1:
+                run.progress(
+                    spec.name,
+                    epoch * steps_per_epoch + step + 1,
+                    total_steps,
+                    f"epoch {epoch + 1}/{spec.epochs}",
+                )
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    epoch_s = time.perf_counter() - epoch_start
+    return {
+        "phase": spec.name,
+        "epoch": epoch,
+        "train_loss": float(loss_sum) / max(1, steps_per_epoch),
+        "epoch_s": epoch_s,
+        "images_per_s": steps_per_epoch * config.batch_size * run.ctx.world_size / epoch_s,
+    }
 
 
 def _earlier_partition_state(net: Supernet, stage: int) -> dict[str, torch.Tensor]:
