@@ -11,7 +11,10 @@
   estimate, scaled by their profiled latencies, within the compute limit (a burst of a variant
   that cannot fit costs the requests CPU and tells the loop nothing it can use), and that was
   not just measured over the limit (then the next one down the score order is measured, until
-  the first one's samples age out). Other variants are measured only while the device is idle.
+  the first one's samples age out; after that, while its estimate at this load is still over the
+  limit, it takes turns with the next one not measured since). Other variants are measured only
+  while the device is idle. Shadow time is counted on the controller's clock, the one the share
+  is read on.
 
   Without the neighbours' refresh (issue 28) a variant measured during a spike kept that
   estimate for ``memory_s`` (30 s): on a shared or busy machine the outside load index sits over
