@@ -489,6 +489,10 @@ class LatencyEstimator:
         last = self._last[self._index[arch_id]]
         return bool(last) and last[-1][0] >= since_s
 
+    def newest_sample_s(self, arch_id: str) -> float:
+        """When ``arch_id``'s newest sample was taken (any load level; -inf before the first)."""
+        return self.newest_s[self._index[arch_id]]
+
     def stale(self, arch_id: str, now_s: float) -> bool:
         """Whether ``arch_id`` lacks ``min_samples`` fresh samples at the current load level (a
         shadow run would help)."""

@@ -11,7 +11,10 @@
   estimate, scaled by their profiled latencies, within the compute limit (a burst of a variant
   that cannot fit costs the requests CPU and tells the loop nothing it can use), and that was
   not just measured over the limit (then the next one down the score order is measured, until
-  the first one's samples age out). Other variants are measured only while the device is idle.
+  the first one's samples age out; after that, while its estimate at this load is still over the
+  limit, it takes turns with the next one not measured since). Other variants are measured only
+  while the device is idle. Shadow time is counted on the controller's clock, the one the share
+  is read on.
 
   Without the neighbours' refresh (issue 28) a variant measured during a spike kept that
   estimate for ``memory_s`` (30 s): on a shared or busy machine the outside load index sits over
@@ -32,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -96,9 +98,26 @@ class ShadowRuns:
         margin = self.settings.switch.score_margin
         above = sorted((k for k in range(i + 1, len(variants)) if scores[k] > scores[i] + margin),
                        key=lambda k: -scores[k])
-        target = next((variants[k].arch_id for k in above if self._room_for(variants[k].arch_id, active_arch_id)
-                       and not self._known_over(variants[k].arch_id)), None)
+        target = self._climb_target([variants[k].arch_id for k in above
+                                     if self._room_for(variants[k].arch_id, active_arch_id)
+                                     and not self._known_over(variants[k].arch_id)])
         return (*out, target) if target is not None else tuple(out)
+
+    def _climb_target(self, targets: list[str]) -> str | None:
+        """The best-scoring of ``targets``, unless its estimate at this load is over the compute limit
+        (measured over it before: its samples went stale, not away) and a lower one was not measured
+        since: then the best-scoring such one. Each stale burst of a variant that keeps measuring over
+        the limit costs the shadow share as much as it earns meanwhile (a 14 ms variant, 5 samples
+        every 1.5 s, against 5 % of the wall time), so a variant between it and the active one that
+        fitted was never measured and the loop stayed on the smallest: the variants take turns."""
+        if not targets:
+            return None
+        first = targets[0]
+        estimate = self.estimator.latest(first)
+        if estimate is None or estimate <= self.limit_ms:
+            return first
+        since_s = self.estimator.newest_sample_s(first)
+        return next((other for other in targets[1:] if self.estimator.newest_sample_s(other) < since_s), first)
 
     def _known_over(self, arch_id: str) -> bool:
         """Whether ``arch_id`` was measured over the compute limit at this load just now (fresh):
@@ -169,12 +188,13 @@ class ShadowRuns:
         # Where more than 5 % of inputs go the whole way, that path's time is the p95.
         longest = math.inf if self.settings.early_exit.enabled else None
         started = self.started
-        start = time.perf_counter()
+        # On the controller's clock, as the share it is held to (wanted): the two read the same time.
+        start_s = self._now_s()
         try:
             result = runner.run(x, longest)
         except HmtError as exc:
             return False, f"shadow run of {arch_id!r} failed: {exc}"
-        spent_s = time.perf_counter() - start
+        spent_s = self._now_s() - start_s
         # A request that ran beside it took CPU the variant would have had were it serving (its own
         # requests would be the only work then): not kept. Kept, such runs made a shadow-measured
         # variant read 1.3-2x its time served alone, and with the window's upper p95 bound (its
