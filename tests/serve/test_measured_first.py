@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import pytest
 from serve_bundles import CLASSES, VariantDef, make_bundle
 
 from hmt.bundle import load_bundle
 from hmt.runtime.chain import ChainRunner
+from hmt.runtime.cpus import allowed_cpus
 from hmt.runtime.settings import ServeSettings
 from hmt.serve.controller import Controller
 from hmt.serve.deciding.estimates import PRIOR_R_STEP
@@ -187,7 +187,8 @@ def test_own_inference_is_not_counted_as_outside_load(tmp_path: Path) -> None:
     while time.perf_counter() < end:  # this process burns what CPU this shared machine gives it
         pass
     busy = sampler().own_cpu_util
-    burned_share = (time.process_time() - cpu0) / ((time.monotonic() - wall0) * (psutil.cpu_count() or 1))
+    # The share of the cores this process may run on (a cpuset or taskset narrows them), as the sampler reads it.
+    burned_share = (time.process_time() - cpu0) / ((time.monotonic() - wall0) * len(allowed_cpus()))
     assert busy is not None and busy == pytest.approx(burned_share, rel=0.5, abs=0.02)
     bundle = load_bundle(make_bundle(tmp_path / "b"))
     c = Controller(bundle, ServeSettings.from_mapping({"estimates": {"mode": "predicted"}}), sampler=sample,
