@@ -134,80 +134,108 @@ def _header_ms(request: Request, name: str, code: str) -> float | None:
     return value
 
 
-def create_app(controller: Controller, options: ApiOptions | None = None,
-               on_shutdown: Callable[[], None] | None = None) -> ASGIApp:
-    """The ASGI app. ``on_shutdown`` runs after the last in-flight request has finished."""
-    opts = options if options is not None else ApiOptions()
-    service = InferenceService(controller, opts)
-    bundle_spec = controller.bundle.spec
-    spec = bundle_spec.input
-    inputs = InputSpec.of_bundle(bundle_spec, max_batch=opts.max_batch, max_pixels=opts.max_image_pixels)
-    body_limit = opts.body_limit(spec)
-    model_name = opts.model_name or model_name_of(controller)
-    counts: Counter[tuple[str, int]] = Counter()
-    draining = threading.Event()
-    spans = LatencyWindow()
-    client_latency = LatencyWindow()
-    reports = ClientReports()  # which X-HMT-Client-Latency-Ms values are plausible
-    observe = getattr(controller, "observe_request", None)
+def _guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """``handler`` with every failure answered as a JSON error: one bad request never takes the server down."""
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return error_response(exc.status, exc.code, exc.message, exc.headers)
+        except ClientDisconnect:
+            # The client left, or the connection layer cut it (receipt deadline, shutdown) and
+            # already answered; nobody reads this, and it is not a server fault to log.
+            return error_response(400, "client_disconnected", "the client disconnected")
+        except Exception as exc:  # noqa: BLE001 - one bad request must not take the server down
+            return internal_error(exc)
 
-    def queue_state() -> dict[str, int]:
-        return {"admitted": service.admitted, "max_queue": opts.max_queue, "rejected_full": service.rejected_full,
-                "deadline_expired": service.deadline_expired}
+    return wrapped
 
-    metrics_registry = ServeMetrics(controller, http_counts=counts, queue=queue_state, client_reports=reports)
 
-    async def submit(prepare: Prepare, first_byte_s: float, deadline_ms: float, received_s: float | None = None,
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own errors (404, 405, 500) in the dialect of the path: /v1 JSON or /v2 (OIP)."""
+    v2 = request.url.path.startswith(V2_PREFIX)
+    if not isinstance(exc, HTTPException) or exc.status_code >= 500:
+        return v2_error_response(500, incident_message(exc)) if v2 else internal_error(exc)
+    status = exc.status_code
+    code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
+    # 405 carries Allow (RFC 9110 15.5.6); the route put it in the exception's headers.
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    headers = dict(exc.headers) if exc.headers else None
+    return v2_error_response(status, message, headers) if v2 else error_response(status, code, message, headers)
+
+
+@_guarded
+async def _live(request: Request) -> Response:
+    return JSONResponse({"status": "live"})
+
+
+class _Endpoints:
+    """The state the endpoints share (service, counters, latency windows) and the /v1 handlers."""
+
+    def __init__(self, controller: Controller, opts: ApiOptions) -> None:
+        self.controller = controller
+        self.opts = opts
+        self.service = InferenceService(controller, opts)
+        self.bundle_spec = controller.bundle.spec
+        self.inputs = InputSpec.of_bundle(self.bundle_spec, max_batch=opts.max_batch,
+                                          max_pixels=opts.max_image_pixels)
+        self.body_limit = opts.body_limit(self.bundle_spec.input)
+        self.counts: Counter[tuple[str, int]] = Counter()
+        self.draining = threading.Event()
+        self.spans = LatencyWindow()
+        self.client_latency = LatencyWindow()
+        self.reports = ClientReports()  # which X-HMT-Client-Latency-Ms values are plausible
+        self.observe = getattr(controller, "observe_request", None)
+        self.metrics_registry = ServeMetrics(controller, http_counts=self.counts, queue=self.queue_state,
+                                             client_reports=self.reports)
+        self.guard: Guard | None = None  # set once the app is wrapped; its connection counts go to status
+        self.predict = _guarded(self._predict)
+        self.ready = _guarded(self._ready)
+        self.status = _guarded(self._status)
+        self.metrics = _guarded(self._metrics)
+        self.openapi = _guarded(self._openapi)
+
+    def queue_state(self) -> dict[str, int]:
+        service = self.service
+        return {"admitted": service.admitted, "max_queue": self.opts.max_queue,
+                "rejected_full": service.rejected_full, "deadline_expired": service.deadline_expired}
+
+    async def submit(self, prepare: Prepare, first_byte_s: float, deadline_ms: float, received_s: float | None = None,
                      heavy: bool = False, tightened_ms: Callable[[], float | None] | None = None) -> list[Prediction]:
-        results = await service.submit(prepare, first_byte_s, deadline_ms, received_s, heavy, tightened_ms)
-        metrics_registry.observe_predictions(results)
+        results = await self.service.submit(prepare, first_byte_s, deadline_ms, received_s, heavy, tightened_ms)
+        self.metrics_registry.observe_predictions(results)
         return results
 
-    def on_span(label: str, span_ms: float, reported_ms: float | None, connection: Hashable | None) -> None:
-        spans.add(span_ms)
-        client_ms = reports.answered(connection, span_ms, reported_ms)  # None unless plausible
-        metrics_registry.observe_request("v2" if label == V2_INFER_LABEL else "v1", span_ms, client_ms)
+    def on_span(self, label: str, span_ms: float, reported_ms: float | None, connection: Hashable | None) -> None:
+        self.spans.add(span_ms)
+        client_ms = self.reports.answered(connection, span_ms, reported_ms)  # None unless plausible
+        self.metrics_registry.observe_request("v2" if label == V2_INFER_LABEL else "v1", span_ms, client_ms)
         if client_ms is not None:
-            client_latency.add(client_ms)
-        if callable(observe):  # the controller's own record of whole-request latency, where it keeps one
+            self.client_latency.add(client_ms)
+        if callable(self.observe):  # the controller's own record of whole-request latency, where it keeps one
             try:
-                observe(span_ms=span_ms, client_ms=client_ms)
+                self.observe(span_ms=span_ms, client_ms=client_ms)
             except Exception:
                 logger.exception("controller.observe_request failed")
 
-    def guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-        async def wrapped(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except ApiError as exc:
-                return error_response(exc.status, exc.code, exc.message, exc.headers)
-            except ClientDisconnect:
-                # The client left, or the connection layer cut it (receipt deadline, shutdown) and
-                # already answered; nobody reads this, and it is not a server fault to log.
-                return error_response(400, "client_disconnected", "the client disconnected")
-            except Exception as exc:  # noqa: BLE001 - one bad request must not take the server down
-                return internal_error(exc)
-
-        return wrapped
-
-    @guarded
-    async def predict(request: Request) -> Response:
+    async def _predict(self, request: Request) -> Response:
         first_byte_s = float(request.scope["extensions"][FIRST_BYTE_KEY])
-        if draining.is_set():
+        if self.draining.is_set():
             raise ApiError(503, "shutting_down", "the server is shutting down")
-        if not controller.ready:
+        if not self.controller.ready:
             raise ApiError(503, "not_ready", "no variant is loaded and warm yet", headers={"Retry-After": "1"})
-        deadline_ms = opts.deadline_ms
+        deadline_ms = self.opts.deadline_ms
         asked = _header_ms(request, DEADLINE_HEADER, "bad_deadline")
         if asked is not None:
             deadline_ms = min(deadline_ms, asked)
         client_ms = _header_ms(request, CLIENT_LATENCY_HEADER, "bad_client_latency")
         if client_ms is not None:
             request.scope["extensions"][CLIENT_MS_KEY] = client_ms
-        body = await read_body(request, body_limit)
+        body = await read_body(request, self.body_limit)
         received_s = time.monotonic()
         content_type = request.headers.get("content-type")
         answers: list[AnswerOptions] = []
+        bundle_spec, inputs = self.bundle_spec, self.inputs
 
         def prepare() -> list[np.ndarray]:  # off the event loop, admitted to the queue first
             batch, fields = decode_request(body, content_type, inputs)
@@ -215,7 +243,7 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
             return as_items(batch, inputs)
 
         media = (content_type or "").split(";")[0].strip().lower()
-        results = await submit(prepare, first_byte_s, deadline_ms, received_s, heavy=media in HEAVY_MEDIA_TYPES)
+        results = await self.submit(prepare, first_byte_s, deadline_ms, received_s, heavy=media in HEAVY_MEDIA_TYPES)
         answer = answers[0]
         names = bundle_spec.class_names
         if len(results) == 1:
@@ -223,85 +251,81 @@ def create_app(controller: Controller, options: ApiOptions | None = None,
         return JSONResponse({"predictions": [prediction_json(r, names, answer) for r in results],
                              "batch": len(results)})
 
-    @guarded
-    async def live(request: Request) -> Response:
-        return JSONResponse({"status": "live"})
-
-    @guarded
-    async def ready(request: Request) -> Response:
-        if draining.is_set():
+    async def _ready(self, request: Request) -> Response:
+        if self.draining.is_set():
             return error_response(503, "shutting_down", "the server is shutting down")
-        if not controller.ready:
+        if not self.controller.ready:
             return error_response(503, "not_ready", "no variant is loaded and warm yet")
-        return JSONResponse({"status": "ready", "variant": controller.active_arch_id})
+        return JSONResponse({"status": "ready", "variant": self.controller.active_arch_id})
 
-    @guarded
-    async def status(request: Request) -> Response:
-        doc = controller.status()
+    async def _status(self, request: Request) -> Response:
+        service, opts = self.service, self.opts
+        doc = self.controller.status()
         doc["batching"] = service.batcher.status() if service.batcher is not None else {"enabled": False}
         doc["queue"] = {"admitted": service.admitted, "max_queue": opts.max_queue, "workers": opts.workers,
                         "rejected_full": service.rejected_full, "deadline_expired": service.deadline_expired}
-        doc["http"] = {"connections": guard.connection_stats.to_json_dict(), "request_span_ms": spans.summary(),
-                       "client_latency_ms": client_latency.summary(), "client_reports": reports.to_json_dict()}
+        connections = self.guard.connection_stats.to_json_dict() if self.guard is not None else None
+        doc["http"] = {"connections": connections, "request_span_ms": self.spans.summary(),
+                       "client_latency_ms": self.client_latency.summary(),
+                       "client_reports": self.reports.to_json_dict()}
         # Every serve setting's effective value and its source (default, serve.json, --serve-config, ...).
-        doc["settings"] = getattr(controller, "settings_report", None)
+        doc["settings"] = getattr(self.controller, "settings_report", None)
         return JSONResponse(json.loads(json.dumps(doc, default=_jsonable)))
 
-    @guarded
-    async def metrics(request: Request) -> Response:
+    async def _metrics(self, request: Request) -> Response:
         # Rendering reads /proc and every collector: off the event loop, like an inference.
-        text = await asyncio.get_running_loop().run_in_executor(None, metrics_registry.text)
+        text = await asyncio.get_running_loop().run_in_executor(None, self.metrics_registry.text)
         return Response(text, media_type=METRICS_CONTENT_TYPE)
 
-    @guarded
-    async def openapi(request: Request) -> Response:
-        return JSONResponse(openapi_document(spec, body_limit, auth=opts.token is not None))
+    async def _openapi(self, request: Request) -> Response:
+        return JSONResponse(openapi_document(self.bundle_spec.input, self.body_limit, auth=self.opts.token is not None))
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        v2 = request.url.path.startswith(V2_PREFIX)
-        if not isinstance(exc, HTTPException) or exc.status_code >= 500:
-            return v2_error_response(500, incident_message(exc)) if v2 else internal_error(exc)
-        status = exc.status_code
-        code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
-        # 405 carries Allow (RFC 9110 15.5.6); the route put it in the exception's headers.
-        message = f"{request.method} {request.url.path}: {exc.detail}"
-        headers = dict(exc.headers) if exc.headers else None
-        return v2_error_response(status, message, headers) if v2 else error_response(status, code, message, headers)
+    def oip(self, model_name: str) -> OipContext:
+        """What the /v2 routes share with these."""
+        return OipContext(
+            self.controller, self.inputs, model_name, self.draining, self.opts.deadline_ms,
+            read_body=lambda request: read_body(request, self.body_limit), submit=self.submit,
+            deadline_header=lambda request: _header_ms(request, DEADLINE_HEADER, "bad_deadline"),
+            first_byte_s=lambda request: float(request.scope["extensions"][FIRST_BYTE_KEY]),
+            internal_error=incident_message)
+
+
+def create_app(controller: Controller, options: ApiOptions | None = None,
+               on_shutdown: Callable[[], None] | None = None) -> ASGIApp:
+    """The ASGI app. ``on_shutdown`` runs after the last in-flight request has finished."""
+    opts = options if options is not None else ApiOptions()
+    ends = _Endpoints(controller, opts)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> Any:
         yield
-        draining.set()
-        await asyncio.get_running_loop().run_in_executor(None, service.shutdown)
+        ends.draining.set()
+        await asyncio.get_running_loop().run_in_executor(None, ends.service.shutdown)
         if on_shutdown is not None:
             on_shutdown()
 
     app = Starlette(
         routes=[
-            Route("/v1/predict", predict, methods=["POST"]),
-            Route("/v1/health/live", live, methods=["GET"]),
-            Route("/v1/health/ready", ready, methods=["GET"]),
-            Route("/v1/status", status, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
-            Route("/openapi.json", openapi, methods=["GET"]),
-            *oip_routes(OipContext(
-                controller, inputs, model_name, draining, opts.deadline_ms,
-                read_body=lambda request: read_body(request, body_limit), submit=submit,
-                deadline_header=lambda request: _header_ms(request, DEADLINE_HEADER, "bad_deadline"),
-                first_byte_s=lambda request: float(request.scope["extensions"][FIRST_BYTE_KEY]),
-                internal_error=incident_message)),
+            Route("/v1/predict", ends.predict, methods=["POST"]),
+            Route("/v1/health/live", _live, methods=["GET"]),
+            Route("/v1/health/ready", ends.ready, methods=["GET"]),
+            Route("/v1/status", ends.status, methods=["GET"]),
+            Route("/metrics", ends.metrics, methods=["GET"]),
+            Route("/openapi.json", ends.openapi, methods=["GET"]),
+            *oip_routes(ends.oip(opts.model_name or model_name_of(controller))),
         ],
-        exception_handlers={HTTPException: http_error},
+        exception_handlers={HTTPException: _http_error},
         lifespan=lifespan,
     )
     # No redirect from /v1/status/ to /v1/status: starlette builds its Location from the
     # client's Host header. A wrong path is a 404.
     app.router.redirect_slashes = False
-    app.state.service = service
-    app.state.draining = draining
-    guard = Guard(app, opts.token, counts, open_prefixes=HEALTH_PREFIXES if opts.health_without_token else (),
-                   on_span=on_span)
-    metrics_registry.status.connections = guard.connection_stats  # filled by the server's connection layer
+    app.state.service = ends.service
+    app.state.draining = ends.draining
+    guard = Guard(app, opts.token, ends.counts, open_prefixes=HEALTH_PREFIXES if opts.health_without_token else (),
+                  on_span=ends.on_span)
+    ends.guard = guard
+    ends.metrics_registry.status.connections = guard.connection_stats  # filled by the server's connection layer
     return guard
 
 
