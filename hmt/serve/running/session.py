@@ -273,43 +273,30 @@ def run_scenario(
     the tick's record, to read what the loop saw (its estimates per variant) at that moment."""
     rng = rng if rng is not None else np.random.default_rng(0)
     state = ScenarioState()
-    ticks: list[TickRecord] = []
-    ticks_lock = threading.Lock()
+    ticks = _TickLog()
 
     def on_tick(record: TickRecord) -> None:
-        with ticks_lock:
-            ticks.append(record)
+        ticks.add(record)
         if trace is not None:
             trace(controller, record)
 
     sampler = ScenarioSampler(state, synthetic_cpu=drive_options.load_mode == "synthetic")
-    if options.concurrency is None:
+    if options.concurrency is None:  # as many as can send at once: the API's workers, or the clients
         workers = (api if api is not None else ApiOptions()).workers if server is not None else drive_options.clients
         options = dataclasses.replace(options, concurrency=max(1, workers))
     controller = open_controller(bundle_path, options, sampler=sampler, on_tick=on_tick)
     inputs = load_inputs(controller.bundle, data, rng)
     base = controller.budgets
     rows = list(scenario.rows)
-    burner = LoadGenerator(plan_rows=len(rows)) if drive_options.load_mode == "burn" else None
-    squeeze = MemorySqueeze(plan_rows=len(rows)) if drive_options.load_mode == "burn" and any(
-        r.memory_squeeze_mb for r in rows) else None
+    burner, squeeze = _load_generators(rows, drive_options)
     api_server: ApiServer | None = None
     try:
-        if burner is not None:
-            burner.start()
-        if squeeze is not None:
-            squeeze.start()
+        for generator in (burner, squeeze):
+            if generator is not None:
+                generator.start()
         sampler.prime()  # the load generator's start-up is not outside load the scenario asked for
         controller.start()
-        if server is not None:
-            app = create_app(controller, api if api is not None else ApiOptions())
-            api_server = ApiServer(app, server)
-            api_server.start_background()
-            factory = http_sender(api_server.url, api.token if api is not None else None)
-        elif drive_options.client_mode == "processes":
-            raise UsageError("client processes send through the API; drop --in-process or --client-processes")
-        else:
-            factory = _in_process_sender(controller)
+        api_server, factory = _start_sender(controller, api, server, drive_options)
 
         applier = _row_applier(rows, state, controller)
         sampler.on_sample = applier.due  # the control thread applies a row on time, should the driver be late
@@ -329,24 +316,13 @@ def run_scenario(
         if api_server is not None:
             api_server.stop_background()
         controller.stop()
-        if burner is not None:
-            burner.stop()
-        if squeeze is not None:
-            squeeze.stop()
-    offset_s = start_s - controller.t0_s
-    with ticks_lock:
-        shifted = [dataclasses.replace(t, time_s=t.time_s - offset_s) for t in ticks]
+        for generator in (burner, squeeze):
+            if generator is not None:
+                generator.stop()
+    shifted = ticks.shifted(start_s - controller.t0_s)
     steps = [t for t in scenario.step_times if t < drive_options.duration_s]
     summary = summarize(records, shifted, steps, drive_options.duration_s, switches)
-    summary.update({"label": label, "duration_s": drive_options.duration_s, "clients": drive_options.clients,
-                    "rate_hz": drive_options.rate_hz, "load_mode": drive_options.load_mode,
-                    "via": "api" if server is not None else "in_process",
-                    "client_mode": drive_options.client_mode, "fixed_variant": options.fixed_variant,
-                    "early_exit": dataclasses.asdict(controller.settings.early_exit),
-                    "engine": controller.status(last=0)["engine"],
-                    # decisions that raised a bug (the loop outlived them; hmt.serve.running.loop)
-                    "control_loop_errors": controller.loop.unexpected_errors,
-                    "control_loop_last_error": controller.loop.last_unexpected_error})
+    summary.update(_run_facts(controller, options, drive_options, label, via_api=server is not None))
     # rows the control thread applied before the driver thread came to them (a late driver: a starved CPU)
     summary["rows_applied_on_sample"] = applier.applied_on_sample
     summary["driver_late_max_s"] = round(applier.driver_late_max_s, 4)
@@ -354,14 +330,70 @@ def run_scenario(
         summary["burn"] = burner.describe()
     result = ScenarioResult(summary, records, shifted, url=None if api_server is None else api_server.url)
     if timeline_dir is not None:
-        timeline_dir = Path(timeline_dir)
-        files = {"ticks_csv": write_csv(timeline_dir / "timeline.csv", shifted),
-                 "requests_csv": write_csv(timeline_dir / "requests.csv", records)}
-        png = plot_timeline(timeline_dir / "timeline.png", records, shifted, title=f"hmt serve: {label}")
-        if png is not None:
-            files["png"] = png
-        summary_path = timeline_dir / "summary.json"
-        summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        files["summary"] = summary_path
-        result.files = {k: str(v) for k, v in files.items()}
+        result.files = _write_timeline(Path(timeline_dir), result, label)
     return result
+
+
+class _TickLog:
+    """The loop's tick records, appended on the control thread."""
+
+    def __init__(self) -> None:
+        self._ticks: list[TickRecord] = []
+        self._lock = threading.Lock()
+
+    def add(self, record: TickRecord) -> None:
+        with self._lock:
+            self._ticks.append(record)
+
+    def shifted(self, offset_s: float) -> list[TickRecord]:
+        """The records so far, with times moved ``offset_s`` earlier (to the driver's start)."""
+        with self._lock:
+            return [dataclasses.replace(t, time_s=t.time_s - offset_s) for t in self._ticks]
+
+
+def _start_sender(controller: Controller, api: ApiOptions | None, server: ServerOptions | None,
+                  drive_options: DriveOptions) -> tuple[ApiServer | None, Callable[[], Send]]:
+    """The API server on ``server`` (started) and a sender to it, or no server and in-process sends."""
+    if server is not None:
+        api_server = ApiServer(create_app(controller, api if api is not None else ApiOptions()), server)
+        api_server.start_background()
+        return api_server, http_sender(api_server.url, api.token if api is not None else None)
+    if drive_options.client_mode == "processes":
+        raise UsageError("client processes send through the API; drop --in-process or --client-processes")
+    return None, _in_process_sender(controller)
+
+
+def _load_generators(rows: list[ScenarioRow], drive_options: DriveOptions
+                     ) -> tuple[LoadGenerator | None, MemorySqueeze | None]:
+    """The CPU burners and the memory squeeze the rows ask for (``--load burn`` only)."""
+    if drive_options.load_mode != "burn":
+        return None, None
+    squeeze = MemorySqueeze(plan_rows=len(rows)) if any(r.memory_squeeze_mb for r in rows) else None
+    return LoadGenerator(plan_rows=len(rows)), squeeze
+
+
+def _run_facts(controller: Controller, options: SessionOptions, drive_options: DriveOptions, label: str,
+               *, via_api: bool) -> dict[str, Any]:
+    """How the replay ran, for its summary."""
+    return {"label": label, "duration_s": drive_options.duration_s, "clients": drive_options.clients,
+            "rate_hz": drive_options.rate_hz, "load_mode": drive_options.load_mode,
+            "via": "api" if via_api else "in_process",
+            "client_mode": drive_options.client_mode, "fixed_variant": options.fixed_variant,
+            "early_exit": dataclasses.asdict(controller.settings.early_exit),
+            "engine": controller.status(last=0)["engine"],
+            # decisions that raised a bug (the loop outlived them; hmt.serve.running.loop)
+            "control_loop_errors": controller.loop.unexpected_errors,
+            "control_loop_last_error": controller.loop.last_unexpected_error}
+
+
+def _write_timeline(timeline_dir: Path, result: ScenarioResult, label: str) -> dict[str, str]:
+    """The replay's ticks and requests (CSV), its plot (when matplotlib is there) and summary, in ``timeline_dir``."""
+    files = {"ticks_csv": write_csv(timeline_dir / "timeline.csv", result.ticks),
+             "requests_csv": write_csv(timeline_dir / "requests.csv", result.records)}
+    png = plot_timeline(timeline_dir / "timeline.png", result.records, result.ticks, title=f"hmt serve: {label}")
+    if png is not None:
+        files["png"] = png
+    summary_path = timeline_dir / "summary.json"
+    summary_path.write_text(json.dumps(result.summary, indent=2, sort_keys=True) + "\n")
+    files["summary"] = summary_path
+    return {k: str(v) for k, v in files.items()}
