@@ -223,71 +223,65 @@ def _outputs(parsed: InferRequest, results: Sequence[Prediction], ctx: OipContex
     return tensors
 
 
-def oip_routes(ctx: OipContext) -> list[Route]:
-    """The v2 routes over ``ctx`` (the token guard sits below the app and covers them)."""
+def _guarded(ctx: OipContext, handler: Callable[[Request], Awaitable[Response]]
+             ) -> Callable[[Request], Awaitable[Response]]:
+    """``handler`` with every failure answered as an OIP error: one bad request never takes the server down."""
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message, exc.headers)
+        except ClientDisconnect:
+            return error_response(400, "the client disconnected")
+        except Exception as exc:  # noqa: BLE001 - one bad request must not take the server down
+            return error_response(500, ctx.internal_error(exc))
 
-    def guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-        async def wrapped(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except ApiError as exc:
-                return error_response(exc.status, exc.message, exc.headers)
-            except ClientDisconnect:
-                return error_response(400, "the client disconnected")
-            except Exception as exc:  # noqa: BLE001 - one bad request must not take the server down
-                return error_response(500, ctx.internal_error(exc))
+    return wrapped
 
-        return wrapped
 
-    def check_model(request: Request) -> None:
+class _Endpoints:
+    """The /v2 handlers over one :class:`OipContext`."""
+
+    def __init__(self, ctx: OipContext) -> None:
+        self.ctx = ctx
+
+    def check_model(self, request: Request) -> None:
         model = request.path_params["model"]
         version = request.path_params.get("version", VERSION)
-        if model != ctx.model_name or version != VERSION:
+        if model != self.ctx.model_name or version != VERSION:
             raise ApiError(404, "unknown_model", f"unknown model {model[:60]!r} version {version[:20]!r}; this server "
-                                                 f"serves {ctx.model_name!r} version {VERSION}")
+                                                 f"serves {self.ctx.model_name!r} version {VERSION}")
 
-    def not_ready() -> ApiError | None:
-        if ctx.draining.is_set():
-            return ApiError(503, "shutting_down", "the server is shutting down")
-        if not ctx.controller.ready:
-            return ApiError(503, "not_ready", "no variant is loaded and warm yet", headers={"Retry-After": "1"})
-        return None
+    def check_ready(self) -> None:
+        if self.ctx.draining.is_set():
+            raise ApiError(503, "shutting_down", "the server is shutting down")
+        if not self.ctx.controller.ready:
+            raise ApiError(503, "not_ready", "no variant is loaded and warm yet", headers={"Retry-After": "1"})
 
-    @guarded
-    async def server_metadata(request: Request) -> Response:
+    async def server_metadata(self, request: Request) -> Response:
         return JSONResponse({"name": "hmt", "version": __version__, "extensions": list(EXTENSIONS)})
 
-    @guarded
-    async def live(request: Request) -> Response:
+    async def live(self, request: Request) -> Response:
         return JSONResponse({"live": True})
 
-    @guarded
-    async def ready(request: Request) -> Response:
-        refusal = not_ready()
-        if refusal is not None:
-            raise refusal
+    async def ready(self, request: Request) -> Response:
+        self.check_ready()
         return JSONResponse({"ready": True})
 
-    @guarded
-    async def metadata(request: Request) -> Response:
-        check_model(request)
-        return JSONResponse(model_metadata(ctx))
+    async def metadata(self, request: Request) -> Response:
+        self.check_model(request)
+        return JSONResponse(model_metadata(self.ctx))
 
-    @guarded
-    async def model_ready(request: Request) -> Response:
-        check_model(request)
-        refusal = not_ready()
-        if refusal is not None:
-            raise refusal
-        return JSONResponse({"name": ctx.model_name, "ready": True})
+    async def model_ready(self, request: Request) -> Response:
+        self.check_model(request)
+        self.check_ready()
+        return JSONResponse({"name": self.ctx.model_name, "ready": True})
 
-    @guarded
-    async def infer(request: Request) -> Response:
-        check_model(request)
+    async def infer(self, request: Request) -> Response:
+        ctx = self.ctx
+        self.check_model(request)
         first_byte_s = ctx.first_byte_s(request)
-        refusal = not_ready()
-        if refusal is not None:
-            raise refusal
+        self.check_ready()
         encoding = request.headers.get("content-encoding", "identity").strip().lower()
         if encoding != "identity":
             raise ApiError(415, "unsupported_encoding", f"Content-Encoding {encoding[:20]!r} is not accepted; send "
@@ -317,11 +311,19 @@ def oip_routes(ctx: OipContext) -> list[Route]:
         return Response(content, media_type="application/octet-stream",
                         headers={"Inference-Header-Content-Length": str(json_size)})
 
-    routes = [Route(PREFIX, server_metadata, methods=["GET"]),
-              Route(f"{PREFIX}/health/live", live, methods=["GET"]),
-              Route(f"{PREFIX}/health/ready", ready, methods=["GET"])]
+
+def oip_routes(ctx: OipContext) -> list[Route]:
+    """The v2 routes over ``ctx`` (the token guard sits below the app and covers them)."""
+    ends = _Endpoints(ctx)
+
+    def route(path: str, handler: Callable[[Request], Awaitable[Response]], method: str) -> Route:
+        return Route(path, _guarded(ctx, handler), methods=[method])
+
+    routes = [route(PREFIX, ends.server_metadata, "GET"),
+              route(f"{PREFIX}/health/live", ends.live, "GET"),
+              route(f"{PREFIX}/health/ready", ends.ready, "GET")]
     for base in (f"{PREFIX}/models/{{model}}", f"{PREFIX}/models/{{model}}/versions/{{version}}"):
-        routes += [Route(base, metadata, methods=["GET"]),
-                   Route(f"{base}/ready", model_ready, methods=["GET"]),
-                   Route(f"{base}/infer", infer, methods=["POST"])]
+        routes += [route(base, ends.metadata, "GET"),
+                   route(f"{base}/ready", ends.model_ready, "GET"),
+                   route(f"{base}/infer", ends.infer, "POST")]
     return routes
