@@ -43,11 +43,12 @@ from hmt.bundle import (
     variant_dir,
 )
 from hmt.deploy.archive import archive_path_for, build_archive_file, is_bundle_archive
+from hmt.deploy.notes import quantised_notes, target_notes
 from hmt.deploy.sources import (
     FUSED_KIND,
     FusedVariant,
+    checked_input_meta,
     graph_spec,
-    input_meta,
     one_input_and_classes,
     profile_threads,
     read_profile,
@@ -55,7 +56,7 @@ from hmt.deploy.sources import (
     selected_variants,
 )
 from hmt.deploy.targets import Target, default_profile_path, get_target
-from hmt.errors import InputError, ModelError, UsageError
+from hmt.errors import ModelError, UsageError
 from hmt.progress import ProgressCallback, no_progress
 
 
@@ -141,26 +142,6 @@ def _compiler_version(target: Target) -> str | None:
         return None
     lines = done.stdout.strip().splitlines()
     return lines[0] if lines else None
-
-
-def _notes(target: Target, engines: tuple[str, ...], pareto_profile: str | None, profile_id: str) -> list[str]:
-    notes: list[str] = []
-    if "tvm" in engines:
-        tvm = target.tvm_target
-        notes.append(f"TVM libraries (.so) are compiled for {tvm.get('mtriple')} mcpu={tvm.get('mcpu')}"
-                     + (" with the cross-compiler " + str(target.cross_compiler) if target.cross_compiler else "")
-                     + "; loading them needs the TVM 0.27 runtime on the device")
-    notes.append("ONNX graphs (.onnx) run under ONNX Runtime on any target")
-    if target.gpu is not None:
-        notes.append(f"GPU {target.gpu.name} ({target.gpu.cuda_arch}): {target.gpu.code}")
-    if pareto_profile and pareto_profile != profile_id:
-        notes.append(f"latency/energy/memory of the variants are the pareto front's predictions for profile "
-                     f"{pareto_profile}, not for the bundled profile {profile_id}; rerun pareto with this "
-                     "profile for predictions on this device")
-    if not target.matches_host() or "tvm" in engines:
-        notes.append("preferred_engine is what fuse measured fastest on the build host; serve may re-measure")
-    notes.extend(target.notes)
-    return notes
 
 
 def _build_variant(writer: ArtifactWriter, variant: FusedVariant, point: Mapping[str, Any], *, fused: Any,
@@ -375,6 +356,50 @@ def _check_outputs(out_dir: Path | str, options: DeployOptions, inputs: list[Any
     return out_abs, archive
 
 
+def _build_variants(writer: ArtifactWriter, variants: list[FusedVariant], points: Mapping[str, Mapping[str, Any]],
+                    *, fused: Any, target: Target, engines: tuple[str, ...], options: DeployOptions,
+                    progress: ProgressCallback, threads: int | None, notes: list[str]
+                    ) -> tuple[list[BundleVariant], list[VariantBuild]]:
+    """Every variant's graphs exported and compiled into the bundle; a failed TVM build is noted in ``notes``."""
+    total = sum(len(v.graphs()) for v in variants)
+    done = [0]
+    sessions = _ort_sessions(fused)
+    bundled: list[BundleVariant] = []
+    builds: list[VariantBuild] = []
+    for variant in variants:
+        bundle_variant, build = _build_variant(
+            writer, variant, points[variant.arch_id], fused=fused, target=target, engines=engines,
+            strict=options.strict, progress=progress, done=done, total=total,
+            ort_session=sessions.get(variant.name), threads=threads)
+        bundled.append(bundle_variant)
+        builds.append(build)
+        if build.tvm_error:
+            notes.append(f"variant {build.arch_id}: TVM build for {target.name} failed ({build.tvm_error}); "
+                         "bundled for ONNX Runtime only")
+    progress("compile", total, total, None)
+    return bundled, builds
+
+
+def _sign_and_archive(writer: ArtifactWriter, signing_key: Any, archive: Path | None, out_abs: Path,
+                      options: DeployOptions) -> None:
+    """Sign the bundle before it is committed, and write its archive beside it, where asked."""
+    if signing_key is not None:
+        writer.before_commit(partial(sign_artifact_dir, private_key=signing_key, version=options.version))
+    if archive is not None:
+        writer.companion(archive, partial(build_archive_file, root_name=out_abs.name),
+                         recognise=is_bundle_archive, description="an hmt bundle archive")
+
+
+def _write_spec_files(writer: ArtifactWriter, spec: BundleSpec, profile_bytes: bytes, index: dict[str, Any],
+                      serve: dict[str, Any]) -> None:
+    """bundle.json (checked to parse as serve will read it), the profile, the front's index and serve.json."""
+    writer.write_json(BUNDLE_SPEC_NAME, spec.to_json_dict())
+    writer.write_bytes(PROFILE_NAME, profile_bytes)
+    writer.write_json(INDEX_NAME, index)
+    writer.write_json(SERVE_CONFIG_NAME, serve)
+    BundleSpec.from_mapping(spec.to_json_dict())  # what serve will read must parse
+
+
 def deploy_bundle(
     fused_dir: Path | str,
     pareto_dir: Path | str,
@@ -412,44 +437,15 @@ def deploy_bundle(
     config = _config(options, target, engines, variants, Path(out_dir), fused.root, front.artifact.root,
                      profile_path, profile_bytes)
     parents = [fused, front.artifact, *([profile_artifact] if profile_artifact is not None else [])]
-    total = sum(len(v.graphs()) for v in variants)
-    done = [0]
-    builds: list[VariantBuild] = []
-    bundled: list[BundleVariant] = []
-    notes = _notes(target, engines, pareto_profile, profile_id)
-    notes.extend(engine_notes)
-    notes.extend(slower_notes)
-    sessions = _ort_sessions(fused)
     threads, threads_note = profile_threads(profile_doc)
-    notes.extend(threads_note)
-    preprocess, class_names, meta_note, meta_known = input_meta(front)
-    if not meta_known and not options.allow_missing_preprocess:
-        raise InputError(f"{meta_note}; serve would normalise inputs with defaults and answer without class "
-                         "names. Search the front with this hmt (pareto records the dataset), keep the supernet "
-                         "beside it, or pass --no-preprocess to build the bundle anyway")
+    notes = [*target_notes(target, engines, pareto_profile, profile_id), *engine_notes, *slower_notes, *threads_note]
+    preprocess, class_names, meta_note = checked_input_meta(front, options.allow_missing_preprocess)
     with ArtifactWriter(out_dir, kind=BUNDLE_KIND, config=config, parents=parents, inputs=inputs,
                         force=force) as writer:
-        if signing_key is not None:
-            writer.before_commit(partial(sign_artifact_dir, private_key=signing_key, version=options.version))
-        if archive is not None:
-            writer.companion(archive, partial(build_archive_file, root_name=out_abs.name),
-                             recognise=is_bundle_archive, description="an hmt bundle archive")
-        for variant in variants:
-            bundle_variant, build = _build_variant(
-                writer, variant, points[variant.arch_id], fused=fused, target=target, engines=engines,
-                strict=options.strict, progress=progress, done=done, total=total,
-                ort_session=sessions.get(variant.name), threads=threads)
-            bundled.append(bundle_variant)
-            builds.append(build)
-            if build.tvm_error:
-                notes.append(f"variant {build.arch_id}: TVM build for {target.name} failed ({build.tvm_error}); "
-                             "bundled for ONNX Runtime only")
-        quantised = sorted({str(v.extra.get("precision")) for v in bundled} - {"fp32", "None"})
-        if quantised:
-            notes.append(f"{'/'.join(quantised)} variants are quantised ONNX graphs (int8: QDQ, which ONNX Runtime's "
-                         "CPU provider runs with integer kernels and TensorRT reads as explicit quantisation; fp16: "
-                         "for GPU providers); their accuracy was measured on held-out images by pareto and convert")
-        progress("compile", total, total, None)
+        _sign_and_archive(writer, signing_key, archive, out_abs, options)
+        bundled, builds = _build_variants(writer, variants, points, fused=fused, target=target, engines=engines,
+                                          options=options, progress=progress, threads=threads, notes=notes)
+        notes.extend(quantised_notes(bundled))
         if options.adaptable:
             bundled = _add_adaptable(writer, bundled, front, options, progress, notes)
         if options.blocks:
@@ -465,11 +461,7 @@ def deploy_bundle(
         keep = {v.arch_id for v in variants}
         index = FrontIndex([e for e in front.index.entries if e.arch_id in keep], units=front.index.units,
                            meta={**front.index.meta, "bundle_target": target.name, "bundle_profile": profile_id})
-        writer.write_json(BUNDLE_SPEC_NAME, spec.to_json_dict())
-        writer.write_bytes(PROFILE_NAME, profile_bytes)
-        writer.write_json(INDEX_NAME, index.to_json_dict())
-        writer.write_json(SERVE_CONFIG_NAME, serve.to_json_dict())
-        BundleSpec.from_mapping(spec.to_json_dict())  # what serve will read must parse
+        _write_spec_files(writer, spec, profile_bytes, index.to_json_dict(), serve.to_json_dict())
         size_bytes, compile_s, failures = _record_metrics(writer, target, builds, lineage)
     return DeployResult(
         out_dir=Path(out_dir), archive=archive, target=target, variants=tuple(builds), notes=tuple(notes),

@@ -327,6 +327,19 @@ def input_meta(front: Any) -> tuple[Preprocess | None, tuple[str, ...] | None, s
         return None, None, f"dataset record of the front's supernet unreadable ({exc}): no preprocessing", False
 
 
+def checked_input_meta(front: Any, allow_missing: bool
+                       ) -> tuple[Preprocess | None, tuple[str, ...] | None, str | None]:
+    """The front's preprocessing and class names, and a note on what is missing; refused when
+    something is missing, unless ``allow_missing`` (``--no-preprocess``): serve would normalise
+    with defaults and answer without class names."""
+    preprocess, class_names, meta_note, meta_known = input_meta(front)
+    if not meta_known and not allow_missing:
+        raise InputError(f"{meta_note}; serve would normalise inputs with defaults and answer without class "
+                         "names. Search the front with this hmt (pareto records the dataset), keep the supernet "
+                         "beside it, or pass --no-preprocess to build the bundle anyway")
+    return preprocess, class_names, meta_note
+
+
 def one_input_and_classes(variants: list[FusedVariant]) -> tuple[Any, int]:
     """The first segment (its input is the bundle's) and the class count, the same for every variant."""
     first = variants[0].segments[0]
