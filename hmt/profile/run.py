@@ -191,19 +191,8 @@ def _probe_fits(d: _Doc, options: ProfileOptions, runner: Any, curve: HitRateCur
     return probes, chosen
 
 
-def profile_device(out_dir: Path | str, options: ProfileOptions, *, power_source: PowerSource | None = None,
-                   progress: ProgressCallback = no_progress, force: bool = False) -> ProfileRun:
-    """Profile a device and write the profile artifact to ``out_dir`` (atomically).
-
-    ``out_dir`` is checked first (:func:`hmt.artifacts.outputs.check_output_dir`; ``force``
-    replaces an artifact of another kind)."""
-    from hmt.artifacts.outputs import check_output_dir
-    from hmt.profile.schema import ARTIFACT_KIND
-
-    out_dir = Path(out_dir)
-    inputs = [p for p in (options.supernet, options.power_options.get("path")) if p]
-    check_output_dir(out_dir, kind=ARTIFACT_KIND, inputs=inputs, force=force)
-    spec = device_spec(options.device)
+def _check_options(options: ProfileOptions, device: str) -> None:
+    """Refuse option combinations that cannot be measured, before any work."""
     if options.engine not in ENGINES:
         raise UsageError(f"unknown engine {options.engine!r}; choose from {', '.join(ENGINES)}")
     if options.validate and options.supernet is None:
@@ -223,15 +212,39 @@ def profile_device(out_dir: Path | str, options: ProfileOptions, *, power_source
     if options.validate_batch not in options.batches:
         raise UsageError(f"--validate-batch {options.validate_batch}: the block table has no rows at that batch; "
                          f"add --batch {options.validate_batch} (table batches: {list(options.batches)})")
+    if device == "host" and options.rpc is not None:
+        raise UsageError("--rpc profiles a remote device: name it with --device (e.g. raspberry-pi-4b)")
+    if options.rpc is not None and options.power and options.power != "trace":
+        raise UsageError(f"--power {options.power} reads this machine; a remote device needs --power-trace")
+
+
+def _threads_note(d: _Doc, options: ProfileOptions, thread_ms: dict[int, float]) -> None:
+    device: dict[str, Any] = d.doc["device"]
+    device["threads_measured_ms"] = {str(t): round(ms, 4) for t, ms in thread_ms.items()}
+    d.note(f"engine threads {options.threads}, measured: the largest variant end to end at "
+           + ", ".join(f"{t} thread(s) {ms:.3f} ms" for t, ms in thread_ms.items())
+           + f"; the fewest within {stages.THREADS_GAIN:.0%} of the fastest (deploy gives the bundle this count)")
+
+
+def profile_device(out_dir: Path | str, options: ProfileOptions, *, power_source: PowerSource | None = None,
+                   progress: ProgressCallback = no_progress, force: bool = False) -> ProfileRun:
+    """Profile a device and write the profile artifact to ``out_dir`` (atomically).
+
+    ``out_dir`` is checked first (:func:`hmt.artifacts.outputs.check_output_dir`; ``force``
+    replaces an artifact of another kind)."""
+    from hmt.artifacts.outputs import check_output_dir
+    from hmt.profile.schema import ARTIFACT_KIND
+
+    out_dir = Path(out_dir)
+    inputs = [p for p in (options.supernet, options.power_options.get("path")) if p]
+    check_output_dir(out_dir, kind=ARTIFACT_KIND, inputs=inputs, force=force)
+    spec = device_spec(options.device)
+    _check_options(options, spec.name)
     if spec.name != "host" and options.rpc is None:
         if options.supernet is not None or options.power is not None or power_source is not None:
             raise UsageError(f"{spec.name} is not this machine: measuring it (block table, energy) needs "
                              "--rpc host:port --key NAME; without --rpc its estimated profile is written as is")
         return stages.write_estimated(out_dir, shipped_profile(spec.name), options, force=force)
-    if spec.name == "host" and options.rpc is not None:
-        raise UsageError("--rpc profiles a remote device: name it with --device (e.g. raspberry-pi-4b)")
-    if options.rpc is not None and options.power and options.power != "trace":
-        raise UsageError(f"--power {options.power} reads this machine; a remote device needs --power-trace")
     # Everything that can be missing is opened first, so an absent meter or a bad supernet
     # fails in a second rather than after minutes of benchmarks.
     if power_source is None and options.power is not None:
@@ -252,11 +265,7 @@ def profile_device(out_dir: Path | str, options: ProfileOptions, *, power_source
     d.note("timings taken on a machine other jobs may share: medians and spreads are recorded with the CPU "
            "frequency and background load of each measurement")
     if thread_ms is not None:
-        device: dict[str, Any] = d.doc["device"]
-        device["threads_measured_ms"] = {str(t): round(ms, 4) for t, ms in thread_ms.items()}
-        d.note(f"engine threads {options.threads}, measured: the largest variant end to end at "
-               + ", ".join(f"{t} thread(s) {ms:.3f} ms" for t, ms in thread_ms.items())
-               + f"; the fewest within {stages.THREADS_GAIN:.0%} of the fastest (deploy gives the bundle this count)")
+        _threads_note(d, options, thread_ms)
     if options.rpc is None:
         _facts_section(d, facts)
         curve = _benchmarks(d, options, facts, progress)
@@ -270,6 +279,7 @@ def profile_device(out_dir: Path | str, options: ProfileOptions, *, power_source
     if options.load_model and options.rpc is None:
         stages.load_section(d, options, runner, probes, loaded, progress)
     stages.energy_section(d, options, runner, probes, curve, power_source, progress)
+    calibration = options.calibration_variants
     drift = stages.drift_reference(options, runner, loaded) if calibration or options.validate else None
     if calibration:
         stages.composition_section(d, options, runner, loaded, progress, drift)
