@@ -154,6 +154,32 @@ def _start_client_processes(ctx: Any, url: tuple[str, str | None], inputs: Input
     return procs, scratch, start_s
 
 
+def _apply_rows(rows: list[ScenarioRow], apply_row: Callable[[ScenarioRow], object], start_s: float,
+                stop_s: float, duration_s: float) -> None:
+    """Apply each row at its time (monotonic clock, from ``start_s``), then wait for ``stop_s``."""
+    for row in rows:
+        if row.time_s >= duration_s:
+            break
+        time.sleep(max(0.0, start_s + row.time_s - time.monotonic()))
+        apply_row(row)
+    time.sleep(max(0.0, stop_s - time.monotonic()))
+
+
+def _collect_processes(procs: list[Any], queue: Any, stop_s: float) -> list[RequestRecord]:
+    """The records every client process sent back (a process that died sends none), then the processes ended."""
+    records: list[RequestRecord] = []
+    for _ in procs:
+        try:
+            records.extend(queue.get(timeout=max(10.0, stop_s - time.monotonic() + 30.0)))
+        except Exception:  # noqa: BLE001 - a client process that died is reported by the caller
+            break
+    for proc in procs:
+        proc.join(5.0)
+        if proc.is_alive():
+            proc.terminate()
+    return records
+
+
 def drive(
     scenario: Scenario,
     options: DriveOptions,
@@ -216,25 +242,12 @@ def drive(
     for thread in threads:
         thread.start()
     try:
-        for row in rows[1:]:
-            if row.time_s >= options.duration_s:
-                break
-            time.sleep(max(0.0, start_s + row.time_s - clock()))
-            apply_row(row)
-        time.sleep(max(0.0, stop_s - clock()))
+        _apply_rows(rows[1:], apply_row, start_s, stop_s, options.duration_s)
     finally:
         stop.set()
         for thread in threads:
             thread.join(30.0)
-        for _ in procs:
-            try:
-                records.extend(queue.get(timeout=max(10.0, stop_s - clock() + 30.0)))
-            except Exception:  # noqa: BLE001 - a client process that died is reported below
-                break
-        for proc in procs:
-            proc.join(5.0)
-            if proc.is_alive():
-                proc.terminate()
+        records.extend(_collect_processes(procs, queue, stop_s))
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     if any(t.is_alive() for t in threads):
