@@ -51,7 +51,10 @@ class Tracer:
             "estimates": {e.arch_id: (round(e.latency_ms, 3), e.source, e.samples) for e in estimates},
             "proposed": record.proposed, "active": record.active, "switch_reason": record.switch_reason,
             "decision_reason": None if decision is None else decision.reason_code,
-            "feasible": record.feasible})
+            "feasible": record.feasible,
+            # cumulative: what shadow runs cost (their runs, their wall time, the runs a request overlapped)
+            "shadow_runs": controller.stats.shadow_runs, "shadow_s": controller.stats.shadow_s,
+            "shadow_overlapped": controller.shadow.overlapped})
 
 
 def windows(trace: list[dict[str, Any]], records: list[Any], offset_s: float, end_s: float,
@@ -77,6 +80,13 @@ def windows(trace: list[dict[str, Any]], records: list[Any], offset_s: float, en
                                "served": dict(Counter(r.variant for r in reqs if r.ok))}
         if ticks:
             last = ticks[-1]
+            before = [t for t in trace if t["time_s"] - offset_s < lo]
+            first = before[-1] if before else ticks[0]
+            row.update(shadow_runs=last["shadow_runs"] - first["shadow_runs"],
+                       shadow_ms=round(1e3 * (last["shadow_s"] - first["shadow_s"]), 3),
+                       shadow_overlapped=last["shadow_overlapped"] - first["shadow_overlapped"],
+                       own=None if last["own"] is None else round(statistics.median(
+                           t["own"] for t in ticks if t["own"] is not None), 3))
             row.update(ticks=len(ticks), load=round(statistics.median(t["load"] for t in ticks), 3),
                        forecast=round(statistics.median(t["forecast"] for t in ticks), 3),
                        cpu=round(statistics.median(t["cpu"] for t in ticks), 3),
@@ -111,6 +121,8 @@ def phase_summary(rows: list[dict[str, Any]], phase_s: float) -> list[dict[str, 
             entry["sources"] = dict(entry["sources"])
         out.append({"phase": name, "sent": sent, "missed": missed,
                     "miss_share": missed / sent if sent else None,
+                    "shadow_runs": sum(r.get("shadow_runs", 0) for r in part),
+                    "shadow_ms": round(sum(r.get("shadow_ms", 0.0) for r in part), 3),
                     "load_median": statistics.median(r["load"] for r in with_ticks) if with_ticks else None,
                     "served": dict(sum((Counter(r["served"]) for r in part), Counter())),
                     "per_variant": per_variant})
@@ -150,6 +162,12 @@ def main() -> None:
     parser.add_argument("--rate-hz", type=float, default=40.0)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--budget-factor", type=float, default=1.3)
+    parser.add_argument("--budget-ms", type=float, default=None,
+                        help="a fixed latency budget (ms) instead of one calibrated in the run")
+    parser.add_argument("--cpu-load", type=float, default=1.0,
+                        help="the busy phase's share of the CPU taken by other work (burners; 1.0: all of it)")
+    parser.add_argument("--client-processes", action="store_true",
+                        help="clients in processes of their own (as the matrix's --client-processes)")
     parser.add_argument("--window-s", type=float, default=0.5)
     parser.add_argument("--serve-json", default="{}", help="serve.json overrides of the adaptive run (JSON)")
     parser.add_argument("--out", type=Path, required=True)
@@ -166,13 +184,16 @@ def main() -> None:
         variants = sorted(bundle.spec.variants, key=lambda v: v.latency_ms)
         largest = max(variants, key=lambda v: v.accuracy).arch_id
         smallest = variants[0].arch_id
-        idle_p95 = calibrate_ms(bundle_path, largest, data, engine=args.engine, rate_hz=args.rate_hz,
-                                clients=args.clients)
-        budget_ms = args.budget_factor * idle_p95
+        idle_p95 = None
+        if args.budget_ms is None:
+            idle_p95 = calibrate_ms(bundle_path, largest, data, engine=args.engine, rate_hz=args.rate_hz,
+                                    clients=args.clients)
+        budget_ms = args.budget_ms if args.budget_ms is not None else args.budget_factor * idle_p95
         p = args.phase_s
         scenario = Scenario.from_text(f"time_s,cpu_load,latency_budget_ms\n0,,{budget_ms:.4f}\n"
-                                      f"{p:g},1.0,{budget_ms:.4f}\n{2 * p:g},,{budget_ms:.4f}\n")
-        drive = DriveOptions(duration_s=3 * p, clients=args.clients, rate_hz=args.rate_hz, load_mode="burn")
+                                      f"{p:g},{args.cpu_load:g},{budget_ms:.4f}\n{2 * p:g},,{budget_ms:.4f}\n")
+        drive = DriveOptions(duration_s=3 * p, clients=args.clients, rate_hz=args.rate_hz, load_mode="burn",
+                             client_mode="processes" if args.client_processes else "threads")
         api = REPLAY_API
         report: dict[str, Any] = {"bundle": "synthetic" if args.synthetic else bundle_path.name,
                                   "engine": args.engine, "rate_hz": args.rate_hz, "phase_s": p,
