@@ -114,6 +114,38 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return float(np.mean(known)) if known else None
 
 
+def _timed(fn: Callable[[], object], count: int, clock: Callable[[], int]) -> list[float]:
+    """``count`` runs of ``fn``, each timed (ms) on ``clock`` (ns)."""
+    out = []
+    for _ in range(count):
+        start = clock()
+        fn()
+        out.append((clock() - start) / 1e6)
+    return out
+
+
+def _bracketed(events: list[tuple[int, float]]) -> list[tuple[int, float, float]]:
+    """Per item visit of a round's ``events`` ((item, or -1 for the reference), visit median), in
+    order: (item, its median, the mean of the reference medians just before and just after it)."""
+    out = []
+    for e, (i, median) in enumerate(events):
+        if i < 0:
+            continue
+        before = next(m for j, m in reversed(events[:e]) if j < 0)
+        after = next(m for j, m in events[e + 1:] if j < 0)
+        out.append((i, median, (before + after) / 2))
+    return out
+
+
+def _measurement(samples: list[float], conditions: list[Conditions], warmup: int, when: str) -> Measurement:
+    """One item's timings and the mean conditions of its visits."""
+    s = spread(samples)
+    return Measurement(
+        s.median, s.p10, s.p90, s.iqr, s.n, warmup,
+        Conditions(_mean([c.freq_mhz for c in conditions]), float(np.mean([c.background_util for c in conditions])),
+                   float(sum(c.wall_s for c in conditions))), when)
+
+
 def time_interleaved(
     prepare: Callable[[int], Callable[[], object]], n: int, *, reference: Callable[[], object], warmup: int,
     repeats: int, rng: np.random.Generator, settings: InterleaveSettings = InterleaveSettings(),
@@ -132,12 +164,7 @@ def time_interleaved(
     rounds = settings.rounds
 
     def timed(fn: Callable[[], object], count: int) -> list[float]:
-        out = []
-        for _ in range(count):
-            start = clock()
-            fn()
-            out.append((clock() - start) / 1e6)
-        return out
+        return _timed(fn, count, clock)
 
     def per_round(fn: Callable[[], object]) -> int:
         pilot = statistics.median(timed(fn, max(warmup, 2)))  # the warm-up, timed
@@ -175,12 +202,8 @@ def time_interleaved(
                     samples[i].extend(got)
                     events.append((i, float(statistics.median(got))))
             c = cond[0]
-            for e, (i, median) in enumerate(events):
-                if i < 0:
-                    continue
-                before = next(m for j, m in reversed(events[:e]) if j < 0)
-                after = next(m for j, m in events[e + 1:] if j < 0)
-                visits[i].append((median, (before + after) / 2))
+            for i, median, bracket in _bracketed(events):
+                visits[i].append((median, bracket))
                 conditions[i].append(c)
             s = spread(ref_samples)
             ref_rounds.append(ReferenceRound(g, r, s.median, s.p10, s.p90, s.n, c.background_util, c.freq_mhz))
@@ -190,14 +213,7 @@ def time_interleaved(
                 progress(i)
     level = reference_level(ref_rounds) if level_ms is None else level_ms
     when = utc_now()
-    measurements = []
-    for i in range(n):
-        s = spread(samples[i])
-        cs = conditions[i]
-        measurements.append(Measurement(
-            s.median, s.p10, s.p90, s.iqr, s.n, warmup,
-            Conditions(_mean([c.freq_mhz for c in cs]), float(np.mean([c.background_util for c in cs])),
-                       float(sum(c.wall_s for c in cs))), when))
+    measurements = [_measurement(samples[i], conditions[i], warmup, when) for i in range(n)]
     normalised = [float(statistics.median(m * level / b for m, b in v)) if all(b > 0 for _, b in v)
                   else float("nan") for v in visits]
     brackets = [float(statistics.median(b for _, b in v)) for v in visits]
