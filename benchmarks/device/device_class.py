@@ -334,6 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="say what this machine's cgroups allow, and exit")
     parser.add_argument("--per-core", action="store_true",
                         help="pacer: also hold each process to one core's share per thread it runs")
+    parser.add_argument("--cpus", default=None,
+                        help="host cores to pin the class to, comma-separated, as many as the class has "
+                             "(default: the class's own, from core 0): two runs side by side on other cores")
     parser.add_argument("device_class", nargs="?", choices=sorted(CLASSES))
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -344,6 +347,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.device_class is None or not command:
         parser.error("give a class and a command: CLASS -- COMMAND [ARGS ...]")
     device_class = replace(CLASSES[args.device_class], per_core=args.per_core)
+    if args.cpus is not None:
+        try:
+            cpus = tuple(int(c) for c in args.cpus.split(","))
+        except ValueError:
+            parser.error(f"--cpus {args.cpus!r}: expected core numbers separated by commas, e.g. 1 or 0,1")
+        if len(cpus) != len(device_class.cpus) or len(set(cpus)) != len(cpus):
+            parser.error(f"--cpus {args.cpus!r}: {device_class.name} has {len(device_class.cpus)} distinct core(s)")
+        device_class = replace(device_class, cpus=cpus)
     try:
         with terminate_as_exit(), class_cgroup(device_class) as procs:
             return popen_in_class(device_class, procs, command).wait()
