@@ -22,50 +22,81 @@ def _errors(*codes: int) -> dict[str, Any]:
             for c in codes}
 
 
+def _predict_path(spec: TensorSpec, body_limit_bytes: int, auth_errors: tuple[int, ...]) -> dict[str, Any]:
+    """The OpenAPI item of POST /v1/predict."""
+    shape = list(spec.shape)
+    return {"post": {
+        "summary": "Classify one input tensor",
+        "description": (f"Input: {spec.dtype} tensor of shape {shape} (the leading batch axis of 1 may be "
+                        f"omitted), at most {body_limit_bytes} bytes of body. Header X-Deadline-Ms may lower "
+                        "the server's per-request deadline."),
+        "parameters": [{"name": "X-Deadline-Ms", "in": "header", "required": False,
+                        "schema": {"type": "number", "exclusiveMinimum": True, "minimum": 0}},
+                       {"name": "X-HMT-Client-Latency-Ms", "in": "header", "required": False,
+                        "description": "Latency the client saw for its previous request",
+                        "schema": {"type": "number", "exclusiveMinimum": True, "minimum": 0}},
+                       {"name": "top_k", "in": "query", "required": False,
+                        "description": "Also answer the k most probable classes (also a body field)",
+                        "schema": {"type": "integer", "minimum": 1}},
+                       {"name": "probabilities", "in": "query", "required": False,
+                        "description": "Also answer every class's probability (also a body field)",
+                        "schema": {"type": "boolean"}}],
+        "requestBody": {"required": True, "content": {
+            "application/x-npy": {"schema": {"type": "string", "format": "binary"}},
+            # hmt.serve.http.inputs: .npy also as octet-stream (float tensor, uint8 pixels [H, W, C],
+            # or a batch [N, ...]); encoded images, normalised with the bundle's preprocessing.
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+            "image/jpeg": {"schema": {"type": "string", "format": "binary"}},
+            "image/png": {"schema": {"type": "string", "format": "binary"}},
+            # hmt.serve.http.bodies: each file part one input (JPEG, PNG, .npy or raw uint8 pixels);
+            # fields top_k / probabilities.
+            "multipart/form-data": {"schema": {"type": "object", "properties": {
+                "file": {"type": "string", "format": "binary"}, "top_k": {"type": "integer"},
+                "probabilities": {"type": "boolean"}}}},
+            "application/json": {"schema": {"type": "object", "required": ["inputs"], "properties": {
+                "inputs": {"type": "array", "items": {}, "description": f"Nested list of shape {shape}"}}}},
+        }},
+        "responses": {"200": {"description": "The answer", "content": {"application/json": {
+            "schema": {"$ref": "#/components/schemas/Prediction"}}}},
+            **_errors(400, *auth_errors, 413, 415, 422, 429, 503, 504)},
+    }}
+
+
+def _schemas() -> dict[str, Any]:
+    """The response schemas (a new dict each call: the document is the caller's to change)."""
+    return {
+        "Prediction": {"type": "object", "required": ["class", "confidence", "exit", "variant", "latency_ms"],
+                       "properties": {
+                           "class": {"type": "integer", "description": "Arg-max class index"},
+                           "class_name": {"type": "string", "nullable": True,
+                                          "description": "The bundle's name for the class, if it has names"},
+                           "confidence": {"type": "number", "description": "Softmax probability of the class"},
+                           "exit": {"type": "integer", "description": "Segment whose exit head answered"},
+                           "variant": {"type": "string", "description": "Arch id of the variant that answered"},
+                           "latency_ms": {"type": "number", "description": "Server queue wait + compute"},
+                           "compute_ms": {"type": "number", "description": "Compute of the chain alone"},
+                           "over_budget": {"type": "boolean", "description": "latency_ms over the budget"},
+                           "probabilities": {"type": "array", "items": {"type": "number"},
+                                             "description": "Softmax per class (?probabilities=true)"},
+                           "top_k": {"type": "array", "description": "The k most probable (?top_k=k)",
+                                     "items": {"type": "object", "properties": {
+                                         "class": {"type": "integer"}, "probability": {"type": "number"},
+                                         "class_name": {"type": "string", "nullable": True}}}}}},
+        "Error": {"type": "object", "required": ["error"], "properties": {"error": {
+            "type": "object", "required": ["code", "message"],
+            "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}},
+    }
+
+
 def openapi_document(spec: TensorSpec, body_limit_bytes: int, auth: bool) -> dict[str, Any]:
     """OpenAPI 3.0 description of the serve API for a bundle whose input is ``spec``."""
-    shape = list(spec.shape)
     auth_errors = (401,) if auth else ()
     doc: dict[str, Any] = {
         "openapi": "3.0.3",
         "info": {"title": "hmt serve", "version": "1",
                  "description": "On-device inference with runtime variant switching and early exit."},
         "paths": {
-            "/v1/predict": {"post": {
-                "summary": "Classify one input tensor",
-                "description": (f"Input: {spec.dtype} tensor of shape {shape} (the leading batch axis of 1 may be "
-                                f"omitted), at most {body_limit_bytes} bytes of body. Header X-Deadline-Ms may lower "
-                                "the server's per-request deadline."),
-                "parameters": [{"name": "X-Deadline-Ms", "in": "header", "required": False,
-                                "schema": {"type": "number", "exclusiveMinimum": True, "minimum": 0}},
-                               {"name": "X-HMT-Client-Latency-Ms", "in": "header", "required": False,
-                                "description": "Latency the client saw for its previous request",
-                                "schema": {"type": "number", "exclusiveMinimum": True, "minimum": 0}},
-                               {"name": "top_k", "in": "query", "required": False,
-                                "description": "Also answer the k most probable classes (also a body field)",
-                                "schema": {"type": "integer", "minimum": 1}},
-                               {"name": "probabilities", "in": "query", "required": False,
-                                "description": "Also answer every class's probability (also a body field)",
-                                "schema": {"type": "boolean"}}],
-                "requestBody": {"required": True, "content": {
-                    "application/x-npy": {"schema": {"type": "string", "format": "binary"}},
-                    # hmt.serve.http.inputs: .npy also as octet-stream (float tensor, uint8 pixels [H, W, C],
-                    # or a batch [N, ...]); encoded images, normalised with the bundle's preprocessing.
-                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
-                    "image/jpeg": {"schema": {"type": "string", "format": "binary"}},
-                    "image/png": {"schema": {"type": "string", "format": "binary"}},
-                    # hmt.serve.http.bodies: each file part one input (JPEG, PNG, .npy or raw uint8 pixels);
-                    # fields top_k / probabilities.
-                    "multipart/form-data": {"schema": {"type": "object", "properties": {
-                        "file": {"type": "string", "format": "binary"}, "top_k": {"type": "integer"},
-                        "probabilities": {"type": "boolean"}}}},
-                    "application/json": {"schema": {"type": "object", "required": ["inputs"], "properties": {
-                        "inputs": {"type": "array", "items": {}, "description": f"Nested list of shape {shape}"}}}},
-                }},
-                "responses": {"200": {"description": "The answer", "content": {"application/json": {
-                    "schema": {"$ref": "#/components/schemas/Prediction"}}}},
-                    **_errors(400, *auth_errors, 413, 415, 422, 429, 503, 504)},
-            }},
+            "/v1/predict": _predict_path(spec, body_limit_bytes, auth_errors),
             "/v1/health/live": {"get": {"summary": "The process answers", "responses": {
                 "200": {"description": "Live"}, **_errors(*auth_errors)}}},
             "/v1/health/ready": {"get": {"summary": "A variant is loaded and warm", "responses": {
@@ -80,28 +111,7 @@ def openapi_document(spec: TensorSpec, body_limit_bytes: int, auth: bool) -> dic
             "/openapi.json": {"get": {"summary": "This document", "responses": {
                 "200": {"description": "OpenAPI 3 document"}, **_errors(*auth_errors)}}},
         },
-        "components": {"schemas": {
-            "Prediction": {"type": "object", "required": ["class", "confidence", "exit", "variant", "latency_ms"],
-                           "properties": {
-                               "class": {"type": "integer", "description": "Arg-max class index"},
-                               "class_name": {"type": "string", "nullable": True,
-                                              "description": "The bundle's name for the class, if it has names"},
-                               "confidence": {"type": "number", "description": "Softmax probability of the class"},
-                               "exit": {"type": "integer", "description": "Segment whose exit head answered"},
-                               "variant": {"type": "string", "description": "Arch id of the variant that answered"},
-                               "latency_ms": {"type": "number", "description": "Server queue wait + compute"},
-                               "compute_ms": {"type": "number", "description": "Compute of the chain alone"},
-                               "over_budget": {"type": "boolean", "description": "latency_ms over the budget"},
-                               "probabilities": {"type": "array", "items": {"type": "number"},
-                                                 "description": "Softmax per class (?probabilities=true)"},
-                               "top_k": {"type": "array", "description": "The k most probable (?top_k=k)",
-                                         "items": {"type": "object", "properties": {
-                                             "class": {"type": "integer"}, "probability": {"type": "number"},
-                                             "class_name": {"type": "string", "nullable": True}}}}}},
-            "Error": {"type": "object", "required": ["error"], "properties": {"error": {
-                "type": "object", "required": ["code", "message"],
-                "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}},
-        }},
+        "components": {"schemas": _schemas()},
     }
     if auth:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
