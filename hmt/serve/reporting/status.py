@@ -29,7 +29,6 @@ def controller_status(c: Any, last: int = 10) -> dict[str, Any]:
         engine_ratios = {e: c.estimator.engine_ratio(e) for e in sorted(set(c.estimator.engines))}
     latest = ticks[-1] if ticks else None
     decision = c.last_decision
-    capacity = c.capacity_bytes()
     active = c.active_runner
     return {
         "ready": c.ready,
@@ -64,10 +63,7 @@ def controller_status(c: Any, last: int = 10) -> dict[str, Any]:
         "shadow": {"runs": shadow_runs, "seconds": shadow_s, "not_kept_overlapped": c.shadow.overlapped,
                    "share_limit": c.settings.estimates.shadow_share},
         "early_exit": asdict(c.settings.early_exit),
-        "pool": {"loaded": c.pool.loaded_ids(), "loaded_mb": c.pool.loaded_bytes() / 1e6,
-                 "capacity_mb": None if capacity is None else capacity / 1e6,
-                 "loads": c.pool.load_count, "load_failures": c.pool.load_failures,
-                 "evictions": c.pool.evictions, "integrity_failures": c.pool.integrity_failures},
+        "pool": _pool_status(c),
         # Decisions answered from the cache (same feasible set, mu and active variant).
         "decision_cache": {"hits": c.decision.hits, "entries": c.decision.entries},
         "switches": c.switcher.switch_count,
@@ -80,9 +76,7 @@ def controller_status(c: Any, last: int = 10) -> dict[str, Any]:
         "decision_us_p50": None if dec is None else float(np.median(dec)),
         "last_error": c.last_error,
         # The decision thread: alive, and the errors it outlived that are bugs rather than HmtErrors.
-        "control_loop": {"alive": c.loop.alive, "seconds_since_decision": c.loop.seconds_since_tick(),
-                         "period_s": c.loop.period_s, "unexpected_errors": c.loop.unexpected_errors,
-                         "last_unexpected_error": c.loop.last_unexpected_error},
+        "control_loop": _control_loop_status(c),
         "adapt": None if c.adapt is None else c.adapt.status(),
         # serve --blocks / --research (hmt.serve.running.blocks, hmt.serve.deciding.research)
         "blocks": c.pool.status() if hasattr(c.pool, "status") else None,
@@ -90,3 +84,19 @@ def controller_status(c: Any, last: int = 10) -> dict[str, Any]:
         c.research.status(lambda t: t - c.t0_s),
         "last_decisions": [t.to_json_dict() for t in ticks[-last:]],
     }
+
+
+def _pool_status(c: Any) -> dict[str, Any]:
+    """What the variant pool holds and has done (loads, failures, evictions)."""
+    capacity = c.capacity_bytes()
+    pool = c.pool
+    return {"loaded": pool.loaded_ids(), "loaded_mb": pool.loaded_bytes() / 1e6,
+            "capacity_mb": None if capacity is None else capacity / 1e6,
+            "loads": pool.load_count, "load_failures": pool.load_failures,
+            "evictions": pool.evictions, "integrity_failures": pool.integrity_failures}
+
+
+def _control_loop_status(c: Any) -> dict[str, Any]:
+    loop = c.loop
+    return {"alive": loop.alive, "seconds_since_decision": loop.seconds_since_tick(), "period_s": loop.period_s,
+            "unexpected_errors": loop.unexpected_errors, "last_unexpected_error": loop.last_unexpected_error}
