@@ -168,6 +168,51 @@ def graphs_of(model: nn.Module) -> list[tuple[str, nn.Module, int | None]]:
 
 
 @torch.no_grad()
+def _layer_record(qualified: str, bn: _BatchNorm) -> dict[str, Any]:
+    """One BN layer as bn.json lists it: its module, eps, channels and shipped parameters."""
+    return {
+        "module": qualified,
+        "eps": float(bn.eps), "channels": int(bn.num_features),
+        "weight": bn.weight.detach().double().tolist() if bn.weight is not None else None,
+        "bias": bn.bias.detach().double().tolist() if bn.bias is not None else None,
+        "running_mean": bn.running_mean.double().tolist(),  # type: ignore[union-attr]
+        "running_var": bn.running_var.double().tolist(),  # type: ignore[union-attr]
+    }
+
+
+def _patch_affine(infer_path: Path, layers: list[dict[str, Any]], norms: list[_BatchNorm],
+                  affine_norms: dict[int, _AffineNorm], name: str) -> None:
+    """Make the inference graph patchable: where each scale/shift's float32 bytes sit in the file
+    (found by their sentinels, recorded in ``layers``), then the shipped values written there (the
+    device rewrites them with numpy alone)."""
+    blob = bytearray(infer_path.read_bytes())
+    for k, (layer, bn) in enumerate(zip(layers, norms, strict=True)):
+        norm = affine_norms[k]
+        scale, shift = affine_of(bn.weight.detach() if bn.weight is not None else None,
+                                 bn.bias.detach() if bn.bias is not None else None,
+                                 bn.running_mean, bn.running_var, bn.eps)
+        for key, value in (("scale", scale), ("shift", shift)):
+            sentinel: torch.Tensor = getattr(norm, key)
+            at = _offset(bytes(blob), sentinel.numpy().astype("<f4").tobytes(), f"{name} BN {k} {key}")
+            layer[f"{key}_offset"] = at
+            blob[at:at + 4 * layer["channels"]] = value.float().numpy().astype("<f4").tobytes()
+    infer_path.write_bytes(bytes(blob))
+
+
+def _record_per_sample(infer_module: nn.Module, x: torch.Tensor, layers: list[dict[str, Any]]) -> torch.Tensor:
+    """The spatial size each layer averages over (for the unbiased variance), into ``layers``; returns
+    the module's output (shapes only: the sentinels make its values meaningless)."""
+    sizes: dict[int, int] = {}
+    hooks = [m.register_forward_pre_hook(lambda m, a, s=sizes: s.__setitem__(m.index, a[0][0].numel()))
+             for m in infer_module.modules() if isinstance(m, _AffineNorm)]
+    y = infer_module(x)
+    for hook in hooks:
+        hook.remove()
+    for k, layer in enumerate(layers):
+        layer["per_sample"] = sizes[k] // layer["channels"]
+    return y
+
+
 def export_bn_adaptable(model: nn.Module, example: torch.Tensor, out: Path | str, *,
                         parents: tuple[Any, ...] = (), config: dict[str, Any] | None = None,
                         source_inputs: torch.Tensor | None = None, force: bool = False,
@@ -210,41 +255,13 @@ def export_bn_adaptable(model: nn.Module, example: torch.Tensor, out: Path | str
             stat_names = []
             for k, (qualified, bn) in enumerate(norms):
                 stat_names += [f"bn{k}_mean", f"bn{k}_var"]
-                layers.append({
-                    "module": qualified,
-                    "eps": float(bn.eps), "channels": int(bn.num_features),
-                    "weight": bn.weight.detach().double().tolist() if bn.weight is not None else None,
-                    "bias": bn.bias.detach().double().tolist() if bn.bias is not None else None,
-                    "running_mean": bn.running_mean.double().tolist(),  # type: ignore[union-attr]
-                    "running_var": bn.running_var.double().tolist(),  # type: ignore[union-attr]
-                })
+                layers.append(_layer_record(qualified, bn))
             stats_path = writer.path(f"{name}.stats.onnx")
             infer_path = writer.path(f"{name}.infer.onnx")
             _export(_WithStats(stats_module, sink, len(norms)), (x,), stats_path, ["input"], ["output", *stat_names])
             _export(infer_module, (x,), infer_path, ["input"], ["output"])
-            # Patchable: where each scale/shift's float32 bytes sit in the file, then the
-            # shipped values written there (the device rewrites them with numpy alone).
-            blob = bytearray(infer_path.read_bytes())
-            for k, (layer, (_, bn)) in enumerate(zip(layers, norms, strict=True)):
-                norm = affine_norms[k]
-                scale, shift = affine_of(bn.weight.detach() if bn.weight is not None else None,
-                                         bn.bias.detach() if bn.bias is not None else None,
-                                         bn.running_mean, bn.running_var, bn.eps)
-                for key, value in (("scale", scale), ("shift", shift)):
-                    sentinel: torch.Tensor = getattr(norm, key)
-                    at = _offset(bytes(blob), sentinel.numpy().astype("<f4").tobytes(), f"{name} BN {k} {key}")
-                    layer[f"{key}_offset"] = at
-                    blob[at:at + 4 * layer["channels"]] = value.float().numpy().astype("<f4").tobytes()
-            infer_path.write_bytes(bytes(blob))
-            # The spatial size each layer averages over, for the unbiased variance.
-            sizes: dict[int, int] = {}
-            hooks = [m.register_forward_pre_hook(lambda m, a, s=sizes: s.__setitem__(m.index, a[0][0].numel()))
-                     for m in infer_module.modules() if isinstance(m, _AffineNorm)]
-            y = infer_module(x)  # shapes only: the sentinels make its values meaningless
-            for hook in hooks:
-                hook.remove()
-            for k, layer in enumerate(layers):
-                layer["per_sample"] = sizes[k] // layer["channels"]
+            _patch_affine(infer_path, layers, [bn for _, bn in norms], affine_norms, name)
+            y = _record_per_sample(infer_module, x, layers)
             spec["graphs"].append({"name": name, "reads_segment": reads, "stats": stats_path.name,
                                    "infer": infer_path.name, "layers": layers})
             if reads is None:
