@@ -226,13 +226,13 @@ class Controller:
     # -- shadow runs (hmt.serve.running.shadow) ------------------------------------------------
 
     def _shadow_wanted(self) -> bool:
-        return self.shadow.wanted(self.active_arch_id, self.load.now)
+        return self.shadow.wanted(self.active_arch_id, self.load.now, self.load.recent_max)
 
     def shadow_run(self) -> bool:
         """One shadow run of a stale, loaded, idle variant when no request is in flight; whether it ran."""
         if self.shadow.inflight:
             return False
-        ran, error = self.shadow.run(self.active_arch_id, self.load.now, self.load_scale)
+        ran, error = self.shadow.run(self.active_arch_id, self.load.now, self.load_scale, self.load.recent_max)
         if error is not None:
             self.last_error = error
         return ran

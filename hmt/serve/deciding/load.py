@@ -47,6 +47,12 @@ class OutsideLoad:
         load_next = min(max(recent), max(min(recent), float(self.forecaster.forecast(1)[0])))
         return load_now, load_next, own
 
+    @property
+    def recent_max(self) -> float:
+        """The highest load index of the last few updates: the device counts as idle for optional work
+        (shadow runs of variants that are not the active one's neighbours) only when all were low."""
+        return max(self._recent) if self._recent else self.now
+
 
 class ServingOverhead:
     """The share of the latency budget no variant can use, from the requests served lately.

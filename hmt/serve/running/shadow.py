@@ -129,7 +129,7 @@ class ShadowRuns:
         estimate = estimator.latest(arch_id)
         return estimate is not None and estimate > self.limit_ms and not estimator.stale(arch_id, self._now_s())
 
-    def _candidates(self, active_arch_id: str | None, load_now: float) -> list[str]:
+    def _candidates(self, active_arch_id: str | None, idle_load: float) -> list[str]:
         """Stale, loaded variants to measure: the neighbours at any load, the others while idle."""
         if self._fixed or not self.estimator.measure or self.last_input is None:
             return []
@@ -137,7 +137,7 @@ class ShadowRuns:
         known = self._known_ids
         stale = [a for a in self.pool.loaded_ids()
                  if a != active_arch_id and a in known and self.estimator.stale(a, now)]
-        if load_now < self.settings.estimates.shadow_max_load:
+        if idle_load < self.settings.estimates.shadow_max_load:
             return stale
         near = self.neighbours(active_arch_id)
         return [a for a in stale if a in near]
@@ -154,24 +154,30 @@ class ShadowRuns:
         now_ms = self.estimator.latest(active_arch_id)
         return now_ms is None or now_ms * mine.latency_ms / active.latency_ms <= self.limit_ms
 
-    def wanted(self, active_arch_id: str | None, load_now: float) -> bool:
+    def wanted(self, active_arch_id: str | None, load_now: float, idle_load: float | None = None) -> bool:
         share = self.settings.estimates.shadow_share
         return share > 0 and self.stats.shadow_s <= share * max(self._now_s(), 1e-3) \
-            and bool(self._candidates(active_arch_id, load_now))
+            and bool(self._candidates(active_arch_id, load_now if idle_load is None else idle_load))
 
-    def run(self, active_arch_id: str | None, load_now: float, load_scale: float) -> tuple[bool, str | None]:
+    def run(self, active_arch_id: str | None, load_now: float, load_scale: float,
+            idle_load: float | None = None) -> tuple[bool, str | None]:
         """Run one stale, loaded, idle variant on a recent input and record its time; (whether a run
         happened, the error of a failed one).
 
         Within ``estimates.shadow_share`` of the wall time; on a busy device (outside load index
-        at or over ``estimates.shadow_max_load``) only the active variant's neighbours. A variant
+        ``idle_load``, default ``load_now``, at or over ``estimates.shadow_max_load``) only the active
+        variant's neighbours. The controller passes the highest index of its last few ticks as
+        ``idle_load``: in a device class at a quarter of a core, the index of a busy phase dipped
+        under the line for single ticks, and each dip started a run of a slow variant (about 80 ms)
+        that every request arriving meanwhile waited behind. A variant
         is run again and again (a burst) until it is fresh, so that its window at this load level
         is replaced as a whole, not mixed one sample at a time into the spike it kept. The caller
         checks no request is in flight.
         """
-        if not self.wanted(active_arch_id, load_now):
+        idle_load = load_now if idle_load is None else idle_load
+        if not self.wanted(active_arch_id, load_now, idle_load):
             return False, None
-        candidates = self._candidates(active_arch_id, load_now)
+        candidates = self._candidates(active_arch_id, idle_load)
         # The neighbours first, at any load: a burst of another variant gives way to a stale neighbour.
         # (A burst is run until the variant is fresh; a slow variant whose samples age out as fast as
         # the share lets it add them never is, and its burst held the share for good: in a device
