@@ -303,25 +303,3 @@ def test_a_shadow_run_a_request_ran_beside_is_not_kept(bundle_dir: Path) -> None
     status = c.status()
     for arch_id in ("mid", "small"):  # never measured: still the prior
         assert status["estimates"][arch_id]["source"] != "measured"
-
-
-def test_a_burst_of_another_variant_gives_way_to_a_stale_neighbour(bundle_dir: Path) -> None:
-    """On an idle device every stale variant is measured, one burst at a time until fresh; a burst
-    of a variant that is not a neighbour gives way as soon as a neighbour (where the loop falls back
-    or climbs to) is stale. A slow variant's burst that could never finish within the share used to
-    take every shadow run while the neighbour's estimate stayed what a start-up spike had made it."""
-    bundle = load_bundle(bundle_dir)
-    c = Controller(bundle, ServeSettings.from_mapping({"estimates": {"shadow_share": 0.5}}), sampler=sample,
-                   warmup_runs=1)
-    c.start(background=False)
-    c.predict(X)
-    c.tick(sample=sample(cpu=0.1))
-    assert c.active_arch_id == "big" and c.shadow.neighbours("big") == ("mid",)
-    assert c.estimator.stale("mid", c.now_s()) and c.estimator.stale("small", c.now_s())
-    c.shadow._burst = "small"  # a burst of a non-neighbour under way
-    before = {a: c.estimator.newest_sample_s(a) for a in ("mid", "small")}
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline and not c.shadow_run():
-        time.sleep(0.001)
-    assert c.estimator.newest_sample_s("mid") > before["mid"]
-    assert c.estimator.newest_sample_s("small") == before["small"]

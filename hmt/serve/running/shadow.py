@@ -13,8 +13,8 @@
   not just measured over the limit (then the next one down the score order is measured, until
   the first one's samples age out; after that, while its estimate at this load is still over the
   limit, it takes turns with the next one not measured since). Other variants are measured only
-  while the device is idle, and only while no neighbour is stale (a burst of one gives way).
-  Shadow time is counted on the controller's clock, the one the share is read on.
+  while the device is idle. Shadow time is counted on the controller's clock, the one the share
+  is read on.
 
   Without the neighbours' refresh (issue 28) a variant measured during a spike kept that
   estimate for ``memory_s`` (30 s): on a shared or busy machine the outside load index sits over
@@ -178,13 +178,6 @@ class ShadowRuns:
         if not self.wanted(active_arch_id, load_now, idle_load):
             return False, None
         candidates = self._candidates(active_arch_id, idle_load)
-        # The neighbours first, at any load: a burst of another variant gives way to a stale neighbour.
-        # (A burst is run until the variant is fresh; a slow variant whose samples age out as fast as
-        # the share lets it add them never is, and its burst held the share for good: in a device
-        # class at a quarter of a core, the climb target measured once during start-up kept that
-        # estimate for 12 s while the largest variant's endless burst took every shadow run.)
-        near = self.neighbours(active_arch_id)
-        candidates = [a for a in candidates if a in near] or candidates
         if self._burst in candidates:
             arch_id = self._burst
         else:
