@@ -62,6 +62,9 @@ def windows(trace: list[dict[str, Any]], records: list[Any], offset_s: float, en
     """Per window: the ticks' view (medians, last estimates, decisions) and the requests' outcome."""
     out = []
     n = round(end_s / window_s)
+    # The last tick before the window (the shadow counters are cumulative): at first, before the scenario.
+    earlier = [t for t in trace if t["time_s"] - offset_s < 0]
+    previous: dict[str, Any] | None = earlier[-1] if earlier else None
     for k in range(n):
         lo, hi = k * window_s, (k + 1) * window_s
         ticks = [t for t in trace if lo <= t["time_s"] - offset_s < hi]
@@ -80,13 +83,13 @@ def windows(trace: list[dict[str, Any]], records: list[Any], offset_s: float, en
                                "served": dict(Counter(r.variant for r in reqs if r.ok))}
         if ticks:
             last = ticks[-1]
-            before = [t for t in trace if t["time_s"] - offset_s < lo]
-            first = before[-1] if before else ticks[0]
+            first = previous if previous is not None else ticks[0]
+            previous = last
+            owns = [t["own"] for t in ticks if t["own"] is not None]
             row.update(shadow_runs=last["shadow_runs"] - first["shadow_runs"],
                        shadow_ms=round(1e3 * (last["shadow_s"] - first["shadow_s"]), 3),
                        shadow_overlapped=last["shadow_overlapped"] - first["shadow_overlapped"],
-                       own=None if last["own"] is None else round(statistics.median(
-                           t["own"] for t in ticks if t["own"] is not None), 3))
+                       own=round(statistics.median(owns), 3) if owns else None)
             row.update(ticks=len(ticks), load=round(statistics.median(t["load"] for t in ticks), 3),
                        forecast=round(statistics.median(t["forecast"] for t in ticks), 3),
                        cpu=round(statistics.median(t["cpu"] for t in ticks), 3),

@@ -226,7 +226,7 @@ class Controller:
     # -- shadow runs (hmt.serve.running.shadow) ------------------------------------------------
 
     def _shadow_wanted(self) -> bool:
-        return self.shadow.wanted(self.active_arch_id, self.load.now, self.load.recent_max)
+        return self.shadow.wanted(self.active_arch_id, self.load.recent_max)
 
     def shadow_run(self) -> bool:
         """One shadow run of a stale, loaded, idle variant when no request is in flight; whether it ran."""

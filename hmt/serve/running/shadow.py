@@ -154,28 +154,28 @@ class ShadowRuns:
         now_ms = self.estimator.latest(active_arch_id)
         return now_ms is None or now_ms * mine.latency_ms / active.latency_ms <= self.limit_ms
 
-    def wanted(self, active_arch_id: str | None, load_now: float, idle_load: float | None = None) -> bool:
+    def wanted(self, active_arch_id: str | None, idle_load: float) -> bool:
+        """Whether a shadow run is due (within the share, and a stale candidate at ``idle_load``: see :meth:`run`)."""
         share = self.settings.estimates.shadow_share
         return share > 0 and self.stats.shadow_s <= share * max(self._now_s(), 1e-3) \
-            and bool(self._candidates(active_arch_id, load_now if idle_load is None else idle_load))
+            and bool(self._candidates(active_arch_id, idle_load))
 
     def run(self, active_arch_id: str | None, load_now: float, load_scale: float,
-            idle_load: float | None = None) -> tuple[bool, str | None]:
+            idle_load: float) -> tuple[bool, str | None]:
         """Run one stale, loaded, idle variant on a recent input and record its time; (whether a run
         happened, the error of a failed one).
 
         Within ``estimates.shadow_share`` of the wall time; on a busy device (outside load index
-        ``idle_load``, default ``load_now``, at or over ``estimates.shadow_max_load``) only the active
-        variant's neighbours. The controller passes the highest index of its last few ticks as
-        ``idle_load``: in a device class at a quarter of a core, the index of a busy phase dipped
-        under the line for single ticks, and each dip started a run of a slow variant (about 80 ms)
-        that every request arriving meanwhile waited behind. A variant
-        is run again and again (a burst) until it is fresh, so that its window at this load level
-        is replaced as a whole, not mixed one sample at a time into the spike it kept. The caller
-        checks no request is in flight.
+        ``idle_load`` at or over ``estimates.shadow_max_load``) only the active variant's neighbours;
+        the sample is filed at ``load_now``. The controller passes the highest index of its last few
+        ticks as ``idle_load``: in a device class at a quarter of a core, the index of a busy phase
+        dipped under the line for single ticks, and each dip started a run of a slow variant (about
+        80 ms) that every request arriving meanwhile waited behind. A variant is run again and again
+        (a burst) until it is fresh, so that its window at this load level is replaced as a whole,
+        not mixed one sample at a time into the spike it kept. The caller checks no request is in
+        flight.
         """
-        idle_load = load_now if idle_load is None else idle_load
-        if not self.wanted(active_arch_id, load_now, idle_load):
+        if not self.wanted(active_arch_id, idle_load):
             return False, None
         candidates = self._candidates(active_arch_id, idle_load)
         if self._burst in candidates:
