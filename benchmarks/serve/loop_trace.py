@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import tempfile
 from collections import Counter
@@ -175,6 +176,10 @@ def main() -> None:
     parser.add_argument("--serve-json", default="{}", help="serve.json overrides of the adaptive run (JSON)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if args.budget_ms is not None and not (math.isfinite(args.budget_ms) and args.budget_ms > 0):
+        parser.error(f"--budget-ms {args.budget_ms}: expected a number of ms > 0")
+    if not 0.0 <= args.cpu_load <= 1.0:
+        parser.error(f"--cpu-load {args.cpu_load}: expected a share of the CPU in [0, 1]")
     with tempfile.TemporaryDirectory(prefix="hmt-loop-trace-") as tmp:
         work = Path(tmp)
         if args.synthetic:
