@@ -37,10 +37,7 @@ from hmt.serve.deciding.free_memory import FreeMemory
 from hmt.serve.deciding.joint import Candidate, JointPath
 from hmt.serve.deciding.load import OutsideLoad, ServingOverhead
 from hmt.serve.deciding.monitor import ResourceMonitor, ResourceSample, Sampler
-from hmt.serve.deciding.optimizer import (
-    Decision,
-    Optimizer,
-)
+from hmt.serve.deciding.optimizer import Decision, Optimizer
 from hmt.serve.deciding.table import estimator_for, optimizer_config, variants_of
 from hmt.serve.reporting.records import Prediction, Stats, TickRecord
 from hmt.serve.reporting.status import controller_status
@@ -84,6 +81,22 @@ class Controller:
         self.engine = engine if engine is not None else self.settings.engine
         self._clock = clock
         self.t0_s = clock()  # the controller's time zero on ``clock``
+        self._init_decision(fixed_variant, clock)
+        self._init_resources(sampler, loader=loader, blocks=blocks, threads=threads, max_threads=max_threads,
+                             warmup_runs=warmup_runs)
+        self._init_loop(on_tick, clock)
+        self.adapt: Any = None  # serve --adapt: BN re-estimation off the request path (AdaptService)
+        if adapt is not None:
+            from hmt.serve.running.adapt import AdaptService
+
+            settings_, canary = adapt
+            self.adapt = AdaptService(bundle, self.pool, lambda: self.active_arch_id, settings_, canary, clock=clock)
+            # The adapted copy is a gene of the decision (its memory counts), on a device alone as with a peer.
+            self.attach_routes(None)
+
+    def _init_decision(self, fixed_variant: str | None, clock: Callable[[], float]) -> None:
+        """The optimizer, switcher, estimator and decision path over the bundle's variants."""
+        bundle = self.bundle
         config, self.alpha_source = optimizer_config(bundle, self.settings)
         self.optimizer = Optimizer(variants_of(bundle), config)
         if fixed_variant is not None:
@@ -104,11 +117,16 @@ class Controller:
         # Requests in a row over the budget on the active variant (the switcher's fast attack).
         self._miss_streak = 0
         self._measured_count = 0
+        self.last_decision: Decision | None = None
+
+    def _init_resources(self, sampler: Sampler | None, *, loader: Loader | None, blocks: bool, threads: int | None,
+                        max_threads: int | None, warmup_runs: int) -> None:
+        """The load and resource monitors, the runner pool and the budgets."""
         self.load = OutsideLoad(self.settings.load_weights)
         self.monitor = ResourceMonitor(sampler, frequency_hz=1.0 / self.settings.monitor_period_s)
         if self.settings.cpu_quota_cores is not None:
             self.monitor.use_cpu_quota(self.settings.cpu_quota_cores)
-        self.pool = make_pool(bundle, blocks=blocks, engine=self.engine, loader=loader, threads=threads,
+        self.pool = make_pool(self.bundle, blocks=blocks, engine=self.engine, loader=loader, threads=threads,
                               warmup_runs=warmup_runs, providers=self.providers,
                               early_exit=self.settings.early_exit.enabled, max_threads=max_threads)
         # serve --research (hmt.serve.deciding.research_join.attach): offered every decision, searches when none fits.
@@ -118,6 +136,9 @@ class Controller:
         self.free_memory = FreeMemory(self.settings.memory_reserve_mb)
         self._active: Runner | None = None
         self.load_scale = 1.0  # (1 + alpha * I) of the last decision
+
+    def _init_loop(self, on_tick: Callable[[TickRecord], None] | None, clock: Callable[[], float]) -> None:
+        """The control thread, its records, the serving overhead and the shadow runs."""
         self.state_lock = threading.Lock()
         self._tick_lock = threading.Lock()
         self.loop = ControlThread(self.tick, self.shadow_run, self._shadow_wanted, clock=clock,
@@ -131,7 +152,6 @@ class Controller:
         # Called with each decision's optimizer + switcher time in seconds (the metrics' histogram).
         self.decision_observers: list[Callable[[float], None]] = []
         self.last_error: str | None = None
-        self.last_decision: Decision | None = None
         self.loads = LoadBackoff(self.pool, clock)
         # The budget's share no variant can use, per load level of the estimates (ServingOverhead).
         est = self.settings.estimates
@@ -140,17 +160,8 @@ class Controller:
         self._overhead_level: int | None = None  # the load level the last decision read the overhead at
         self.overhead_ms = 0.0
         self.shadow = ShadowRuns(self.pool, self.estimator, self.settings, self.stats, self.state_lock,
-                                 self._known_ids, fixed=fixed_variant is not None, now_s=self.now_s)
+                                 self._known_ids, fixed=self.fixed_variant is not None, now_s=self.now_s)
         self.shadow.optimizer = self.optimizer  # the neighbours it keeps fresh at any load
-        # serve --adapt (hmt.serve.running.adapt.AdaptSettings, canary): BN re-estimation off the request path.
-        self.adapt: Any = None
-        if adapt is not None:
-            from hmt.serve.running.adapt import AdaptService
-
-            settings_, canary = adapt
-            self.adapt = AdaptService(bundle, self.pool, lambda: self.active_arch_id, settings_, canary, clock=clock)
-            # The adapted copy is a gene of the decision (its memory counts), on a device alone as with a peer.
-            self.attach_routes(None)
 
     def attach_routes(self, provider: Any) -> JointPath:
         """Decide variant, offload cut and codec, and the adapted copy in one pass: ``provider`` (the

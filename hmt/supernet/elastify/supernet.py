@@ -114,40 +114,14 @@ class ElastifiedSupernet(nn.Module):
         num_classes = int(out_shape[1])
         self.stem: nn.Module = submodule_of(gm, plan.stem, "Stem") if plan.stem is not None else nn.Identity()
         self.reports: list[BlockReport] = []
-        positions: list[BlockPosition] = []
-        blocks: list[ElasticBlock] = []
         with torch.random.fork_rng():
             # Fresh weights (depthwise-separable units, exit heads) draw from torch's global
             # generator; seed it in a scope so the same seed gives the same supernet.
             torch.manual_seed(seed)
-            for p, block_plan in enumerate(plan.blocks):
-                base = submodule_of(gm, block_plan, "Block")
-                choices, alts, report = self._alternatives(p, plan, base, operators, init)
-                blocks.append(ElasticBlock(base, alts, choices))
-                stage = plan.stages[p]
-                index = sum(1 for q in range(p) if plan.stages[q] == stage)
-                report.name = f"s{stage}.b{index}"
-                self.reports.append(report)
-                positions.append(
-                    BlockPosition(
-                        name=report.name,
-                        stage=stage,
-                        index=index,
-                        kind=block_plan.kind,
-                        in_channels=int(block_plan.in_shape[1]),
-                        out_channels=int(block_plan.out_shape[1]),
-                        stride=_stride(block_plan.in_shape, block_plan.out_shape),
-                        choices=choices,
-                    )
-                )
+            blocks, positions = self._elastic_blocks(gm, plan, operators, init)
             num_stages = plan.num_stages
             self.entries = nn.ModuleList([nn.Identity() for _ in range(num_stages)])
-            exits: list[nn.Module] = []
-            for s in range(num_stages - 1):
-                last = max(p for p in range(len(plan.blocks)) if plan.stages[p] == s)
-                exits.append(ExitHead(plan.dims, int(plan.blocks[last].out_shape[1]), num_classes))
-            exits.append(submodule_of(gm, plan.head, "Head"))
-            self.exits = nn.ModuleList(exits)
+            self.exits = self._exit_heads(gm, plan, num_classes)
         self.stream: StreamWidths | None = None
         self.stream_note = ""
         levels = stream_levels(operators)
@@ -172,6 +146,37 @@ class ElastifiedSupernet(nn.Module):
         self.set_original_frozen(True)
 
     # -- building ----------------------------------------------------------------------
+
+    def _elastic_blocks(self, gm: fx.GraphModule, plan: ModelPlan, operators: tuple[str, ...] | None,
+                        init: bool) -> tuple[list[ElasticBlock], list[BlockPosition]]:
+        """One elastic block per planned block, its alternatives and its position in the space
+        (named ``s{stage}.b{index}``); each block's report joins ``self.reports``."""
+        positions: list[BlockPosition] = []
+        blocks: list[ElasticBlock] = []
+        for p, block_plan in enumerate(plan.blocks):
+            base = submodule_of(gm, block_plan, "Block")
+            choices, alts, report = self._alternatives(p, plan, base, operators, init)
+            blocks.append(ElasticBlock(base, alts, choices))
+            stage = plan.stages[p]
+            index = sum(1 for q in range(p) if plan.stages[q] == stage)
+            report.name = f"s{stage}.b{index}"
+            self.reports.append(report)
+            positions.append(BlockPosition(
+                name=report.name, stage=stage, index=index, kind=block_plan.kind,
+                in_channels=int(block_plan.in_shape[1]), out_channels=int(block_plan.out_shape[1]),
+                stride=_stride(block_plan.in_shape, block_plan.out_shape), choices=choices,
+            ))
+        return blocks, positions
+
+    @staticmethod
+    def _exit_heads(gm: fx.GraphModule, plan: ModelPlan, num_classes: int) -> nn.ModuleList:
+        """A fresh exit head after every stage but the last, then the model's own head."""
+        exits: list[nn.Module] = []
+        for s in range(plan.num_stages - 1):
+            last = max(p for p in range(len(plan.blocks)) if plan.stages[p] == s)
+            exits.append(ExitHead(plan.dims, int(plan.blocks[last].out_shape[1]), num_classes))
+        exits.append(submodule_of(gm, plan.head, "Head"))
+        return nn.ModuleList(exits)
 
     def _alternatives(
         self, p: int, plan: ModelPlan, base: fx.GraphModule, operators: tuple[str, ...] | None, init: bool

@@ -128,6 +128,29 @@ def _provenance(spec: ModelSpec) -> dict[str, Any]:
     return out
 
 
+class _Checkpoint:
+    """Saves elastification's resumable state: the phases done, the history, the original's
+    weights and, once built, the supernet's (``within``: a phase stopped between two of its
+    epochs). Only the main rank writes: every rank holds the same weights."""
+
+    def __init__(self, directory: Path, fingerprint: str, done: list[str], history: list[dict[str, Any]],
+                 original_state: dict[str, torch.Tensor], is_main: bool) -> None:
+        self.directory, self.fingerprint, self.is_main = directory, fingerprint, is_main
+        self.done, self.history, self.original_state = done, history, original_state
+
+    def __call__(self, net_state: dict[str, torch.Tensor] | None, within: dict[str, Any] | None = None) -> None:
+        from hmt.supernet.train.checkpoint import save_checkpoint
+
+        state: dict[str, Any] = {"config_fingerprint": self.fingerprint, "phases": self.done,
+                                 "history": self.history, "original": self.original_state}
+        if net_state is not None:
+            state["supernet"] = {k: v.detach().cpu() for k, v in net_state.items()}
+        if within is not None:
+            state["within_phase"] = within
+        if self.is_main:
+            save_checkpoint(self.directory, state)
+
+
 def elastify_supernet(
     config: TrainConfig,
     out_dir: Path,
@@ -147,7 +170,7 @@ def elastify_supernet(
     stood. ``stop_after_epochs`` (tests) simulates a kill after that many epochs, checkpoint written."""
     from hmt.data import eval_loader
     from hmt.supernet.train import check_training_outputs, default_checkpoint_dir
-    from hmt.supernet.train.checkpoint import release_checkpoint_dir, save_checkpoint
+    from hmt.supernet.train.checkpoint import release_checkpoint_dir
     from hmt.supernet.train.distributed import init_distributed
     from hmt.supernet.train.trainer import _prepare_data, derive_seed, resolve_device
 
@@ -177,16 +200,7 @@ def elastify_supernet(
                                                        progress, autocast, device, ctx, notify)
     done: list[str] = sorted(set(saved.get("phases", [])) | {"original"})
 
-    def checkpoint(net_state: dict[str, torch.Tensor] | None, within: dict[str, Any] | None = None) -> None:
-        state: dict[str, Any] = {"config_fingerprint": config.fingerprint(), "phases": done, "history": history,
-                                 "original": original_state}
-        if net_state is not None:
-            state["supernet"] = {k: v.detach().cpu() for k, v in net_state.items()}
-        if within is not None:  # a phase stopped between two of its epochs
-            state["within_phase"] = within
-        if ctx.is_main:  # every rank holds the same weights
-            save_checkpoint(checkpoint_dir, state)
-
+    checkpoint = _Checkpoint(checkpoint_dir, config.fingerprint(), done, history, original_state, ctx.is_main)
     if "supernet" not in saved:
         checkpoint(None)
     net, analysis_s, error_before = _build_supernet(model, spec, config, data.info, finetune_original,
