@@ -102,11 +102,18 @@ def windows(trace: list[dict[str, Any]], records: list[Any], offset_s: float, en
     return out
 
 
-def phase_summary(rows: list[dict[str, Any]], phase_s: float) -> list[dict[str, Any]]:
+def middle_phase(cpu_load: float, budget_step: float) -> str:
+    """The middle phase's name: what changes in it."""
+    parts = ([f"{cpu_load:g} of the CPU busy" if cpu_load < 1 else "every core busy"] if cpu_load > 0 else []) + (
+        [f"budget x{budget_step:g}"] if budget_step != 1 else [])
+    return ", ".join(parts) or "unchanged"
+
+
+def phase_summary(rows: list[dict[str, Any]], phase_s: float, middle: str = "every core busy") -> list[dict[str, Any]]:
     """Per phase: requests, misses, the median load, and per variant how often its estimate was
     within the limit and from which source."""
     out = []
-    for p, name in enumerate(("idle", "both cores busy", "idle again")):
+    for p, name in enumerate(("idle", middle, "idle again")):
         part = [r for r in rows if p * phase_s <= r["t_s"] < (p + 1) * phase_s]
         sent = sum(r["sent"] for r in part)
         missed = sum(r["missed"] for r in part)
@@ -137,12 +144,12 @@ def _claims(report: dict[str, Any]) -> list[dict[str, str]]:
     claims = []
     for name, run in report["runs"].items():
         phases = run["phases"]
-        claims.append({"claim": f"{name}: deadline misses per phase (idle / busy / idle), budget "
+        claims.append({"claim": f"{name}: deadline misses per phase ({' / '.join(p['phase'] for p in phases)}), budget "
                                 f"{report['budget_ms']:.2f} ms, {report['engine']}",
                        "figure": " / ".join(f"{p['missed']}/{p['sent']}" for p in phases)
                                  + f"; {run['switches']} switches"})
     adaptive = report["runs"]["adaptive"]["phases"]
-    claims.append({"claim": "median outside load index the loop measured per phase (idle / busy / idle)",
+    claims.append({"claim": "median outside load index the loop measured per phase",
                    "figure": " / ".join("-" if p["load_median"] is None else f"{p['load_median']:.2f}"
                                         for p in adaptive)})
     return claims
@@ -170,6 +177,13 @@ def main() -> None:
                         help="a fixed latency budget (ms) instead of one calibrated in the run")
     parser.add_argument("--cpu-load", type=float, default=1.0,
                         help="the busy phase's share of the CPU taken by other work (burners; 1.0: all of it)")
+    parser.add_argument("--budget-step", type=float, default=1.0,
+                        help="the middle phase's latency budget as a factor of the others' (issue 28's budget shape: "
+                             "0.6 with --cpu-load 0)")
+    parser.add_argument("--static", action="append", default=None, metavar="VARIANT",
+                        help="a static run beside the adaptive one: largest, smallest, middle (by profiled "
+                             "latency, the lower of two) "
+                             "or an arch id; repeatable (default: largest and smallest)")
     parser.add_argument("--client-processes", action="store_true",
                         help="clients in processes of their own (as the matrix's --client-processes)")
     parser.add_argument("--window-s", type=float, default=0.5)
@@ -180,6 +194,8 @@ def main() -> None:
         parser.error(f"--budget-ms {args.budget_ms}: expected a number of ms > 0")
     if not 0.0 <= args.cpu_load <= 1.0:
         parser.error(f"--cpu-load {args.cpu_load}: expected a share of the CPU in [0, 1]")
+    if not (math.isfinite(args.budget_step) and args.budget_step > 0):
+        parser.error(f"--budget-step {args.budget_step}: expected a factor > 0")
     with tempfile.TemporaryDirectory(prefix="hmt-loop-trace-") as tmp:
         work = Path(tmp)
         if args.synthetic:
@@ -192,24 +208,32 @@ def main() -> None:
         variants = sorted(bundle.spec.variants, key=lambda v: v.latency_ms)
         largest = max(variants, key=lambda v: v.accuracy).arch_id
         smallest = variants[0].arch_id
+        named = {"largest": largest, "smallest": smallest, "middle": variants[(len(variants) - 1) // 2].arch_id}
+        statics = []
+        for want in args.static or ["largest", "smallest"]:
+            if want not in named and want not in {v.arch_id for v in variants}:
+                parser.error(f"--static {want}: expected largest, smallest, middle or one of the bundle's arch ids")
+            statics.append((f"static_{want}" if want in named else f"static {want}", named.get(want, want)))
         idle_p95 = None
         if args.budget_ms is None:
             idle_p95 = calibrate_ms(bundle_path, largest, data, engine=args.engine, rate_hz=args.rate_hz,
                                     clients=args.clients)
         budget_ms = args.budget_ms if args.budget_ms is not None else args.budget_factor * idle_p95
         p = args.phase_s
+        load = f"{args.cpu_load:g}" if args.cpu_load > 0 else ""
         scenario = Scenario.from_text(f"time_s,cpu_load,latency_budget_ms\n0,,{budget_ms:.4f}\n"
-                                      f"{p:g},{args.cpu_load:g},{budget_ms:.4f}\n{2 * p:g},,{budget_ms:.4f}\n")
+                                      f"{p:g},{load},{args.budget_step * budget_ms:.4f}\n{2 * p:g},,{budget_ms:.4f}\n")
         drive = DriveOptions(duration_s=3 * p, clients=args.clients, rate_hz=args.rate_hz, load_mode="burn",
                              client_mode="processes" if args.client_processes else "threads")
         api = REPLAY_API
         report: dict[str, Any] = {"bundle": "synthetic" if args.synthetic else bundle_path.name,
                                   "engine": args.engine, "rate_hz": args.rate_hz, "phase_s": p,
-                                  "budget_ms": budget_ms, "largest_idle_p95_ms": idle_p95,
+                                  "budget_ms": budget_ms, "budget_step": args.budget_step,
+                                  "largest_idle_p95_ms": idle_p95,
                                   "variants": {v.arch_id: {"accuracy": v.accuracy, "latency_ms_profile": v.latency_ms}
                                                for v in variants},
                                   "machine_details": machine_details(), "runs": {}}
-        for name, fixed in (("adaptive", None), ("static_largest", largest), ("static_smallest", smallest)):
+        for name, fixed in [("adaptive", None), *statics]:
             tracer = Tracer() if fixed is None else None
             result = run_scenario(bundle_path, scenario,
                                   SessionOptions(engine=args.engine, fixed_variant=fixed,
@@ -224,10 +248,10 @@ def main() -> None:
             else:
                 rows = windows([], result.records, 0.0, 3 * p, args.window_s)
             report["runs"][name] = {"switches": result.summary["switches"],
-                                    "phases": phase_summary(rows, p),
+                                    "phases": phase_summary(rows, p, middle_phase(args.cpu_load, args.budget_step)),
                                     **({"windows": rows} if tracer is not None else {})}
             busy = report["runs"][name]["phases"][1]
-            print(f"{name}: busy-phase misses {busy['missed']}/{busy['sent']}, switches "
+            print(f"{name}: middle-phase misses {busy['missed']}/{busy['sent']}, switches "
                   f"{result.summary['switches']}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1, default=str) + "\n")
