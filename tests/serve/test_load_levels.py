@@ -210,17 +210,3 @@ def test_where_the_two_bounds_disagree_the_higher_estimate_wins() -> None:
     est.refresh(t)
     latencies, _ = est.latencies(2.0, 1.0)
     assert latencies[ids.index("mid")] == pytest.approx(9.0)
-
-
-def test_a_bigger_variant_scaled_from_idle_is_not_judged_faster_than_a_smaller_one_scaled_from_busy() -> None:
-    """big measured 4 ms idle; small served a busy step at 12 ms (load 1.0). At a level between
-    (load 0.5) neither has samples: big's estimate is scaled from idle (4 x 1.5 = 6 ms) and small's
-    from the step (12 x 1.5 / 2 = 9 ms). Unbounded, big looked faster than small and the loop climbed
-    to it inside the busy phase; bounded by small, big is at least 9 ms (still marked scaled)."""
-    est = estimator()
-    t = run(est, "big", 4.0, 0.0, 0.0)
-    t = run(est, "small", 12.0, 1.0, t) + 2.0  # past max_age_s: small's newest samples are no floor
-    middle = decide(est, 0.5, t)
-    assert middle["small"] == (pytest.approx(9.0), SOURCE_SCALED)
-    assert middle["big"] == (pytest.approx(9.0), SOURCE_SCALED)  # not 6.0
-    assert decide(est, 0.0, t)["big"] == (pytest.approx(4.0), SOURCE_MEASURED)  # its own level: untouched

@@ -12,8 +12,7 @@ estimate has a source:
 The last two are extrapolations, and two bounds hold them to what this load measured:
 
 - :func:`cap_by_slower`: never slower than a variant the profile calls slower, measured here;
-- :func:`bound_by_faster`: never faster than a variant the profile calls faster, measured here or
-  scaled from another level.
+- :func:`bound_by_faster`: never faster than a variant the profile calls faster, measured here.
 
 They are applied in that order, so where they disagree the cautious one (the higher) wins.
 Both walk the variants once in profile order and edit the lists in place: O(variants).
@@ -57,23 +56,16 @@ def cap_by_slower(out: list[float], ratios: list[float], sources: Sequence[str],
 def bound_by_faster(out: list[float], ratios: list[float], sources: Sequence[str],
                     predicted_ms: Sequence[float], by_predicted: Sequence[int], load_scale: float) -> None:
     """A variant judged on an extrapolation (scaled or prior) is never estimated faster than a
-    variant the profile calls faster whose estimate rests on measurements (measured or
-    measured_few at this load, or scaled from another level).
+    variant the profile calls faster that was measured at this load (measured or measured_few).
 
     The load model scales from a calmer level, the measurement says what this load does. Right
     after a load step, the active variant's requests show the step at once while a bigger
     variant's estimate is still scaled from idle; without the bound that bigger variant looked the
-    fastest, and the nothing-feasible fallback moved *up* to it (issue 28). Two scaled estimates
-    are bounded alike: each comes from the level its variant was last measured at, and in a device
-    class at a quarter of a core a dip of the load index moved the decision to a level where the
-    small variant's estimate was scaled from the busy step (35 ms) and the largest's from idle
-    (16 ms): the loop climbed to the largest inside the busy phase and, once there, kept it
-    as the nothing-feasible fallback (its own samples the newest), missing 40 of 48 deadlines.
-    A bigger variant is not faster than a smaller one on the same machine at the same load."""
+    fastest, and the nothing-feasible fallback moved *up* to it (issue 28)."""
     bound = 0.0
     for i in by_predicted:
         source = sources[i]
-        if source != SOURCE_PRIOR and (source != SOURCE_SCALED or out[i] >= bound):
+        if source in (SOURCE_MEASURED, SOURCE_FEW):
             if out[i] > bound:
                 bound = out[i]
         elif out[i] < bound:
