@@ -203,7 +203,7 @@ def main() -> None:
         else:
             if args.bundle is None:
                 parser.error("--bundle or --synthetic")
-            bundle_path, data = args.bundle, export_cifar(work / "cifar.npz")
+            bundle_path, data = args.bundle, None
         bundle = load_bundle(bundle_path)
         variants = sorted(bundle.spec.variants, key=lambda v: v.latency_ms)
         largest = max(variants, key=lambda v: v.accuracy).arch_id
@@ -214,6 +214,8 @@ def main() -> None:
             if want not in named and want not in {v.arch_id for v in variants}:
                 parser.error(f"--static {want}: expected largest, smallest, middle or one of the bundle's arch ids")
             statics.append((f"static_{want}" if want in named else f"static {want}", named.get(want, want)))
+        if not args.synthetic:  # after the options are checked against the bundle
+            data = export_cifar(work / "cifar.npz")
         idle_p95 = None
         if args.budget_ms is None:
             idle_p95 = calibrate_ms(bundle_path, largest, data, engine=args.engine, rate_hz=args.rate_hz,

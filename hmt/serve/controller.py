@@ -81,10 +81,10 @@ class Controller:
         self.engine = engine if engine is not None else self.settings.engine
         self._clock = clock
         self.t0_s = clock()  # the controller's time zero on ``clock``
-        self._init_decision(fixed_variant, clock)
+        self._init_decision(fixed_variant)
         self._init_resources(sampler, loader=loader, blocks=blocks, threads=threads, max_threads=max_threads,
                              warmup_runs=warmup_runs)
-        self._init_loop(on_tick, clock)
+        self._init_loop(on_tick)
         self.adapt: Any = None  # serve --adapt: BN re-estimation off the request path (AdaptService)
         if adapt is not None:
             from hmt.serve.running.adapt import AdaptService
@@ -94,7 +94,7 @@ class Controller:
             # The adapted copy is a gene of the decision (its memory counts), on a device alone as with a peer.
             self.attach_routes(None)
 
-    def _init_decision(self, fixed_variant: str | None, clock: Callable[[], float]) -> None:
+    def _init_decision(self, fixed_variant: str | None) -> None:
         """The optimizer, switcher, estimator and decision path over the bundle's variants."""
         bundle = self.bundle
         config, self.alpha_source = optimizer_config(bundle, self.settings)
@@ -102,7 +102,7 @@ class Controller:
         if fixed_variant is not None:
             self.optimizer.variant(fixed_variant)  # unknown id: UsageError naming it
         self.fixed_variant = fixed_variant
-        self.switcher = Switcher(self.settings.switch, clock=clock)
+        self.switcher = Switcher(self.settings.switch, clock=self._clock)
         self.estimator = estimator_for(bundle, self.optimizer, self.settings)
         # The bundled variants' ids (the pool may also hold serve --adapt's variant).
         self._known_ids = frozenset(v.arch_id for v in self.optimizer.variants)
@@ -137,11 +137,11 @@ class Controller:
         self._active: Runner | None = None
         self.load_scale = 1.0  # (1 + alpha * I) of the last decision
 
-    def _init_loop(self, on_tick: Callable[[TickRecord], None] | None, clock: Callable[[], float]) -> None:
+    def _init_loop(self, on_tick: Callable[[TickRecord], None] | None) -> None:
         """The control thread, its records, the serving overhead and the shadow runs."""
         self.state_lock = threading.Lock()
         self._tick_lock = threading.Lock()
-        self.loop = ControlThread(self.tick, self.shadow_run, self._shadow_wanted, clock=clock,
+        self.loop = ControlThread(self.tick, self.shadow_run, self._shadow_wanted, clock=self._clock,
                                   period_s=self.settings.monitor_period_s,
                                   min_gap_s=self.settings.on_demand_min_interval_s)
         self._on_tick = on_tick
@@ -152,7 +152,7 @@ class Controller:
         # Called with each decision's optimizer + switcher time in seconds (the metrics' histogram).
         self.decision_observers: list[Callable[[float], None]] = []
         self.last_error: str | None = None
-        self.loads = LoadBackoff(self.pool, clock)
+        self.loads = LoadBackoff(self.pool, self._clock)
         # The budget's share no variant can use, per load level of the estimates (ServingOverhead).
         est = self.settings.estimates
         self.overhead = ServingOverhead(mode=self.settings.correction.overhead, memory_s=est.memory_s,

@@ -139,6 +139,8 @@ class _Checkpoint:
         self.done, self.history, self.original_state = done, history, original_state
 
     def __call__(self, net_state: dict[str, torch.Tensor] | None, within: dict[str, Any] | None = None) -> None:
+        if not self.is_main:
+            return
         from hmt.supernet.train.checkpoint import save_checkpoint
 
         state: dict[str, Any] = {"config_fingerprint": self.fingerprint, "phases": self.done,
@@ -147,8 +149,7 @@ class _Checkpoint:
             state["supernet"] = {k: v.detach().cpu() for k, v in net_state.items()}
         if within is not None:
             state["within_phase"] = within
-        if self.is_main:
-            save_checkpoint(self.directory, state)
+        save_checkpoint(self.directory, state)
 
 
 def elastify_supernet(
