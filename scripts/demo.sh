@@ -22,7 +22,8 @@ hmt convert --supernet "$SUPERNET" --pareto "$OUT/pareto" --max-variants 4 --min
 hmt fuse "$OUT/converted" --out "$OUT/fused"
 hmt deploy --fused "$OUT/fused" --pareto "$OUT/pareto" --target x86-64 --out "$OUT/bundle-x86-64"
 # 14 s of the on-device loop on that bundle: a real busy process on one core from 4 s to 11 s,
-# the battery falling, a memory cut at 8 s; requests through the HTTP API, timeline PNG + CSV.
+# the battery falling, a memory cut to 2 MB at 8 s (the largest variant needs 3.5, so a static
+# largest runs over it); requests through the HTTP API, timeline PNG + CSV.
 # --compare replays the same scenario once per variant served alone and prints, per phase, the
 # adaptive run beside the best static choice in hindsight (the oracle) and the static largest.
 hmt serve "$OUT/bundle-x86-64" --port 0 --scenario scripts/demo_scenario.csv --load burn --compare \

@@ -5,7 +5,7 @@ per core, spinning). serve runs ``--workers`` requests at once beside the device
 default it cuts each variant's threads to its share (the cores it may use / the requests it runs
 at once; :func:`hmt.runtime.variant.within_share`). This driver replays the demo's scenario
 (``scripts/demo_scenario.csv``: idle, half of the CPU busy (one burner process flat out on this
-2-core host), the same with the memory budget cut below every variant, idle again; CIFAR-10 test
+2-core host), the same with the memory budget cut to 2 MB (below the largest variant), idle again; CIFAR-10 test
 images through the HTTP API, 4 clients at 100 requests/s) with ``--compare`` (every variant
 alone, then the adaptive loop) in two arms, alternated repetition by repetition in one run:
 ``share`` (serve's default) and ``fuse`` (fuse's threads uncut,

@@ -137,3 +137,28 @@ def test_stopping_a_squeeze_that_never_started_is_safe() -> None:
 
     squeeze = MemorySqueeze()
     squeeze.stop()  # never started: not joined, no "can only join a started process"
+
+
+@pytest.mark.slow
+def test_a_memory_cut_is_met_by_the_loop_and_not_by_the_static_largest(tmp_path: Path) -> None:
+    """serve --scenario --compare in process: a memory budget between the two variants' footprints; the
+    static largest answers from a variant over it (over budget in that phase), the adaptive run
+    serves the one that fits, and the summary counts the phases each met."""
+    from hmt.serve.running.compare import replay_compare
+    from hmt.serve.running.scenario import DriveOptions
+    from hmt.serve.running.session import SessionOptions
+
+    variants = (VariantDef("big", 0.92, 2.0, 2.0), VariantDef("small", 0.80, 1.0, 1.0))
+    bundle = make_bundle(tmp_path / "b", variants)
+    memory_mb = {v.arch_id: float(v.memory_mb) for v in load_bundle(bundle).spec.variants}
+    cut_mb = (memory_mb["big"] + memory_mb["small"]) / 2
+    scenario = Scenario.from_text(f"time_s,memory_budget_mb,latency_budget_ms\n0,,1000\n1.0,{cut_mb},1000\n")
+    comparison = replay_compare(bundle, scenario, SessionOptions(), DriveOptions(duration_s=2.0, clients=1,
+                                                                                 rate_hz=40.0),
+                                api=None, server=None)
+    free, cut = comparison.phases
+    assert free["memory_budget_mb"] is None and cut["memory_budget_mb"] == cut_mb
+    assert free["budgets_met"] == {"adaptive": True, "oracle": True, "static_largest": True}
+    assert cut["oracle_variant"] == "small" and not cut["budgets_met"]["static_largest"]
+    assert cut["adaptive"]["variants"].get("small", 0) > cut["adaptive"]["variants"].get("big", 0)
+    assert comparison.summary()["phases_budgets_met"]["static_largest"] == 1

@@ -124,3 +124,31 @@ def test_a_low_battery_phase_is_judged_by_the_loops_objective() -> None:
     assert [r["tracks_oracle"] for r in rows] == [False, True, False]
     ticks = [SimpleNamespace(time_s=t, mu=m) for t, m in [(1.0, 0.9), (6.0, 0.4), (7.0, 0.2), (8.0, 0.2)]]
     assert phase_mu(ticks, bounds) == [0.9, 0.2, None]
+
+
+def test_budgets_met_counts_misses_and_answers_over_the_memory_budget() -> None:
+    """A phase is met with at most 5% of deadlines missed and at most 5% of answers from a variant over
+    the phase's memory budget: the static largest ignoring a memory cut fails it where the adaptive run,
+    switched to a variant that fits, meets it; where nothing fits, the least-memory variant counts as within."""
+    from hmt.serve.reporting.oracle import meets_budgets, over_memory_share
+
+    bounds = phase_bounds([0.0, 5.0, 10.0], 15.0)
+    static = {v: phase_scores(records(v, {}), bounds, ACCURACY) for v in ACCURACY}
+    memory = {"big": 3.5, "mid": 1.0, "small": 0.5}
+    # The adaptive run: big in phase 0, mid from phase 1 on, but 10 of phase 1's answers still from big.
+    mixed = records("big", {})[:100] + records("mid", {})[100:]
+    for j in range(100, 110):
+        mixed[j] = records("big", {})[j]
+    adaptive = phase_scores(mixed, bounds, ACCURACY)
+    assert over_memory_share(adaptive[1], memory, 2.0) == 0.1
+    assert not meets_budgets(adaptive[1], memory, 2.0)
+    assert meets_budgets(adaptive[2], memory, 2.0) and not meets_budgets(static["big"][2], memory, 2.0)
+    assert meets_budgets(static["big"][0], memory, None)  # no memory budget
+    assert meets_budgets(static["small"][2], memory, 0.1)  # nothing fits: least memory is within
+    assert not meets_budgets(static["mid"][2], memory, 0.1)
+    missing = phase_scores(records("mid", {2: 10}), bounds, ACCURACY)  # 10% of phase 2 missed
+    assert not meets_budgets(missing[2], memory, None) and meets_budgets(missing[1], memory, None)
+    rows = compare(adaptive, static, ACCURACY, largest="big", memory_mb=memory, phase_memory_mb=[None, 2.0, 2.0])
+    assert [r["budgets_met"]["static_largest"] for r in rows] == [True, False, False]
+    assert [r["budgets_met"]["adaptive"] for r in rows] == [True, False, True]
+    assert [r["budgets_met"]["oracle"] for r in rows] == [True, True, True]

@@ -22,6 +22,11 @@ and once adaptively. Per phase of the scenario (the interval between two of its 
 
 The adaptive run *tracks* the oracle in a phase when its miss share is at most the oracle's plus
 ``miss_slack`` and its table accuracy at least the oracle's less ``accuracy_slack``.
+
+A run *meets the budgets* of a phase when it missed at most ``max_miss_share`` of the phase's
+deadlines and answered at most that share of its requests with a variant over the phase's memory
+budget (where no variant fits, the one of least memory counts as within it: serve can do no
+better). The static largest ignores a memory budget; the adaptive loop does not.
 """
 
 from __future__ import annotations
@@ -89,6 +94,24 @@ def phase_scores(records: Sequence[RequestRecord], bounds: Sequence[tuple[float,
     return out
 
 
+def over_memory_share(score: PhaseScore, memory_mb: Mapping[str, float] | None, limit_mb: float | None) -> float:
+    """The share of a run's answers in a phase given by a variant over the phase's memory budget
+    ``limit_mb`` (None: no budget, 0.0). Where no variant of ``memory_mb`` fits, the one(s) of least
+    memory count as within it; a variant without a footprint in ``memory_mb`` is not counted."""
+    answered = sum(score.variants.values())
+    if memory_mb is None or limit_mb is None or not answered:
+        return 0.0
+    allowed = set(_within_memory(list(memory_mb), memory_mb, limit_mb))
+    return sum(n for v, n in score.variants.items() if v in memory_mb and v not in allowed) / answered
+
+
+def meets_budgets(score: PhaseScore, memory_mb: Mapping[str, float] | None, limit_mb: float | None,
+                  max_miss_share: float = MAX_MISS_SHARE) -> bool:
+    """Whether a run met a phase's budgets (see the module docstring)."""
+    return (score.miss_share is not None and score.miss_share <= max_miss_share
+            and over_memory_share(score, memory_mb, limit_mb) <= max_miss_share)
+
+
 def _within_memory(names: Sequence[str], memory_mb: Mapping[str, float] | None, limit_mb: float | None) -> list[str]:
     """The variants within ``limit_mb``; none fits: the variant(s) of least memory."""
     if memory_mb is None or limit_mb is None:
@@ -140,8 +163,11 @@ def compare(adaptive: Sequence[PhaseScore], static: Mapping[str, Sequence[PhaseS
                    and mine.miss_share <= oracle_run.miss_share + miss_slack)
         acc_ok = (mine.table_accuracy is not None and oracle_run.table_accuracy is not None
                   and mine.table_accuracy >= oracle_run.table_accuracy - accuracy_slack)
+        limit = phase_memory_mb[k] if phase_memory_mb else None
+        met = {name: meets_budgets(run, memory_mb, limit, max_miss_share)
+               for name, run in (("adaptive", mine), ("oracle", oracle_run), ("static_largest", static[largest][k]))}
         rows.append({"start_s": mine.start_s, "stop_s": mine.stop_s, "oracle_variant": best,
-                     "memory_budget_mb": phase_memory_mb[k] if phase_memory_mb else None,
+                     "memory_budget_mb": limit, "budgets_met": met,
                      "mu": mu[k] if mu else None,
                      "oracle_by": "eq. 3" if ranking and ranking[k] else "accuracy",
                      "adaptive": asdict(mine), "oracle": asdict(oracle_run),

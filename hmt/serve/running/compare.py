@@ -55,6 +55,8 @@ class Comparison:
         out["adaptive"].update(switches=adaptive["switches"], decision_us=adaptive["decision_us"],
                                first_clean_window_s_max=adaptive["first_clean_window_s_max"])
         out["phases_tracked"] = sum(bool(p["tracks_oracle"]) for p in self.phases)
+        out["phases_budgets_met"] = {key: sum(bool(p["budgets_met"][key]) for p in self.phases)
+                                     for key in ("adaptive", "oracle", "static_largest")}
         out["phases"] = len(self.phases)
         return out
 
