@@ -215,3 +215,25 @@ def test_timeout_parameter_and_queue_slots(server: ApiServer) -> None:
             break
         time.sleep(0.05)
     assert status == 200 and doc["queue"]["admitted"] == 0 and doc["queue"]["deadline_expired"] >= 1
+
+
+def test_kserve_client_request_keys(server: ApiServer) -> None:
+    """KServe's Python client (InferenceRESTClient, via InferRequest.to_rest) writes ``model_name``
+    into every request body, JSON or binary; the path names the model, so it is accepted, not refused."""
+    tensor = as_tensor(pixels(4))
+    data = {"name": "input", "shape": list(tensor.shape), "datatype": "FP32", "data": tensor.reshape(-1).tolist()}
+    body = json.dumps({"id": "7f0c-kserve", "model_name": MODEL, "inputs": [data]}).encode()
+    status, doc = raw(server, "POST", f"/v2/models/{MODEL}/infer", body, {**AUTH, "content-type": "application/json"})
+    assert status == 200 and doc["id"] == "7f0c-kserve" and doc["model_name"] == MODEL, doc
+    reference = v1(server, npy_bytes(tensor), "application/x-npy")
+    assert {o["name"]: o["data"] for o in doc["outputs"]}["class"] == [reference["class"]]
+    header = json.dumps({"id": "k2", "model_name": None, "inputs": [{
+        "name": "input", "shape": list(tensor.shape), "datatype": "FP32",
+        "parameters": {"binary_data_size": tensor.nbytes}}]}).encode()
+    status, doc = raw(server, "POST", f"/v2/models/{MODEL}/infer", header + tensor.tobytes(),
+                      {**AUTH, "content-type": "application/octet-stream",
+                       "Inference-Header-Content-Length": str(len(header))})
+    assert status == 200 and doc["id"] == "k2", doc
+    status, doc = raw(server, "POST", f"/v2/models/{MODEL}/infer",
+                      json.dumps({"model_name": 5, "inputs": [data]}).encode(), {**AUTH})
+    assert status == 400 and "model_name" in doc["error"], doc

@@ -243,13 +243,19 @@ def _outputs(value: Any) -> list[RequestedOutput] | None:
 
 
 REQUEST_PARAMETERS = ("binary_data_output", "top_k", "timeout")
+# Keys beside the protocol's own that clients write into a request (KServe's Python client,
+# InferRequest.to_rest, puts model_name in every one); the path names the model, so they are not read.
+NAMED_BY_PATH = ("model_name", "model_version")
 
 
 def parse_request(body: bytes, header_length: str | None) -> InferRequest:
     doc, rest = _load_header(body, header_length)
-    unknown = sorted(set(doc) - {"id", "inputs", "outputs", "parameters"})
+    unknown = sorted(set(doc) - {"id", "inputs", "outputs", "parameters", *NAMED_BY_PATH})
     if unknown:
         raise ApiError(400, "bad_json", f"unknown key(s) {[u[:40] for u in unknown][:5]} in the request")
+    for key in NAMED_BY_PATH:
+        if doc.get(key) is not None and not isinstance(doc[key], str):
+            raise ApiError(400, "bad_json", f"{key} must be a string")
     params = _params(doc.get("parameters"), "request", REQUEST_PARAMETERS)
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
