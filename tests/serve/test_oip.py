@@ -4,6 +4,7 @@ against a live server (real uvicorn, real sockets); its answers equal /v1's for 
 from __future__ import annotations
 
 import base64
+import gzip
 import http.client
 import json
 import time
@@ -237,3 +238,28 @@ def test_kserve_client_request_keys(server: ApiServer) -> None:
     status, doc = raw(server, "POST", f"/v2/models/{MODEL}/infer",
                       json.dumps({"model_name": 5, "inputs": [data]}).encode(), {**AUTH})
     assert status == 400 and "model_name" in doc["error"], doc
+
+
+def test_compressed_requests(server: ApiServer, triton: httpclient.InferenceServerClient) -> None:
+    """tritonclient's ``request_compression_algorithm`` sends the body gzip- or zlib-compressed
+    (``Content-Encoding: gzip`` / ``deflate``, the JSON header's length counted before compression);
+    each gives the uncompressed answer, and an inflated body is held to the body bound."""
+    batch = np.concatenate([as_tensor(pixels(20 + s)) for s in range(2)])
+    x = httpclient.InferInput("input", list(batch.shape), "FP32")
+    x.set_data_from_numpy(batch)
+    plain = triton.infer(MODEL, [x], headers=auth()).as_numpy("class").tolist()
+    for algorithm in ("gzip", "deflate"):
+        result = triton.infer(MODEL, [x], headers=auth(), request_compression_algorithm=algorithm)
+        assert result.as_numpy("class").tolist() == plain
+    y = httpclient.InferInput("input", list(batch.shape), "FP32")
+    y.set_data_from_numpy(batch, binary_data=False)
+    assert triton.infer(MODEL, [y], headers=auth(), request_compression_algorithm="gzip",
+                        ).as_numpy("class").tolist() == plain
+    bomb = gzip.compress(b" " * (4 << 20))  # 4 MiB of JSON whitespace in a few KiB
+    status, doc = raw(server, "POST", f"/v2/models/{MODEL}/infer", bomb, {**AUTH, "content-encoding": "gzip"})
+    assert status == 413 and "inflates" in doc["error"], doc
+    status, doc = raw(server, "POST", f"/v2/models/{MODEL}/infer", b"\x1f\x8b not gzip", {
+        **AUTH, "content-encoding": "gzip"})
+    assert status == 400 and "gzip" in doc["error"], doc
+    status, doc = raw(server, "POST", f"/v2/models/{MODEL}/infer", b"{}", {**AUTH, "content-encoding": "br"})
+    assert status == 415 and "gzip" in doc["error"], doc

@@ -284,7 +284,8 @@ class _Endpoints:
         """What the /v2 routes share with these."""
         return OipContext(
             self.controller, self.inputs, model_name, self.draining, self.opts.deadline_ms,
-            read_body=lambda request: read_body(request, self.body_limit), submit=self.submit,
+            read_body=lambda request: read_body(request, self.body_limit), body_limit=self.body_limit,
+            submit=self.submit,
             deadline_header=lambda request: _header_ms(request, DEADLINE_HEADER, "bad_deadline"),
             first_byte_s=lambda request: float(request.scope["extensions"][FIRST_BYTE_KEY]),
             internal_error=incident_message)

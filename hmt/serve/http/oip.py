@@ -21,7 +21,8 @@ request parameter ``top_k: k`` also ``top_k_classes`` (INT64 [N, k]) and ``top_k
 **Errors** are the protocol's ``{"error": "<message>"}`` with the same statuses as ``/v1`` (the
 token, body bound, queue, deadline and typed refusals are the same code). Request parameter
 ``timeout`` (microseconds, as Triton clients send it) or header ``X-Deadline-Ms`` may lower the
-deadline.
+deadline. A request body may be compressed (``Content-Encoding: gzip`` or ``deflate``, as
+tritonclient's ``request_compression_algorithm`` sends it); inflated, it is held to the same bound.
 """
 
 from __future__ import annotations
@@ -41,7 +42,16 @@ from starlette.routing import Route
 from hmt import __version__
 from hmt.serve.http.answers import class_name, parse_top_k, probabilities_of, top_k_of
 from hmt.serve.http.inputs import ApiError, InputSpec, as_items, decode_array, decode_encoded
-from hmt.serve.http.oip_tensors import BYTES, HEADER_LENGTH, InferRequest, datatype_of, parse_request, response_body
+from hmt.serve.http.oip_tensors import (
+    BYTES,
+    CONTENT_ENCODINGS,
+    HEADER_LENGTH,
+    InferRequest,
+    datatype_of,
+    decode_content,
+    parse_request,
+    response_body,
+)
 from hmt.serve.reporting.records import Prediction
 
 PREFIX = "/v2"
@@ -77,6 +87,7 @@ class OipContext:
     draining: threading.Event
     deadline_ms: float
     read_body: Callable[[Request], Awaitable[bytes]]
+    body_limit: int  # bytes of a body, also once its Content-Encoding is undone
     # (prepare, first_byte_s, deadline_ms, received_s, heavy=, tightened_ms=): admission, decoding off
     # the event loop, inference (hmt.serve.http.service.InferenceService.submit)
     submit: Callable[..., Awaitable[list[Prediction]]]
@@ -283,9 +294,10 @@ class _Endpoints:
         first_byte_s = ctx.first_byte_s(request)
         self.check_ready()
         encoding = request.headers.get("content-encoding", "identity").strip().lower()
-        if encoding != "identity":
+        if encoding not in CONTENT_ENCODINGS:
             raise ApiError(415, "unsupported_encoding", f"Content-Encoding {encoding[:20]!r} is not accepted; send "
-                                                        "the request uncompressed")
+                                                        f"the request as one of {sorted(CONTENT_ENCODINGS)}",
+                           headers={"Accept-Encoding": ", ".join(sorted(CONTENT_ENCODINGS))})
         body = await ctx.read_body(request)
         received_s = time.monotonic()
         if not body:
@@ -295,7 +307,7 @@ class _Endpoints:
         parsed_once: list[tuple[InferRequest, float | None]] = []
 
         def prepare() -> list[np.ndarray]:  # in the decoding lane, admitted to the queue first
-            parsed = parse_request(body, header_length)
+            parsed = parse_request(decode_content(body, encoding, ctx.body_limit), header_length)
             parsed_once.append((parsed, _timeout_ms(parsed)))
             return as_items(_batch_of(parsed, ctx), ctx.inputs)
 

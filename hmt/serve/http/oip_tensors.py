@@ -18,6 +18,7 @@ import binascii
 import json
 import math
 import struct
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +67,30 @@ class InferRequest:
 
 def _reject_constant(name: str) -> float:
     raise ApiError(400, "non_finite", f"the request contains {name}; only finite numbers are accepted")
+
+
+# Content-Encoding of a request body (what tritonclient's request_compression_algorithm sends:
+# gzip.compress, or zlib.compress for "deflate", RFC 9110 8.4.1) -> zlib's wbits for it.
+CONTENT_ENCODINGS = {"identity": 0, "gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS,
+                     "deflate": zlib.MAX_WBITS}
+
+
+def decode_content(body: bytes, encoding: str, limit: int) -> bytes:
+    """``body`` without its Content-Encoding (one of :data:`CONTENT_ENCODINGS`), refused with 413 as
+    soon as it would grow past ``limit`` bytes: a small compressed body cannot become a large one."""
+    wbits = CONTENT_ENCODINGS[encoding]
+    if not wbits:
+        return body
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(body, limit + 1)
+        if len(out) > limit or inflater.unconsumed_tail:
+            raise ApiError(413, "body_too_large", f"the {encoding} body inflates past the limit of {limit} bytes")
+        if not inflater.eof or inflater.unused_data:
+            raise ApiError(400, "bad_encoding", f"the body is not one complete {encoding} stream")
+    except zlib.error as exc:
+        raise ApiError(400, "bad_encoding", f"the body is not valid {encoding} data ({exc})") from None
+    return out
 
 
 def _load_header(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
