@@ -263,3 +263,24 @@ def test_compressed_requests(server: ApiServer, triton: httpclient.InferenceServ
     assert status == 400 and "gzip" in doc["error"], doc
     status, doc = raw(server, "POST", f"/v2/models/{MODEL}/infer", b"{}", {**AUTH, "content-encoding": "br"})
     assert status == 415 and "gzip" in doc["error"], doc
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_every_listed_output_can_be_asked_for(triton: httpclient.InferenceServerClient, binary: bool) -> None:
+    """A generic client asks for every output the metadata lists (PyTriton's ModelClient asks for
+    every configured one): each comes back with the listed datatype and a shape the listed one
+    allows, the top-k outputs included (k = 5 at most, without the request parameter top_k)."""
+    meta = triton.get_model_metadata(MODEL, headers=auth())
+    batch = np.concatenate([as_tensor(pixels(30 + s)) for s in range(2)])
+    x = httpclient.InferInput("input", list(batch.shape), "FP32")
+    x.set_data_from_numpy(batch, binary_data=binary)
+    asked = [httpclient.InferRequestedOutput(o["name"], binary_data=binary) for o in meta["outputs"]]
+    result = triton.infer(MODEL, [x], outputs=asked, headers=auth())
+    for listed in meta["outputs"]:
+        got = result.get_output(listed["name"])
+        assert got is not None and got["datatype"] == listed["datatype"], listed
+        assert got["shape"][0] == 2
+        assert all(want in (-1, have) for want, have in zip(listed["shape"], got["shape"], strict=True)), (listed, got)
+    classes = result.as_numpy("top_k_classes")
+    assert classes.shape == (2, 4)  # min(5, the bundle's 4 classes)
+    assert classes[:, 0].tolist() == result.as_numpy("class").tolist()

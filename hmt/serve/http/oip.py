@@ -16,7 +16,8 @@ uint8 pixels per element, also through the preprocessing. **Outputs**: ``class``
 when the bundle names its classes); on request ``probabilities`` (FP32 [N, C], or with the
 output parameter ``classification: k`` Triton's BYTES [N, k] of ``"p:index[:name]"``), and with the
 request parameter ``top_k: k`` also ``top_k_classes`` (INT64 [N, k]) and ``top_k_probabilities``
-(FP32 [N, k]). Unknown parameters, inputs and outputs are refused.
+(FP32 [N, k]); named without the parameter, k is 5 (at most the classes). Unknown parameters,
+inputs and outputs are refused.
 
 **Errors** are the protocol's ``{"error": "<message>"}`` with the same statuses as ``/v1`` (the
 token, body bound, queue, deadline and typed refusals are the same code). Request parameter
@@ -58,6 +59,7 @@ PREFIX = "/v2"
 IMAGE_INPUT = "image"
 VERSION = "1"
 EXTENSIONS = ("binary_tensor_data", "classification")
+DEFAULT_TOP_K = 5  # k of a top-k output named without the request parameter top_k
 _MODEL_PATH = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?(/ready|/infer)?$")
 
 
@@ -185,7 +187,9 @@ def _outputs(parsed: InferRequest, results: Sequence[Prediction], ctx: OipContex
     spec = ctx.controller.bundle.spec
     names = spec.class_names
     top_k = parsed.parameters.get("top_k")
-    k = None if top_k is None else parse_top_k(top_k, spec.classes, "parameter top_k")
+    # The metadata lists the top-k outputs, so a client may name them without the parameter
+    # (clients that ask for every listed output): then k is DEFAULT_TOP_K.
+    k = min(DEFAULT_TOP_K, spec.classes) if top_k is None else parse_top_k(top_k, spec.classes, "parameter top_k")
 
     def words(values: Sequence[str | None]) -> np.ndarray:
         return np.array([(v or "").encode() for v in values], dtype=object)
@@ -210,18 +214,16 @@ def _outputs(parsed: InferRequest, results: Sequence[Prediction], ctx: OipContex
     }
     if names:
         available["class_name"] = (BYTES, lambda: words([class_name(names, p.class_index) for p in results]))
-    if k is not None:
-        available["top_k_classes"] = ("INT64", lambda: np.stack([top_k_of(r, k) for r in probabilities()]))
-        available["top_k_probabilities"] = ("FP32", lambda: np.stack([np.sort(r)[::-1][:k] for r in probabilities()]))
+    available["top_k_classes"] = ("INT64", lambda: np.stack([top_k_of(r, k) for r in probabilities()]))
+    available["top_k_probabilities"] = ("FP32", lambda: np.stack([np.sort(r)[::-1][:k] for r in probabilities()]))
     if parsed.outputs is None:
         default = ["class", "confidence", "exit", "variant", *(["class_name"] if names else []),
-                   *(["top_k_classes", "top_k_probabilities"] if k is not None else [])]
+                   *(["top_k_classes", "top_k_probabilities"] if top_k is not None else [])]
         return [(n, available[n][0], available[n][1](), parsed.binary_output) for n in default]
     tensors = []
     for out in parsed.outputs:
         if out.name not in available:
-            hint = " (ask with the request parameter top_k)" if out.name.startswith("top_k") else ""
-            raise ApiError(400, "unknown_output", f"unknown output {out.name[:40]!r}{hint}; this model has "
+            raise ApiError(400, "unknown_output", f"unknown output {out.name[:40]!r}; this model has "
                                                   f"{sorted(available)}")
         binary = out.binary or parsed.binary_output
         if out.classification is not None:
