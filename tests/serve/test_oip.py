@@ -284,3 +284,30 @@ def test_every_listed_output_can_be_asked_for(triton: httpclient.InferenceServer
     classes = result.as_numpy("top_k_classes")
     assert classes.shape == (2, 4)  # min(5, the bundle's 4 classes)
     assert classes[:, 0].tolist() == result.as_numpy("class").tolist()
+
+
+def test_model_configuration(server: ApiServer, triton: httpclient.InferenceServerClient) -> None:
+    """Triton's model configuration extension (``get_model_config``): what Triton's examples and
+    PyTriton's ModelClient read before inferring (max_batch_size, input and output: TYPE_ data
+    types, non-empty dims without the batch axis); they agree with the metadata."""
+    assert "model_configuration" in triton.get_server_metadata(headers=auth())["extensions"]
+    config = triton.get_model_config(MODEL, headers=auth())
+    assert config == triton.get_model_config(MODEL, "1", headers=auth())
+    assert config["name"] == MODEL and config["max_batch_size"] == 8
+    meta = triton.get_model_metadata(MODEL, headers=auth())
+    for kind, listed in (("input", meta["inputs"]), ("output", meta["outputs"])):
+        assert [t["name"] for t in config[kind]] == [t["name"] for t in listed]
+        for tensor, described in zip(config[kind], listed, strict=True):
+            prefix, datatype = tensor["data_type"].split("_")
+            assert prefix == "TYPE" and datatype == {"BYTES": "STRING"}.get(described["datatype"],
+                                                                            described["datatype"])
+            assert tensor["dims"] and all(type(d) is int for d in tensor["dims"])
+            assert described["shape"][1:] == tensor.get("reshape", {"shape": tensor["dims"]})["shape"]
+    inputs = {t["name"]: t for t in config["input"]}
+    assert inputs["input"]["dims"] == [3, 8, 8] and inputs["input"]["format"] == "FORMAT_NCHW"
+    assert inputs["image"]["dims"] == [1] and inputs["image"]["reshape"] == {"shape": []}
+    assert all(t["optional"] for t in config["input"])  # one of them per request
+    assert {t["name"]: t["dims"] for t in config["output"]}["probabilities"] == [4]
+    assert config["parameters"]["running_variant"] == {"string_value": "v"}
+    with pytest.raises(InferenceServerException, match="unknown model"):
+        triton.get_model_config("missing", headers=auth())

@@ -2,10 +2,12 @@
 
 Routes (one model: the bundle; its one version ``1``)::
 
-    GET  /v2                                       server metadata (extensions: binary_tensor_data, classification)
+    GET  /v2                                       server metadata (extensions: binary_tensor_data, classification,
+                                                   model_configuration)
     GET  /v2/health/live | /v2/health/ready        200 or 503
     GET  /v2/models/{model}[/versions/1]           model metadata
     GET  /v2/models/{model}[/versions/1]/ready     200 or 503
+    GET  /v2/models/{model}[/versions/1]/config    Triton's model configuration (max_batch_size, input, output)
     POST /v2/models/{model}[/versions/1]/infer     inference (JSON, or the binary-data extension)
 
 **Inputs.** One input per request: the bundle's tensor under its own name (its datatype, shape
@@ -58,9 +60,9 @@ from hmt.serve.reporting.records import Prediction
 PREFIX = "/v2"
 IMAGE_INPUT = "image"
 VERSION = "1"
-EXTENSIONS = ("binary_tensor_data", "classification")
+EXTENSIONS = ("binary_tensor_data", "classification", "model_configuration")
 DEFAULT_TOP_K = 5  # k of a top-k output named without the request parameter top_k
-_MODEL_PATH = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?(/ready|/infer)?$")
+_MODEL_PATH = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?(/ready|/infer|/config)?$")
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -135,6 +137,39 @@ def model_metadata(ctx: OipContext) -> dict[str, Any]:
             "one_input_of": ",".join(names),
             "default_outputs": "class,confidence,exit,variant" + (",class_name" if spec.class_names else ""),
         },
+    }
+
+
+def _config_tensor(meta: dict[str, Any], batched: bool) -> dict[str, Any]:
+    """One metadata tensor as Triton's ModelInput/ModelOutput (model_config.proto): ``dims`` without
+    the batch axis when the model batches; a scalar per item is ``dims [1]`` reshaped to ``[]``."""
+    dims = list(meta["shape"][1:] if batched else meta["shape"])
+    data_type = "TYPE_STRING" if meta["datatype"] == BYTES else f"TYPE_{meta['datatype']}"
+    tensor: dict[str, Any] = {"name": meta["name"], "data_type": data_type, "dims": dims or [1]}
+    if not dims:
+        tensor["reshape"] = {"shape": []}
+    return tensor
+
+
+def model_config(ctx: OipContext) -> dict[str, Any]:
+    """Triton's model configuration extension: the ModelConfig message as JSON (what
+    ``get_model_config`` returns; PyTriton's client and Triton's examples read ``max_batch_size``,
+    ``input`` and ``output`` from it). Every input is optional: a request sends one of them."""
+    spec = ctx.inputs
+    batched = spec.batchable
+    inputs = []
+    for meta in _tensor_meta(ctx):
+        tensor = {**_config_tensor(meta, batched), "optional": True}
+        if meta["name"] == spec.tensor.name and spec.preprocess is not None and len(tensor["dims"]) == 3:
+            tensor["format"] = f"FORMAT_{spec.preprocess.layout}"
+        inputs.append(tensor)
+    metadata = model_metadata(ctx)
+    return {
+        "name": ctx.model_name, "platform": metadata["platform"], "backend": "hmt",
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": spec.max_batch if batched else 0,
+        "input": inputs, "output": [_config_tensor(meta, batched) for meta in _output_meta(ctx)],
+        "parameters": {key: {"string_value": str(value)} for key, value in metadata["parameters"].items()},
     }
 
 
@@ -285,6 +320,10 @@ class _Endpoints:
         self.check_model(request)
         return JSONResponse(model_metadata(self.ctx))
 
+    async def config(self, request: Request) -> Response:
+        self.check_model(request)
+        return JSONResponse(model_config(self.ctx))
+
     async def model_ready(self, request: Request) -> Response:
         self.check_model(request)
         self.check_ready()
@@ -339,5 +378,6 @@ def oip_routes(ctx: OipContext) -> list[Route]:
     for base in (f"{PREFIX}/models/{{model}}", f"{PREFIX}/models/{{model}}/versions/{{version}}"):
         routes += [route(base, ends.metadata, "GET"),
                    route(f"{base}/ready", ends.model_ready, "GET"),
+                   route(f"{base}/config", ends.config, "GET"),
                    route(f"{base}/infer", ends.infer, "POST")]
     return routes
