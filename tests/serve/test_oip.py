@@ -311,3 +311,39 @@ def test_model_configuration(server: ApiServer, triton: httpclient.InferenceServ
     assert config["parameters"]["running_variant"] == {"string_value": "v"}
     with pytest.raises(InferenceServerException, match="unknown model"):
         triton.get_model_config("missing", headers=auth())
+
+
+def test_inference_statistics(server: ApiServer, triton: httpclient.InferenceServerClient) -> None:
+    """Triton's statistics extension (``get_inference_statistics``, with and without a model): the
+    counts move with each answered and each failed inference, on either protocol."""
+    assert "statistics" in triton.get_server_metadata(headers=auth())["extensions"]
+
+    def stat() -> dict:  # type: ignore[type-arg]
+        doc = triton.get_inference_statistics(MODEL, headers=auth())
+        assert doc == triton.get_inference_statistics(MODEL, "1", headers=auth())
+        assert [s["name"] for s in triton.get_inference_statistics(headers=auth())["model_stats"]] == [MODEL]
+        (only,) = doc["model_stats"]
+        return only  # type: ignore[no-any-return]
+
+    before = stat()
+    assert before["version"] == "1"
+    batch = np.concatenate([as_tensor(pixels(40 + s)) for s in range(3)])
+    x = httpclient.InferInput("input", list(batch.shape), "FP32")
+    x.set_data_from_numpy(batch)
+    triton.infer(MODEL, [x], headers=auth())
+    v1(server, npy_bytes(batch[:1]), "application/x-npy")
+    bad = httpclient.InferInput("input", [1, 3, 8, 8], "FP32")
+    bad.set_data_from_numpy(np.full((1, 3, 8, 8), 3e38, np.float32))  # finite, but no finite answer: 422
+    with pytest.raises(InferenceServerException):
+        triton.infer(MODEL, [bad], headers=auth())
+    after = stat()
+    assert after["inference_count"] - before["inference_count"] == 4
+    assert after["execution_count"] == after["inference_count"]
+    stats, was = after["inference_stats"], before["inference_stats"]
+    assert stats["success"]["count"] - was["success"]["count"] == 2
+    assert stats["success"]["ns"] > was["success"]["ns"]
+    assert stats["fail"]["count"] - was["fail"]["count"] == 1
+    assert stats["compute_infer"]["count"] == after["inference_count"] and stats["compute_infer"]["ns"] > 0
+    assert abs(after["last_inference"] / 1e3 - time.time()) < 60
+    with pytest.raises(InferenceServerException, match="unknown model"):
+        triton.get_inference_statistics("missing", headers=auth())

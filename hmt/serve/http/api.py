@@ -81,6 +81,7 @@ from hmt.serve.http.oip import error_response as v2_error_response
 from hmt.serve.http.service import ApiOptions, InferenceService, Prepare
 from hmt.serve.reporting.exposition import openapi_document
 from hmt.serve.reporting.http_metrics import LatencyWindow
+from hmt.serve.reporting.inference_stats import InferenceStats
 from hmt.serve.reporting.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from hmt.serve.reporting.metrics import ServeMetrics
 
@@ -185,6 +186,7 @@ class _Endpoints:
         self.spans = LatencyWindow()
         self.client_latency = LatencyWindow()
         self.reports = ClientReports()  # which X-HMT-Client-Latency-Ms values are plausible
+        self.inference_stats = InferenceStats()  # /v2's statistics extension
         self.observe = getattr(controller, "observe_request", None)
         self.metrics_registry = ServeMetrics(controller, http_counts=self.counts, queue=self.queue_state,
                                              client_reports=self.reports)
@@ -202,7 +204,12 @@ class _Endpoints:
 
     async def submit(self, prepare: Prepare, first_byte_s: float, deadline_ms: float, received_s: float | None = None,
                      heavy: bool = False, tightened_ms: Callable[[], float | None] | None = None) -> list[Prediction]:
-        results = await self.service.submit(prepare, first_byte_s, deadline_ms, received_s, heavy, tightened_ms)
+        try:
+            results = await self.service.submit(prepare, first_byte_s, deadline_ms, received_s, heavy, tightened_ms)
+        except Exception:
+            self.inference_stats.failed(time.monotonic() - first_byte_s)
+            raise
+        self.inference_stats.answered(results, time.monotonic() - first_byte_s)
         self.metrics_registry.observe_predictions(results)
         return results
 
@@ -285,7 +292,7 @@ class _Endpoints:
         return OipContext(
             self.controller, self.inputs, model_name, self.draining, self.opts.deadline_ms,
             read_body=lambda request: read_body(request, self.body_limit), body_limit=self.body_limit,
-            submit=self.submit,
+            submit=self.submit, stats=self.inference_stats,
             deadline_header=lambda request: _header_ms(request, DEADLINE_HEADER, "bad_deadline"),
             first_byte_s=lambda request: float(request.scope["extensions"][FIRST_BYTE_KEY]),
             internal_error=incident_message)

@@ -3,11 +3,12 @@
 Routes (one model: the bundle; its one version ``1``)::
 
     GET  /v2                                       server metadata (extensions: binary_tensor_data, classification,
-                                                   model_configuration)
+                                                   model_configuration, statistics)
     GET  /v2/health/live | /v2/health/ready        200 or 503
     GET  /v2/models/{model}[/versions/1]           model metadata
     GET  /v2/models/{model}[/versions/1]/ready     200 or 503
     GET  /v2/models/{model}[/versions/1]/config    Triton's model configuration (max_batch_size, input, output)
+    GET  /v2/models[/{model}[/versions/1]]/stats   Triton's statistics (:mod:`hmt.serve.reporting.inference_stats`)
     POST /v2/models/{model}[/versions/1]/infer     inference (JSON, or the binary-data extension)
 
 **Inputs.** One input per request: the bundle's tensor under its own name (its datatype, shape
@@ -55,14 +56,15 @@ from hmt.serve.http.oip_tensors import (
     parse_request,
     response_body,
 )
+from hmt.serve.reporting.inference_stats import InferenceStats
 from hmt.serve.reporting.records import Prediction
 
 PREFIX = "/v2"
 IMAGE_INPUT = "image"
 VERSION = "1"
-EXTENSIONS = ("binary_tensor_data", "classification", "model_configuration")
+EXTENSIONS = ("binary_tensor_data", "classification", "model_configuration", "statistics")
 DEFAULT_TOP_K = 5  # k of a top-k output named without the request parameter top_k
-_MODEL_PATH = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?(/ready|/infer|/config)?$")
+_MODEL_PATH = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?(/ready|/infer|/config|/stats)?$")
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -72,10 +74,10 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
 
 def route_label(path: str) -> str:
     """A bounded label for a /v2 path (metrics and counts): the route's template, or ``other``."""
+    if path in (PREFIX, f"{PREFIX}/health/live", f"{PREFIX}/health/ready", f"{PREFIX}/models/stats"):
+        return path
     match = _MODEL_PATH.match(path)
-    if match is not None:
-        return f"{PREFIX}/models/{{model}}{match.group(1) or ''}"
-    return path if path in (PREFIX, f"{PREFIX}/health/live", f"{PREFIX}/health/ready") else "other"
+    return f"{PREFIX}/models/{{model}}{match.group(1) or ''}" if match is not None else "other"
 
 
 INFER_LABEL = f"{PREFIX}/models/{{model}}/infer"
@@ -95,6 +97,7 @@ class OipContext:
     # (prepare, first_byte_s, deadline_ms, received_s, heavy=, tightened_ms=): admission, decoding off
     # the event loop, inference (hmt.serve.http.service.InferenceService.submit)
     submit: Callable[..., Awaitable[list[Prediction]]]
+    stats: InferenceStats  # every request's outcome, both protocols (the statistics extension)
     deadline_header: Callable[[Request], float | None]
     first_byte_s: Callable[[Request], float]
     internal_error: Callable[[BaseException], str]  # logs, returns the client's message
@@ -324,6 +327,11 @@ class _Endpoints:
         self.check_model(request)
         return JSONResponse(model_config(self.ctx))
 
+    async def statistics(self, request: Request) -> Response:
+        if "model" in request.path_params:  # else every model's: this one
+            self.check_model(request)
+        return JSONResponse({"model_stats": [self.ctx.stats.model_stat(self.ctx.model_name, VERSION)]})
+
     async def model_ready(self, request: Request) -> Response:
         self.check_model(request)
         self.check_ready()
@@ -374,10 +382,12 @@ def oip_routes(ctx: OipContext) -> list[Route]:
 
     routes = [route(PREFIX, ends.server_metadata, "GET"),
               route(f"{PREFIX}/health/live", ends.live, "GET"),
-              route(f"{PREFIX}/health/ready", ends.ready, "GET")]
+              route(f"{PREFIX}/health/ready", ends.ready, "GET"),
+              route(f"{PREFIX}/models/stats", ends.statistics, "GET")]  # before /models/{model}
     for base in (f"{PREFIX}/models/{{model}}", f"{PREFIX}/models/{{model}}/versions/{{version}}"):
         routes += [route(base, ends.metadata, "GET"),
                    route(f"{base}/ready", ends.model_ready, "GET"),
                    route(f"{base}/config", ends.config, "GET"),
+                   route(f"{base}/stats", ends.statistics, "GET"),
                    route(f"{base}/infer", ends.infer, "POST")]
     return routes
