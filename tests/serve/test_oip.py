@@ -347,3 +347,25 @@ def test_inference_statistics(server: ApiServer, triton: httpclient.InferenceSer
     assert abs(after["last_inference"] / 1e3 - time.time()) < 60
     with pytest.raises(InferenceServerException, match="unknown model"):
         triton.get_inference_statistics("missing", headers=auth())
+
+
+def test_client_hints_are_accepted(server: ApiServer, triton: httpclient.InferenceServerClient) -> None:
+    """Parameters common clients send that change nothing here: tritonclient's ``priority`` (one
+    priority level) and the ``content_type`` codec hint MLServer's codecs write on a request and on
+    each input. Typed, they are accepted; a sequence (state this model does not keep) is still refused."""
+    tensor = as_tensor(pixels(6))
+    x = httpclient.InferInput("input", list(tensor.shape), "FP32")
+    x.set_data_from_numpy(tensor)
+    reference = v1(server, npy_bytes(tensor), "application/x-npy")["class"]
+    assert triton.infer(MODEL, [x], headers=auth(), priority=3).as_numpy("class").tolist() == [reference]
+    body = json.dumps({"parameters": {"content_type": "np"}, "inputs": [{
+        "name": "input", "shape": list(tensor.shape), "datatype": "FP32", "parameters": {"content_type": "np"},
+        "data": tensor.reshape(-1).tolist()}]}).encode()
+    status, doc = raw(server, "POST", f"/v2/models/{MODEL}/infer", body, {**AUTH, "content-type": "application/json"})
+    assert status == 200 and {o["name"]: o["data"] for o in doc["outputs"]}["class"] == [reference], doc
+    for bad in ({"priority": -1}, {"priority": "high"}, {"content_type": 7}):
+        status, doc = raw(server, "POST", f"/v2/models/{MODEL}/infer",
+                          json.dumps({**json.loads(body), "parameters": bad}).encode(), AUTH)
+        assert status == 400 and next(iter(bad)) in doc["error"], doc
+    with pytest.raises(InferenceServerException, match="sequence_id"):
+        triton.infer(MODEL, [x], headers=auth(), sequence_id=7)

@@ -19,8 +19,9 @@ uint8 pixels per element, also through the preprocessing. **Outputs**: ``class``
 when the bundle names its classes); on request ``probabilities`` (FP32 [N, C], or with the
 output parameter ``classification: k`` Triton's BYTES [N, k] of ``"p:index[:name]"``), and with the
 request parameter ``top_k: k`` also ``top_k_classes`` (INT64 [N, k]) and ``top_k_probabilities``
-(FP32 [N, k]); named without the parameter, k is 5 (at most the classes). Unknown parameters,
-inputs and outputs are refused.
+(FP32 [N, k]); named without the parameter, k is 5 (at most the classes). Triton's ``priority``
+and the codec hint ``content_type`` are accepted and change nothing; other unknown parameters
+(a ``sequence_id``: this model keeps no state), inputs and outputs are refused.
 
 **Errors** are the protocol's ``{"error": "<message>"}`` with the same statuses as ``/v1`` (the
 token, body bound, queue, deadline and typed refusals are the same code). Request parameter

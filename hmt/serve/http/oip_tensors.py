@@ -199,6 +199,11 @@ def _bytes_elements(raw: bytes, count: int, where: str) -> list[bytes]:
     return items
 
 
+# content_type (also a request parameter): the codec hint MLServer's codecs write on the request and
+# each input ("np", "base64", ...); the datatype and shape say all this server reads.
+INPUT_PARAMETERS = ("binary_data_size", "content_type")
+
+
 def _input(spec: Any, index: int, binary: memoryview, offset: int) -> tuple[InputTensor, int]:
     where = f"inputs[{index}]"
     if not isinstance(spec, dict):
@@ -211,7 +216,9 @@ def _input(spec: Any, index: int, binary: memoryview, offset: int) -> tuple[Inpu
                                             f"{[*NUMPY_OF, BYTES]}")
     shape = _shape(spec.get("shape"), where)
     count = math.prod(shape)
-    params = _params(spec.get("parameters"), where, ("binary_data_size",))
+    params = _params(spec.get("parameters"), where, INPUT_PARAMETERS)
+    if not isinstance(params.get("content_type", ""), str):
+        raise ApiError(400, "bad_parameters", f"{where}: content_type must be a string")
     tensor = InputTensor(name, datatype, shape)
     size = params.get("binary_data_size")
     if size is not None:
@@ -267,7 +274,8 @@ def _outputs(value: Any) -> list[RequestedOutput] | None:
     return outputs
 
 
-REQUEST_PARAMETERS = ("binary_data_output", "top_k", "timeout")
+# priority: Triton's scheduling hint (tritonclient's infer(priority=...)); one level here, so not read.
+REQUEST_PARAMETERS = ("binary_data_output", "top_k", "timeout", "priority", "content_type")
 # Keys beside the protocol's own that clients write into a request (KServe's Python client,
 # InferRequest.to_rest, puts model_name in every one); the path names the model, so they are not read.
 NAMED_BY_PATH = ("model_name", "model_version")
@@ -300,6 +308,11 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
     binary_output = params.get("binary_data_output", False)
     if not isinstance(binary_output, bool):
         raise ApiError(400, "bad_parameters", "binary_data_output must be a boolean")
+    priority = params.get("priority", 0)
+    if type(priority) is not int or priority < 0:
+        raise ApiError(400, "bad_parameters", "priority must be a non-negative integer")
+    if not isinstance(params.get("content_type", ""), str):
+        raise ApiError(400, "bad_parameters", "content_type must be a string")
     return InferRequest(request_id, inputs, _outputs(doc.get("outputs")), binary_output, params)
 
 
