@@ -34,17 +34,28 @@ def auth() -> dict[str, str]:
 MODEL = "cifar-tiny"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+def serve(tmp_path_factory: pytest.TempPathFactory, dynamic_batch: int = 1) -> Iterator[ApiServer]:
     bundle = load_bundle(make_image_bundle(tmp_path_factory.mktemp("oip") / "bundle"))
     controller = Controller(bundle, ServeSettings.from_mapping({**FAST_SWITCH, "early_exit": {"enabled": False}}),
                             warmup_runs=1)
     controller.start(background=False)
-    app = create_app(controller, ApiOptions(token=TOKEN, model_name=MODEL, max_batch=8, max_image_pixels=1_000_000))
+    app = create_app(controller, ApiOptions(token=TOKEN, model_name=MODEL, max_batch=8, max_image_pixels=1_000_000,
+                                            dynamic_batch=dynamic_batch))
     api = ApiServer(app, ServerOptions(port=0, raise_fd_limit=False))
     api.start_background()
     yield api
     api.stop_background()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    yield from serve(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    """The same bundle behind the dynamic batcher (``--dynamic-batch 4``)."""
+    yield from serve(tmp_path_factory, dynamic_batch=4)
 
 
 @pytest.fixture(scope="module")
@@ -197,18 +208,23 @@ def test_token_guards_v2(server: ApiServer, triton: httpclient.InferenceServerCl
     assert status == 404 and isinstance(doc["error"], str)
 
 
-def test_timeout_parameter_and_queue_slots(server: ApiServer) -> None:
-    """/v2 bodies are parsed after admission (in the decoding lane): the request's own timeout
-    parameter applies once parsed, and a refused body gives its queue slot back."""
-    def infer(parameters: dict[str, object]) -> tuple[int, dict]:  # type: ignore[type-arg]
-        body = json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 8, 8], "datatype": "FP32",
-                                       "data": [0] * 192}], "parameters": parameters}).encode()
-        return raw(server, "POST", f"/v2/models/{MODEL}/infer", body, {**AUTH, "content-type": "application/json"})
+def infer_with(server: ApiServer, parameters: dict[str, object]) -> tuple[int, dict]:  # type: ignore[type-arg]
+    body = json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 8, 8], "datatype": "FP32",
+                                   "data": [0] * 192}], "parameters": parameters}).encode()
+    return raw(server, "POST", f"/v2/models/{MODEL}/infer", body, {**AUTH, "content-type": "application/json"})
 
-    assert infer({"timeout": 10_000_000})[0] == 200
-    status, doc = infer({"timeout": -5})
+
+def test_timeout_parameter_and_queue_slots(batching_server: ApiServer) -> None:
+    """/v2 bodies are parsed after admission (in the decoding lane): with the dynamic batcher on,
+    the request's own timeout parameter applies once parsed, as the model configuration's queue
+    policy says, and a refused body gives its queue slot back."""
+    server = batching_server
+    config = raw(server, "GET", f"/v2/models/{MODEL}/config", headers=auth())[1]
+    assert config["dynamic_batching"]["default_queue_policy"]["allow_timeout_override"] is True
+    assert infer_with(server, {"timeout": 10_000_000})[0] == 200
+    status, doc = infer_with(server, {"timeout": -5})
     assert status == 400 and "timeout" in doc["error"], doc
-    status, doc = infer({"timeout": 1})  # 1 us: over before the inference can start
+    status, doc = infer_with(server, {"timeout": 1})  # 1 us: over before the inference can start
     assert status == 504 and "deadline" in doc["error"], doc
     for _ in range(50):  # a dropped job gives its slot back when the pool reaches it
         status, doc = raw(server, "GET", "/v1/status", headers=auth())
@@ -216,6 +232,16 @@ def test_timeout_parameter_and_queue_slots(server: ApiServer) -> None:
             break
         time.sleep(0.05)
     assert status == 200 and doc["queue"]["admitted"] == 0 and doc["queue"]["deadline_expired"] >= 1
+
+
+def test_timeout_parameter_without_dynamic_batching(server: ApiServer) -> None:
+    """Triton respects a request's timeout only for a model configured with dynamic batching and
+    ignores it elsewhere, so clients send it carelessly (tritony: ``timeout=30``, meant as seconds,
+    on every request). Without the batcher it is checked and ignored; X-Deadline-Ms still applies."""
+    assert "dynamic_batching" not in raw(server, "GET", f"/v2/models/{MODEL}/config", headers=auth())[1]
+    status, doc = infer_with(server, {"timeout": 30})
+    assert status == 200 and doc["model_name"] == MODEL, doc
+    assert infer_with(server, {"timeout": "30"})[0] == 400
 
 
 def test_kserve_client_request_keys(server: ApiServer) -> None:

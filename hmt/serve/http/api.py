@@ -84,6 +84,7 @@ from hmt.serve.reporting.http_metrics import LatencyWindow
 from hmt.serve.reporting.inference_stats import InferenceStats
 from hmt.serve.reporting.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from hmt.serve.reporting.metrics import ServeMetrics
+from hmt.serve.running.batching import BatchingOptions
 
 __all__ = ["JSON_MEDIA_TYPE", "NPY_MEDIA_TYPE", "ApiError", "ApiOptions", "create_app", "error_response"]
 
@@ -293,6 +294,7 @@ class _Endpoints:
             self.controller, self.inputs, model_name, self.draining, self.opts.deadline_ms,
             read_body=lambda request: read_body(request, self.body_limit), body_limit=self.body_limit,
             submit=self.submit, stats=self.inference_stats,
+            batching=BatchingOptions(self.opts.dynamic_batch, self.opts.dynamic_batch_delay_ms),
             deadline_header=lambda request: _header_ms(request, DEADLINE_HEADER, "bad_deadline"),
             first_byte_s=lambda request: float(request.scope["extensions"][FIRST_BYTE_KEY]),
             internal_error=incident_message)

@@ -24,9 +24,12 @@ and the codec hint ``content_type`` are accepted and change nothing; other unkno
 (a ``sequence_id``: this model keeps no state), inputs and outputs are refused.
 
 **Errors** are the protocol's ``{"error": "<message>"}`` with the same statuses as ``/v1`` (the
-token, body bound, queue, deadline and typed refusals are the same code). Request parameter
-``timeout`` (microseconds, as Triton clients send it) or header ``X-Deadline-Ms`` may lower the
-deadline. A request body may be compressed (``Content-Encoding: gzip`` or ``deflate``, as
+token, body bound, queue, deadline and typed refusals are the same code). Header ``X-Deadline-Ms``
+may lower the deadline; so may the request parameter ``timeout`` (microseconds), but, as in
+Triton, only where the model is configured with dynamic batching (``--dynamic-batch``: the model
+configuration then shows a queue policy that lets a request's timeout override it). Elsewhere
+Triton ignores it, and clients send it thinking it ignored: tritony sends ``timeout=30``, meant as
+seconds, with every request. A request body may be compressed (``Content-Encoding: gzip`` or ``deflate``, as
 tritonclient's ``request_compression_algorithm`` sends it); inflated, it is held to the same bound.
 """
 
@@ -59,6 +62,7 @@ from hmt.serve.http.oip_tensors import (
 )
 from hmt.serve.reporting.inference_stats import InferenceStats
 from hmt.serve.reporting.records import Prediction
+from hmt.serve.running.batching import BatchingOptions
 
 PREFIX = "/v2"
 IMAGE_INPUT = "image"
@@ -99,6 +103,7 @@ class OipContext:
     # the event loop, inference (hmt.serve.http.service.InferenceService.submit)
     submit: Callable[..., Awaitable[list[Prediction]]]
     stats: InferenceStats  # every request's outcome, both protocols (the statistics extension)
+    batching: BatchingOptions  # serve's dynamic batcher (shown in the model configuration)
     deadline_header: Callable[[Request], float | None]
     first_byte_s: Callable[[Request], float]
     internal_error: Callable[[BaseException], str]  # logs, returns the client's message
@@ -168,13 +173,18 @@ def model_config(ctx: OipContext) -> dict[str, Any]:
             tensor["format"] = f"FORMAT_{spec.preprocess.layout}"
         inputs.append(tensor)
     metadata = model_metadata(ctx)
-    return {
+    config: dict[str, Any] = {
         "name": ctx.model_name, "platform": metadata["platform"], "backend": "hmt",
         "version_policy": {"latest": {"num_versions": 1}},
         "max_batch_size": spec.max_batch if batched else 0,
         "input": inputs, "output": [_config_tensor(meta, batched) for meta in _output_meta(ctx)],
         "parameters": {key: {"string_value": str(value)} for key, value in metadata["parameters"].items()},
     }
+    if ctx.batching.enabled:  # a request's timeout parameter applies (a 504 past it), as in Triton
+        config["dynamic_batching"] = {
+            "max_queue_delay_microseconds": int(ctx.batching.max_delay_ms * 1e3),
+            "default_queue_policy": {"timeout_action": "REJECT", "allow_timeout_override": True}}
+    return config
 
 
 def _batch_of(request: InferRequest, ctx: OipContext) -> np.ndarray:
@@ -211,14 +221,15 @@ def _deadline_ms(request: Request, ctx: OipContext) -> float:
     return deadline
 
 
-def _timeout_ms(parsed: InferRequest) -> float | None:
-    """The request's own ``timeout`` parameter (microseconds), in ms; applied once parsed."""
+def _timeout_ms(parsed: InferRequest, ctx: OipContext) -> float | None:
+    """The request's own ``timeout`` parameter (microseconds), in ms, where it applies (once parsed):
+    with the dynamic batcher on, as Triton respects it only for a model with dynamic batching."""
     timeout_us = parsed.parameters.get("timeout")
     if timeout_us is None:
         return None
     if type(timeout_us) is not int or timeout_us <= 0:
         raise ApiError(400, "bad_parameters", "parameter timeout must be a positive integer of microseconds")
-    return timeout_us / 1e3
+    return timeout_us / 1e3 if ctx.batching.enabled else None
 
 
 def _outputs(parsed: InferRequest, results: Sequence[Prediction], ctx: OipContext) -> list[tuple[str, str,
@@ -358,7 +369,7 @@ class _Endpoints:
 
         def prepare() -> list[np.ndarray]:  # in the decoding lane, admitted to the queue first
             parsed = parse_request(decode_content(body, encoding, ctx.body_limit), header_length)
-            parsed_once.append((parsed, _timeout_ms(parsed)))
+            parsed_once.append((parsed, _timeout_ms(parsed, ctx)))
             return as_items(_batch_of(parsed, ctx), ctx.inputs)
 
         results = await ctx.submit(prepare, first_byte_s, deadline_ms, received_s, heavy=True,
