@@ -395,3 +395,33 @@ def test_client_hints_are_accepted(server: ApiServer, triton: httpclient.Inferen
         assert status == 400 and next(iter(bad)) in doc["error"], doc
     with pytest.raises(InferenceServerException, match="sequence_id"):
         triton.infer(MODEL, [x], headers=auth(), sequence_id=7)
+
+
+def infer_bytes(server: ApiServer, body: bytes) -> tuple[dict, bytes]:  # type: ignore[type-arg]
+    """A /v2 inference's JSON header and the binary bytes after it."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn.request("POST", f"/v2/models/{MODEL}/infer", body=body, headers=AUTH)
+    response = conn.getresponse()
+    content = response.read()
+    conn.close()
+    assert response.status == 200, content
+    size = int(response.getheader("Inference-Header-Content-Length", len(content)))
+    return json.loads(content[:size]), content[size:]
+
+
+def test_output_binary_data_overrides_the_request(server: ApiServer) -> None:
+    """An output's own ``binary_data`` overrides the request's ``binary_data_output`` either way
+    (Triton's binary-data extension; KServe's client documents the same): JSON where the output
+    says false, binary where it says true, the request's choice where it says nothing."""
+    tensor = as_tensor(pixels(8))
+    data = {"name": "input", "shape": list(tensor.shape), "datatype": "FP32", "data": tensor.reshape(-1).tolist()}
+    header, binary = infer_bytes(server, json.dumps({
+        "parameters": {"binary_data_output": True}, "inputs": [data],
+        "outputs": [{"name": "class", "parameters": {"binary_data": False}}, {"name": "confidence"}]}).encode())
+    outputs = {o["name"]: o for o in header["outputs"]}
+    assert outputs["class"]["data"] == [v1(server, npy_bytes(tensor), "application/x-npy")["class"]]
+    assert outputs["confidence"]["parameters"] == {"binary_data_size": 4} and len(binary) == 4
+    header, binary = infer_bytes(server, json.dumps({
+        "parameters": {"binary_data_output": False}, "inputs": [data],
+        "outputs": [{"name": "class", "parameters": {"binary_data": True}}]}).encode())
+    assert header["outputs"][0]["parameters"] == {"binary_data_size": 8} and len(binary) == 8

@@ -275,7 +275,7 @@ def _outputs(parsed: InferRequest, results: Sequence[Prediction], ctx: OipContex
         if out.name not in available:
             raise ApiError(400, "unknown_output", f"unknown output {out.name[:40]!r}; this model has "
                                                   f"{sorted(available)}")
-        binary = out.binary or parsed.binary_output
+        binary = parsed.binary_output if out.binary is None else out.binary  # the output's own word wins
         if out.classification is not None:
             if out.name != "probabilities":
                 raise ApiError(400, "bad_outputs", "classification applies to the output 'probabilities'")

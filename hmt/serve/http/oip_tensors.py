@@ -52,7 +52,7 @@ class InputTensor:
 @dataclass(frozen=True)
 class RequestedOutput:
     name: str
-    binary: bool
+    binary: bool | None  # the output's own binary_data; None: the request's binary_data_output decides
     classification: int | None = None  # Triton's classification extension: top k as "p:index[:name]"
 
 
@@ -265,9 +265,9 @@ def _outputs(value: Any) -> list[RequestedOutput] | None:
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
             raise ApiError(400, "bad_outputs", f"{where} must be an object with a string name")
         params = _params(spec.get("parameters"), where, ("binary_data", "classification"))
-        binary = params.get("binary_data", False)
+        binary = params.get("binary_data")
         k = params.get("classification")
-        if not isinstance(binary, bool) or (k is not None and (type(k) is not int or k < 1)):
+        if not isinstance(binary, (bool, type(None))) or (k is not None and (type(k) is not int or k < 1)):
             raise ApiError(400, "bad_outputs", f"{where}: binary_data must be a boolean and classification an "
                                                "integer >= 1")
         outputs.append(RequestedOutput(spec["name"], binary, k))
