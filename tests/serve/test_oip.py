@@ -4,6 +4,7 @@ against a live server (real uvicorn, real sockets); its answers equal /v1's for 
 from __future__ import annotations
 
 import base64
+import gzip
 import http.client
 import json
 import time
@@ -33,17 +34,28 @@ def auth() -> dict[str, str]:
 MODEL = "cifar-tiny"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+def serve(tmp_path_factory: pytest.TempPathFactory, dynamic_batch: int = 1) -> Iterator[ApiServer]:
     bundle = load_bundle(make_image_bundle(tmp_path_factory.mktemp("oip") / "bundle"))
     controller = Controller(bundle, ServeSettings.from_mapping({**FAST_SWITCH, "early_exit": {"enabled": False}}),
                             warmup_runs=1)
     controller.start(background=False)
-    app = create_app(controller, ApiOptions(token=TOKEN, model_name=MODEL, max_batch=8, max_image_pixels=1_000_000))
+    app = create_app(controller, ApiOptions(token=TOKEN, model_name=MODEL, max_batch=8, max_image_pixels=1_000_000,
+                                            dynamic_batch=dynamic_batch))
     api = ApiServer(app, ServerOptions(port=0, raise_fd_limit=False))
     api.start_background()
     yield api
     api.stop_background()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    yield from serve(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    """The same bundle behind the dynamic batcher (``--dynamic-batch 4``)."""
+    yield from serve(tmp_path_factory, dynamic_batch=4)
 
 
 @pytest.fixture(scope="module")
@@ -196,18 +208,23 @@ def test_token_guards_v2(server: ApiServer, triton: httpclient.InferenceServerCl
     assert status == 404 and isinstance(doc["error"], str)
 
 
-def test_timeout_parameter_and_queue_slots(server: ApiServer) -> None:
-    """/v2 bodies are parsed after admission (in the decoding lane): the request's own timeout
-    parameter applies once parsed, and a refused body gives its queue slot back."""
-    def infer(parameters: dict[str, object]) -> tuple[int, dict]:  # type: ignore[type-arg]
-        body = json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 8, 8], "datatype": "FP32",
-                                       "data": [0] * 192}], "parameters": parameters}).encode()
-        return raw(server, "POST", f"/v2/models/{MODEL}/infer", body, {**AUTH, "content-type": "application/json"})
+def infer_with(server: ApiServer, parameters: dict[str, object]) -> tuple[int, dict]:  # type: ignore[type-arg]
+    body = json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 8, 8], "datatype": "FP32",
+                                   "data": [0] * 192}], "parameters": parameters}).encode()
+    return raw(server, "POST", f"/v2/models/{MODEL}/infer", body, {**AUTH, "content-type": "application/json"})
 
-    assert infer({"timeout": 10_000_000})[0] == 200
-    status, doc = infer({"timeout": -5})
+
+def test_timeout_parameter_and_queue_slots(batching_server: ApiServer) -> None:
+    """/v2 bodies are parsed after admission (in the decoding lane): with the dynamic batcher on,
+    the request's own timeout parameter applies once parsed, as the model configuration's queue
+    policy says, and a refused body gives its queue slot back."""
+    server = batching_server
+    config = raw(server, "GET", f"/v2/models/{MODEL}/config", headers=auth())[1]
+    assert config["dynamic_batching"]["default_queue_policy"]["allow_timeout_override"] is True
+    assert infer_with(server, {"timeout": 10_000_000})[0] == 200
+    status, doc = infer_with(server, {"timeout": -5})
     assert status == 400 and "timeout" in doc["error"], doc
-    status, doc = infer({"timeout": 1})  # 1 us: over before the inference can start
+    status, doc = infer_with(server, {"timeout": 1})  # 1 us: over before the inference can start
     assert status == 504 and "deadline" in doc["error"], doc
     for _ in range(50):  # a dropped job gives its slot back when the pool reaches it
         status, doc = raw(server, "GET", "/v1/status", headers=auth())
@@ -215,3 +232,196 @@ def test_timeout_parameter_and_queue_slots(server: ApiServer) -> None:
             break
         time.sleep(0.05)
     assert status == 200 and doc["queue"]["admitted"] == 0 and doc["queue"]["deadline_expired"] >= 1
+
+
+def test_timeout_parameter_without_dynamic_batching(server: ApiServer) -> None:
+    """Triton respects a request's timeout only for a model configured with dynamic batching and
+    ignores it elsewhere, so clients send it carelessly (tritony: ``timeout=30``, meant as seconds,
+    on every request). Without the batcher it is checked and ignored; X-Deadline-Ms still applies."""
+    assert "dynamic_batching" not in raw(server, "GET", f"/v2/models/{MODEL}/config", headers=auth())[1]
+    status, doc = infer_with(server, {"timeout": 30})
+    assert status == 200 and doc["model_name"] == MODEL, doc
+    assert infer_with(server, {"timeout": "30"})[0] == 400
+
+
+def test_kserve_client_request_keys(server: ApiServer) -> None:
+    """KServe's Python client (InferenceRESTClient, via InferRequest.to_rest) writes ``model_name``
+    into every request body, JSON or binary; the path names the model, so it is accepted, not refused."""
+    tensor = as_tensor(pixels(4))
+    data = {"name": "input", "shape": list(tensor.shape), "datatype": "FP32", "data": tensor.reshape(-1).tolist()}
+    body = json.dumps({"id": "7f0c-kserve", "model_name": MODEL, "inputs": [data]}).encode()
+    status, doc = raw(server, "POST", f"/v2/models/{MODEL}/infer", body, {**AUTH, "content-type": "application/json"})
+    assert status == 200 and doc["id"] == "7f0c-kserve" and doc["model_name"] == MODEL, doc
+    reference = v1(server, npy_bytes(tensor), "application/x-npy")
+    assert {o["name"]: o["data"] for o in doc["outputs"]}["class"] == [reference["class"]]
+    header = json.dumps({"id": "k2", "model_name": None, "inputs": [{
+        "name": "input", "shape": list(tensor.shape), "datatype": "FP32",
+        "parameters": {"binary_data_size": tensor.nbytes}}]}).encode()
+    status, doc = raw(server, "POST", f"/v2/models/{MODEL}/infer", header + tensor.tobytes(),
+                      {**AUTH, "content-type": "application/octet-stream",
+                       "Inference-Header-Content-Length": str(len(header))})
+    assert status == 200 and doc["id"] == "k2", doc
+    status, doc = raw(server, "POST", f"/v2/models/{MODEL}/infer",
+                      json.dumps({"model_name": 5, "inputs": [data]}).encode(), {**AUTH})
+    assert status == 400 and "model_name" in doc["error"], doc
+
+
+def test_compressed_requests(server: ApiServer, triton: httpclient.InferenceServerClient) -> None:
+    """tritonclient's ``request_compression_algorithm`` sends the body gzip- or zlib-compressed
+    (``Content-Encoding: gzip`` / ``deflate``, the JSON header's length counted before compression);
+    each gives the uncompressed answer, and an inflated body is held to the body bound."""
+    batch = np.concatenate([as_tensor(pixels(20 + s)) for s in range(2)])
+    x = httpclient.InferInput("input", list(batch.shape), "FP32")
+    x.set_data_from_numpy(batch)
+    plain = triton.infer(MODEL, [x], headers=auth()).as_numpy("class").tolist()
+    for algorithm in ("gzip", "deflate"):
+        result = triton.infer(MODEL, [x], headers=auth(), request_compression_algorithm=algorithm)
+        assert result.as_numpy("class").tolist() == plain
+    y = httpclient.InferInput("input", list(batch.shape), "FP32")
+    y.set_data_from_numpy(batch, binary_data=False)
+    assert triton.infer(MODEL, [y], headers=auth(), request_compression_algorithm="gzip",
+                        ).as_numpy("class").tolist() == plain
+    bomb = gzip.compress(b" " * (4 << 20))  # 4 MiB of JSON whitespace in a few KiB
+    status, doc = raw(server, "POST", f"/v2/models/{MODEL}/infer", bomb, {**AUTH, "content-encoding": "gzip"})
+    assert status == 413 and "inflates" in doc["error"], doc
+    status, doc = raw(server, "POST", f"/v2/models/{MODEL}/infer", b"\x1f\x8b not gzip", {
+        **AUTH, "content-encoding": "gzip"})
+    assert status == 400 and "gzip" in doc["error"], doc
+    status, doc = raw(server, "POST", f"/v2/models/{MODEL}/infer", b"{}", {**AUTH, "content-encoding": "br"})
+    assert status == 415 and "gzip" in doc["error"], doc
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_every_listed_output_can_be_asked_for(triton: httpclient.InferenceServerClient, binary: bool) -> None:
+    """A generic client asks for every output the metadata lists (PyTriton's ModelClient asks for
+    every configured one): each comes back with the listed datatype and a shape the listed one
+    allows, the top-k outputs included (k = 5 at most, without the request parameter top_k)."""
+    meta = triton.get_model_metadata(MODEL, headers=auth())
+    batch = np.concatenate([as_tensor(pixels(30 + s)) for s in range(2)])
+    x = httpclient.InferInput("input", list(batch.shape), "FP32")
+    x.set_data_from_numpy(batch, binary_data=binary)
+    asked = [httpclient.InferRequestedOutput(o["name"], binary_data=binary) for o in meta["outputs"]]
+    result = triton.infer(MODEL, [x], outputs=asked, headers=auth())
+    for listed in meta["outputs"]:
+        got = result.get_output(listed["name"])
+        assert got is not None and got["datatype"] == listed["datatype"], listed
+        assert got["shape"][0] == 2
+        assert all(want in (-1, have) for want, have in zip(listed["shape"], got["shape"], strict=True)), (listed, got)
+    classes = result.as_numpy("top_k_classes")
+    assert classes.shape == (2, 4)  # min(5, the bundle's 4 classes)
+    assert classes[:, 0].tolist() == result.as_numpy("class").tolist()
+
+
+def test_model_configuration(server: ApiServer, triton: httpclient.InferenceServerClient) -> None:
+    """Triton's model configuration extension (``get_model_config``): what Triton's examples and
+    PyTriton's ModelClient read before inferring (max_batch_size, input and output: TYPE_ data
+    types, non-empty dims without the batch axis); they agree with the metadata."""
+    assert "model_configuration" in triton.get_server_metadata(headers=auth())["extensions"]
+    config = triton.get_model_config(MODEL, headers=auth())
+    assert config == triton.get_model_config(MODEL, "1", headers=auth())
+    assert config["name"] == MODEL and config["max_batch_size"] == 8
+    meta = triton.get_model_metadata(MODEL, headers=auth())
+    for kind, listed in (("input", meta["inputs"]), ("output", meta["outputs"])):
+        assert [t["name"] for t in config[kind]] == [t["name"] for t in listed]
+        for tensor, described in zip(config[kind], listed, strict=True):
+            prefix, datatype = tensor["data_type"].split("_")
+            assert prefix == "TYPE" and datatype == {"BYTES": "STRING"}.get(described["datatype"],
+                                                                            described["datatype"])
+            assert tensor["dims"] and all(type(d) is int for d in tensor["dims"])
+            assert described["shape"][1:] == tensor.get("reshape", {"shape": tensor["dims"]})["shape"]
+    inputs = {t["name"]: t for t in config["input"]}
+    assert inputs["input"]["dims"] == [3, 8, 8] and inputs["input"]["format"] == "FORMAT_NCHW"
+    assert inputs["image"]["dims"] == [1] and inputs["image"]["reshape"] == {"shape": []}
+    assert all(t["optional"] for t in config["input"])  # one of them per request
+    assert {t["name"]: t["dims"] for t in config["output"]}["probabilities"] == [4]
+    assert config["parameters"]["running_variant"] == {"string_value": "v"}
+    with pytest.raises(InferenceServerException, match="unknown model"):
+        triton.get_model_config("missing", headers=auth())
+
+
+def test_inference_statistics(server: ApiServer, triton: httpclient.InferenceServerClient) -> None:
+    """Triton's statistics extension (``get_inference_statistics``, with and without a model): the
+    counts move with each answered and each failed inference, on either protocol."""
+    assert "statistics" in triton.get_server_metadata(headers=auth())["extensions"]
+
+    def stat() -> dict:  # type: ignore[type-arg]
+        doc = triton.get_inference_statistics(MODEL, headers=auth())
+        assert doc == triton.get_inference_statistics(MODEL, "1", headers=auth())
+        assert [s["name"] for s in triton.get_inference_statistics(headers=auth())["model_stats"]] == [MODEL]
+        (only,) = doc["model_stats"]
+        return only  # type: ignore[no-any-return]
+
+    before = stat()
+    assert before["version"] == "1"
+    batch = np.concatenate([as_tensor(pixels(40 + s)) for s in range(3)])
+    x = httpclient.InferInput("input", list(batch.shape), "FP32")
+    x.set_data_from_numpy(batch)
+    triton.infer(MODEL, [x], headers=auth())
+    v1(server, npy_bytes(batch[:1]), "application/x-npy")
+    bad = httpclient.InferInput("input", [1, 3, 8, 8], "FP32")
+    bad.set_data_from_numpy(np.full((1, 3, 8, 8), 3e38, np.float32))  # finite, but no finite answer: 422
+    with pytest.raises(InferenceServerException):
+        triton.infer(MODEL, [bad], headers=auth())
+    after = stat()
+    assert after["inference_count"] - before["inference_count"] == 4
+    assert after["execution_count"] == after["inference_count"]
+    stats, was = after["inference_stats"], before["inference_stats"]
+    assert stats["success"]["count"] - was["success"]["count"] == 2
+    assert stats["success"]["ns"] > was["success"]["ns"]
+    assert stats["fail"]["count"] - was["fail"]["count"] == 1
+    assert stats["compute_infer"]["count"] == after["inference_count"] and stats["compute_infer"]["ns"] > 0
+    assert abs(after["last_inference"] / 1e3 - time.time()) < 60
+    with pytest.raises(InferenceServerException, match="unknown model"):
+        triton.get_inference_statistics("missing", headers=auth())
+
+
+def test_client_hints_are_accepted(server: ApiServer, triton: httpclient.InferenceServerClient) -> None:
+    """Parameters common clients send that change nothing here: tritonclient's ``priority`` (one
+    priority level) and the ``content_type`` codec hint MLServer's codecs write on a request and on
+    each input. Typed, they are accepted; a sequence (state this model does not keep) is still refused."""
+    tensor = as_tensor(pixels(6))
+    x = httpclient.InferInput("input", list(tensor.shape), "FP32")
+    x.set_data_from_numpy(tensor)
+    reference = v1(server, npy_bytes(tensor), "application/x-npy")["class"]
+    assert triton.infer(MODEL, [x], headers=auth(), priority=3).as_numpy("class").tolist() == [reference]
+    body = json.dumps({"parameters": {"content_type": "np"}, "inputs": [{
+        "name": "input", "shape": list(tensor.shape), "datatype": "FP32", "parameters": {"content_type": "np"},
+        "data": tensor.reshape(-1).tolist()}]}).encode()
+    status, doc = raw(server, "POST", f"/v2/models/{MODEL}/infer", body, {**AUTH, "content-type": "application/json"})
+    assert status == 200 and {o["name"]: o["data"] for o in doc["outputs"]}["class"] == [reference], doc
+    for bad in ({"priority": -1}, {"priority": "high"}, {"content_type": 7}):
+        status, doc = raw(server, "POST", f"/v2/models/{MODEL}/infer",
+                          json.dumps({**json.loads(body), "parameters": bad}).encode(), AUTH)
+        assert status == 400 and next(iter(bad)) in doc["error"], doc
+    with pytest.raises(InferenceServerException, match="sequence_id"):
+        triton.infer(MODEL, [x], headers=auth(), sequence_id=7)
+
+
+def infer_bytes(server: ApiServer, body: bytes) -> tuple[dict, bytes]:  # type: ignore[type-arg]
+    """A /v2 inference's JSON header and the binary bytes after it."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn.request("POST", f"/v2/models/{MODEL}/infer", body=body, headers=AUTH)
+    response = conn.getresponse()
+    content = response.read()
+    conn.close()
+    assert response.status == 200, content
+    size = int(response.getheader("Inference-Header-Content-Length", len(content)))
+    return json.loads(content[:size]), content[size:]
+
+
+def test_output_binary_data_overrides_the_request(server: ApiServer) -> None:
+    """An output's own ``binary_data`` overrides the request's ``binary_data_output`` either way
+    (Triton's binary-data extension; KServe's client documents the same): JSON where the output
+    says false, binary where it says true, the request's choice where it says nothing."""
+    tensor = as_tensor(pixels(8))
+    data = {"name": "input", "shape": list(tensor.shape), "datatype": "FP32", "data": tensor.reshape(-1).tolist()}
+    header, binary = infer_bytes(server, json.dumps({
+        "parameters": {"binary_data_output": True}, "inputs": [data],
+        "outputs": [{"name": "class", "parameters": {"binary_data": False}}, {"name": "confidence"}]}).encode())
+    outputs = {o["name"]: o for o in header["outputs"]}
+    assert outputs["class"]["data"] == [v1(server, npy_bytes(tensor), "application/x-npy")["class"]]
+    assert outputs["confidence"]["parameters"] == {"binary_data_size": 4} and len(binary) == 4
+    header, binary = infer_bytes(server, json.dumps({
+        "parameters": {"binary_data_output": False}, "inputs": [data],
+        "outputs": [{"name": "class", "parameters": {"binary_data": True}}]}).encode())
+    assert header["outputs"][0]["parameters"] == {"binary_data_size": 8} and len(binary) == 8

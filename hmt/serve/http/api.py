@@ -81,8 +81,10 @@ from hmt.serve.http.oip import error_response as v2_error_response
 from hmt.serve.http.service import ApiOptions, InferenceService, Prepare
 from hmt.serve.reporting.exposition import openapi_document
 from hmt.serve.reporting.http_metrics import LatencyWindow
+from hmt.serve.reporting.inference_stats import InferenceStats
 from hmt.serve.reporting.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from hmt.serve.reporting.metrics import ServeMetrics
+from hmt.serve.running.batching import BatchingOptions
 
 __all__ = ["JSON_MEDIA_TYPE", "NPY_MEDIA_TYPE", "ApiError", "ApiOptions", "create_app", "error_response"]
 
@@ -185,6 +187,7 @@ class _Endpoints:
         self.spans = LatencyWindow()
         self.client_latency = LatencyWindow()
         self.reports = ClientReports()  # which X-HMT-Client-Latency-Ms values are plausible
+        self.inference_stats = InferenceStats()  # /v2's statistics extension
         self.observe = getattr(controller, "observe_request", None)
         self.metrics_registry = ServeMetrics(controller, http_counts=self.counts, queue=self.queue_state,
                                              client_reports=self.reports)
@@ -202,7 +205,12 @@ class _Endpoints:
 
     async def submit(self, prepare: Prepare, first_byte_s: float, deadline_ms: float, received_s: float | None = None,
                      heavy: bool = False, tightened_ms: Callable[[], float | None] | None = None) -> list[Prediction]:
-        results = await self.service.submit(prepare, first_byte_s, deadline_ms, received_s, heavy, tightened_ms)
+        try:
+            results = await self.service.submit(prepare, first_byte_s, deadline_ms, received_s, heavy, tightened_ms)
+        except Exception:
+            self.inference_stats.failed(time.monotonic() - first_byte_s)
+            raise
+        self.inference_stats.answered(results, time.monotonic() - first_byte_s)
         self.metrics_registry.observe_predictions(results)
         return results
 
@@ -284,7 +292,9 @@ class _Endpoints:
         """What the /v2 routes share with these."""
         return OipContext(
             self.controller, self.inputs, model_name, self.draining, self.opts.deadline_ms,
-            read_body=lambda request: read_body(request, self.body_limit), submit=self.submit,
+            read_body=lambda request: read_body(request, self.body_limit), body_limit=self.body_limit,
+            submit=self.submit, stats=self.inference_stats,
+            batching=BatchingOptions(self.opts.dynamic_batch, self.opts.dynamic_batch_delay_ms),
             deadline_header=lambda request: _header_ms(request, DEADLINE_HEADER, "bad_deadline"),
             first_byte_s=lambda request: float(request.scope["extensions"][FIRST_BYTE_KEY]),
             internal_error=incident_message)

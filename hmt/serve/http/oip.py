@@ -2,10 +2,13 @@
 
 Routes (one model: the bundle; its one version ``1``)::
 
-    GET  /v2                                       server metadata (extensions: binary_tensor_data, classification)
+    GET  /v2                                       server metadata (extensions: binary_tensor_data, classification,
+                                                   model_configuration, statistics)
     GET  /v2/health/live | /v2/health/ready        200 or 503
     GET  /v2/models/{model}[/versions/1]           model metadata
     GET  /v2/models/{model}[/versions/1]/ready     200 or 503
+    GET  /v2/models/{model}[/versions/1]/config    Triton's model configuration (max_batch_size, input, output)
+    GET  /v2/models[/{model}[/versions/1]]/stats   Triton's statistics (:mod:`hmt.serve.reporting.inference_stats`)
     POST /v2/models/{model}[/versions/1]/infer     inference (JSON, or the binary-data extension)
 
 **Inputs.** One input per request: the bundle's tensor under its own name (its datatype, shape
@@ -16,12 +19,18 @@ uint8 pixels per element, also through the preprocessing. **Outputs**: ``class``
 when the bundle names its classes); on request ``probabilities`` (FP32 [N, C], or with the
 output parameter ``classification: k`` Triton's BYTES [N, k] of ``"p:index[:name]"``), and with the
 request parameter ``top_k: k`` also ``top_k_classes`` (INT64 [N, k]) and ``top_k_probabilities``
-(FP32 [N, k]). Unknown parameters, inputs and outputs are refused.
+(FP32 [N, k]); named without the parameter, k is 5 (at most the classes). Triton's ``priority``
+and the codec hint ``content_type`` are accepted and change nothing; other unknown parameters
+(a ``sequence_id``: this model keeps no state), inputs and outputs are refused.
 
 **Errors** are the protocol's ``{"error": "<message>"}`` with the same statuses as ``/v1`` (the
-token, body bound, queue, deadline and typed refusals are the same code). Request parameter
-``timeout`` (microseconds, as Triton clients send it) or header ``X-Deadline-Ms`` may lower the
-deadline.
+token, body bound, queue, deadline and typed refusals are the same code). Header ``X-Deadline-Ms``
+may lower the deadline; so may the request parameter ``timeout`` (microseconds), but, as in
+Triton, only where the model is configured with dynamic batching (``--dynamic-batch``: the model
+configuration then shows a queue policy that lets a request's timeout override it). Elsewhere
+Triton ignores it, and clients send it thinking it ignored: tritony sends ``timeout=30``, meant as
+seconds, with every request. A request body may be compressed (``Content-Encoding: gzip`` or ``deflate``, as
+tritonclient's ``request_compression_algorithm`` sends it); inflated, it is held to the same bound.
 """
 
 from __future__ import annotations
@@ -41,14 +50,26 @@ from starlette.routing import Route
 from hmt import __version__
 from hmt.serve.http.answers import class_name, parse_top_k, probabilities_of, top_k_of
 from hmt.serve.http.inputs import ApiError, InputSpec, as_items, decode_array, decode_encoded
-from hmt.serve.http.oip_tensors import BYTES, HEADER_LENGTH, InferRequest, datatype_of, parse_request, response_body
+from hmt.serve.http.oip_tensors import (
+    BYTES,
+    CONTENT_ENCODINGS,
+    HEADER_LENGTH,
+    InferRequest,
+    datatype_of,
+    decode_content,
+    parse_request,
+    response_body,
+)
+from hmt.serve.reporting.inference_stats import InferenceStats
 from hmt.serve.reporting.records import Prediction
+from hmt.serve.running.batching import BatchingOptions
 
 PREFIX = "/v2"
 IMAGE_INPUT = "image"
 VERSION = "1"
-EXTENSIONS = ("binary_tensor_data", "classification")
-_MODEL_PATH = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?(/ready|/infer)?$")
+EXTENSIONS = ("binary_tensor_data", "classification", "model_configuration", "statistics")
+DEFAULT_TOP_K = 5  # k of a top-k output named without the request parameter top_k
+_MODEL_PATH = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?(/ready|/infer|/config|/stats)?$")
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -58,10 +79,10 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
 
 def route_label(path: str) -> str:
     """A bounded label for a /v2 path (metrics and counts): the route's template, or ``other``."""
+    if path in (PREFIX, f"{PREFIX}/health/live", f"{PREFIX}/health/ready", f"{PREFIX}/models/stats"):
+        return path
     match = _MODEL_PATH.match(path)
-    if match is not None:
-        return f"{PREFIX}/models/{{model}}{match.group(1) or ''}"
-    return path if path in (PREFIX, f"{PREFIX}/health/live", f"{PREFIX}/health/ready") else "other"
+    return f"{PREFIX}/models/{{model}}{match.group(1) or ''}" if match is not None else "other"
 
 
 INFER_LABEL = f"{PREFIX}/models/{{model}}/infer"
@@ -77,9 +98,12 @@ class OipContext:
     draining: threading.Event
     deadline_ms: float
     read_body: Callable[[Request], Awaitable[bytes]]
+    body_limit: int  # bytes of a body, also once its Content-Encoding is undone
     # (prepare, first_byte_s, deadline_ms, received_s, heavy=, tightened_ms=): admission, decoding off
     # the event loop, inference (hmt.serve.http.service.InferenceService.submit)
     submit: Callable[..., Awaitable[list[Prediction]]]
+    stats: InferenceStats  # every request's outcome, both protocols (the statistics extension)
+    batching: BatchingOptions  # serve's dynamic batcher (shown in the model configuration)
     deadline_header: Callable[[Request], float | None]
     first_byte_s: Callable[[Request], float]
     internal_error: Callable[[BaseException], str]  # logs, returns the client's message
@@ -125,6 +149,44 @@ def model_metadata(ctx: OipContext) -> dict[str, Any]:
     }
 
 
+def _config_tensor(meta: dict[str, Any], batched: bool) -> dict[str, Any]:
+    """One metadata tensor as Triton's ModelInput/ModelOutput (model_config.proto): ``dims`` without
+    the batch axis when the model batches; a scalar per item is ``dims [1]`` reshaped to ``[]``."""
+    dims = list(meta["shape"][1:] if batched else meta["shape"])
+    data_type = "TYPE_STRING" if meta["datatype"] == BYTES else f"TYPE_{meta['datatype']}"
+    tensor: dict[str, Any] = {"name": meta["name"], "data_type": data_type, "dims": dims or [1]}
+    if not dims:
+        tensor["reshape"] = {"shape": []}
+    return tensor
+
+
+def model_config(ctx: OipContext) -> dict[str, Any]:
+    """Triton's model configuration extension: the ModelConfig message as JSON (what
+    ``get_model_config`` returns; PyTriton's client and Triton's examples read ``max_batch_size``,
+    ``input`` and ``output`` from it). Every input is optional: a request sends one of them."""
+    spec = ctx.inputs
+    batched = spec.batchable
+    inputs = []
+    for meta in _tensor_meta(ctx):
+        tensor = {**_config_tensor(meta, batched), "optional": True}
+        if meta["name"] == spec.tensor.name and spec.preprocess is not None and len(tensor["dims"]) == 3:
+            tensor["format"] = f"FORMAT_{spec.preprocess.layout}"
+        inputs.append(tensor)
+    metadata = model_metadata(ctx)
+    config: dict[str, Any] = {
+        "name": ctx.model_name, "platform": metadata["platform"], "backend": "hmt",
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": spec.max_batch if batched else 0,
+        "input": inputs, "output": [_config_tensor(meta, batched) for meta in _output_meta(ctx)],
+        "parameters": {key: {"string_value": str(value)} for key, value in metadata["parameters"].items()},
+    }
+    if ctx.batching.enabled:  # a request's timeout parameter applies (a 504 past it), as in Triton
+        config["dynamic_batching"] = {
+            "max_queue_delay_microseconds": int(ctx.batching.max_delay_ms * 1e3),
+            "default_queue_policy": {"timeout_action": "REJECT", "allow_timeout_override": True}}
+    return config
+
+
 def _batch_of(request: InferRequest, ctx: OipContext) -> np.ndarray:
     if len(request.inputs) != 1:
         raise ApiError(400, "bad_input", f"send one input per request (got {len(request.inputs)}): "
@@ -159,14 +221,15 @@ def _deadline_ms(request: Request, ctx: OipContext) -> float:
     return deadline
 
 
-def _timeout_ms(parsed: InferRequest) -> float | None:
-    """The request's own ``timeout`` parameter (microseconds), in ms; applied once parsed."""
+def _timeout_ms(parsed: InferRequest, ctx: OipContext) -> float | None:
+    """The request's own ``timeout`` parameter (microseconds), in ms, where it applies (once parsed):
+    with the dynamic batcher on, as Triton respects it only for a model with dynamic batching."""
     timeout_us = parsed.parameters.get("timeout")
     if timeout_us is None:
         return None
     if type(timeout_us) is not int or timeout_us <= 0:
         raise ApiError(400, "bad_parameters", "parameter timeout must be a positive integer of microseconds")
-    return timeout_us / 1e3
+    return timeout_us / 1e3 if ctx.batching.enabled else None
 
 
 def _outputs(parsed: InferRequest, results: Sequence[Prediction], ctx: OipContext) -> list[tuple[str, str,
@@ -174,7 +237,9 @@ def _outputs(parsed: InferRequest, results: Sequence[Prediction], ctx: OipContex
     spec = ctx.controller.bundle.spec
     names = spec.class_names
     top_k = parsed.parameters.get("top_k")
-    k = None if top_k is None else parse_top_k(top_k, spec.classes, "parameter top_k")
+    # The metadata lists the top-k outputs, so a client may name them without the parameter
+    # (clients that ask for every listed output): then k is DEFAULT_TOP_K.
+    k = min(DEFAULT_TOP_K, spec.classes) if top_k is None else parse_top_k(top_k, spec.classes, "parameter top_k")
 
     def words(values: Sequence[str | None]) -> np.ndarray:
         return np.array([(v or "").encode() for v in values], dtype=object)
@@ -199,20 +264,18 @@ def _outputs(parsed: InferRequest, results: Sequence[Prediction], ctx: OipContex
     }
     if names:
         available["class_name"] = (BYTES, lambda: words([class_name(names, p.class_index) for p in results]))
-    if k is not None:
-        available["top_k_classes"] = ("INT64", lambda: np.stack([top_k_of(r, k) for r in probabilities()]))
-        available["top_k_probabilities"] = ("FP32", lambda: np.stack([np.sort(r)[::-1][:k] for r in probabilities()]))
+    available["top_k_classes"] = ("INT64", lambda: np.stack([top_k_of(r, k) for r in probabilities()]))
+    available["top_k_probabilities"] = ("FP32", lambda: np.stack([np.sort(r)[::-1][:k] for r in probabilities()]))
     if parsed.outputs is None:
         default = ["class", "confidence", "exit", "variant", *(["class_name"] if names else []),
-                   *(["top_k_classes", "top_k_probabilities"] if k is not None else [])]
+                   *(["top_k_classes", "top_k_probabilities"] if top_k is not None else [])]
         return [(n, available[n][0], available[n][1](), parsed.binary_output) for n in default]
     tensors = []
     for out in parsed.outputs:
         if out.name not in available:
-            hint = " (ask with the request parameter top_k)" if out.name.startswith("top_k") else ""
-            raise ApiError(400, "unknown_output", f"unknown output {out.name[:40]!r}{hint}; this model has "
+            raise ApiError(400, "unknown_output", f"unknown output {out.name[:40]!r}; this model has "
                                                   f"{sorted(available)}")
-        binary = out.binary or parsed.binary_output
+        binary = parsed.binary_output if out.binary is None else out.binary  # the output's own word wins
         if out.classification is not None:
             if out.name != "probabilities":
                 raise ApiError(400, "bad_outputs", "classification applies to the output 'probabilities'")
@@ -272,6 +335,15 @@ class _Endpoints:
         self.check_model(request)
         return JSONResponse(model_metadata(self.ctx))
 
+    async def config(self, request: Request) -> Response:
+        self.check_model(request)
+        return JSONResponse(model_config(self.ctx))
+
+    async def statistics(self, request: Request) -> Response:
+        if "model" in request.path_params:  # else every model's: this one
+            self.check_model(request)
+        return JSONResponse({"model_stats": [self.ctx.stats.model_stat(self.ctx.model_name, VERSION)]})
+
     async def model_ready(self, request: Request) -> Response:
         self.check_model(request)
         self.check_ready()
@@ -283,9 +355,10 @@ class _Endpoints:
         first_byte_s = ctx.first_byte_s(request)
         self.check_ready()
         encoding = request.headers.get("content-encoding", "identity").strip().lower()
-        if encoding != "identity":
+        if encoding not in CONTENT_ENCODINGS:
             raise ApiError(415, "unsupported_encoding", f"Content-Encoding {encoding[:20]!r} is not accepted; send "
-                                                        "the request uncompressed")
+                                                        f"the request as one of {sorted(CONTENT_ENCODINGS)}",
+                           headers={"Accept-Encoding": ", ".join(sorted(CONTENT_ENCODINGS))})
         body = await ctx.read_body(request)
         received_s = time.monotonic()
         if not body:
@@ -295,8 +368,8 @@ class _Endpoints:
         parsed_once: list[tuple[InferRequest, float | None]] = []
 
         def prepare() -> list[np.ndarray]:  # in the decoding lane, admitted to the queue first
-            parsed = parse_request(body, header_length)
-            parsed_once.append((parsed, _timeout_ms(parsed)))
+            parsed = parse_request(decode_content(body, encoding, ctx.body_limit), header_length)
+            parsed_once.append((parsed, _timeout_ms(parsed, ctx)))
             return as_items(_batch_of(parsed, ctx), ctx.inputs)
 
         results = await ctx.submit(prepare, first_byte_s, deadline_ms, received_s, heavy=True,
@@ -321,9 +394,12 @@ def oip_routes(ctx: OipContext) -> list[Route]:
 
     routes = [route(PREFIX, ends.server_metadata, "GET"),
               route(f"{PREFIX}/health/live", ends.live, "GET"),
-              route(f"{PREFIX}/health/ready", ends.ready, "GET")]
+              route(f"{PREFIX}/health/ready", ends.ready, "GET"),
+              route(f"{PREFIX}/models/stats", ends.statistics, "GET")]  # before /models/{model}
     for base in (f"{PREFIX}/models/{{model}}", f"{PREFIX}/models/{{model}}/versions/{{version}}"):
         routes += [route(base, ends.metadata, "GET"),
                    route(f"{base}/ready", ends.model_ready, "GET"),
+                   route(f"{base}/config", ends.config, "GET"),
+                   route(f"{base}/stats", ends.statistics, "GET"),
                    route(f"{base}/infer", ends.infer, "POST")]
     return routes

@@ -18,6 +18,7 @@ import binascii
 import json
 import math
 import struct
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,7 +52,7 @@ class InputTensor:
 @dataclass(frozen=True)
 class RequestedOutput:
     name: str
-    binary: bool
+    binary: bool | None  # the output's own binary_data; None: the request's binary_data_output decides
     classification: int | None = None  # Triton's classification extension: top k as "p:index[:name]"
 
 
@@ -66,6 +67,30 @@ class InferRequest:
 
 def _reject_constant(name: str) -> float:
     raise ApiError(400, "non_finite", f"the request contains {name}; only finite numbers are accepted")
+
+
+# Content-Encoding of a request body (what tritonclient's request_compression_algorithm sends:
+# gzip.compress, or zlib.compress for "deflate", RFC 9110 8.4.1) -> zlib's wbits for it.
+CONTENT_ENCODINGS = {"identity": 0, "gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS,
+                     "deflate": zlib.MAX_WBITS}
+
+
+def decode_content(body: bytes, encoding: str, limit: int) -> bytes:
+    """``body`` without its Content-Encoding (one of :data:`CONTENT_ENCODINGS`), refused with 413 as
+    soon as it would grow past ``limit`` bytes: a small compressed body cannot become a large one."""
+    wbits = CONTENT_ENCODINGS[encoding]
+    if not wbits:
+        return body
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(body, limit + 1)
+        if len(out) > limit or inflater.unconsumed_tail:
+            raise ApiError(413, "body_too_large", f"the {encoding} body inflates past the limit of {limit} bytes")
+        if not inflater.eof or inflater.unused_data:
+            raise ApiError(400, "bad_encoding", f"the body is not one complete {encoding} stream")
+    except zlib.error as exc:
+        raise ApiError(400, "bad_encoding", f"the body is not valid {encoding} data ({exc})") from None
+    return out
 
 
 def _load_header(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
@@ -174,6 +199,11 @@ def _bytes_elements(raw: bytes, count: int, where: str) -> list[bytes]:
     return items
 
 
+# content_type (also a request parameter): the codec hint MLServer's codecs write on the request and
+# each input ("np", "base64", ...); the datatype and shape say all this server reads.
+INPUT_PARAMETERS = ("binary_data_size", "content_type")
+
+
 def _input(spec: Any, index: int, binary: memoryview, offset: int) -> tuple[InputTensor, int]:
     where = f"inputs[{index}]"
     if not isinstance(spec, dict):
@@ -186,7 +216,9 @@ def _input(spec: Any, index: int, binary: memoryview, offset: int) -> tuple[Inpu
                                             f"{[*NUMPY_OF, BYTES]}")
     shape = _shape(spec.get("shape"), where)
     count = math.prod(shape)
-    params = _params(spec.get("parameters"), where, ("binary_data_size",))
+    params = _params(spec.get("parameters"), where, INPUT_PARAMETERS)
+    if not isinstance(params.get("content_type", ""), str):
+        raise ApiError(400, "bad_parameters", f"{where}: content_type must be a string")
     tensor = InputTensor(name, datatype, shape)
     size = params.get("binary_data_size")
     if size is not None:
@@ -233,23 +265,30 @@ def _outputs(value: Any) -> list[RequestedOutput] | None:
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
             raise ApiError(400, "bad_outputs", f"{where} must be an object with a string name")
         params = _params(spec.get("parameters"), where, ("binary_data", "classification"))
-        binary = params.get("binary_data", False)
+        binary = params.get("binary_data")
         k = params.get("classification")
-        if not isinstance(binary, bool) or (k is not None and (type(k) is not int or k < 1)):
+        if not isinstance(binary, (bool, type(None))) or (k is not None and (type(k) is not int or k < 1)):
             raise ApiError(400, "bad_outputs", f"{where}: binary_data must be a boolean and classification an "
                                                "integer >= 1")
         outputs.append(RequestedOutput(spec["name"], binary, k))
     return outputs
 
 
-REQUEST_PARAMETERS = ("binary_data_output", "top_k", "timeout")
+# priority: Triton's scheduling hint (tritonclient's infer(priority=...)); one level here, so not read.
+REQUEST_PARAMETERS = ("binary_data_output", "top_k", "timeout", "priority", "content_type")
+# Keys beside the protocol's own that clients write into a request (KServe's Python client,
+# InferRequest.to_rest, puts model_name in every one); the path names the model, so they are not read.
+NAMED_BY_PATH = ("model_name", "model_version")
 
 
 def parse_request(body: bytes, header_length: str | None) -> InferRequest:
     doc, rest = _load_header(body, header_length)
-    unknown = sorted(set(doc) - {"id", "inputs", "outputs", "parameters"})
+    unknown = sorted(set(doc) - {"id", "inputs", "outputs", "parameters", *NAMED_BY_PATH})
     if unknown:
         raise ApiError(400, "bad_json", f"unknown key(s) {[u[:40] for u in unknown][:5]} in the request")
+    for key in NAMED_BY_PATH:
+        if doc.get(key) is not None and not isinstance(doc[key], str):
+            raise ApiError(400, "bad_json", f"{key} must be a string")
     params = _params(doc.get("parameters"), "request", REQUEST_PARAMETERS)
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
@@ -269,6 +308,11 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
     binary_output = params.get("binary_data_output", False)
     if not isinstance(binary_output, bool):
         raise ApiError(400, "bad_parameters", "binary_data_output must be a boolean")
+    priority = params.get("priority", 0)
+    if type(priority) is not int or priority < 0:
+        raise ApiError(400, "bad_parameters", "priority must be a non-negative integer")
+    if not isinstance(params.get("content_type", ""), str):
+        raise ApiError(400, "bad_parameters", "content_type must be a string")
     return InferRequest(request_id, inputs, _outputs(doc.get("outputs")), binary_output, params)
 
 
