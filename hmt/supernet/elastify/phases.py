@@ -91,6 +91,10 @@ def finetune_step(
             loss = loss + kd_loss(logits[-1], teacher, config.kd_temperature)
             for early in logits[:-1]:
                 loss = loss + config.exit_loss_weight * F.cross_entropy(early, yb)
+            if not loss.requires_grad:
+                # Only the frozen original ran (the largest, or its blocks and skips to its own
+                # head): nothing to learn. Small spaces draw such subnets often.
+                continue
             loss.backward()
             total = total + loss.detach()
         return total
