@@ -145,12 +145,40 @@ def load_state_dict(path: Path) -> dict[str, Any]:
 
 
 def apply_weights(net: torch.nn.Module, path: Path) -> None:
+    """Load ``path`` into ``net`` (strict); InputError saying in one line what does not fit."""
     state = load_state_dict(path)
+    mismatch = weights_mismatch(net.state_dict(), state)
+    if mismatch:
+        raise InputError(f"{path}: weights do not fit the model: {mismatch}")
     try:
-        result = net.load_state_dict(state, strict=True)
+        net.load_state_dict(state, strict=True)
     except RuntimeError as exc:
-        raise InputError(f"{path}: weights do not fit the model: {str(exc).splitlines()[0]} ({exc})") from exc
-    del result
+        text = " ".join(str(exc).split())
+        raise InputError(f"{path}: weights do not fit the model: {text[:300]}") from exc
+
+
+def _listed(items: list[str], shown: int = 3) -> str:
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return ", ".join(items[:shown]) + more
+
+
+def weights_mismatch(expected: dict[str, Any], given: dict[str, Any]) -> str | None:
+    """What keeps the state dict ``given`` from loading where ``expected`` is the model's, in
+    one line (missing and unexpected names, shapes that differ), or None when it fits."""
+    missing = [k for k in expected if k not in given]
+    unexpected = [k for k in given if k not in expected]
+    shapes = [f"{k} is {list(given[k].shape)} in the file, {list(expected[k].shape)} in the model"
+              for k in expected if k in given and tuple(given[k].shape) != tuple(expected[k].shape)]
+    parts = [f"{len(missing)} missing ({_listed(missing)})"] if missing else []
+    parts += [f"{len(unexpected)} unexpected ({_listed(unexpected)})"] if unexpected else []
+    parts += [f"shapes differ: {_listed(shapes, 2)}"] if shapes else []
+    if not parts:
+        return None
+    text = "; ".join(parts)
+    prefix = "module."
+    if unexpected and all(k.startswith(prefix) for k in given) and {k[len(prefix):] for k in given} == set(expected):
+        text += f" (every name in the file starts with {prefix!r}, as DataParallel saves them: strip it)"
+    return text
 
 
 def example_inputs(shapes: tuple[tuple[int, ...], ...], *, seed: int) -> list[torch.Tensor]:
