@@ -101,7 +101,8 @@ def load_factory_module(spec: str) -> torch.nn.Module:
         module_spec.loader.exec_module(module)
     except Exception as exc:
         sys.modules.pop(module_name, None)
-        raise ModelError(f"{path}: importing the model file failed: {type(exc).__name__}: {exc}") from exc
+        raise ModelError(f"{path}: importing the model file failed: {type(exc).__name__}: {exc}"
+                         f"{_not_installed_hint(exc)}") from exc
     factory = getattr(module, func_name, None)
     if not callable(factory):
         raise InputError(f"{path}: defines no function {func_name!r}")
@@ -112,6 +113,14 @@ def load_factory_module(spec: str) -> torch.nn.Module:
     if not isinstance(net, torch.nn.Module):
         raise ModelError(f"{path}:{func_name}() returned {type(net).__name__}, expected a torch.nn.Module")
     return net.eval()
+
+
+def _not_installed_hint(exc: Exception) -> str:
+    """Why a module beside the model file is not found: the file is imported alone."""
+    if not isinstance(exc, ModuleNotFoundError):
+        return ""
+    return ("; hmt imports the model file by itself (its folder is not on the import path) and a supernet "
+            "artifact keeps only that one file: put the model's code in it, or in an installed package")
 
 
 def load_state_dict(path: Path) -> dict[str, Any]:

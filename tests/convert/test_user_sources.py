@@ -1,5 +1,6 @@
-"""A weights file that does not fit the model is refused in one line that says what differs
-(missing and unexpected names, shapes), with a hint for DataParallel's 'module.' prefix."""
+"""A user's model file and weights: a weights file that does not fit the model is refused in
+one line that says what differs (missing and unexpected names, shapes), with a hint for
+DataParallel's 'module.' prefix; a model file importing a module beside it says why that fails."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hmt.convert.sources import apply_weights, weights_mismatch
-from hmt.errors import InputError
+from hmt.convert.sources import apply_weights, load_factory_module, weights_mismatch
+from hmt.errors import InputError, ModelError
 
 
 def _net() -> torch.nn.Module:
@@ -53,3 +54,13 @@ def test_weights_that_do_not_fit_are_refused_in_one_line(tmp_path: Path, change:
     for needle in needles:
         assert needle in message
     assert ("DataParallel" in message) == (change == "prefix")
+
+
+def test_a_model_file_importing_a_module_beside_it_says_why_that_fails(tmp_path: Path) -> None:
+    (tmp_path / "helpers.py").write_text("import torch\ndef head():\n    return torch.nn.Linear(3, 10)\n")
+    (tmp_path / "net.py").write_text("from helpers import head\ndef build():\n    return head()\n")
+    with pytest.raises(ModelError) as caught:
+        load_factory_module(f"{tmp_path / 'net.py'}:build")
+    message = str(caught.value)
+    assert "\n" not in message and "No module named 'helpers'" in message
+    assert "keeps only that one file" in message
