@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hmt.data import BatchLoader
+from hmt.errors import ModelError
 from hmt.progress import ProgressCallback
 from hmt.supernet.elastify.distill import FRESH
 from hmt.supernet.elastify.epochs import EpochResume, run_epochs
@@ -27,7 +28,13 @@ def train_original(model: nn.Module, loader: BatchLoader, config: TrainConfig, h
     model.train()
 
     def step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-        loss = F.cross_entropy(model(xb), yb, label_smoothing=config.label_smoothing)
+        logits = model(xb)
+        if not isinstance(logits, torch.Tensor):
+            raise ModelError(
+                f"--train-original: in training mode the model returns {type(logits).__name__}, not a tensor of "
+                "logits (auxiliary outputs, as GoogLeNet's and Inception's have, are not trained here); train it "
+                "yourself and give --weights, or make its training forward return the logits alone")
+        loss = F.cross_entropy(logits, yb, label_smoothing=config.label_smoothing)
         loss.backward()
         return loss
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import commands.train_supernet  # noqa: F401 - registers the command
 from commands.app import app
-from hmt.errors import InputError, UsageError
+from hmt.errors import InputError, ModelError, UsageError
 from hmt.supernet import load_supernet
 from hmt.supernet.elastify.train import elastify_supernet
 from hmt.supernet.train import resolve_config
@@ -104,3 +104,13 @@ def test_a_missing_model_file_or_weights_is_named_in_one_line(tmp_path: Path, op
         "weights": weights[1] if weights else None}}})
     with pytest.raises(InputError, match=f"^{option} .*no such file"):
         elastify_supernet(config, tmp_path / "sn")
+
+
+def test_train_original_refuses_a_training_forward_with_auxiliary_outputs(tmp_path: Path) -> None:
+    config = resolve_config(overrides={
+        "batch_size": 16, "max_train_samples": 32, "backbone_epochs": 1, "device": "cpu",
+        "extra": {"elastify": {"input_shape": [1, 3, 32, 32], "file": str(MODELS), "factory": "aux_output_net"},
+                  "train_original": True}})
+    with pytest.raises(ModelError, match="^--train-original: in training mode the model returns tuple") as caught:
+        elastify_supernet(config, tmp_path / "sn", cache_dir=tmp_path / "cache")
+    assert "--weights" in str(caught.value) and "\n" not in str(caught.value)
