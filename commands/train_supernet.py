@@ -242,6 +242,7 @@ def _elastify_extra(
     file, factory = parse_model_option(model) if model is not None else (None, None)
     spec = ModelSpec(input_shape=parse_shape(input_shape), file=file, factory=factory, torchvision=torchvision_name,
                      weights=str(weights) if weights else None, leaves=tuple(leaves)).validate()
+    spec.check_files()
     return {"elastify": spec.to_json_dict(), "finetune_original": finetune_original,
             "train_original": train_original}
 

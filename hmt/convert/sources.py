@@ -101,7 +101,8 @@ def load_factory_module(spec: str) -> torch.nn.Module:
         module_spec.loader.exec_module(module)
     except Exception as exc:
         sys.modules.pop(module_name, None)
-        raise ModelError(f"{path}: importing the model file failed: {type(exc).__name__}: {exc}") from exc
+        raise ModelError(f"{path}: importing the model file failed: {type(exc).__name__}: {exc}"
+                         f"{_not_installed_hint(exc)}") from exc
     factory = getattr(module, func_name, None)
     if not callable(factory):
         raise InputError(f"{path}: defines no function {func_name!r}")
@@ -112,6 +113,14 @@ def load_factory_module(spec: str) -> torch.nn.Module:
     if not isinstance(net, torch.nn.Module):
         raise ModelError(f"{path}:{func_name}() returned {type(net).__name__}, expected a torch.nn.Module")
     return net.eval()
+
+
+def _not_installed_hint(exc: Exception) -> str:
+    """Why a module beside the model file is not found: the file is imported alone."""
+    if not isinstance(exc, ModuleNotFoundError):
+        return ""
+    return ("; hmt imports the model file by itself (its folder is not on the import path) and a supernet "
+            "artifact keeps only that one file: put the model's code in it, or in an installed package")
 
 
 def load_state_dict(path: Path) -> dict[str, Any]:
@@ -145,12 +154,40 @@ def load_state_dict(path: Path) -> dict[str, Any]:
 
 
 def apply_weights(net: torch.nn.Module, path: Path) -> None:
+    """Load ``path`` into ``net`` (strict); InputError saying in one line what does not fit."""
     state = load_state_dict(path)
+    mismatch = weights_mismatch(net.state_dict(), state)
+    if mismatch:
+        raise InputError(f"{path}: weights do not fit the model: {mismatch}")
     try:
-        result = net.load_state_dict(state, strict=True)
+        net.load_state_dict(state, strict=True)
     except RuntimeError as exc:
-        raise InputError(f"{path}: weights do not fit the model: {str(exc).splitlines()[0]} ({exc})") from exc
-    del result
+        text = " ".join(str(exc).split())
+        raise InputError(f"{path}: weights do not fit the model: {text[:300]}") from exc
+
+
+def _listed(items: list[str], shown: int = 3) -> str:
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return ", ".join(items[:shown]) + more
+
+
+def weights_mismatch(expected: dict[str, Any], given: dict[str, Any]) -> str | None:
+    """What keeps the state dict ``given`` from loading where ``expected`` is the model's, in
+    one line (missing and unexpected names, shapes that differ), or None when it fits."""
+    missing = [k for k in expected if k not in given]
+    unexpected = [k for k in given if k not in expected]
+    shapes = [f"{k} is {list(given[k].shape)} in the file, {list(expected[k].shape)} in the model"
+              for k in expected if k in given and tuple(given[k].shape) != tuple(expected[k].shape)]
+    parts = [f"{len(missing)} missing ({_listed(missing)})"] if missing else []
+    parts += [f"{len(unexpected)} unexpected ({_listed(unexpected)})"] if unexpected else []
+    parts += [f"shapes differ: {_listed(shapes, 2)}"] if shapes else []
+    if not parts:
+        return None
+    text = "; ".join(parts)
+    prefix = "module."
+    if unexpected and all(k.startswith(prefix) for k in given) and {k[len(prefix):] for k in given} == set(expected):
+        text += f" (every name in the file starts with {prefix!r}, as DataParallel saves them: strip it)"
+    return text
 
 
 def example_inputs(shapes: tuple[tuple[int, ...], ...], *, seed: int) -> list[torch.Tensor]:

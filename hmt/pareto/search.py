@@ -92,6 +92,10 @@ class _Search:
                     self.closest = (key, candidate, costs)
             elif candidate.key not in self.archive and candidate.key not in new and len(new) < self.remaining:
                 new[candidate.key] = (candidate, costs)
+        # A candidate that is an earlier exit of another one of the group comes with it, free:
+        # evaluating both would put the same variant twice on the archive (and the front).
+        free = {e.key for c, _ in new.values() for e in self._earlier_exits(c)}
+        new = {key: value for key, value in new.items() if key not in free}
         if new:
             archs = [c.arch for c, _ in new.values()]
             results = self.evaluator.evaluate(archs)
@@ -150,17 +154,21 @@ class _Search:
         self.records.append(record)
         self.archive[record.candidate.key] = record
 
-    def _add_earlier_exits(self, record: Record) -> None:
-        arch = record.candidate.arch
+    def _earlier_exits(self, candidate: Candidate) -> list[Candidate]:
+        """The variants that stop at each earlier exit of ``candidate`` (its blocks up to there)."""
+        arch = candidate.arch
         choices = [c if c != "-" else "base" for c in arch.choices]
-        for stage in range(arch.exit_stage):
-            earlier = self.encoding.space.make(choices, stage)
-            candidate = Candidate(earlier, record.candidate.engine)
+        return [Candidate(self.encoding.space.make(choices, stage), candidate.engine)
+                for stage in range(arch.exit_stage)]
+
+    def _add_earlier_exits(self, record: Record) -> None:
+        for stage, candidate in enumerate(self._earlier_exits(record.candidate)):
             if candidate.key in self.archive:
                 continue
+            earlier = candidate.arch
             accuracy = ArchAccuracy(earlier.arch_id, stage, record.accuracy.accuracy_per_exit[: stage + 1])
             self._add(Record(record.order, record.generation, candidate, self.cost_model.costs(earlier), accuracy,
-                             derived_from=arch.arch_id))
+                             derived_from=record.candidate.arch.arch_id))
 
     # -- NearbyInit / NearbyMutate ----------------------------------------------------------
     #

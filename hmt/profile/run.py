@@ -275,7 +275,7 @@ def profile_device(out_dir: Path | str, options: ProfileOptions, *, power_source
     d.note(f"latency model used for eq. 2 predictions: {chosen} (the lower cross-validated error; in-sample "
            "below 30 probes)")
     if loaded is not None:
-        stages.block_table_section(d, options, runner, loaded, curve, progress)
+        stages.block_table_section(d, options, runner, loaded, curve, progress, out_dir=out_dir)
     if options.load_model and options.rpc is None:
         stages.load_section(d, options, runner, probes, loaded, progress)
     stages.energy_section(d, options, runner, probes, curve, power_source, progress)

@@ -213,7 +213,9 @@ def energy_section(d: _Doc, options: ProfileOptions, runner: Any, probes: list[A
 
 
 def block_table_section(d: _Doc, options: ProfileOptions, runner: Any, loaded: Any, curve: HitRateCurve,
-                        progress: ProgressCallback) -> None:
+                        progress: ProgressCallback, *, out_dir: Path) -> None:
+    from hmt.artifacts.paths import relative_to_artifact
+
     warmup, repeats = options.timing
     frame, layers = measure_block_table(loaded.net.iter_block_choices(), runner, batches=options.batches,
                                         warmup=warmup, repeats=repeats, progress=progress)
@@ -223,7 +225,9 @@ def block_table_section(d: _Doc, options: ProfileOptions, runner: Any, loaded: A
                                     "call, less the time it waited runnable for a CPU; overhead_ms = a pass-through "
                                     "model's sustained time at the block's input; net_ms = sustained - overhead")
     d.profile.add_table("block_latency", frame, units={**BLOCK_UNITS, **ROW_UNITS}, source=pid)
-    d.doc["supernet"] = {"path": str(loaded.artifact.root), "manifest_sha256": loaded.artifact.manifest_sha256,
+    # Relative to the profile artifact, as its config records it: no path of this machine.
+    d.doc["supernet"] = {"path": relative_to_artifact(loaded.artifact.root, out_dir),
+                         "manifest_sha256": loaded.artifact.manifest_sha256,
                          "space_tag": getattr(loaded.space, "tag", None)}
     batch1 = frame[frame.batch == 1]
     samples = [layers[(r.position, r.choice, 1)] for r in batch1.itertuples(index=False)]

@@ -219,3 +219,20 @@ def test_greedy_share_walks_from_the_largest_and_seeds_the_search(parts) -> None
     plain = run_search(encoding, model, PrefixEvaluator(model.net, batches), BudgetSweep(),
                        SearchOptions(evaluations=10, population=4).validate())
     assert plain.records[0].candidate.key == largest
+
+
+def test_an_earlier_exit_of_another_candidate_of_the_group_enters_once(parts) -> None:  # type: ignore[no-untyped-def]
+    """A group holding a variant and its own earlier exit: the exit comes free with the variant,
+    once (evaluated as well, it stood twice on the archive and the front, and deploy refused
+    the bundle's index)."""
+    _, model, encoding, batches = parts
+    search = _Search(encoding, model, PrefixEvaluator(model.net, batches), BudgetSweep(),
+                     SearchOptions(evaluations=10).validate(), no_progress)
+    space = encoding.space
+    late = space.make([p.choices[-1] for p in space.positions])
+    early = space.make(list(late.choices), 0)
+    genes = np.stack([encoding.encode(encoding.candidate(a)) for a in (late, early)])
+    search.evaluate_genes(genes)
+    keys = [r.candidate.key for r in search.records]
+    assert len(keys) == len(set(keys)) and search.evaluations == 1
+    assert search.archive[encoding.candidate(early).key].derived_from == late.arch_id

@@ -57,6 +57,7 @@ def test_end_to_end_with_supernet_fake_power_and_validation(tmp_path: Path, fast
     artifact = load_artifact(out, kind="device-profile")
     assert {"profile.json", "validation.png"} <= {f.path for f in artifact.manifest.files}
     assert artifact.manifest.parents[0].kind == "supernet"
+    assert profile.doc["supernet"]["path"] == "../supernet"  # relative, never a path of this machine
     assert artifact.manifest.metrics["device"] == "host"
     # The predictor reproduces a variant's table sum and refuses unknown blocks.
     predictor = Predictor(profile)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hmt.data import BatchLoader
+from hmt.errors import ModelError
 from hmt.progress import ProgressCallback
 from hmt.supernet.elastify.distill import FRESH
 from hmt.supernet.elastify.epochs import EpochResume, run_epochs
@@ -27,7 +28,13 @@ def train_original(model: nn.Module, loader: BatchLoader, config: TrainConfig, h
     model.train()
 
     def step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-        loss = F.cross_entropy(model(xb), yb, label_smoothing=config.label_smoothing)
+        logits = model(xb)
+        if not isinstance(logits, torch.Tensor):
+            raise ModelError(
+                f"--train-original: in training mode the model returns {type(logits).__name__}, not a tensor of "
+                "logits (auxiliary outputs, as GoogLeNet's and Inception's have, are not trained here); train it "
+                "yourself and give --weights, or make its training forward return the logits alone")
+        loss = F.cross_entropy(logits, yb, label_smoothing=config.label_smoothing)
         loss.backward()
         return loss
 
@@ -91,6 +98,10 @@ def finetune_step(
             loss = loss + kd_loss(logits[-1], teacher, config.kd_temperature)
             for early in logits[:-1]:
                 loss = loss + config.exit_loss_weight * F.cross_entropy(early, yb)
+            if not loss.requires_grad:
+                # Only the frozen original ran (the largest, or its blocks and skips to its own
+                # head): nothing to learn. Small spaces draw such subnets often.
+                continue
             loss.backward()
             total = total + loss.detach()
         return total

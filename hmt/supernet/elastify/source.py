@@ -52,6 +52,14 @@ class ModelSpec:
             )
         return self
 
+    def check_files(self) -> None:
+        """InputError naming the option when the model file or the weights are not there
+        (before the dataset is read and anything is hashed)."""
+        for option, path in (("--model", self.file), ("--weights", self.weights)):
+            if path is not None and not Path(path).is_file():
+                shown = f"{path}:{self.factory}" if option == "--model" else path
+                raise InputError(f"{option} {shown}: no such file")
+
     def to_json_dict(self) -> dict[str, Any]:
         return {
             "input_shape": list(self.input_shape),

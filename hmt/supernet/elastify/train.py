@@ -177,6 +177,7 @@ def elastify_supernet(
 
     started = time.perf_counter()
     spec = spec_from_config(config)
+    spec.check_files()
     checkpoint_dir = Path(checkpoint_dir or default_checkpoint_dir(Path(out_dir)))
     check_training_outputs(config, Path(out_dir), checkpoint_dir, force=force, inputs=(spec.file, spec.weights))
     trained_original = train_original_of(config, spec)

@@ -162,6 +162,25 @@ def trained_user_net() -> nn.Module:
     return net.eval()
 
 
+class AuxOutputNet(nn.Module):
+    """Returns (logits, auxiliary logits) in training mode, as GoogLeNet and Inception do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                  nn.Conv2d(8, 8, 3, padding=1), nn.ReLU())
+        self.fc = nn.Linear(8, 10)
+        self.aux = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        h = self.body(x).mean((2, 3))
+        return (self.fc(h), self.aux(h)) if self.training else self.fc(h)
+
+
+def aux_output_net() -> nn.Module:
+    return AuxOutputNet()
+
+
 class BasicBlock(nn.Module):
     """A CIFAR ResNet basic block: identity shortcut, or 1x1 conv + BN where the shape changes."""
 

@@ -63,3 +63,34 @@ def test_finetune_original_moves_the_original() -> None:
     net.set_original_frozen(False)
     _train_steps(net, finetune_original=True)
     assert largest_error(net, model, seed=3) > 1e-5
+
+
+
+class _OneStage(torch.nn.Module):
+    """Every block at the stem's resolution: one stage, whose exit is the model's own head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU())
+        self.body = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU())
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        return self.fc((x + self.body(x)).mean((2, 3)))
+
+
+def test_a_subnet_of_only_frozen_parts_is_passed_over() -> None:
+    """In a one-stage space the largest, and the original with its block skipped, run nothing
+    that trains: the fine-tuning step passes them over instead of calling backward on them."""
+    torch.manual_seed(0)
+    model = _OneStage().eval()
+    net = ElastifiedSupernet(copy.deepcopy(model), name="one", input_shape=(3, 16, 16))
+    space = net.space
+    assert space.num_stages == 1 and "skip" in space.positions[0].choices
+    step = finetune_step(net, TrainConfig(), False, fixed=[space.largest(), space.make(["skip"], 0)])
+    net.train()
+    x, y = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(1)), torch.zeros(4, dtype=torch.long)
+    assert float(step(x, y, np.random.default_rng(0))) == 0.0
+    net.eval()
+    assert largest_error(net, model, seed=3) == 0.0

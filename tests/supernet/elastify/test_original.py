@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import commands.train_supernet  # noqa: F401 - registers the command
 from commands.app import app
-from hmt.errors import UsageError
+from hmt.errors import InputError, ModelError, UsageError
 from hmt.supernet import load_supernet
 from hmt.supernet.elastify.train import elastify_supernet
 from hmt.supernet.train import resolve_config
@@ -86,3 +86,31 @@ def test_train_original_needs_epochs_and_a_model(tmp_path: Path) -> None:
         elastify_supernet(config, tmp_path / "sn")
     result = CliRunner().invoke(app, ["train-supernet", "--train-original", "--out", str(tmp_path / "sn")])
     assert result.exit_code == 2 and "--model or --torchvision" in result.output
+
+
+@pytest.mark.parametrize("option", ["--model", "--weights"])
+def test_a_missing_model_file_or_weights_is_named_in_one_line(tmp_path: Path, option: str) -> None:
+    model = f"{tmp_path / 'absent.py'}:build" if option == "--model" else f"{MODELS}:user_net"
+    weights = ["--weights", str(tmp_path / "absent.safetensors")] if option == "--weights" else []
+    result = CliRunner().invoke(app, ["train-supernet", "--model", model, *weights, "--input-shape", "1,3,32,32",
+                                      "--out", str(tmp_path / "sn")])
+    assert result.exit_code == 3, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {option} ") and "absent" in lines[0]
+    assert "no such file" in lines[0] and "internal error" not in result.output
+    # The library refuses it too, before reading the dataset or hashing anything.
+    config = resolve_config(overrides={"extra": {"elastify": {
+        "input_shape": [1, 3, 32, 32], "file": model.rpartition(":")[0], "factory": model.rpartition(":")[2],
+        "weights": weights[1] if weights else None}}})
+    with pytest.raises(InputError, match=f"^{option} .*no such file"):
+        elastify_supernet(config, tmp_path / "sn")
+
+
+def test_train_original_refuses_a_training_forward_with_auxiliary_outputs(tmp_path: Path) -> None:
+    config = resolve_config(overrides={
+        "batch_size": 16, "max_train_samples": 32, "backbone_epochs": 1, "device": "cpu",
+        "extra": {"elastify": {"input_shape": [1, 3, 32, 32], "file": str(MODELS), "factory": "aux_output_net"},
+                  "train_original": True}})
+    with pytest.raises(ModelError, match="^--train-original: in training mode the model returns tuple") as caught:
+        elastify_supernet(config, tmp_path / "sn", cache_dir=tmp_path / "cache")
+    assert "--weights" in str(caught.value) and "\n" not in str(caught.value)

@@ -1,0 +1,66 @@
+"""A user's model file and weights: a weights file that does not fit the model is refused in
+one line that says what differs (missing and unexpected names, shapes), with a hint for
+DataParallel's 'module.' prefix; a model file importing a module beside it says why that fails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from hmt.convert.sources import apply_weights, load_factory_module, weights_mismatch
+from hmt.errors import InputError, ModelError
+
+
+def _net() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Flatten(),
+                               torch.nn.Linear(8, 10))
+
+
+def _state() -> dict[str, torch.Tensor]:
+    return {k: v.clone().contiguous() for k, v in _net().state_dict().items()}
+
+
+def test_weights_that_fit_load_exactly(tmp_path: Path) -> None:
+    state = _state()
+    assert weights_mismatch(_net().state_dict(), state) is None
+    save_file(state, str(tmp_path / "w.safetensors"))
+    net = _net()
+    apply_weights(net, tmp_path / "w.safetensors")
+    assert all(torch.equal(net.state_dict()[k], v) for k, v in state.items())
+
+
+@pytest.mark.parametrize(("change", "needles"), [
+    ("missing", ["1 missing (3.bias)"]),
+    ("shape", ["shapes differ: 3.weight is [100, 8] in the file, [10, 8] in the model"]),
+    ("prefix", ["missing (0.weight, 0.bias, 1.weight and", "9 unexpected (module.", "'module.'"]),
+])
+def test_weights_that_do_not_fit_are_refused_in_one_line(tmp_path: Path, change: str, needles: list[str]) -> None:
+    state = _state()
+    if change == "missing":
+        del state["3.bias"]
+    elif change == "shape":
+        state["3.weight"] = torch.zeros(100, 8)
+    else:
+        state = {f"module.{k}": v for k, v in state.items()}
+    path = tmp_path / "w.safetensors"
+    save_file(state, str(path))
+    with pytest.raises(InputError) as caught:
+        apply_weights(_net(), path)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"{path}: weights do not fit the model: ")
+    for needle in needles:
+        assert needle in message
+    assert ("DataParallel" in message) == (change == "prefix")
+
+
+def test_a_model_file_importing_a_module_beside_it_says_why_that_fails(tmp_path: Path) -> None:
+    (tmp_path / "helpers.py").write_text("import torch\ndef head():\n    return torch.nn.Linear(3, 10)\n")
+    (tmp_path / "net.py").write_text("from helpers import head\ndef build():\n    return head()\n")
+    with pytest.raises(ModelError) as caught:
+        load_factory_module(f"{tmp_path / 'net.py'}:build")
+    message = str(caught.value)
+    assert "\n" not in message and "No module named 'helpers'" in message
+    assert "keeps only that one file" in message
