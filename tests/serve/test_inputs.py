@@ -240,3 +240,18 @@ def test_deploy_takes_preprocessing_and_class_names_from_the_supernet(tmp_path: 
     assert pre is None and names is None and not known and note and "was not found" in note
     assert input_meta(front("none", [], {}))[2:] == (
         "no supernet recorded: the bundle carries no preprocessing or class names", False)
+
+
+def test_grey_pixels_may_come_without_their_channel_axis() -> None:
+    """A one-channel (MNIST-like) bundle takes uint8 [H, W] and [N, H, W], as image libraries give grey
+    pixels, with the answer of [H, W, 1]; another shape is refused naming all the accepted ones."""
+    spec = InputSpec(TensorSpec("input", (1, 1, 28, 28), "float32"), Preprocess(mean=(0.13,), std=(0.31,)))
+    rng = np.random.default_rng(0)
+    grey = rng.integers(0, 256, (2, 28, 28), dtype=np.uint8)
+    with_axis = decode(npy_bytes(grey[..., None]), "application/x-npy", spec)
+    assert with_axis.shape == (2, 1, 28, 28)
+    np.testing.assert_array_equal(decode(npy_bytes(grey), "application/x-npy", spec), with_axis)
+    np.testing.assert_array_equal(decode(npy_bytes(grey[0]), "application/x-npy", spec), with_axis[:1])
+    with pytest.raises(ApiError) as err:
+        decode(npy_bytes(grey[:, :27]), "application/x-npy", spec)
+    assert err.value.status == 422 and "[28, 28] or [N, 28, 28]" in err.value.message

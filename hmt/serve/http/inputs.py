@@ -4,8 +4,8 @@ Accepted bodies (``Content-Type``):
 
 - ``application/x-npy`` or ``application/octet-stream`` holding a ``.npy`` array:
   the model's tensor (the bundle's dtype, shape ``[C, H, W]``, ``[1, C, H, W]`` or a
-  batch ``[N, C, H, W]``), or **uint8 pixels** ``[H, W, C]`` / ``[N, H, W, C]`` that the
-  bundle's preprocessing normalises;
+  batch ``[N, C, H, W]``), or **uint8 pixels** ``[H, W, C]`` / ``[N, H, W, C]`` (grey: also
+  ``[H, W]`` / ``[N, H, W]``) that the bundle's preprocessing normalises;
 - ``application/json`` ``{"inputs": <nested list of numbers>}`` in the tensor's shape (or a
   batch of them). Only numbers: booleans, strings (even ``"1.5"``), ``null`` and
   non-finite values are refused; so are integers too long for float32 and nesting deeper
@@ -277,8 +277,11 @@ def _pixel_batch(array: np.ndarray, spec: InputSpec) -> np.ndarray:
         return array[None]
     if array.ndim == 4 and array.shape[1:] == (h, w, c) and array.shape[0] >= 1:
         return array
+    if c == 1 and (array.shape == (h, w) or (array.ndim == 3 and array.shape[1:] == (h, w) and array.shape[0] >= 1)):
+        return array.reshape(-1, h, w, 1)  # grey pixels without their channel axis, as image libraries give them
+    grey = f", [{h}, {w}] or [N, {h}, {w}]" if c == 1 else ""
     raise ApiError(422, "bad_shape", f"uint8 pixels of shape {list(array.shape)}; the bundle expects [H, W, C] = "
-                                     f"{[h, w, c]} or a batch [N, {h}, {w}, {c}]")
+                                     f"{[h, w, c]} or a batch [N, {h}, {w}, {c}]{grey}")
 
 
 def normalise(pixels: np.ndarray, spec: InputSpec) -> np.ndarray:
