@@ -45,6 +45,25 @@ def _phase_seconds(history: list[dict[str, Any]]) -> dict[str, dict[str, float]]
     return out
 
 
+def _acc(row: dict[str, Any], key: str) -> float | None:
+    return float(row[key]) if row.get(key) not in (None, "") else None
+
+
+def _evaluation(results: Path, name: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The largest and the specialized variant's rows of one specialization: its evaluation through
+    the front (``NAME.csv``: validation, test and test halves), or where that was not collected (a
+    lease that ended first) ``hmt specialize``'s own table (``NAME-variants.csv``: validation and
+    test, no halves)."""
+    if (results / f"{name}.csv").is_file():
+        rows = _rows(results / f"{name}.csv")
+        return rows[0], rows[1]
+    if (results / f"{name}-variants.csv").is_file():
+        roles = {r["role"]: r for r in _rows(results / f"{name}-variants.csv")}
+        if "largest" in roles and "specialized" in roles:
+            return roles["largest"], roles["specialized"]
+    return None
+
+
 def model_summary(results: Path, model: str, test_half: bool) -> dict[str, Any] | None:
     """The elastic run and every specialization of ``model`` found in ``results``."""
     manifest = results / f"{model}-elastic-manifest.json"
@@ -59,20 +78,20 @@ def model_summary(results: Path, model: str, test_half: bool) -> dict[str, Any] 
     original: dict[str, Any] | None = None
     for path in sorted(results.glob(f"{model}-*-specialize.json")):
         name = path.name[: -len("-specialize.json")]
-        if name.endswith("-elastic") or not (results / f"{name}.csv").is_file():
+        rows = _evaluation(results, name)
+        if name.endswith("-elastic") or rows is None:
             continue
         doc = json.loads(path.read_text())
-        rows = _rows(results / f"{name}.csv")
-        largest, after = rows[0], rows[1]
+        largest, after = rows
         original = original or {"arch_id": largest["arch_id"], "macs": int(largest["macs"]),
-                                **{k: float(largest[k]) for k in ("val_acc", "test_acc", "test_a_acc", "test_b_acc")}}
+                                **{k: _acc(largest, k) for k in ("val_acc", "test_acc", "test_a_acc", "test_b_acc")}}
         before = front.get(after["arch_id"])
         spec_history = json.loads((results / f"{name}-history.json").read_text())
         entry = {
             "name": name, "arch_id": after["arch_id"], "chosen_by": doc["variants"][0]["chosen_by"],
             "macs": int(after["macs"]), "epochs": doc["epochs"], "lr": doc["lr"],
             "train_s": round(sum(float(h["epoch_s"]) for h in spec_history), 1),
-            "after": {k: float(after[k]) for k in ("val_acc", "test_acc", "test_a_acc", "test_b_acc")},
+            "after": {k: _acc(after, k) for k in ("val_acc", "test_acc", "test_a_acc", "test_b_acc")},
             "before": ({k: float(before[k]) for k in ("val_acc", "test_acc", "test_a_acc", "test_b_acc")}
                        if before else {"val_acc": doc["variants"][0]["val_acc_before"],
                                        "test_acc": doc["variants"][0]["test_acc_before"]}),
