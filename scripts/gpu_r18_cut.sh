@@ -7,7 +7,8 @@
 #   SPECS='r18-w50=r18:e3.555555555555:120 r18-a=r18:e3.575555555555:120' bash scripts/gpu_r18_cut.sh WORKDIR
 # WORKDIR holds cifar10.blob (scripts/gpu_pack_cifar.py pack), or BLOB_PARTS names its parts in
 # order (carried in separate calls: the device tool carries 64 MiB a call with the tree) and
-# BLOB_SHA256 the whole blob's sha256, checked after joining.
+# BLOB_SHA256 the whole blob's sha256, checked after joining. An original carried in as WORKDIR/r18.safetensors
+# is used as it is (no original trained).
 set -uo pipefail
 W=$1
 : "${SPECS:?SPECS: NAME=r18:SELECTION:EPOCHS entries, as in scripts/gpu_specialize.sh}"
@@ -22,9 +23,17 @@ if [ ! -f "$W/cifar10.blob" ] && [ -n "${BLOB_PARTS:-}" ]; then
 fi
 [ -f "$W/cifar10.blob" ] || { echo "gpu_r18_cut.sh: no $W/cifar10.blob (and no BLOB_PARTS)" >&2; exit 2; }
 SEEDS=${ORIG_SEEDS:-1}
-bash scripts/gpu_originals.sh "$W/cifar10.blob" "$W" $(for s in $SEEDS; do echo "r18-e300-s$s"; done) > /dev/null
-for s in $SEEDS; do echo "== r18-e300-s$s: $(tail -c 200 "$W/r18-e300-s$s.log" 2>/dev/null | tr '\r' '\n' | tail -n 1)"; done
-for s in $SEEDS; do [ -f "$W/r18-e300-s$s.done" ] || { echo "originals running"; exit 0; }; done
+# WORKDIR/r18.safetensors carried in (an original trained in an earlier lease): no original is trained;
+# R18_SHA256, where given, is checked first.
+if [ -f "$W/r18.safetensors" ] && [ -n "${R18_SHA256:-}" ] && [ ! -f "$W/r18.checked" ]; then
+  echo "$R18_SHA256  $W/r18.safetensors" | sha256sum -c --quiet - || { echo "r18.safetensors: wrong sha256" >&2; exit 3; }
+  touch "$W/r18.checked"
+fi
+if [ ! -f "$W/r18.safetensors" ]; then
+  bash scripts/gpu_originals.sh "$W/cifar10.blob" "$W" $(for s in $SEEDS; do echo "r18-e300-s$s"; done) > /dev/null
+  for s in $SEEDS; do echo "== r18-e300-s$s: $(tail -c 200 "$W/r18-e300-s$s.log" 2>/dev/null | tr '\r' '\n' | tail -n 1)"; done
+  for s in $SEEDS; do [ -f "$W/r18-e300-s$s.done" ] || { echo "originals running"; exit 0; }; done
+fi
 if [ ! -f "$W/r18.safetensors" ]; then
   best=$(python3 - "$W" $SEEDS <<'PY'
 import json, sys
