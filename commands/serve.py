@@ -383,9 +383,11 @@ def serve_command(
                        session=session, api=api, server=server, seed=seed)
             return
         if scenario is None:
+            from commands.serve_offload import note_listening
+
             status = serve_forever(bundle, session, api, server,
-                                   on_listening=lambda url: output.note(f"serving {bundle} on {url} "
-                                                                        "(SIGTERM or Ctrl-C drains and stops)"))
+                                   on_listening=lambda url: note_listening(output, bundle, f"serving {bundle} on {url} "
+                                                                           "(SIGTERM or Ctrl-C drains and stops)"))
             output.result({"stopped": True, "status": status},
                           f"stopped after {status['requests']} requests, {status['switches']} switches")
             return

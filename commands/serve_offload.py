@@ -9,6 +9,20 @@ from typing import Any
 from commands._output import Output
 
 
+def note_listening(output: Output, bundle: Path, message: str) -> None:
+    """``message`` (the address serve listens on), then, for a bundle built for another CPU
+    architecture than this machine's, a note saying what of it does not describe this machine.
+    Called once listening: the bundle has passed serve's checks by then."""
+    import platform
+
+    from hmt.bundle import foreign_machine_note, load_bundle
+
+    output.note(message)
+    note = foreign_machine_note(load_bundle(bundle, verify_checksums=False), platform.machine())
+    if note is not None:
+        output.note(f"note: {note}")
+
+
 def run_peer(output: Output, bundle: Path, *, host: str, port: int, token: str | None, workers: int,
              max_queue: int, deadline_ms: float,
              threads: int | None, engine: str | None, ssl_certfile: Path | None, ssl_keyfile: Path | None,
@@ -34,8 +48,8 @@ def run_peer(output: Output, bundle: Path, *, host: str, port: int, token: str |
                                                                  for n in ch.notes if "not fuse's" in n))
     serve_peer(service, host, port, tls=tls, log_level="info" if debug else "warning",
                max_connections=max_connections, receipt_timeout_s=receipt_timeout_s,
-               on_listening=lambda url: output.note(f"peer serving {bundle} on {url} (POST /v1/segment; "
-                                                    "SIGTERM drains and stops)"))
+               on_listening=lambda url: note_listening(output, bundle, f"peer serving {bundle} on {url} (POST "
+                                                       "/v1/segment; SIGTERM drains and stops)"))
     output.result({"stopped": True, "role": "peer", "served": service.served},
                   f"peer stopped after {service.served} segments")
 
@@ -47,7 +61,8 @@ def run_device(output: Output, bundle: Path, *, peer: str, peer_token: str | Non
     link = PeerLink(peer, token=peer_token or os.environ.get(PEER_TOKEN_ENV) or None, cafile=peer_cafile)
     status = serve_device_forever(
         bundle, session, api, server, link, seed=seed,
-        on_listening=lambda url: output.note(f"serving {bundle} on {url}, offloading to {peer} when it pays"))
+        on_listening=lambda url: note_listening(output, bundle,
+                                                f"serving {bundle} on {url}, offloading to {peer} when it pays"))
     offload = status.get("offload", {})
     output.result({"stopped": True, "status": status},
                   f"stopped; answered {offload.get('answered', {})}, peer errors {offload.get('peer_errors', {})}")

@@ -469,6 +469,27 @@ def load_checked_bundle(path: Path | str, *, trusted_key: Path | str | None = No
     return bundle
 
 
+# platform.machine() spellings of the CPU architectures targets name (``Target.arch``).
+_MACHINE_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64", "armv8": "aarch64"}
+
+
+def foreign_machine_note(bundle: Bundle, machine: str) -> str | None:
+    """A note when ``bundle`` was built for another CPU architecture than ``machine``
+    (``platform.machine()``); None when they agree or the bundle names none.
+
+    Serving it is allowed (its ONNX graphs are portable and its libraries are never loaded
+    here), but its profile, thread count and latency priors describe the target, not this machine.
+    """
+    arch = bundle.spec.target.get("arch")
+    here = _MACHINE_ALIASES.get(machine.lower(), machine.lower())
+    if not isinstance(arch, str) or not here or arch.lower() == here:
+        return None
+    name = str(bundle.spec.target.get("name", "?"))[:80]
+    return (f"{bundle.root} was built for {name} ({arch[:40]}) and this machine is {here[:40]}: its ONNX graphs run "
+            f"here under ONNX Runtime, but its profile, thread count and latency predictions are {name}'s, "
+            "not this machine's")
+
+
 def graph_names(variants: Sequence[BundleVariant]) -> list[str]:
     """Every graph file the variants reference (for builders checking completeness)."""
     names: list[str] = []

@@ -6,6 +6,15 @@ raises these with a message that names the file or field at fault and what was e
 
 from __future__ import annotations
 
+import zipfile
+import zlib
+
+# What numpy.load raises on a damaged or foreign .npz (not a zip, truncated, a bad CRC, a bad
+# deflate stream, a member that is not .npy, a missing array): the file is bad input, never a bug.
+# OSError, ValueError and KeyError alone let a truncated copy through as an internal error (exit 70).
+NPZ_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile,
+                                               zlib.error)
+
 
 class HmtError(Exception):
     """Base of every error hmt raises on purpose. ``exit_code`` is what the CLI returns."""

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from hmt.artifacts import ArtifactWriter
-from hmt.errors import HmtError, ModelError, UsageError
+from hmt.errors import NPZ_ERRORS, HmtError, ModelError, UsageError
 
 ADAPT_DIR = "adapt"
 ADAPT_METHOD = "bn-reestimation"
@@ -147,7 +147,7 @@ def ship_canary(writer: ArtifactWriter, source: Path, *, seed: int, max_samples:
     try:
         with np.load(source, allow_pickle=False) as archive:
             x, y = np.asarray(archive["x"]), np.asarray(archive["y"])
-    except (OSError, ValueError, KeyError) as exc:
+    except NPZ_ERRORS as exc:
         raise UsageError(f"--canary-data {source}: expected an .npz with x (inputs or uint8 pixels) and y "
                          f"(labels) ({exc})") from exc
     if y.ndim != 1 or len(y) != len(x) or not len(y) or not np.issubdtype(y.dtype, np.integer):

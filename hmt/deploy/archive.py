@@ -406,7 +406,8 @@ def extract_archive(archive: Path, dest: Path, *, max_total_bytes: int = MAX_TOT
     except HmtError:
         raise
     except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        raise InputError(f"{archive}: not a readable tar archive ({exc})") from exc
+        # One line: tarfile's "r:*" lists every compression it tried, one per line.
+        raise InputError(f"{archive}: not a readable tar archive ({' '.join(str(exc).split())})") from exc
     except OSError as exc:
         raise InputError(f"{archive}: cannot extract into {dest} ({exc})") from exc
     tops = {normal.parts[0] for _, normal in budget.seen if normal.parts}

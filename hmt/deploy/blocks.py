@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from hmt.artifacts import ArtifactWriter
-from hmt.errors import ModelError, UsageError
+from hmt.errors import NPZ_ERRORS, ModelError, UsageError
 from hmt.runtime.blocks import (
     BLOCKS_SPEC_NAME,
     BLOCKS_SPEC_VERSION,
@@ -252,7 +252,7 @@ def read_labelled(source: Path, input_shape: Sequence[int], *, seed: int, max_sa
     try:
         with np.load(source, allow_pickle=False) as archive:
             x, y = np.asarray(archive["x"]), np.asarray(archive["y"])
-    except (OSError, ValueError, KeyError) as exc:
+    except NPZ_ERRORS as exc:
         raise UsageError(f"--blocks-data {source}: expected an .npz with x (model inputs) and y (labels) "
                          f"({exc})") from exc
     if x.ndim != len(input_shape) + 1 or tuple(x.shape[1:]) != tuple(input_shape) or \

@@ -26,7 +26,7 @@ from typing import Any, Tuple
 import numpy as np
 
 from hmt.bundle import Bundle, TensorSpec
-from hmt.errors import ArtifactError, HmtError, ModelError, UsageError
+from hmt.errors import NPZ_ERRORS, ArtifactError, HmtError, ModelError, UsageError
 from hmt.runtime.chain import ChainRunner, GraphFn
 
 BLOCKS_DIR = "blocks"
@@ -446,7 +446,7 @@ def load_calibration(bundle: Bundle, space: BlockSpace) -> tuple[np.ndarray, np.
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as blob:
             x, y = np.asarray(blob["x"], dtype=np.float32), np.asarray(blob["y"], dtype=np.int64)
-    except (OSError, ValueError, KeyError) as exc:
+    except NPZ_ERRORS as exc:
         raise ArtifactError(f"{bundle.root / space.calibration}: expected an .npz with x and y ({exc})") from exc
     if y.ndim != 1 or len(x) != len(y) or not len(y):
         raise ArtifactError(f"{bundle.root / space.calibration}: x and y must hold the same non-zero count")

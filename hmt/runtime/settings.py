@@ -18,6 +18,52 @@ from hmt.errors import UsageError
 
 T = TypeVar("T")
 
+# The control loop's period: a tick costs ~1 ms of CPU, so a period near zero spins a core while
+# idle (1e-9 s kept one at 95 %); above an hour the loop no longer follows the device.
+MIN_MONITOR_PERIOD_S = 0.01
+MAX_MONITOR_PERIOD_S = 3600.0
+# Samples kept per variant and load level (estimates.window): bounded, as every size serve keeps.
+MAX_ESTIMATES_WINDOW = 65536
+
+
+# A field's annotation (a string: this module uses postponed annotations) -> what a JSON value of it
+# may be. Fields of other types (the nested sections) are built by their own from_mapping first.
+_JSON_KINDS = {"bool": "true or false", "int": "an integer", "float": "a finite number", "str": "a string",
+               "None": "null"}
+
+
+def _fits_kind(value: Any, kind: str) -> bool:
+    if kind == "None":
+        return value is None
+    if kind == "bool":
+        return isinstance(value, bool)
+    if isinstance(value, bool):  # true is not 1 here: a switch in a number's place is a mistake
+        return False
+    if kind == "int":
+        return isinstance(value, int)
+    if kind == "float":
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    return isinstance(value, str)
+
+
+def _check_types(cls: type[Any], mapping: Mapping[str, Any], where: str) -> None:
+    """Every value of ``mapping`` of the JSON type its field of ``cls`` is annotated with.
+
+    Before ``cls(**mapping)``: the range checks in ``__post_init__`` compare, and a string or a
+    list there would raise Python's own TypeError, naming no key (or pass: NaN compares false).
+    """
+    for f in fields(cls):
+        if f.name not in mapping or not isinstance(f.type, str):
+            continue
+        kinds = [part.strip() for part in f.type.split("|")]
+        if not all(kind in _JSON_KINDS for kind in kinds):
+            continue
+        value = mapping[f.name]
+        if not any(_fits_kind(value, kind) for kind in kinds):
+            expected = " or ".join(_JSON_KINDS[kind] for kind in kinds)
+            shown = repr(value) if isinstance(value, (bool, int, float, str)) or value is None else type(value).__name__
+            raise UsageError(f"{where}: {f.name} must be {expected}, got {shown[:40]}")
+
 
 def dataclass_from_mapping(cls: type[T], mapping: Mapping[str, Any], where: str) -> T:
     """``cls(**mapping)``, refusing unknown keys and wrong arguments with a UsageError naming ``where``."""
@@ -27,9 +73,7 @@ def dataclass_from_mapping(cls: type[T], mapping: Mapping[str, Any], where: str)
     unknown = sorted(set(mapping) - names)
     if unknown:
         raise UsageError(f"{where}: unknown key(s) {unknown}; expected some of {sorted(names)}")
-    for f in fields(cls):  # a switch given as "yes" or 1 would be truthy, silently
-        if f.type in ("bool", bool) and f.name in mapping and not isinstance(mapping[f.name], bool):
-            raise UsageError(f"{where}: {f.name} must be true or false, got {mapping[f.name]!r}")
+    _check_types(cls, mapping, where)  # a switch given as "yes" or 1 would be truthy, silently
     try:
         return cls(**dict(mapping))
     except TypeError as exc:
@@ -202,6 +246,8 @@ class EstimatorSettings:
     def __post_init__(self) -> None:
         if self.window < 1 or self.min_samples < 1 or self.min_samples > self.window:
             raise UsageError(f"estimates needs 1 <= min_samples <= window, got {self.min_samples}, {self.window}")
+        if self.window > MAX_ESTIMATES_WINDOW:
+            raise UsageError(f"estimates.window must be at most {MAX_ESTIMATES_WINDOW}, got {self.window}")
         if not (math.isfinite(self.max_age_s) and self.max_age_s > 0):
             raise UsageError(f"estimates.max_age_s must be > 0, got {self.max_age_s}")
         if not 1 <= self.load_buckets <= 20:
@@ -319,8 +365,9 @@ class ServeSettings:
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_CHOICES:
             raise UsageError(f"engine must be one of {list(ENGINE_CHOICES)}, got {self.engine!r}")
-        if not (math.isfinite(self.monitor_period_s) and self.monitor_period_s > 0):
-            raise UsageError(f"monitor_period_s must be > 0, got {self.monitor_period_s}")
+        if not MIN_MONITOR_PERIOD_S <= self.monitor_period_s <= MAX_MONITOR_PERIOD_S:
+            raise UsageError(f"monitor_period_s must be in [{MIN_MONITOR_PERIOD_S}, {MAX_MONITOR_PERIOD_S}] s, "
+                             f"got {self.monitor_period_s}")
         if not (math.isfinite(self.on_demand_min_interval_s) and self.on_demand_min_interval_s >= 0):
             raise UsageError(f"on_demand_min_interval_s must be >= 0, got {self.on_demand_min_interval_s}")
         if self.preload_memory_mb is not None and not self.preload_memory_mb >= 0:

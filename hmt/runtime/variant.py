@@ -136,6 +136,18 @@ def providers_as_measured(providers: Sequence[str], ort_device: str | None) -> t
     return ("cpu",) if ort_device == "cpu" else tuple(providers)
 
 
+def narrowed_note(providers: Sequence[str], ort_device: str | None) -> str | None:
+    """What :func:`providers_as_measured` left out, said once for the runner's notes (None: nothing).
+
+    Without it a Jetson bundle's status listed tensorrt and cuda while every session ran on the CPU.
+    """
+    dropped = [p for p in providers if p not in ("cpu", "CPUExecutionProvider")] if ort_device == "cpu" else []
+    if not dropped:
+        return None
+    return (f"fuse timed this variant with ONNX Runtime on the CPU (ort_device cpu), so it runs on the CPU "
+            f"provider only; {', '.join(dropped)} not tried")
+
+
 def runtime_available(engine: str) -> bool:
     """Whether ``engine``'s runtime can be imported here (without importing it)."""
     module = {"onnxruntime": "onnxruntime", "tvm": "tvm"}.get(engine)
@@ -243,11 +255,15 @@ def load_variant(
         session = ort_session(read_verified(bundle.artifact, runtime.merged_onnx), options,
                               providers=providers_as_measured(providers, runtime.merged_ort_device),
                               what=str(bundle.root / runtime.merged_onnx))
+        narrowed = narrowed_note(providers, runtime.merged_ort_device)
+        notes.extend([narrowed] if narrowed else [])
         notes.extend(session.notes)
         notes.append(f"fuse's merged chain ({runtime.merged_candidate or options.name}): one call per input")
         return MergedChainRunner(variant, session.graph_fn(), "onnxruntime", notes)
     ort = runtime.ort if chosen == runtime.engine or runtime.engine is None else None
     if ort is not None:
+        narrowed = narrowed_note(providers, runtime.ort_device)
+        notes.extend([narrowed] if narrowed else [])
         providers = providers_as_measured(providers, runtime.ort_device)
         if threads is None:
             ort, note = within_share(ort, max_threads)

@@ -19,7 +19,7 @@ from test_archive_bomb import _bundle, _tar, _written
 from hmt.artifacts import load_artifact
 from hmt.artifacts.signing import generate_key_pair, load_private_key, load_public_key, sign_artifact_dir
 from hmt.deploy.archive import PRE_MANIFEST_FLOOR_BYTES, PRE_MANIFEST_RATIO, extract_archive, write_archive
-from hmt.errors import ArtifactError
+from hmt.errors import ArtifactError, InputError
 
 LISTED_BOMB_BYTES = PRE_MANIFEST_FLOOR_BYTES + (16 << 20)  # past the cap of a small archive, listed in its manifest
 
@@ -119,3 +119,14 @@ def test_a_signed_archive_with_a_changed_or_extra_file_is_refused(signed: tuple[
     with pytest.raises(ArtifactError, match="not in the signed manifest.json; refused before extracting"):
         extract_archive(extra, tmp_path / "d2", trusted_key=key)
     assert _written(tmp_path / "d2") == 0
+
+
+@pytest.mark.parametrize("content", [b"", b"plain text, not a tar archive at all"])
+def test_a_file_that_is_no_archive_gets_one_line(tmp_path: Path, content: bytes) -> None:
+    # tarfile's "r:*" names every compression it tried, one per line; the message must stay one line.
+    archive = tmp_path / "bundle.tar.gz"
+    archive.write_bytes(content)
+    with pytest.raises(InputError) as err:
+        extract_archive(archive, tmp_path / "out")
+    message = str(err.value)
+    assert message.startswith(f"{archive}: not a readable tar archive (") and "\n" not in message

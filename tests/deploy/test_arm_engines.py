@@ -43,3 +43,34 @@ def test_bundle_with_a_library_its_device_cannot_load_is_refused(bundle_copy: Pa
                         dataclasses.replace(x86, tvm_runtime=None, no_tvm_reason="no runtime (test)"))
     with pytest.raises(ArtifactError, match=r"\.so: a TVM library in a bundle for x86-64, whose device cannot load"):
         check_bundle(bundle)
+
+
+def test_an_arm_bundle_served_on_another_machine_says_whose_numbers_it_carries(
+        fused_dir: Path, pareto_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An Arm bundle serves on x86 (its ONNX graphs are portable): serve says so at start instead of
+    serving silently on the board's profile, threads and predictions."""
+    from commands._output import Output
+    from commands.serve_offload import note_listening
+    from hmt.bundle import foreign_machine_note
+
+    out = tmp_path / "rpi"
+    deploy_bundle(fused_dir, pareto_dir, out, options=DeployOptions(target="raspberry-pi-4b", archive=False))
+    bundle = load_bundle(out)
+    note = foreign_machine_note(bundle, "x86_64")
+    assert note is not None
+    assert note.startswith(f"{out} was built for raspberry-pi-4b (aarch64) and this machine is x86_64: ")
+    assert "raspberry-pi-4b's, not this machine's" in note
+    assert foreign_machine_note(bundle, "aarch64") is None and foreign_machine_note(bundle, "arm64") is None
+    monkeypatch.setattr("platform.machine", lambda: "x86_64")
+    note_listening(Output(), out, "serving it")
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == "serving it" and printed[1] == f"note: {note}" and len(printed) == 2
+
+
+def test_a_bundle_for_this_machine_gets_no_note(x86_bundle: Path) -> None:
+    from hmt.bundle import foreign_machine_note
+
+    bundle = load_bundle(x86_bundle)
+    assert foreign_machine_note(bundle, "x86_64") is None and foreign_machine_note(bundle, "AMD64") is None
+    assert foreign_machine_note(bundle, "aarch64") is not None

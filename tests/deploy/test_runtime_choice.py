@@ -143,3 +143,26 @@ def test_the_device_profiles_thread_count_replaces_fuses() -> None:
     assert profile_threads({"device": {"engine": "onnxruntime", "threads": 2}})[0] == 2
     assert profile_threads({"device": {"engine": "onnxruntime", "threads": 0}}) == (None, [])
     assert profile_threads({"device": {"engine": "torch", "threads": 4}}) == (None, [])
+
+
+@pytest.mark.parametrize("early_exit", [True, False])
+def test_a_jetson_bundle_pinned_to_the_cpu_says_so(fused_dir: Path, pareto_dir: Path, tmp_path: Path,
+                                                  early_exit: bool) -> None:
+    """fuse on a CPU records ort_device "cpu", so serve opens the Jetson bundle's variants with the CPU
+    provider only; the runner's notes (``/v1/status`` runtime_notes) must say that tensorrt and cuda,
+    which the target lists, were not tried (they said nothing, beside a providers list naming them)."""
+    from hmt.deploy import DeployOptions, deploy_bundle
+    from hmt.runtime.variant import bundle_providers
+
+    out = tmp_path / "nano"
+    deploy_bundle(fused_dir, pareto_dir, out, options=DeployOptions(target="jetson-nano", archive=False))
+    bundle = load_bundle(out)
+    providers = bundle_providers(bundle)
+    assert providers == ("tensorrt", "cuda", "cpu")
+    for variant in bundle.spec.variants:
+        assert VariantRuntime.of(variant).ort_device == "cpu"
+        runner = load_variant(bundle, variant.arch_id, providers=providers, early_exit=early_exit)
+        assert any("runs on the CPU provider only; tensorrt, cuda not tried" in n for n in runner.notes), runner.notes
+    # A CPU-only target's list loses nothing, and says nothing.
+    runner = load_variant(bundle, bundle.spec.variants[0].arch_id, providers=("cpu",), early_exit=early_exit)
+    assert not any("not tried" in n for n in runner.notes)

@@ -210,6 +210,21 @@ def test_a_bad_serve_json_value_exits_4_in_serve_and_in_verify(bundle_copy: Path
         assert "serve.json" in text and "budgets.latency_ms must be a number > 0" in text
 
 
+def test_a_serve_json_value_of_the_wrong_type_exits_4_naming_the_key(bundle_copy: Path) -> None:
+    # A string where a number belongs reached a comparison and came out as Python's own TypeError
+    # ("'>' not supported between instances of 'str' and 'int'"), naming no key.
+    config = json.loads((bundle_copy / "serve.json").read_text())
+    config["budgets"]["latency_ms"] = "fast"
+    (bundle_copy / "serve.json").write_text(json.dumps(config))
+    _reseal(bundle_copy, "serve.json")
+    verified = runner.invoke(app, ["deploy", "--verify", str(bundle_copy)])
+    served = _serve(bundle_copy)
+    assert verified.exit_code == served.returncode == ArtifactError.exit_code, (verified.output, served.stderr)
+    for text in (verified.output, served.stderr):
+        assert "serve.json: budgets: latency_ms must be a finite number or null, got 'fast'" in text
+        assert "Traceback" not in text and "not supported" not in text
+
+
 def test_a_huge_input_shape_is_an_artifact_error(bundle_copy: Path) -> None:
     spec = json.loads((bundle_copy / "bundle.json").read_text())
     spec["input"]["shape"] = [1, 3, 100_000, 100_000]

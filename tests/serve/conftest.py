@@ -9,9 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from serve_bundles import make_bundle
-
-FAST_SWITCH = {"switch": {"min_dwell_s": 0.0, "violation_patience": 1, "improve_patience": 1}}
+from serve_bundles import FAST_SWITCH, make_bundle
 
 
 @pytest.fixture(scope="session")

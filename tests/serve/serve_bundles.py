@@ -22,6 +22,9 @@ from hmt.artifacts import ArtifactWriter
 from hmt.pareto.index import FrontIndex, IndexEntry
 
 CLASSES = 4
+# Switching without patience or dwell, for tests that watch the loop react (imported from here, not from
+# conftest: a module named conftest is one per process, and tests/offload has its own).
+FAST_SWITCH = {"switch": {"min_dwell_s": 0.0, "violation_patience": 1, "improve_patience": 1}}
 WIDTH = 4
 
 

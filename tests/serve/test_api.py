@@ -12,8 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FAST_SWITCH
-from serve_bundles import VariantDef, make_bundle, npy_bytes, sleepy_loader
+from serve_bundles import FAST_SWITCH, VariantDef, make_bundle, npy_bytes, sleepy_loader
 
 from hmt.bundle import load_bundle
 from hmt.runtime.settings import ServeSettings

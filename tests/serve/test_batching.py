@@ -10,8 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FAST_SWITCH
-from serve_bundles import make_bundle, npy_bytes
+from serve_bundles import FAST_SWITCH, make_bundle, npy_bytes
 
 from hmt.bundle import load_bundle
 from hmt.errors import UsageError

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FAST_SWITCH
-from serve_bundles import npy_bytes
+from serve_bundles import FAST_SWITCH, npy_bytes
 
 from hmt.bundle import load_bundle
 from hmt.client import HmtClient, ServeError

@@ -11,10 +11,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import FAST_SWITCH
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
-from serve_bundles import npy_bytes
+from serve_bundles import FAST_SWITCH, npy_bytes
 
 from hmt.artifacts import ArtifactWriter
 from hmt.bundle import BundleSpec, Preprocess, TensorSpec, load_bundle

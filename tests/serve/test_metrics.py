@@ -10,9 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FAST_SWITCH
 from prometheus_client.parser import text_string_to_metric_families
-from serve_bundles import npy_bytes
+from serve_bundles import FAST_SWITCH, npy_bytes
 
 from hmt.bundle import load_bundle
 from hmt.runtime.settings import ServeSettings

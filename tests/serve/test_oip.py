@@ -12,8 +12,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from conftest import FAST_SWITCH
-from serve_bundles import npy_bytes
+from serve_bundles import FAST_SWITCH, npy_bytes
 from test_inputs import CLASS_NAMES, as_tensor, encoded, make_image_bundle, pixels
 
 from hmt.bundle import load_bundle

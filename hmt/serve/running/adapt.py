@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from hmt.bundle import Bundle, BundleVariant
-from hmt.errors import HmtError, InputError, UsageError
+from hmt.errors import NPZ_ERRORS, HmtError, InputError, UsageError
 from hmt.runtime.chain import ChainRunner, Runner
 
 ADAPTED_SUFFIX = "+bn"
@@ -119,7 +119,7 @@ def load_canary(path: Path, bundle: Bundle) -> tuple[np.ndarray, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as archive:
             x, y = np.asarray(archive["x"]), np.asarray(archive["y"])
-    except (OSError, ValueError, KeyError) as exc:
+    except NPZ_ERRORS as exc:
         raise InputError(f"{path}: expected a directory of class folders or an .npz with x and y ({exc})") from exc
     if y.ndim != 1 or len(y) != len(x) or not len(y):
         raise InputError(f"{path}: y must be a non-empty vector of {len(x)} labels, got shape {list(y.shape)}")

@@ -21,7 +21,7 @@ import numpy as np
 
 from hmt.artifacts.rollback import RollbackPolicy
 from hmt.bundle import Bundle, load_checked_bundle
-from hmt.errors import HmtError, InputError, UsageError
+from hmt.errors import NPZ_ERRORS, HmtError, InputError, UsageError
 from hmt.runtime.cpus import thread_share
 from hmt.runtime.settings import ENGINE_CHOICES, ServeSettings
 from hmt.serve.controller import Controller, TickRecord
@@ -185,7 +185,7 @@ def load_inputs(bundle: Bundle, data: Path | None, rng: np.random.Generator, cou
         with np.load(data, allow_pickle=False) as archive:
             x = np.asarray(archive["x"])
             y = np.asarray(archive["y"]) if "y" in archive.files else None
-    except (OSError, ValueError, KeyError) as exc:
+    except NPZ_ERRORS as exc:
         raise InputError(f"{data}: expected an .npz with arrays x (inputs) and y (labels) ({exc})") from exc
     if x.ndim and x.shape[1:] == shape[1:] and shape[0] == 1:
         x = x.reshape((x.shape[0], *shape))
