@@ -1,7 +1,9 @@
 """One output object per invocation: human (rich), --json (one document on stdout) or quiet.
 
 In --json mode nothing but the final JSON document goes to stdout; progress and notes go
-to stderr so that CI scripts can pipe stdout straight into ``jq``.
+to stderr so that CI scripts can pipe stdout straight into ``jq``. A command that fails
+prints, in place of its result, ``{"error": {"message", "exit_code", "type"}}`` there (the
+message goes to stderr as well), so stdout always holds exactly one document.
 
 Text is printed as given: rich markup is never interpreted in messages, table cells or
 progress labels (a path or hint holding ``[offline]`` or ``[/b]`` prints verbatim); styles
@@ -45,6 +47,7 @@ class Output:
     def __init__(self, *, json_mode: bool = False, quiet: bool = False) -> None:
         self.json_mode = json_mode
         self.quiet = quiet
+        self.result_written = False
         self.out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
         self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
 
@@ -70,10 +73,17 @@ class Output:
     def result(self, document: dict[str, Any], human: str | None = None) -> None:
         """The command's final result: the JSON document, or a human line."""
         if self.json_mode:
-            sys.stdout.write(json.dumps(document, indent=2, sort_keys=True, default=str) + "\n")
-            sys.stdout.flush()
+            write_json_document(document)
+            self.result_written = True
         elif human and not self.quiet:
             self.out.print(verbatim(human))
+
+    def error(self, message: str, exit_code: int, error_type: str) -> None:
+        """In --json mode, the error document in place of a result not yet written (the
+        human message is printed to stderr by the caller)."""
+        if self.json_mode and not self.result_written:
+            write_json_document(error_document(message, exit_code, error_type))
+            self.result_written = True
 
     @contextmanager
     def progress(self) -> Iterator[ProgressCallback]:
@@ -114,6 +124,16 @@ class Output:
 
         with bars:
             yield rich_cb
+
+
+def error_document(message: str, exit_code: int, error_type: str) -> dict[str, Any]:
+    """What --json prints on stdout when a command fails."""
+    return {"error": {"exit_code": exit_code, "message": message, "type": error_type}}
+
+
+def write_json_document(document: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(document, indent=2, sort_keys=True, default=str) + "\n")
+    sys.stdout.flush()
 
 
 def _fmt(cell: Any) -> str:

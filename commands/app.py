@@ -11,13 +11,14 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 
-from commands._output import Output, styled
+from commands._output import Output, error_document, styled, write_json_document
 from hmt import __version__
 from hmt.errors import HmtError
 
 T = TypeVar("T")
 
 INTERNAL_ERROR_EXIT = 70
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, as shells report a Ctrl-C
 
 app = typer.Typer(
     name="hmt",
@@ -66,10 +67,12 @@ def run_command(body: Callable[[Output], T], *, json_mode: bool, quiet: bool = F
         if show_trace:
             traceback.print_exc()
         err.print(styled("error:", "bold red", str(exc)))
+        output.error(str(exc), exc.exit_code, type(exc).__name__)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         err.print("interrupted")
-        raise typer.Exit(130) from None
+        output.error("interrupted", INTERRUPTED_EXIT, "KeyboardInterrupt")
+        raise typer.Exit(INTERRUPTED_EXIT) from None
     except typer.Exit:
         raise
     except Exception as exc:  # noqa: BLE001 - the one place unexpected errors are reported
@@ -77,6 +80,7 @@ def run_command(body: Callable[[Output], T], *, json_mode: bool, quiet: bool = F
             traceback.print_exc()
         err.print(styled("internal error:", "bold red", f"{type(exc).__name__}: {exc}\n"
                          "rerun with --debug for the traceback, and report it"))
+        output.error(f"internal error: {type(exc).__name__}: {exc}", INTERNAL_ERROR_EXIT, "InternalError")
         raise typer.Exit(INTERNAL_ERROR_EXIT) from None
 
 
@@ -93,9 +97,29 @@ def _register() -> None:
         importlib.import_module(f"commands.{name}")
 
 
+# click's base error, from the click typer raises (typer 0.29 on: a copy of its own, not the click package).
+_CLICK_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
 def cli(argv: list[str] | None = None) -> Any:
     _register()
-    return app(args=argv)
+    args = sys.argv[1:] if argv is None else list(argv)
+    if "--json" not in args:
+        return app(args=args)
+    # --json: a usage error click reports before the command runs (an unknown option, a bad
+    # value) still leaves one JSON document on stdout.
+    try:
+        code = app(args=args, standalone_mode=False)
+    except _CLICK_ERROR as exc:
+        error: Any = exc  # click's ClickException: show(), exit_code, format_message()
+        error.show()
+        write_json_document(error_document(error.format_message(), int(error.exit_code), "UsageError"))
+        sys.exit(int(error.exit_code))
+    except typer.Abort:
+        sys.stderr.write("interrupted\n")
+        write_json_document(error_document("interrupted", INTERRUPTED_EXIT, "KeyboardInterrupt"))
+        sys.exit(INTERRUPTED_EXIT)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

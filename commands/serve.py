@@ -278,7 +278,7 @@ def serve_command(
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Serve a deploy bundle: a control loop (1 Hz and on demand) watches CPU, memory, GPU and battery,
+    """Serve a deploy bundle: a control loop (4 Hz and on demand) watches CPU, memory, GPU and battery,
     predicts every variant's latency under the load (corrected by measured/predicted), picks the best
     by CrowdHMTware eq. 3 within the budgets and switches with hysteresis; requests leave at the first
     confident exit. Loopback by default; a token for anything else."""

@@ -38,6 +38,35 @@ def _resolver(kind: str) -> Callable[[Path | None], Source]:
     return needs_path
 
 
+# A file or folder that only one dataset kind's files are named (see each reader), to say which
+# kind a path holds when it is read as another.
+_SIGNATURE_NAMES = {
+    "cifar10": ("train.zip", "cifar-10-batches-py", "data_batch_1"),
+    "mnist": ("mnist_5k.csv.gz",),
+    "basicmotions": ("BasicMotions_TRAIN.ts",),
+    "fsdd": ("recordings.zip", "recordings"),
+}
+
+
+def held_kind(path: Path) -> str | None:
+    """The dataset kind whose files ``path`` holds (or is), by their names; None if none."""
+    for kind, names in _SIGNATURE_NAMES.items():
+        if path.name in names or (path.is_dir() and any((path / name).exists() for name in names)):
+            return kind
+    return None
+
+
+def _resolve(kind: str, path: Path | None) -> Source:
+    """``kind``'s source at ``path``; a refusal names the kind the path holds, when it holds another."""
+    try:
+        return _resolver(kind)(path)
+    except InputError as exc:
+        other = None if path is None else held_kind(path)
+        if other is None or other == kind:
+            raise
+        raise InputError(f"{path}: holds {other} data, not {kind}; pass --dataset {other}") from exc
+
+
 def load_dataset(
     kind: str,
     path: Path | None = None,
@@ -61,7 +90,7 @@ def load_dataset(
         path = Path(path).expanduser()
         if not path.exists():
             raise InputError(f"{path}: does not exist; expected the {kind} dataset there")
-    source = _resolver(kind)(path)
+    source = _resolve(kind, path)
     if not source.files:
         raise InputError(f"{source.display}: holds no {kind} files")
     try:

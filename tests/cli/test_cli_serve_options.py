@@ -37,3 +37,13 @@ def test_serve_set_typo_names_the_key(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert "unknown serve setting 'budgets.latncy_ms'; did you mean budgets.latency_ms" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_serve_help_states_the_loop_rate_it_runs_at() -> None:
+    # The help said 1 Hz after the default period became 0.25 s.
+    from commands.serve import serve_command
+    from hmt.runtime.settings import ServeSettings
+
+    rate_hz = round(1.0 / ServeSettings.monitor_period_s)
+    doc = serve_command.__doc__ or ""
+    assert f"control loop ({rate_hz} Hz and on demand)" in doc

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import typer
 
 from commands._output import Output
-from commands.app import INTERNAL_ERROR_EXIT, run_command
+from commands.app import INTERNAL_ERROR_EXIT, cli, run_command
 from hmt.errors import DeviceError, InputError
 
 
@@ -45,3 +47,44 @@ def test_exit_codes_stay_as_documented(capsys: pytest.CaptureFixture[str]) -> No
     assert raised.value.exit_code == INTERNAL_ERROR_EXIT
     err = capsys.readouterr().err
     assert "internal error: RuntimeError: a path with [/b] in it" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("exc", "code", "kind"), [
+    (InputError("runs/x: does not exist"), 3, "InputError"),
+    (KeyboardInterrupt(), 130, "KeyboardInterrupt"),
+    (RuntimeError("boom"), INTERNAL_ERROR_EXIT, "InternalError"),
+])
+def test_json_mode_prints_one_error_document(exc: BaseException, code: int, kind: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    def body(output: Output) -> None:
+        output.note("a note goes to stderr")
+        raise exc
+
+    with pytest.raises(typer.Exit) as raised:
+        run_command(body, json_mode=True)
+    assert raised.value.exit_code == code
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)  # exactly one document: json.loads refuses trailing data
+    assert doc["error"]["exit_code"] == code and doc["error"]["type"] == kind
+    assert "Traceback" not in captured.err + captured.out
+
+
+def test_json_mode_error_after_the_result_keeps_one_document(capsys: pytest.CaptureFixture[str]) -> None:
+    def body(output: Output) -> None:
+        output.result({"out": "runs/x"})
+        raise InputError("--push: host unreachable")
+
+    with pytest.raises(typer.Exit):
+        run_command(body, json_mode=True)
+    assert json.loads(capsys.readouterr().out) == {"out": "runs/x"}
+
+
+@pytest.mark.parametrize("argv", [["pareto", "--json", "--no-such-option"],
+                                  ["pareto", "--json", "--evaluations", "many"]])
+def test_json_mode_usage_errors_print_one_document(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as raised:
+        cli(argv)
+    assert raised.value.code == 2
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["error"]["exit_code"] == 2
+    assert "Traceback" not in captured.err

@@ -112,6 +112,20 @@ def _tiny_cifar_zips(folder: Path, train_extra: dict[str, bytes] | None = None) 
     return folder
 
 
+@pytest.mark.parametrize(("held", "files", "read_as"), [
+    ("basicmotions", ["BasicMotions_TRAIN.ts", "BasicMotions_TEST.ts"], "cifar10"),
+    ("fsdd", ["recordings.zip"], "basicmotions"),
+    ("mnist", ["mnist_5k.csv.gz"], "fsdd"),
+])
+def test_a_folder_of_another_kind_names_the_flag(tmp_path: Path, held: str, files: list[str], read_as: str) -> None:
+    # The default kind is cifar10: a user passing --data of another kind without --dataset is
+    # told which kind the folder holds, not only what CIFAR-10 layouts are accepted.
+    for name in files:
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(InputError, match=f"holds {held} data, not {read_as}; pass --dataset {held}"):
+        load_dataset(read_as, tmp_path, cache_dir=tmp_path / "cache")
+
+
 def test_cifar_truncated_zip_names_file(tmp_path: Path) -> None:
     shutil.copy(EMBEDDED_DIR / "test.zip", tmp_path / "test.zip")
     blob = (EMBEDDED_DIR / "train.zip").read_bytes()
