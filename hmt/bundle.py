@@ -186,14 +186,17 @@ class BundleVariant:
 # with, hmt.data.cifar): what serve assumes for an image bundle that does not say.
 DEFAULT_MEAN: tuple[float, ...] = (0.485, 0.456, 0.406)
 DEFAULT_STD: tuple[float, ...] = (0.229, 0.224, 0.225)
-LAYOUTS = ("NCHW", "NHWC")
+LAYOUTS = ("NCHW", "NHWC", "NCL")
+SEQUENCE_LAYOUT = "NCL"  # a sequence (time series, audio features): channels, then length
 
 
 @dataclass(frozen=True)
 class Preprocess:
     """How raw pixels become the input tensor: ``x = (pixel / pixel_scale - mean) / std`` per
     channel, in ``layout``; the input size is the input spec's shape. Optional in
-    ``bundle.json`` (older bundles): serve then assumes these defaults (CIFAR-10's)."""
+    ``bundle.json`` (older bundles): serve then assumes these defaults (CIFAR-10's) for an image.
+    A sequence input (layout ``NCL``, ``pixel_scale`` 1) records its standardization the same way:
+    ``x = (raw - mean) / std`` per channel, as the supernet was trained."""
 
     mean: tuple[float, ...] = DEFAULT_MEAN
     std: tuple[float, ...] = DEFAULT_STD

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hmt.artifacts import Artifact, load_artifact
-from hmt.bundle import GraphSpec, Preprocess, TensorSpec
+from hmt.bundle import SEQUENCE_LAYOUT, GraphSpec, Preprocess, TensorSpec
 from hmt.errors import ArtifactError, InputError, ModelError, UsageError
 
 FUSED_KIND = "fused"
@@ -296,10 +296,12 @@ def runtime_entry(variant: FusedVariant, *, exit_stage: int, folder: str, engine
 
 def _dataset_meta(dataset: Mapping[str, Any]) -> tuple[Preprocess | None, tuple[str, ...] | None]:
     names = None if dataset.get("class_names") is None else tuple(str(n) for n in dataset["class_names"])
+    mean, std = tuple(float(v) for v in dataset["mean"]), tuple(float(v) for v in dataset["std"])
+    if dataset.get("modality") == "sequence":  # standardized per channel in training: serve can do it for raw inputs
+        return Preprocess(mean=mean, std=std, layout=SEQUENCE_LAYOUT, pixel_scale=1.0), names
     if dataset.get("modality") != "image":
         return None, names
-    return Preprocess(mean=tuple(float(v) for v in dataset["mean"]), std=tuple(float(v) for v in dataset["std"]),
-                      layout="NCHW", pixel_scale=255.0), names
+    return Preprocess(mean=mean, std=std, layout="NCHW", pixel_scale=255.0), names
 
 
 def input_meta(front: Any) -> tuple[Preprocess | None, tuple[str, ...] | None, str | None, bool]:

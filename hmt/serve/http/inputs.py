@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from hmt.bundle import BundleSpec, Preprocess, TensorSpec
+from hmt.bundle import SEQUENCE_LAYOUT, BundleSpec, Preprocess, TensorSpec
 from hmt.serve.running.runner import numpy_dtype
 
 NPY_MEDIA_TYPE = "application/x-npy"
@@ -64,11 +64,17 @@ class InputSpec:
     preprocess: Preprocess | None  # None: the input is not an image (no image/uint8 bodies)
     max_batch: int = 64
     max_pixels: int = 4096 * 4096
+    # A sequence input's per-channel standardization (bundle preprocess of layout NCL): raw values
+    # sent as such (/v2 input "raw", /v1 JSON "raw") are standardized here. None: not a sequence.
+    sequence: Preprocess | None = None
 
     @classmethod
     def of_bundle(cls, spec: BundleSpec, *, max_batch: int = 64, max_pixels: int = 4096 * 4096) -> InputSpec:
-        pre = spec.preprocess if spec.preprocess is not None else Preprocess()
         shape = spec.input.shape
+        if spec.preprocess is not None and spec.preprocess.layout == SEQUENCE_LAYOUT:
+            fits = len(shape) == 3 and shape[1] == len(spec.preprocess.mean)
+            return cls(spec.input, None, max_batch, max_pixels, spec.preprocess if fits else None)
+        pre = spec.preprocess if spec.preprocess is not None else Preprocess()
         channels = None
         if len(shape) == 4:
             channels = shape[1] if pre.layout == "NCHW" else shape[3]
@@ -113,12 +119,33 @@ def decode(body: bytes, content_type: str | None, spec: InputSpec, fields: dict[
     if media in (NPY_MEDIA_TYPE, OCTET_MEDIA_TYPE):
         return decode_array(_load_npy(body), spec)
     if media == JSON_MEDIA_TYPE:
-        return _batch(_tensor(_json_inputs(body, spec, fields), spec), spec)
+        values, raw = _json_inputs(body, spec, fields)
+        return standardize(values, spec) if raw else _batch(_tensor(values, spec), spec)
     if media in IMAGE_MEDIA_TYPES:
         pixels = decode_image(body, IMAGE_MEDIA_TYPES[media], spec)
         return _batch(normalise(pixels[None], spec), spec)
     raise ApiError(415, "unsupported_media_type", f"content-type {media or '(none)'!r} is not supported; use one of "
                                                   f"{', '.join(MEDIA_TYPES)}")
+
+
+def standardize(array: np.ndarray, spec: InputSpec) -> np.ndarray:
+    """Raw sequence values ``[C, L]`` or a batch ``[N, C, L]`` (any real dtype) as the model's tensor
+    batch: ``(raw - mean) / std`` per channel, the bundle's standardization (:attr:`InputSpec.sequence`)."""
+    pre = spec.sequence
+    if pre is None:
+        raise ApiError(400, "not_a_sequence_model", f"this bundle's input {list(spec.tensor.shape)} records no "
+                                                    "sequence standardization; send the model's tensor")
+    item = spec.item_shape
+    if array.shape == item:
+        array = array[None]
+    if array.ndim != len(item) + 1 or array.shape[1:] != item or not array.shape[0]:
+        raise ApiError(422, "bad_shape", f"raw values of shape {list(array.shape)}; the bundle expects "
+                                         f"{list(item)} or a batch [N, {', '.join(map(str, item))}]")
+    if array.dtype.kind not in "iuf" or not np.isfinite(array).all():
+        raise ApiError(422, "bad_dtype", "raw values must be finite real numbers")
+    mean = np.asarray(pre.mean, np.float64)[None, :, None]
+    std = np.asarray(pre.std, np.float64)[None, :, None]
+    return _batch(((array.astype(np.float64) - mean) / std).astype(numpy_dtype(spec.tensor.dtype)), spec)
 
 
 def decode_array(array: np.ndarray, spec: InputSpec) -> np.ndarray:
@@ -212,7 +239,9 @@ _TYPE_HINTS = {bool: "booleans (true/false) are not numbers here",
 JSON_OPTION_KEYS = ("top_k", "probabilities")
 
 
-def _json_inputs(body: bytes, spec: InputSpec, fields: dict[str, Any] | None = None) -> np.ndarray:
+def _json_inputs(body: bytes, spec: InputSpec, fields: dict[str, Any] | None = None) -> tuple[np.ndarray, bool]:
+    """The numbers of a JSON body, and whether they are raw sequence values (key ``raw``, a bundle
+    with a sequence standardization; float64, standardized by the caller) or the tensor (``inputs``)."""
     try:
         doc = json.loads(body, parse_constant=_reject_constant, parse_int=_bounded_int)
     except ApiError:
@@ -222,23 +251,25 @@ def _json_inputs(body: bytes, spec: InputSpec, fields: dict[str, Any] | None = N
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, "bad_json", f"body is not valid JSON ({exc})") from exc
     shape_text = f"nested list of numbers of shape {list(spec.item_shape)}"
-    if not isinstance(doc, dict) or "inputs" not in doc:
-        raise ApiError(422, "bad_json", f'expected a JSON object {{"inputs": <{shape_text}>}}')
-    allowed = {"inputs", *(JSON_OPTION_KEYS if fields is not None else ())}
+    key = "raw" if spec.sequence is not None and isinstance(doc, dict) and "raw" in doc else "inputs"
+    if not isinstance(doc, dict) or key not in doc:
+        raw_too = ' or {"raw": <the same, unstandardized>}' if spec.sequence is not None else ""
+        raise ApiError(422, "bad_json", f'expected a JSON object {{"inputs": <{shape_text}>}}{raw_too}')
+    allowed = {key, *(JSON_OPTION_KEYS if fields is not None else ())}
     unknown = sorted(set(doc) - allowed)
     if unknown:
         raise ApiError(422, "bad_json", f"unknown key(s) {[k[:40] for k in unknown][:5]}; expected some of "
                                         f"{sorted(allowed)}")
     if fields is not None:
         fields.update({k: doc[k] for k in JSON_OPTION_KEYS if k in doc})
-    value = doc["inputs"]
+    value = doc[key]
     if not isinstance(value, list):
         got = "null" if value is None else type(value).__name__
-        raise ApiError(422, "bad_inputs", f"inputs is {got}; expected a {shape_text}")
+        raise ApiError(422, "bad_inputs", f"{key} is {got}; expected a {shape_text}")
     try:
         leaves = np.array(value, dtype=object)
     except (ValueError, TypeError) as exc:
-        raise ApiError(422, "bad_inputs", f"inputs must be a rectangular {shape_text}") from exc
+        raise ApiError(422, "bad_inputs", f"{key} must be a rectangular {shape_text}") from exc
     kinds = set(map(type, leaves.flat))
     wrong = sorted((k for k in kinds if k not in (int, float)), key=lambda k: k.__name__)
     if wrong:
@@ -247,6 +278,8 @@ def _json_inputs(body: bytes, spec: InputSpec, fields: dict[str, Any] | None = N
     wide = leaves.astype(np.float64)
     if not np.all(np.isfinite(wide)):  # 1e999 parses as infinity
         raise ApiError(422, "non_finite", "inputs contain NaN or infinity; only finite numbers are accepted")
+    if key == "raw":
+        return wide, True
     dtype = numpy_dtype(spec.tensor.dtype)
     if np.issubdtype(dtype, np.integer):
         if not np.all(wide == np.round(wide)):
@@ -258,7 +291,7 @@ def _json_inputs(body: bytes, spec: InputSpec, fields: dict[str, Any] | None = N
         narrow = wide.astype(dtype)
     if np.issubdtype(dtype, np.floating) and not np.all(np.isfinite(narrow)):
         raise ApiError(422, "bad_number", f"inputs hold values beyond {spec.tensor.dtype}'s range")
-    return narrow
+    return narrow, False
 
 
 def _batch(array: np.ndarray, spec: InputSpec) -> np.ndarray:

@@ -11,17 +11,19 @@ Routes (one model: the bundle; its one version ``1``)::
     GET  /v2/models[/{model}[/versions/1]]/stats   Triton's statistics (:mod:`hmt.serve.reporting.inference_stats`)
     POST /v2/models/{model}[/versions/1]/infer     inference (JSON, or the binary-data extension)
 
-**Inputs.** One input per request: the bundle's tensor under its own name (its datatype, shape
-``[N, ...]`` or without the batch axis; ``UINT8`` pixels ``[N, H, W, C]`` for an image model,
-normalised with the bundle's preprocessing), or ``image`` (``BYTES [N]``): JPEG, PNG, .npy or raw
-uint8 pixels per element, also through the preprocessing. **Outputs**: ``class`` (INT64 [N]),
-``confidence`` (FP32 [N]), ``exit`` (INT32 [N]), ``variant`` (BYTES [N]), ``class_name`` (BYTES [N],
-when the bundle names its classes); on request ``probabilities`` (FP32 [N, C], or with the
-output parameter ``classification: k`` Triton's BYTES [N, k] of ``"p:index[:name]"``), and with the
-request parameter ``top_k: k`` also ``top_k_classes`` (INT64 [N, k]) and ``top_k_probabilities``
-(FP32 [N, k]); named without the parameter, k is 5 (at most the classes). Triton's ``priority``
-and the codec hint ``content_type`` are accepted and change nothing; other unknown parameters
-(a ``sequence_id``: this model keeps no state), inputs and outputs are refused.
+**Inputs.** One input per request: the bundle's tensor under its own name (its datatype, shape ``[N,
+...]`` or without the batch axis; ``UINT8`` pixels ``[N, H, W, C]`` for an image model, normalised
+with the bundle's preprocessing), or ``image`` (``BYTES [N]``): JPEG, PNG, .npy or raw uint8 pixels
+per element, also through the preprocessing, or for a sequence model ``raw`` (FP32, the tensor's
+shape): unstandardized values, standardized per channel as the model was trained. **Outputs**:
+``class`` (INT64 [N]), ``confidence`` (FP32 [N]), ``exit`` (INT32 [N]), ``variant`` (BYTES [N]),
+``class_name`` (BYTES [N], when the bundle names its classes); on request ``probabilities`` (FP32
+[N, C], or with the output parameter ``classification: k`` Triton's BYTES [N, k] of
+``"p:index[:name]"``), and with the request parameter ``top_k: k`` also ``top_k_classes`` (INT64 [N,
+k]) and ``top_k_probabilities`` (FP32 [N, k]); named without the parameter, k is 5 (at most the
+classes). Triton's ``priority`` and the codec hint ``content_type`` are accepted and change nothing;
+other unknown parameters (a ``sequence_id``: this model keeps no state), inputs and outputs are
+refused.
 
 **Errors** are the protocol's ``{"error": "<message>"}`` with the same statuses as ``/v1`` (the
 token, body bound, queue, deadline and typed refusals are the same code). Header ``X-Deadline-Ms``
@@ -49,7 +51,7 @@ from starlette.routing import Route
 
 from hmt import __version__
 from hmt.serve.http.answers import class_name, parse_top_k, probabilities_of, top_k_of
-from hmt.serve.http.inputs import ApiError, InputSpec, as_items, decode_array, decode_encoded
+from hmt.serve.http.inputs import ApiError, InputSpec, as_items, decode_array, decode_encoded, standardize
 from hmt.serve.http.oip_tensors import (
     BYTES,
     CONTENT_ENCODINGS,
@@ -66,6 +68,7 @@ from hmt.serve.running.batching import BatchingOptions
 
 PREFIX = "/v2"
 IMAGE_INPUT = "image"
+RAW_INPUT = "raw"  # a sequence bundle's unstandardized values (FP32, the tensor's shape)
 VERSION = "1"
 EXTENSIONS = ("binary_tensor_data", "classification", "model_configuration", "statistics")
 DEFAULT_TOP_K = 5  # k of a top-k output named without the request parameter top_k
@@ -115,6 +118,8 @@ def _tensor_meta(ctx: OipContext) -> list[dict[str, Any]]:
     inputs = [{"name": spec.tensor.name, "datatype": datatype_of(spec.tensor.dtype), "shape": shape}]
     if spec.preprocess is not None:
         inputs.append({"name": IMAGE_INPUT, "datatype": BYTES, "shape": [-1]})
+    if spec.sequence is not None:
+        inputs.append({"name": RAW_INPUT, "datatype": "FP32", "shape": shape})
     return inputs
 
 
@@ -204,6 +209,10 @@ def _batch_of(request: InferRequest, ctx: OipContext) -> np.ndarray:
             raise ApiError(413, "batch_too_large", f"a batch of {len(tensor.items)} inputs exceeds the limit of "
                                                    f"{spec.max_batch}; split it")
         return np.concatenate([decode_encoded(item, spec) for item in tensor.items])
+    if tensor.name == RAW_INPUT and spec.sequence is not None:
+        if tensor.array is None:
+            raise ApiError(400, "bad_datatype", f"input {RAW_INPUT!r} is numbers (FP32), not BYTES")
+        return standardize(tensor.array, spec)
     if tensor.name != spec.tensor.name:
         raise ApiError(400, "unknown_input", f"unknown input {tensor.name[:40]!r}; this model takes "
                                              f"{' or '.join(repr(t['name']) for t in _tensor_meta(ctx))}")
