@@ -1,10 +1,17 @@
 """The epoch loop of elastification's phases: SGD with the trainer's one-cycle schedule, one
-history record per epoch, and checkpoints between epochs so a killed phase resumes where it stood."""
+history record per epoch, and checkpoints between epochs so a killed phase resumes where it stood.
+
+A first Ctrl-C (SIGINT) during a phase's epoch lets the epoch end, writes the checkpoint and then
+interrupts (KeyboardInterrupt): nothing is lost, and the resumed run repeats the uninterrupted one.
+A second Ctrl-C interrupts at once, back to the last checkpoint (at most ``every_s`` behind)."""
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -45,6 +52,11 @@ class EpochResume:
         self._ran = ran if ran is not None else [0]
         self._last = time.monotonic()
 
+    def save_now(self, epoch: int, optimizer: torch.optim.Optimizer) -> None:
+        """The checkpoint after ``epoch`` epochs of this phase, now (a requested stop)."""
+        self._save(self.phase, epoch, optimizer.state_dict())
+        self._last = time.monotonic()
+
     def epoch_done(self, epoch: int, epochs: int, optimizer: torch.optim.Optimizer) -> None:
         self._ran[0] += 1
         if epoch >= epochs:
@@ -57,6 +69,47 @@ class EpochResume:
             from hmt.supernet.train.trainer import TrainingInterrupted
 
             raise TrainingInterrupted(f"stopped after {self._ran[0]} epochs (checkpoint written)")
+
+
+STOPPING_NOTE = "stopping after this epoch with a checkpoint (Ctrl-C again: at once)"
+
+
+class _StopRequest:
+    """Whether a Ctrl-C asked elastification to stop at the next epoch's end (process-wide, as the
+    signal is): set by the handler :func:`_stop_on_sigint` installs, cleared once acted upon."""
+
+    requested = False
+
+
+@contextmanager
+def _stop_on_sigint(enabled: bool) -> Iterator[None]:
+    """While inside: a first SIGINT only sets :class:`_StopRequest`; a second raises KeyboardInterrupt.
+    Only in the main thread (where Python runs signal handlers) and where ``enabled``."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if _StopRequest.requested:
+            raise KeyboardInterrupt
+        _StopRequest.requested = True
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+
+
+def _stop_if_requested(resume: EpochResume | None, epoch: int, epochs: int, optimizer: torch.optim.Optimizer) -> None:
+    """At an epoch's end: a requested stop writes the checkpoint (the phase's own when it was its
+    last epoch: the caller writes it, and the next phase stops at its start) and interrupts."""
+    if not _StopRequest.requested or epoch >= epochs:
+        return
+    if resume is not None:
+        resume.save_now(epoch, optimizer)
+    _StopRequest.requested = False
+    raise KeyboardInterrupt
 
 
 def run_epochs(
@@ -79,39 +132,56 @@ def run_epochs(
 ) -> None:
     """SGD (Nesterov) with the trainer's one-cycle schedule; one history record per epoch.
     ``resume`` starts at a checkpointed epoch with its optimizer state and is told after each
-    epoch (every draw is seeded by (phase, epoch), so a resumed run repeats the uninterrupted one)."""
-    from hmt.supernet.train.trainer import derive_seed, lr_at
-
+    epoch (every draw is seeded by (phase, epoch), so a resumed run repeats the uninterrupted one).
+    With ``resume`` in a single process, a first Ctrl-C stops after the epoch (see the module docstring)."""
     if epochs == 0 or not params:
         return
+    if _StopRequest.requested:  # asked during the last epoch of the phase before (its checkpoint is written)
+        _StopRequest.requested = False
+        raise KeyboardInterrupt
     optimizer = torch.optim.SGD(params, lr=lr, momentum=config.momentum, nesterov=True, weight_decay=weight_decay)
     start = 0
     if resume is not None and resume.epoch > 0:
         optimizer.load_state_dict(resume.optimizer_state)
         start = resume.epoch
     total = len(loader) * epochs
-    for epoch in range(start, epochs):
-        loader.set_epoch(derive_seed(seed_word, epoch))
-        rng = np.random.default_rng(derive_seed(config.seed, 40 + seed_word, epoch))
-        started = time.perf_counter()
-        loss_sum = torch.zeros((), device=device)
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(derive_seed(config.seed, 50 + seed_word, epoch))  # dropout, scoped
-            for i, (xb, yb) in enumerate(loader):
-                for group in optimizer.param_groups:
-                    group["lr"] = lr_at(lr, epoch * len(loader) + i, total)
-                optimizer.zero_grad(set_to_none=True)
-                with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
-                    loss = step(xb, yb, rng)
-                if ctx is not None:
-                    all_reduce_gradients(params, ctx)  # torchrun: the ranks' mean gradient
-                optimizer.step()
-                loss_sum += loss.detach()
-                if i % 10 == 0 or i == len(loader) - 1:
-                    progress(name, epoch * len(loader) + i + 1, total, f"epoch {epoch + 1}/{epochs}")
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        history.append({"phase": name, "epoch": epoch, "train_loss": float(loss_sum) / max(1, len(loader)),
-                        "epoch_s": time.perf_counter() - started})
-        if resume is not None:
-            resume.epoch_done(epoch + 1, epochs, optimizer)
+    # Single process only: torchrun's ranks would not all stop at the same epoch.
+    with _stop_on_sigint(resume is not None and ctx is None):
+        for epoch in range(start, epochs):
+            _one_epoch(name, epoch, epochs, lr, total, params, step, loader, config, optimizer, history, progress,
+                       autocast=autocast, device=device, seed_word=seed_word, ctx=ctx)
+            if resume is not None:
+                resume.epoch_done(epoch + 1, epochs, optimizer)
+            _stop_if_requested(resume, epoch + 1, epochs, optimizer)
+
+
+def _one_epoch(name: str, epoch: int, epochs: int, lr: float, total: int, params: list[nn.Parameter],
+               step: Callable[[torch.Tensor, torch.Tensor, np.random.Generator], torch.Tensor], loader: BatchLoader,
+               config: TrainConfig, optimizer: torch.optim.Optimizer, history: list[dict[str, Any]],
+               progress: ProgressCallback, *, autocast: bool, device: torch.device, seed_word: int,
+               ctx: DistContext | None) -> None:
+    from hmt.supernet.train.trainer import derive_seed, lr_at
+
+    loader.set_epoch(derive_seed(seed_word, epoch))
+    rng = np.random.default_rng(derive_seed(config.seed, 40 + seed_word, epoch))
+    started = time.perf_counter()
+    loss_sum = torch.zeros((), device=device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(derive_seed(config.seed, 50 + seed_word, epoch))  # dropout, scoped
+        for i, (xb, yb) in enumerate(loader):
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(lr, epoch * len(loader) + i, total)
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
+                loss = step(xb, yb, rng)
+            if ctx is not None:
+                all_reduce_gradients(params, ctx)  # torchrun: the ranks' mean gradient
+            optimizer.step()
+            loss_sum += loss.detach()
+            if i % 10 == 0 or i == len(loader) - 1:
+                note = f"; {STOPPING_NOTE}" if _StopRequest.requested else ""
+                progress(name, epoch * len(loader) + i + 1, total, f"epoch {epoch + 1}/{epochs}{note}")
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    history.append({"phase": name, "epoch": epoch, "train_loss": float(loss_sum) / max(1, len(loader)),
+                    "epoch_s": time.perf_counter() - started})
