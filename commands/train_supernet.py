@@ -45,7 +45,7 @@ Examples:
       --data ../shared/datasets/cifar10-jpeg --backbone-epochs 10 --out runs/r56
 
 Kill it at any time and rerun the same command: it resumes from the last epoch's checkpoint
-(OUT.ckpt/ beside the output). Several GPUs: torchrun --nproc-per-node 2 -m commands.app train-supernet ...
+(OUT.ckpt/ beside the output). Several GPUs: torchrun --nproc-per-node 2 scripts/ddp_train.py train-supernet ...
 """
 
 

@@ -112,6 +112,14 @@ def test_checkpoint_dir_over_a_user_folder(inputs: dict[str, Path], tmp_path: Pa
     assert (keep / "notes.txt").read_text() == "precious" and not (tmp_path / "sn").exists()
 
 
+
+def test_checkpoint_dir_overlapping_out_is_refused_saying_so(inputs: dict[str, Path], tmp_path: Path) -> None:
+    for ckpt in (tmp_path / "sn", tmp_path / "sn" / "ck", tmp_path):
+        code, output = invoke("train-supernet", "--backbone", "cifar_resnet8", "--dataset", "cifar10", "--data",
+                              str(inputs["data"]), "--checkpoint-dir", str(ckpt), "--out", str(tmp_path / "sn"))
+        assert code == 3 and "overlaps --out" in output and "sn.ckpt" in output, output
+        assert not (tmp_path / "sn").exists()
+
 def test_offload_halves_over_a_user_folder(inputs: dict[str, Path], tmp_path: Path) -> None:
     from hmt.deploy.offload import write_offload_bundles
     from hmt.errors import InputError

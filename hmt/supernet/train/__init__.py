@@ -13,6 +13,7 @@ import torch
 
 from hmt.artifacts import ArtifactWriter
 from hmt.data import BatchLoader
+from hmt.errors import InputError
 from hmt.progress import ProgressCallback, no_progress
 from hmt.supernet.artifact import CALIBRATION, CURVES, HISTORY, KIND, MODEL, SPACE, VARIANTS, WEIGHTS, write_model_info
 from hmt.supernet.train.checkpoint import release_checkpoint_dir
@@ -42,6 +43,10 @@ def check_training_outputs(config: TrainConfig, out_dir: Path, checkpoint_dir: P
 
     given = tuple(p for p in (config.data_path, config.pretrained, *inputs) if p)
     check_output_dir(out_dir, kind=KIND, inputs=given, force=force)
+    ckpt, out = Path(checkpoint_dir).resolve(), Path(out_dir).resolve()
+    if ckpt == out or out in ckpt.parents or ckpt in out.parents:
+        raise InputError(f"--checkpoint-dir {checkpoint_dir}: overlaps --out {out_dir}; the checkpoints need a "
+                         f"folder of their own (the default is {Path(out_dir).name}.ckpt beside the output)")
     claim_checkpoint_dir(checkpoint_dir, inputs=(*given, out_dir))
 
 
