@@ -237,15 +237,16 @@ def load_artifact(path: Path | str, *, kind: str | Iterable[str], verify_checksu
     if verify_checksums:
         for record in manifest.files:
             file_path = safe_join(root, record.path, what="manifest entry")
+            shown = root / record.path  # as the user gave the artifact (safe_join's path is resolved)
             if not file_path.is_file():
-                raise ArtifactError(f"{file_path}: listed in {manifest_path} but missing")
+                raise ArtifactError(f"{shown}: listed in {manifest_path} but missing")
             size = file_path.stat().st_size
             if size != record.size_bytes:
                 raise ArtifactError(
-                    f"{file_path}: size {size} bytes, manifest says {record.size_bytes}; the file was changed"
+                    f"{shown}: size {size} bytes, manifest says {record.size_bytes}; the file was changed"
                 )
             if sha256_file(file_path) != record.sha256:
-                raise ArtifactError(f"{file_path}: sha256 mismatch with {manifest_path}; the file was changed")
+                raise ArtifactError(f"{shown}: sha256 mismatch with {manifest_path}; the file was changed")
     return Artifact(root, manifest, hashlib.sha256(raw).hexdigest())
 
 

@@ -121,3 +121,14 @@ def test_current_directory_as_artifact_path(tmp_path: Path, monkeypatch: pytest.
     _write(out)
     monkeypatch.chdir(out)
     assert load_artifact(Path("."), kind="demo").kind == "demo"
+
+
+def test_a_changed_file_is_named_as_the_artifact_was_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative artifact path stays relative in the message (what the user typed), not resolved."""
+    _write(tmp_path / "art")
+    (tmp_path / "art" / "nested" / "info.json").write_text('{"x": 2}')
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ArtifactError) as err:
+        load_artifact(Path("art"), kind="demo")
+    message = str(err.value)
+    assert message.startswith("art/nested/info.json: ") and "was changed" in message and str(tmp_path) not in message
