@@ -59,6 +59,8 @@ def run_device(output: Output, bundle: Path, *, peer: str, peer_token: str | Non
     from hmt.offload.session import PEER_TOKEN_ENV, PeerLink, serve_device_forever
 
     link = PeerLink(peer, token=peer_token or os.environ.get(PEER_TOKEN_ENV) or None, cafile=peer_cafile)
+    for note in link.checked():
+        output.warn(note)
     status = serve_device_forever(
         bundle, session, api, server, link, seed=seed,
         on_listening=lambda url: note_listening(output, bundle,

@@ -16,10 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
-from hmt.errors import ModelError
+from hmt.errors import ModelError, UsageError
 from hmt.offload.client import PeerClient
 from hmt.offload.device import WHERE_LOCAL, DeviceOptions, OffloadDevice
 from hmt.offload.plan import load_plan
@@ -28,7 +29,7 @@ from hmt.offload.planner import Option, PlannerConfig
 from hmt.runtime.chain import Runner
 from hmt.serve.controller import Controller, Prediction
 from hmt.serve.http.api import ApiOptions
-from hmt.serve.http.server import ServerOptions
+from hmt.serve.http.server import ServerOptions, is_loopback
 from hmt.serve.running.session import SessionOptions, open_controller, run_until_stopped
 
 PEER_TOKEN_ENV = "HMT_PEER_TOKEN"
@@ -39,6 +40,23 @@ class PeerLink:
     url: str
     token: str | None = None
     cafile: Path | None = None
+
+    def checked(self) -> list[str]:
+        """Refuses a peer off loopback without a token: such a peer answers every segment 401 (it
+        refuses to serve off loopback without one), so the device would serve alone, silently. Returns
+        a note for a plain-HTTP peer off loopback (tensors cross the network unencrypted)."""
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UsageError(f"--peer {self.url[:200]}: expected http://HOST:PORT or https://HOST:PORT")
+        if is_loopback(parts.hostname):
+            return []
+        if self.token is None:
+            raise UsageError(f"--peer {self.url[:200]} is off loopback: pass --peer-token or set {PEER_TOKEN_ENV} "
+                             "(the peer's own token; a peer off loopback answers nothing without it)")
+        if parts.scheme == "http":
+            return [f"the peer {parts.hostname} is reached over plain HTTP: tensors and the token cross the "
+                    "network unencrypted; serve the peer with --ssl-certfile and give https:// (and --peer-cafile)"]
+        return []
 
 
 class OffloadingController:

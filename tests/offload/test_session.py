@@ -99,3 +99,19 @@ def test_tvm_built_for_another_machine_runs_on_onnxruntime(offload_bundles: Offl
         parts.chain_engine(bundle, tvm_variant, "tvm")
     Header.machine = "x86_64"
     assert parts.chain_engine(bundle, tvm_variant, "auto") == ("tvm", [])
+
+
+def test_a_peer_off_loopback_needs_its_token_and_plain_http_there_is_noted() -> None:
+    import pytest
+
+    from hmt.errors import UsageError
+
+    assert PeerLink("http://127.0.0.1:8001").checked() == []
+    assert PeerLink("http://localhost:8001").checked() == []
+    with pytest.raises(UsageError, match="off loopback: pass --peer-token"):
+        PeerLink("http://10.0.0.7:8001").checked()
+    (note,) = PeerLink("http://10.0.0.7:8001", token="t" * 24).checked()
+    assert "unencrypted" in note
+    assert PeerLink("https://peer.example:8001", token="t" * 24).checked() == []
+    with pytest.raises(UsageError, match="expected http://HOST:PORT"):
+        PeerLink("10.0.0.7:8001").checked()
