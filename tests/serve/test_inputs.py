@@ -254,3 +254,12 @@ def test_grey_pixels_may_come_without_their_channel_axis() -> None:
     with pytest.raises(ApiError) as err:
         decode(npy_bytes(grey[:, :27]), "application/x-npy", spec)
     assert err.value.status == 422 and "[28, 28] or [N, 28, 28]" in err.value.message
+
+
+def test_a_malformed_npy_header_is_explained() -> None:
+    """The message says what is wrong with the header, not only numpy's exception class."""
+    spec = InputSpec(TensorSpec("input", (1, 3, H, W), "float32"), Preprocess())
+    with pytest.raises(ApiError) as err:
+        decode(b"\x93NUMPY\x01\x00\x10\x00{'descr': '<f4'}\n", "application/x-npy", spec)
+    assert err.value.status == 400 and "header is malformed" in err.value.message
+    assert "correct keys" in err.value.message

@@ -189,7 +189,8 @@ def _load_npy(body: bytes) -> np.ndarray:
         read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
         shape, fortran_order, dtype = read_header(stream, max_header_size=_MAX_NPY_HEADER_BYTES)
     except Exception as exc:
-        raise ApiError(400, "bad_npy", f"body is not a valid .npy array ({type(exc).__name__})") from exc
+        detail = " ".join(str(exc).split())[:120] or type(exc).__name__
+        raise ApiError(400, "bad_npy", f"body is not a valid .npy array: its header is malformed ({detail})") from exc
     if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
         raise ApiError(400, "bad_npy", f"a .npy array of dtype {str(dtype)[:40]} is not accepted; send numbers")
     data = memoryview(body)[stream.tell():]
