@@ -38,6 +38,11 @@ _PYTHON_FLOOR_NOTE = (
     "install Python 3.8 or newer beside the system one (e.g. Miniforge for aarch64, or deadsnakes' "
     "python3.8 on Ubuntu 18.04) and serve from that"
 )
+# Boards without JetPack (a Raspberry Pi OS, a generic aarch64 Linux): the same floor, no JetPack advice.
+_PYTHON_FLOOR_NOTE_PLAIN = (
+    "the device half runs on Python 3.8 or newer (numpy 1.24, onnxruntime 1.19 at the least, started from "
+    "Python with hmt.serve.running.session.serve_forever; the hmt CLI needs Python 3.10)"
+)
 _TVM_RUNTIME_HOST = "apache-tvm 0.27 runtime (pip apache-tvm==0.27.0.post1; the .so files need this TVM version)"
 # Why Arm bundles carry no TVM libraries: a Relax module library (.so) is loaded by the
 # "relax.VMExecutable" loader of libtvm_runtime, and no package gives that runtime for
@@ -151,7 +156,7 @@ TARGETS: dict[str, Target] = {
             # x86-64-v3 (AVX2, FMA; 2013+ CPUs) rather than this host's own CPU (znver4) so
             # that the bundle also runs on other x86-64 machines of the last decade.
             notes=("TVM code is built for mcpu x86-64-v3 (AVX2/FMA): it does not run on pre-2013 x86 CPUs",
-                   _PYTHON_FLOOR_NOTE),
+                   _PYTHON_FLOOR_NOTE_PLAIN),
             # An x86 box may have an NVIDIA GPU: ORT's CUDA provider is used where onnxruntime-gpu
             # is installed, per variant only where fuse measured it faster than the CPU.
             providers=("cuda", "cpu"),
@@ -206,7 +211,7 @@ TARGETS: dict[str, Target] = {
             default_profile="raspberry-pi-4b.json",
             notes=("needs the 64-bit Raspberry Pi OS (aarch64: onnxruntime has no 32-bit Arm wheel); its Python "
                    "(3.11 on Bookworm) runs the device half",
-                   _PYTHON_FLOOR_NOTE),
+                   _PYTHON_FLOOR_NOTE_PLAIN),
         ),
         Target(
             name="aarch64",
@@ -219,7 +224,7 @@ TARGETS: dict[str, Target] = {
             no_tvm_reason=_NO_TVM_RUNTIME_AARCH64,
             default_profile=None,
             notes=("no profile is shipped for a generic board: pass --profile (measure it with "
-                   "`hmt profile-device --rpc ...`)", _PYTHON_FLOOR_NOTE),
+                   "`hmt profile-device --rpc ...`)", _PYTHON_FLOOR_NOTE_PLAIN),
         ),
     )
 }

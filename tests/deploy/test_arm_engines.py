@@ -74,3 +74,12 @@ def test_a_bundle_for_this_machine_gets_no_note(x86_bundle: Path) -> None:
     bundle = load_bundle(x86_bundle)
     assert foreign_machine_note(bundle, "x86_64") is None and foreign_machine_note(bundle, "AMD64") is None
     assert foreign_machine_note(bundle, "aarch64") is not None
+
+
+def test_every_target_states_the_python_floor_and_only_jetsons_the_jetpack_advice() -> None:
+    from hmt.deploy.targets import TARGETS
+
+    for name, target in TARGETS.items():
+        notes = " ".join(target.notes)
+        assert "Python 3.8" in notes, name
+        assert ("JetPack 4" in notes) == name.startswith("jetson"), name
