@@ -393,6 +393,9 @@ def serve_command(
             return
         plan = Scenario.from_csv(scenario)
         duration = duration_s if duration_s is not None else plan.end_s
+        if duration_s is None and plan.end_s <= 0:
+            raise UsageError(f"{scenario}: its last row starts at 0 s, so the replay would last 0 s; "
+                             "give --duration-s (a scenario lasts until its last row's time_s)")
         drive = DriveOptions(duration_s=duration, clients=clients, rate_hz=rate_hz, load_mode=load.value,
                              client_mode="processes" if client_processes else "threads")
         output.note(f"replaying {scenario} for {duration:g} s on {bundle} ({load.value} load, {clients} clients, "

@@ -114,3 +114,10 @@ def test_blocks_and_research_with_peer_or_adapt_are_refused_naming_the_flags(bun
     assert code == 2 and "--research cannot be combined with --adapt: --adapt needs" in output
     code, output = _invoke("serve", str(bundle_dir), "--blocks", "--research", "--role", "peer")
     assert code == 2 and "--blocks and --research cannot be combined with --role peer" in output
+
+
+def test_a_scenario_that_ends_at_0_s_asks_for_a_duration(bundle_dir: Path, tmp_path: Path) -> None:
+    one_row = tmp_path / "one.csv"
+    one_row.write_text("time_s,cpu_load\n0,0.5\n")
+    code, output = _invoke("serve", str(bundle_dir), "--scenario", str(one_row))
+    assert code == 2 and f"{one_row}: its last row starts at 0 s" in output and "--duration-s" in output

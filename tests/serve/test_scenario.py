@@ -102,3 +102,33 @@ def test_load_generator_really_burns_cpu() -> None:
         assert psutil.cpu_percent(None) > 100 / (psutil.cpu_count() or 1) * 0.6
     finally:
         gen.stop()
+
+
+def test_a_scenario_over_the_row_bound_is_refused_in_one_line(tmp_path: Path) -> None:
+    from hmt.serve.running.scenario import MAX_BYTES, MAX_ROWS
+
+    text = "time_s,cpu_load\n" + "".join(f"{i * 0.001:.3f},{i % 2}\n" for i in range(MAX_ROWS + 1))
+    with pytest.raises(InputError, match=f"more than {MAX_ROWS} rows") as caught:
+        Scenario.from_text(text, "s.csv")
+    assert "\n" not in str(caught.value)
+    assert len(Scenario.from_text(text.rsplit("\n", 2)[0] + "\n").rows) == MAX_ROWS
+    big = tmp_path / "big.csv"
+    big.write_text("time_s\n" + "0\n" * (MAX_BYTES // 2 + 1))
+    with pytest.raises(InputError, match="MiB"):
+        Scenario.from_csv(big)
+
+
+def test_a_spreadsheet_export_with_a_byte_order_mark_reads(tmp_path: Path) -> None:
+    path = tmp_path / "s.csv"
+    path.write_bytes("\ufefftime_s,cpu_load\n0,0.5\n".encode())
+    assert Scenario.from_csv(path).at(0).cpu_load == 0.5
+
+
+def test_recovery_over_many_steps_is_not_quadratic() -> None:
+    # a scenario at the row bound, a 100 Hz replay of it: 10 s here with a scan of every request per step
+    steps = [0.06 * i for i in range(10_000)]
+    records = [_record(0.01 * i, 0.5 if i % 7 else 2.0) for i in range(60_000)]
+    began = time.perf_counter()
+    out = recovery(records, steps, end_s=600.0)
+    assert time.perf_counter() - began < 3.0
+    assert len(out) == len(steps) - 1 and sum(s["judged"] for s in out) == 60_000 - 6

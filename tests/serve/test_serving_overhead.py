@@ -138,3 +138,12 @@ def test_a_switch_setting_that_is_not_a_boolean_is_refused() -> None:
         ServeSettings.from_mapping({"correction": {"overhead_stay_bound": "yes"}})
     with pytest.raises(UsageError, match="overhead_by_load must be true or false, got 1"):
         ServeSettings.from_mapping({"correction": {"overhead_by_load": 1}})
+
+
+@pytest.mark.parametrize("budget_ms", [5e-324, 1e-310, 1e-300])
+def test_a_budget_too_small_for_its_steps_is_the_floor_not_an_error(budget_ms: float) -> None:
+    overhead = ServingOverhead(mode="tail")
+    _served(overhead, np.full(32, 10.0), np.full(32, 1.0))
+    move_ms, stay_ms, _ = overhead.limits_ms(budget_ms, 1.0)
+    assert move_ms == stay_ms == 1e-3
+    assert overhead.latency_limit_ms(budget_ms, 1.0)[0] == 1e-3

@@ -179,5 +179,10 @@ class ServingOverhead:
         if budget_ms is None:
             return math.inf
         step = budget_ms / OVERHEAD_STEPS
-        overhead_q = math.ceil(overhead_ms / step - 1e-9) * step
-        return max(1e-3, headroom * budget_ms - overhead_q)
+        # A budget so small its step is 0 or the overhead a count of steps past floats (a scenario's
+        # latency_budget_ms of 5e-324 or 1e-310) fits nothing: the floor, not a ZeroDivisionError or
+        # OverflowError raised in every decision while it holds.
+        steps = overhead_ms / step - 1e-9 if step > 0 else math.inf
+        if not math.isfinite(steps):
+            return 1e-3
+        return max(1e-3, headroom * budget_ms - math.ceil(steps) * step)

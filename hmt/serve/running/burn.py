@@ -78,7 +78,8 @@ class SharedPlan:
         start = float(self._start.value)
         if start < 0:
             return None
-        i = bisect_right(self._times[:int(self._count.value)], now_s - start) - 1  # as Scenario.at
+        # as Scenario.at; on the shared array itself: a copy of the plan every 20 ms cost each burner its rows
+        i = bisect_right(self._times, now_s - start, 0, int(self._count.value)) - 1
         return 0.0 if i < 0 else float(self._values[i])
 
 

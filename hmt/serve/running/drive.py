@@ -94,8 +94,9 @@ def _client_process(url: str, token: str | None, inputs_path: str, client: int, 
         out.put([])
         return
     start_s, stop_s = window[0], window[1]
+    scenario = Scenario(rows)
     records = _client_loop(send, inputs, client, clients, period_s, start_s, stop_s,
-                           lambda t: budget_at(rows, base_latency_ms, t), arrivals=arrivals, seed=seed)
+                           lambda t: budget_at(scenario, base_latency_ms, t), arrivals=arrivals, seed=seed)
     out.put(records)
 
 
@@ -215,7 +216,7 @@ def drive(
     lock = threading.Lock()
 
     def budget(t: float) -> float | None:
-        return budget_at(rows, base_latency_ms, t)
+        return budget_at(scenario, base_latency_ms, t)
 
     def client(index: int) -> None:
         if sender_factory is None:

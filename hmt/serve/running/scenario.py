@@ -48,6 +48,12 @@ COLUMNS = ("time_s", "cpu_load", "memory_budget_mb", "battery_pct", "latency_bud
            # the link between device and peer, read by the offload proxy (hmt.offload.proxy); serve ignores them
            "link_bandwidth_mbit_s", "link_rtt_ms", "link_loss")
 LOAD_MODES = ("synthetic", "burn")
+# A scenario is read whole and its rows go into the burners' shared plan: bounded, so that a runaway
+# export (a trace at 1 kHz) is refused at once with one line instead of slowing the replay's driver,
+# its burners and its summary. The loop decides four times a second: 10,000 rows are 40 minutes of a
+# row per tick, and a row per second for almost three hours.
+MAX_ROWS = 10_000
+MAX_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -90,9 +96,16 @@ class Scenario:
     def from_csv(cls, path: Path | str) -> Scenario:
         path = Path(path)
         try:
-            text = path.read_text()
+            with open(path, "rb") as handle:
+                data = handle.read(MAX_BYTES + 1)
         except OSError as exc:
             raise InputError(f"{path}: cannot read the scenario ({exc.strerror or exc})") from exc
+        if len(data) > MAX_BYTES:
+            raise InputError(f"{path}: over {MAX_BYTES >> 20} MiB; a scenario holds at most {MAX_ROWS} rows")
+        try:
+            text = data.decode("utf-8-sig")  # a spreadsheet's export starts with a byte-order mark
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
         return cls.from_text(text, str(path))
 
     @classmethod
@@ -104,8 +117,11 @@ class Scenario:
         unknown = [h for h in header if h not in COLUMNS]
         if unknown:
             raise InputError(f"{source}: unknown column(s) {unknown}; expected some of {list(COLUMNS)}")
-        rows = []
+        rows: list[ScenarioRow] = []
         for line, raw in enumerate(reader, start=2):
+            if len(rows) == MAX_ROWS:
+                raise InputError(f"{source}: more than {MAX_ROWS} rows; a scenario holds at most {MAX_ROWS} "
+                                 "(the loop decides every 0.25 s: merge rows closer than that)")
             record = {k.strip(): v for k, v in raw.items() if k is not None}
             where = f"{source}:{line}"
             time_s = _cell(record.get("time_s"), "time_s", where, 0.0, 1e9)
@@ -156,6 +172,11 @@ class RowApplier:
     def __init__(self, rows: Sequence[ScenarioRow], apply: Callable[[ScenarioRow], object],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.rows = list(rows)
+        # each row's place, looked up by the row itself: a search per row made the driver quadratic in
+        # the rows (the first of a row given twice, as the search found)
+        self._index: dict[int, int] = {}
+        for i, r in enumerate(self.rows):
+            self._index.setdefault(id(r), i)
         self._apply = apply
         self._clock = clock
         self._start_s: float | None = None
@@ -175,7 +196,7 @@ class RowApplier:
 
     def through(self, row: ScenarioRow) -> None:
         """Apply every row up to ``row`` (one of :attr:`rows`) not applied yet."""
-        index = next(i for i, r in enumerate(self.rows) if r is row)
+        index = self._index[id(row)]
         if self._start_s is not None:
             late_s = self._clock() - (self._start_s + row.time_s)
             self.driver_late_max_s = max(self.driver_late_max_s, late_s)
@@ -357,9 +378,10 @@ class Inputs:
     y: np.ndarray | None = None
 
 
-def budget_at(rows: Sequence[ScenarioRow], base_latency_ms: float | None, time_s: float) -> float | None:
-    """The latency budget in force at ``time_s``: the row's, else the base budget."""
-    row = Scenario(rows).at(time_s)
+def budget_at(scenario: Scenario, base_latency_ms: float | None, time_s: float) -> float | None:
+    """The latency budget in force at ``time_s``: the row's, else the base budget. Asked on every
+    request: a lookup in the scenario, not a new one (checking all its rows each time)."""
+    row = scenario.at(time_s)
     return row.latency_budget_ms if row.latency_budget_ms is not None else base_latency_ms
 
 
