@@ -53,6 +53,22 @@ def test_fuse_with_tvm_compiles_and_verifies(converted_dir: Path, tmp_path: Path
     assert report["choice"]["candidate"] in report["candidates"]
 
 
+def test_tvm_only_fuse_is_deployable(segmented_dir: Path, tmp_path: Path) -> None:
+    """`hmt fuse --engine tvm` still writes every graph's fused ONNX: deploy bundles ONNX Runtime
+    for every variant, and refused such an artifact ('fuse ran without the ort engine')."""
+    from hmt.deploy.sources import read_fused_variants
+
+    out = tmp_path / "fused"
+    result = fuse_model(segmented_dir, out, options=FuseOptions(engines=("tvm",), repeats=2, warmup=1))
+    report = result.report["variants"][0]
+    assert "tvm" in report["candidates"]
+    assert not any(label.startswith("ort[") for label in report["candidates"])  # no ORT candidates timed
+    for graph in report["graphs"]:
+        assert (out / graph["onnx"]["file"]).is_file()
+    (variant,) = read_fused_variants(load_artifact(out, kind="fused"))
+    assert [g.onnx for g in variant.segments] == ["model/segment_0.onnx", "model/segment_1.onnx"]
+
+
 def test_bad_options_and_inputs(converted_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="unknown graph pass"):
         fuse_model(converted_dir, tmp_path / "o", options=FuseOptions(passes=("nope",)))
