@@ -218,6 +218,7 @@ def _add_tvm(
 ) -> None:
     import time
 
+    from hmt.artifacts.paths import relative_to_artifact
     from hmt.fuse.engines import tvm as tvm_engine
 
     try:
@@ -239,7 +240,8 @@ def _add_tvm(
                 if database is not None:
                     record = tvm_engine.tune(mod, target, work_dir=database, trials=options.tune_trials,
                                              seed=options.seed, progress=progress)
-                    tuning.append({"graph": graph.file, **record.to_json()})
+                    tuning.append({"graph": graph.file, **record.to_json(),
+                                   "work_dir": relative_to_artifact(database, writer.out_dir)})
                 t0 = time.perf_counter()
                 executable = tvm_engine.compile_module(mod, target, database_dir=database)
                 compile_s += time.perf_counter() - t0

@@ -135,6 +135,26 @@ def test_choice_needs_a_clear_win_to_leave_ort_defaults() -> None:
     assert choose(timings, tie_floor=0.05).name == "tvm-tuned"
 
 
+def test_tuning_record_names_no_machine_path(converted_dir: Path, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report's tuning entries name the database folder relative to the artifact, as the
+    config does: it recorded MetaSchedule's work_dir as an absolute path of this machine."""
+    from hmt.fuse.engines import tvm as tvm_engine
+
+    def fake_tune(mod: object, target: object, *, work_dir: Path, trials: int, seed: int,
+                  progress: object = None) -> tvm_engine.TuningRecord:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        return tvm_engine.TuningRecord(trials, 1, 0.0, str(work_dir), 0, 0, "random")
+
+    monkeypatch.setattr(tvm_engine, "tune", fake_tune)
+    options = FuseOptions(engines=("tvm",), tune_trials=1, tuning_dir=tmp_path / "db", repeats=2, warmup=1)
+    fuse_model(converted_dir, tmp_path / "fused", options=options)
+    text = (tmp_path / "fused" / "report.json").read_text()
+    assert str(tmp_path) not in text
+    tuned = json.loads(text)["variants"][0]["candidates"]["tvm-tuned"]
+    assert tuned["tuning"][0]["work_dir"] == "../db"
+
+
 @pytest.mark.slow
 def test_tvm_tuning_writes_and_reuses_a_database(converted_dir: Path, tmp_path: Path) -> None:
     db = tmp_path / "tuning"
