@@ -60,7 +60,8 @@ def adapt_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output artifact directory (replaced atomically).")] = Path(
         "runs/adapted"),
     arch: Annotated[str | None, typer.Option(
-        "--arch", help="Variant of a supernet: an arch id, 'largest' (default) or 'smallest'.")] = None,
+        "--arch", help="Variant of a supernet: an arch id (the space tag may be left out), 'largest' (default) "
+                        "or 'smallest'.")] = None,
     method: Annotated[MethodChoice, typer.Option(
         "--method", help="tent: entropy minimisation of BN affine parameters; bn: re-estimate BN statistics.")] = (
         MethodChoice.tent),

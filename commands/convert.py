@@ -66,7 +66,8 @@ def convert_command(
     onnx_file: Annotated[Path | None, typer.Option("--onnx", help="An ONNX file to convert.")] = None,
     supernet: Annotated[Path | None, typer.Option("--supernet", help="A supernet artifact directory.")] = None,
     variant: Annotated[list[str] | None, typer.Option(
-        "--variant", help="Variant id of --supernet (repeatable; also 'largest', 'smallest'). A '.int8' or "
+        "--variant", help="Variant id of --supernet (repeatable; the space tag may be left out: e3.555555555555; "
+        "also 'largest', 'smallest'). A '.int8' or "
         "'.fp16' suffix quantises it (measured on the supernet's held-out images).")] = None,
     pareto: Annotated[Path | None, typer.Option(
         "--pareto", help="A pareto artifact searched on --supernet: convert the points of its front.")] = None,

@@ -296,9 +296,7 @@ def deploy_command(
             own_key = load_private_key(sign_key).public_key() if sign_key is not None else None
             report = verify_bundle(out_dir, expected_target=result.target.name, seed=seed, trusted_key=own_key)
             verified = report.to_json_dict()
-            skipped = [f"{c.name}: {c.detail}" for c in report.checks if c.status == "skipped"]
-            output.note(f"verified: {len(report.checks) - len(skipped)} checks ok"
-                        + (f", {len(skipped)} skipped ({'; '.join(skipped)})" if skipped else ""))
+            output.note(f"verified: {report.summary()}")
         pushed = do_push(output, out_dir)
         split = do_offload(output, out_dir)
         size_mb = result.size_bytes / 1e6

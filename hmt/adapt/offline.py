@@ -191,12 +191,7 @@ def _run_torch(model_path: Path, data: DataSets, out: Path, *, arch: str | None,
     from hmt.supernet import load_supernet
 
     loaded = load_supernet(model_path)
-    if arch in (None, "largest"):
-        arch_config = loaded.space.largest()
-    elif arch == "smallest":
-        arch_config = loaded.space.smallest()
-    else:
-        arch_config = loaded.space.parse(arch)
+    arch_config = loaded.space.resolve(arch or "largest")
     model = loaded.materialize(arch_config)
     config["arch"] = arch_config.arch_id
     info = loaded.dataset_info
@@ -231,8 +226,7 @@ def export_bn(model_path: Path, out: Path, *, arch: str | None, force: bool = Fa
 
     check_output_dir(out, kind=BN_ADAPTABLE_KIND, inputs=[model_path], force=force, what="--export-bn")
     loaded = load_supernet(model_path)
-    arch_config = (loaded.space.largest() if arch in (None, "largest") else
-                   loaded.space.smallest() if arch == "smallest" else loaded.space.parse(arch))
+    arch_config = loaded.space.resolve(arch or "largest")
     model = loaded.materialize(arch_config)
     example = torch.zeros(2, *tuple(loaded.model_info["input_shape"]))
     calibration = torch.cat(loaded.calibration_batches())

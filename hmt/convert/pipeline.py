@@ -245,12 +245,7 @@ def _supernet_variants(source: SupernetSource) -> tuple[list[Artifact], list[tup
     variants = []
     for requested in variant_ids:
         base, precision = split_variant_id(requested)  # "<arch id>.int8": the arch, quantised
-        if base == "largest":
-            arch = loaded.space.largest()
-        elif base == "smallest":
-            arch = loaded.space.smallest()
-        else:
-            arch = loaded.space.parse(base)
+        arch = loaded.space.resolve(base)
         variants.append((precise_id(_arch_id(arch, base), precision), loaded.materialize(arch)))
     artifact = getattr(loaded, "artifact", None)
     parents = [a for a in (artifact, front_artifact) if isinstance(a, Artifact)]

@@ -65,6 +65,14 @@ class VerifyReport:
     def add(self, name: str, status: str, detail: str = "") -> None:
         self.checks.append(Check(name, status, detail))
 
+    def summary(self) -> str:
+        """One line: how many checks passed, and each skipped one with its reason."""
+        skipped = [c for c in self.checks if c.status == "skipped"]
+        line = f"{len(self.checks) - len(skipped)} checks ok"
+        if skipped:
+            line += f", {len(skipped)} skipped (" + "; ".join(f"{c.name}: {c.detail}" for c in skipped) + ")"
+        return line
+
     def to_json_dict(self) -> dict[str, Any]:
         return {"bundle": str(self.source), "target": self.target, "variants": self.variants,
                 "ok": not self.failures, "checks": [vars(c) for c in self.checks]}

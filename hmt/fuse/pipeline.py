@@ -115,17 +115,8 @@ def _variant_engines(
                                        for g in path], path)
     ort_device = ort_engine.effective_device(options.device)
     runtime[BASELINE] = {"engine": "ort", "graphs": "converted", "ort": base_cfg.to_json(), "ort_device": ort_device}
+    _save_portable(writer, name, graphs)
     if "ort" in options.engines:
-        for graph in graphs:
-            rel = f"{name}/{Path(graph.file).stem}.onnx"
-            info = ort_engine.save_portable(graph.fused, writer.path(rel))
-            portable = load_onnx(writer.path(rel))
-            if info["ort_only"]:
-                save_onnx(graph.fused, writer.path(rel))  # keep the hmt graph; ORT's needs ORT
-                portable = graph.fused
-                info = {**info, "ort_only": False, "note": "ORT's basic rewrite was not portable; hmt graph kept"}
-            graph.report["onnx"] = {"file": rel, **info}
-            graph.report["_portable"] = portable
         configs = [ort_engine.OrtConfig(), ort_engine.OrtConfig(intra_op_threads=1)]
         if options.ort_parallel:
             configs.extend(_parallel_configs(graphs, path))
@@ -144,6 +135,21 @@ def _variant_engines(
     if "tvm" in options.engines:
         _add_tvm(writer, name, graphs, path, options, runners, runtime, failures, progress)
     return runners, runtime, failures
+
+
+def _save_portable(writer: ArtifactWriter, name: str, graphs: list[FusedGraph]) -> None:
+    """Every graph's fused ONNX, whatever the engines timed: deploy bundles ONNX Runtime for
+    every variant (TVM or not), so an artifact without them could not be deployed."""
+    for graph in graphs:
+        rel = f"{name}/{Path(graph.file).stem}.onnx"
+        info = ort_engine.save_portable(graph.fused, writer.path(rel))
+        portable = load_onnx(writer.path(rel))
+        if info["ort_only"]:
+            save_onnx(graph.fused, writer.path(rel))  # keep the hmt graph; ORT's needs ORT
+            portable = graph.fused
+            info = {**info, "ort_only": False, "note": "ORT's basic rewrite was not portable; hmt graph kept"}
+        graph.report["onnx"] = {"file": rel, **info}
+        graph.report["_portable"] = portable
 
 
 def _add_host_cpu(
@@ -212,6 +218,7 @@ def _add_tvm(
 ) -> None:
     import time
 
+    from hmt.artifacts.paths import relative_to_artifact
     from hmt.fuse.engines import tvm as tvm_engine
 
     try:
@@ -233,7 +240,8 @@ def _add_tvm(
                 if database is not None:
                     record = tvm_engine.tune(mod, target, work_dir=database, trials=options.tune_trials,
                                              seed=options.seed, progress=progress)
-                    tuning.append({"graph": graph.file, **record.to_json()})
+                    tuning.append({"graph": graph.file, **record.to_json(),
+                                   "work_dir": relative_to_artifact(database, writer.out_dir)})
                 t0 = time.perf_counter()
                 executable = tvm_engine.compile_module(mod, target, database_dir=database)
                 compile_s += time.perf_counter() - t0

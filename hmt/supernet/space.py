@@ -176,6 +176,19 @@ class SearchSpace:
         """Indices of the real blocks (not the stream-width positions)."""
         return [i for i, pos in enumerate(self.positions) if pos.kind != WIDTH_KIND]
 
+    def with_tag(self, arch_id: str) -> str:
+        """``arch_id`` with this space's tag in front where it was left out (``e3.555555555555``)."""
+        return f"{self.tag}.{arch_id}" if arch_id.count(".") == 1 and arch_id.startswith("e") else arch_id
+
+    def resolve(self, given: str) -> ArchConfig:
+        """What a user names a variant by: ``largest``, ``smallest``, or an arch id whose space
+        tag may be left out (``e3.555555555555``, as ``hmt specialize`` takes it)."""
+        if given == "largest":
+            return self.largest()
+        if given == "smallest":
+            return self.smallest()
+        return self.parse(self.with_tag(given))
+
     def parse(self, arch_id: str) -> ArchConfig:
         """Parse an arch id; refuses ids of another space or with unknown codes."""
         parts = arch_id.split(".")

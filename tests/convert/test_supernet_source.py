@@ -42,6 +42,20 @@ def test_largest_and_smallest_variants(supernet_dir: Path, tmp_path: Path) -> No
     assert len(largest["chain"]["segments"]) >= len(smallest["chain"]["segments"])
 
 
+def test_variant_id_without_space_tag(supernet_dir: Path, tmp_path: Path) -> None:
+    """`hmt specialize --help` converts its variant as `--variant e3.555555555555`: the space tag
+    left out, as specialize takes it; convert names the folder by the full id."""
+    from hmt.supernet import load_supernet
+
+    space = load_supernet(supernet_dir).space
+    full = space.smallest().arch_id
+    tagless = full.split(".", 1)[1]
+    out = tmp_path / "converted"
+    result = convert_model(SupernetSource(supernet_dir, (tagless,), batch=1), out)
+    assert [v.arch_id for v in result.variants] == [full]
+    assert (out / full).is_dir()
+
+
 def test_supernet_needs_a_variant(supernet_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="--variant"):
         convert_model(SupernetSource(supernet_dir, ()), tmp_path / "out")

@@ -53,6 +53,22 @@ def test_fuse_with_tvm_compiles_and_verifies(converted_dir: Path, tmp_path: Path
     assert report["choice"]["candidate"] in report["candidates"]
 
 
+def test_tvm_only_fuse_is_deployable(segmented_dir: Path, tmp_path: Path) -> None:
+    """`hmt fuse --engine tvm` still writes every graph's fused ONNX: deploy bundles ONNX Runtime
+    for every variant, and refused such an artifact ('fuse ran without the ort engine')."""
+    from hmt.deploy.sources import read_fused_variants
+
+    out = tmp_path / "fused"
+    result = fuse_model(segmented_dir, out, options=FuseOptions(engines=("tvm",), repeats=2, warmup=1))
+    report = result.report["variants"][0]
+    assert "tvm" in report["candidates"]
+    assert not any(label.startswith("ort[") for label in report["candidates"])  # no ORT candidates timed
+    for graph in report["graphs"]:
+        assert (out / graph["onnx"]["file"]).is_file()
+    (variant,) = read_fused_variants(load_artifact(out, kind="fused"))
+    assert [g.onnx for g in variant.segments] == ["model/segment_0.onnx", "model/segment_1.onnx"]
+
+
 def test_bad_options_and_inputs(converted_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="unknown graph pass"):
         fuse_model(converted_dir, tmp_path / "o", options=FuseOptions(passes=("nope",)))
@@ -117,6 +133,26 @@ def test_choice_needs_a_clear_win_to_leave_ort_defaults() -> None:
     assert choose(timings, tie_floor=0.05).name == BASELINE
     timings["tvm-tuned"] = t("tvm-tuned", 7.0)
     assert choose(timings, tie_floor=0.05).name == "tvm-tuned"
+
+
+def test_tuning_record_names_no_machine_path(converted_dir: Path, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report's tuning entries name the database folder relative to the artifact, as the
+    config does: it recorded MetaSchedule's work_dir as an absolute path of this machine."""
+    from hmt.fuse.engines import tvm as tvm_engine
+
+    def fake_tune(mod: object, target: object, *, work_dir: Path, trials: int, seed: int,
+                  progress: object = None) -> tvm_engine.TuningRecord:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        return tvm_engine.TuningRecord(trials, 1, 0.0, str(work_dir), 0, 0, "random")
+
+    monkeypatch.setattr(tvm_engine, "tune", fake_tune)
+    options = FuseOptions(engines=("tvm",), tune_trials=1, tuning_dir=tmp_path / "db", repeats=2, warmup=1)
+    fuse_model(converted_dir, tmp_path / "fused", options=options)
+    text = (tmp_path / "fused" / "report.json").read_text()
+    assert str(tmp_path) not in text
+    tuned = json.loads(text)["variants"][0]["candidates"]["tvm-tuned"]
+    assert tuned["tuning"][0]["work_dir"] == "../db"
 
 
 @pytest.mark.slow

@@ -68,3 +68,16 @@ def test_largest_smallest_and_size() -> None:
     assert space.largest().choices == ("base", "base", "base")
     assert space.smallest().exit_stage == 0
     assert space.size() == 5 * 3 + 5 * 3 * 2
+
+
+def test_resolve_takes_named_and_tagless_ids() -> None:
+    """What users type: 'largest', 'smallest', or an id without its space tag, as specialize's
+    help prints it (``e3.555555555555``) and then hands to convert."""
+    space = _space()
+    assert space.resolve("largest") == space.largest()
+    assert space.resolve("smallest") == space.smallest()
+    arch = space.make(["w50", "skip", "lr50"], 1)
+    assert space.resolve("e1.5SL") == arch
+    assert space.resolve(arch.arch_id) == arch
+    with pytest.raises(UsageError, match="belongs to space"):
+        space.resolve("other-123456.e1.5SL")

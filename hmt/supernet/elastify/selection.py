@@ -77,9 +77,8 @@ def parse_variant(space: SearchSpace, given: str) -> ArchConfig:
     text = given.strip()
     if not text:
         raise UsageError("--variants: an empty variant id; expected ids like e3.555555555555, comma-separated")
-    full = f"{space.tag}.{text}" if text.count(".") == 1 and text.startswith("e") else text
     try:
-        return space.parse(full)
+        return space.parse(space.with_tag(text))
     except UsageError as exc:
         raise UsageError(f"--variants {given}: not a variant of this supernet's space ({exc})") from exc
 
