@@ -18,6 +18,9 @@ from hmt.errors import UsageError
 
 T = TypeVar("T")
 
+# The smallest latency budget taken anywhere (settings, --latency-ms, a scenario's column): one
+# microsecond; below it, latency / budget ratios overflow and summaries would hold infinities.
+MIN_LATENCY_BUDGET_MS = 1e-3
 # The control loop's period: a tick costs ~1 ms of CPU, so a period near zero spins a core while
 # idle (1e-9 s kept one at 95 %); above an hour the loop no longer follows the device.
 MIN_MONITOR_PERIOD_S = 0.01
@@ -97,11 +100,13 @@ class Budgets:
             value = getattr(self, name)
             if value is None:
                 continue
-            # A memory budget of 0 is legal (nothing fits: the loop serves the least memory).
-            low_ok = value >= 0 if name == "memory_mb" else value > 0
+            # A memory budget of 0 is legal (nothing fits: the loop serves the least memory). A latency
+            # budget below a microsecond is refused: ratios against it overflow to infinity.
+            lowest = {"memory_mb": 0.0, "latency_ms": MIN_LATENCY_BUDGET_MS}.get(name)
+            low_ok = value > 0 if lowest is None else value >= lowest
             if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and low_ok):
-                raise UsageError(f"budgets.{name} must be a number {'>=' if name == 'memory_mb' else '>'} 0 "
-                                 f"or null, got {value!r}")
+                bound = "> 0" if lowest is None else f">= {lowest:g}"
+                raise UsageError(f"budgets.{name} must be a number {bound} or null, got {value!r}")
 
     @property
     def memory_bytes(self) -> float | None:

@@ -47,3 +47,17 @@ def test_the_loop_period_and_the_windows_are_bounded(config: dict[str, Any], wor
     with pytest.raises(UsageError) as err:
         ServeSettings.from_mapping(config)
     assert words in str(err.value)
+
+
+def test_a_latency_budget_below_a_microsecond_is_refused_everywhere() -> None:
+    """Ratios of latency to such a budget overflow (a summary would hold Infinity, not JSON)."""
+    from hmt.errors import InputError
+    from hmt.runtime.settings import Budgets
+    from hmt.serve.running.scenario import Scenario
+
+    assert Budgets(latency_ms=1e-3).latency_ms == 1e-3
+    for tiny in (5e-324, 1e-310, 1e-4):
+        with pytest.raises(UsageError, match="budgets.latency_ms must be a number >= 0.001"):
+            Budgets(latency_ms=tiny)
+        with pytest.raises(InputError, match="latency_budget_ms"):
+            Scenario.from_text(f"time_s,latency_budget_ms\n0,{tiny!r}\n")

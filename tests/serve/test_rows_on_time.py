@@ -25,6 +25,8 @@ def test_a_shared_plan_is_a_step_function_of_the_shared_clock() -> None:
     assert plan.at(5.0) is None  # no plan yet: the parent's values hold
     plan.set(10.0, [0.0, 2.0, 3.0], [0.5, None, 1.0])
     assert [plan.at(t) for t in (9.9, 10.0, 11.9, 12.0, 13.5)] == [0.0, 0.5, 0.5, 0.0, 1.0]
+    plan.set(10.0, [2.0, 3.0], [0.5, 1.0])  # a first row after 0 s holds from the start, as Scenario.at says
+    assert [plan.at(t) for t in (9.9, 10.0, 11.5, 13.0)] == [0.0, 0.5, 0.5, 1.0]
     with pytest.raises(UsageError, match="room for 3"):
         plan.set(0.0, [0.0, 1.0, 2.0, 3.0], [0.0] * 4)
     with pytest.raises(UsageError, match="ascending"):

@@ -74,13 +74,17 @@ class SharedPlan:
         self._start.value = float(start_s)
 
     def at(self, now_s: float) -> float | None:
-        """The value in force at ``now_s`` (0 before the first row); None without a plan."""
+        """The value in force at ``now_s``: 0 before the plan's start, the first row's from the start on
+        even when its time is later (as :meth:`Scenario.at` gives the loop); None without a plan."""
         start = float(self._start.value)
         if start < 0:
             return None
-        # as Scenario.at; on the shared array itself: a copy of the plan every 20 ms cost each burner its rows
-        i = bisect_right(self._times, now_s - start, 0, int(self._count.value)) - 1
-        return 0.0 if i < 0 else float(self._values[i])
+        count = int(self._count.value)
+        if now_s < start or count == 0:
+            return 0.0
+        # on the shared array itself: a copy of the plan every 20 ms cost each burner its rows
+        i = bisect_right(self._times, now_s - start, 0, count) - 1
+        return float(self._values[max(0, i)])
 
 
 def _burn(duty: Any, stop: Any, ready: Any, plan: SharedPlan | None = None, index: int = 0,

@@ -42,6 +42,7 @@ import numpy as np
 
 from hmt.compat import pairwise
 from hmt.errors import InputError, UsageError
+from hmt.runtime.settings import MIN_LATENCY_BUDGET_MS
 from hmt.serve.deciding.monitor import PsutilSampler, ResourceSample, Sampler
 
 COLUMNS = ("time_s", "cpu_load", "memory_budget_mb", "battery_pct", "latency_budget_ms", "memory_squeeze_mb",
@@ -132,7 +133,8 @@ class Scenario:
                 cpu_load=_cell(record.get("cpu_load"), "cpu_load", where, 0.0, 1.0),
                 memory_budget_mb=_cell(record.get("memory_budget_mb"), "memory_budget_mb", where, 0.0, 1e9, True),
                 battery_pct=_cell(record.get("battery_pct"), "battery_pct", where, 0.0, 100.0),
-                latency_budget_ms=_cell(record.get("latency_budget_ms"), "latency_budget_ms", where, 0.0, 1e9, True),
+                latency_budget_ms=_cell(record.get("latency_budget_ms"), "latency_budget_ms", where,
+                                        MIN_LATENCY_BUDGET_MS, 1e9),
                 memory_squeeze_mb=_cell(record.get("memory_squeeze_mb"), "memory_squeeze_mb", where, 0.0, 1e6),
             ))
         return cls(rows, source)
