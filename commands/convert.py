@@ -128,6 +128,10 @@ def convert_command(
             raise UsageError("--max-variants and --min-accuracy go with --pareto")
         if min_accuracy is not None and not 0.0 <= min_accuracy <= 100.0:
             raise UsageError(f"--min-accuracy is a percentage in [0, 100], got {min_accuracy:g}")
+        if min_accuracy is not None and 0.0 < min_accuracy <= 1.0:
+            # A fraction (as manifests store accuracy) would keep every point above ~1 %: surely not meant.
+            raise UsageError(f"--min-accuracy is a percentage: {min_accuracy:g} keeps front points above "
+                             f"{min_accuracy:g} %; for {100 * min_accuracy:g} % give {100 * min_accuracy:g}")
         shapes = tuple(parse_shape(s) for s in input_shape) if input_shape else None
         source: TorchSource | OnnxSource | SupernetSource
         if model:

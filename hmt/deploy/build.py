@@ -43,7 +43,7 @@ from hmt.bundle import (
     variant_dir,
 )
 from hmt.deploy.archive import archive_path_for, build_archive_file, is_bundle_archive
-from hmt.deploy.notes import quantised_notes, target_notes
+from hmt.deploy.notes import budget_notes, quantised_notes, target_notes
 from hmt.deploy.sources import (
     FUSED_KIND,
     FusedVariant,
@@ -438,7 +438,8 @@ def deploy_bundle(
                      profile_path, profile_bytes)
     parents = [fused, front.artifact, *([profile_artifact] if profile_artifact is not None else [])]
     threads, threads_note = profile_threads(profile_doc)
-    notes = [*target_notes(target, engines, pareto_profile, profile_id), *engine_notes, *slower_notes, *threads_note]
+    notes = [*target_notes(target, engines, pareto_profile, profile_id), *engine_notes, *slower_notes, *threads_note,
+             *budget_notes({v.arch_id: points[v.arch_id] for v in variants}, options.latency_ms, options.memory_mb)]
     preprocess, class_names, meta_note = checked_input_meta(front, options.allow_missing_preprocess)
     with ArtifactWriter(out_dir, kind=BUNDLE_KIND, config=config, parents=parents, inputs=inputs,
                         force=force) as writer:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from hmt.bundle import BundleVariant
 from hmt.deploy.targets import Target
@@ -37,3 +38,19 @@ def quantised_notes(bundled: Sequence[BundleVariant]) -> list[str]:
     return [f"{'/'.join(quantised)} variants are quantised ONNX graphs (int8: QDQ, which ONNX Runtime's "
             "CPU provider runs with integer kernels and TensorRT reads as explicit quantisation; fp16: "
             "for GPU providers); their accuracy was measured on held-out images by pareto and convert"]
+
+
+def budget_notes(points: Mapping[str, Mapping[str, Any]], latency_ms: float | None,
+                 memory_mb: float | None) -> list[str]:
+    """A note per budget that no bundled variant meets by the front's predictions (``points``: each
+    variant's front point): the bundle is still built, and serve then runs the closest and says so."""
+    notes = []
+    for budget, key, unit, flag in ((latency_ms, "latency_ms", "ms", "--latency-ms"),
+                                    (memory_mb, "memory_mb", "MB", "--memory-mb")):
+        if budget is None or not points:
+            continue
+        arch, point = min(points.items(), key=lambda item: float(item[1][key]))
+        if float(point[key]) > budget:
+            notes.append(f"{flag} {budget:g}: no bundled variant meets it by the front's predictions (the "
+                         f"least, {arch}, {float(point[key]):.3g} {unit}); serve will run it and say so")
+    return notes

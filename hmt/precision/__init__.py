@@ -34,9 +34,10 @@ def variant_id(arch_id: str, precision: str = FP32) -> str:
 
 
 def split_variant_id(vid: str) -> tuple[str, str]:
-    """``(arch_id, precision)`` of a variant id; an id without a precision suffix is fp32."""
+    """``(arch_id, precision)`` of a variant id; an id without a precision suffix is fp32 (and an explicit
+    ``.fp32`` is the same variant)."""
     head, dot, tail = vid.rpartition(".")
-    if dot and tail in PRECISIONS and tail != FP32:
+    if dot and head and tail in PRECISIONS:
         return head, tail
     return vid, FP32
 

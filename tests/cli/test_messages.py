@@ -88,3 +88,13 @@ def test_json_mode_usage_errors_print_one_document(argv: list[str], capsys: pyte
     captured = capsys.readouterr()
     assert json.loads(captured.out)["error"]["exit_code"] == 2
     assert "Traceback" not in captured.err
+
+
+def test_min_accuracy_given_as_a_fraction_is_refused_naming_the_percentage(capsys: pytest.CaptureFixture[str]) -> None:
+    """--min-accuracy is in percent; 0.8 (a fraction, as manifests store accuracy) would keep everything."""
+    with pytest.raises(SystemExit) as raised:
+        cli(["convert", "--supernet", "hmt/data/embedded/supernet-cifar-resnet56", "--pareto", "no-such-front",
+             "--min-accuracy", "0.8", "--out", "unused", "--json"])
+    assert raised.value.code == 2
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert "give 80" in error["message"]

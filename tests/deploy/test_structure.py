@@ -207,7 +207,7 @@ def test_a_bad_serve_json_value_exits_4_in_serve_and_in_verify(bundle_copy: Path
     served = _serve(bundle_copy)
     assert verified.exit_code == served.returncode == ArtifactError.exit_code, (verified.output, served.stderr)
     for text in (verified.output, served.stderr):
-        assert "serve.json" in text and "budgets.latency_ms must be a number > 0" in text
+        assert "serve.json" in text and "budgets.latency_ms must be a number >= 0.001" in text
 
 
 def test_a_serve_json_value_of_the_wrong_type_exits_4_naming_the_key(bundle_copy: Path) -> None:

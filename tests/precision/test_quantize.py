@@ -18,6 +18,8 @@ def test_variant_ids_round_trip() -> None:
     assert split_variant_id(f"{arch}.int8") == (arch, "int8")
     assert split_variant_id(f"{arch}.fp16") == (arch, "fp16")
     assert split_variant_id(arch) == (arch, "fp32")
+    assert split_variant_id(f"{arch}.fp32") == (arch, "fp32")  # said explicitly: the same variant
+    assert split_variant_id("largest.fp32") == ("largest", "fp32")
     with pytest.raises(UsageError):
         variant_id(arch, "int4")
 
