@@ -169,3 +169,44 @@ def sleepy_loader(bundle: Any, sleep_s: float) -> Any:
         return ChainRunner(variant, segments, [head] * n, "onnxruntime")
 
     return load
+
+
+def linear_bundle(out: Path, input_shape: list[int], extra_spec: dict[str, Any], seed: int = 0) -> Path:
+    """One variant, one stage: flatten ``input_shape`` -> a fixed random [features, CLASSES] matmul ->
+    an identity head; ``extra_spec`` goes into bundle.json (preprocess, class names)."""
+    features = int(np.prod(input_shape[1:]))
+    weights = np.random.default_rng(seed).standard_normal((features, CLASSES)).astype(np.float32)
+
+    def model(nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: list[Any]) -> bytes:
+        graph = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, inits),
+                                  opset_imports=[helper.make_opsetid("", 17)])
+        graph.ir_version = 8
+        onnx.checker.check_model(graph)
+        return bytes(graph.SerializeToString())
+
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, input_shape)
+    f = helper.make_tensor_value_info("features_0", TensorProto.FLOAT, [1, CLASSES])
+    segment = model([helper.make_node("Flatten", ["input"], ["flat"], axis=1),
+                     helper.make_node("MatMul", ["flat", "w"], ["features_0"])], [x], [f],
+                    [numpy_helper.from_array(weights, "w")])
+    y = helper.make_tensor_value_info("logits_0", TensorProto.FLOAT, [1, CLASSES])
+    head = model([helper.make_node("MatMul", ["features_0", "eye"], ["logits_0"])], [f], [y],
+                 [numpy_helper.from_array(np.eye(CLASSES, dtype=np.float32), "eye")])
+    tensor = {"name": "input", "shape": input_shape, "dtype": "float32"}
+    features_spec = {"name": "features_0", "shape": [1, CLASSES], "dtype": "float32"}
+    graph = {"index": 0, "onnx": "variants/v/segment_0.onnx", "input": tensor, "output": features_spec}
+    exit_graph = {"index": 0, "onnx": "variants/v/exit_0.onnx", "consumes_segment": 0, "input": features_spec,
+                  "output": {"name": "logits_0", "shape": [1, CLASSES], "dtype": "float32"}}
+    with ArtifactWriter(out, kind="bundle", config={"test": True}) as writer:
+        writer.write_bytes("variants/v/segment_0.onnx", segment)
+        writer.write_bytes("variants/v/exit_0.onnx", head)
+        writer.write_json("bundle.json", {
+            "version": 1, "target": {"name": "host"}, "classes": CLASSES, **extra_spec, "input": tensor,
+            "variants": [{"arch_id": "v", "exit_stage": 0, "accuracy": 0.9, "accuracy_per_exit": [0.9],
+                          "latency_ms": 1.0, "energy": 1.0, "memory_mb": 1.0, "segments": [graph],
+                          "exits": [exit_graph], "preferred_engine": "onnxruntime", "engines": ["onnxruntime"]}]})
+        writer.write_json("profile.json", {"device": "test"})
+        writer.write_json("index.json", FrontIndex([IndexEntry("v", 0.9, 1.0, 1.0, 1.0, 0, (0.9,),
+                                                               "onnxruntime")]).to_json_dict())
+        writer.write_json("serve.json", {**FAST_SWITCH, "early_exit": {"enabled": False}})
+    return out

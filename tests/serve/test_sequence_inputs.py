@@ -10,15 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-from serve_bundles import FAST_SWITCH, npy_bytes
+from serve_bundles import FAST_SWITCH, linear_bundle, npy_bytes
 
-from hmt.artifacts import ArtifactWriter
 from hmt.bundle import Preprocess, load_bundle
 from hmt.deploy.sources import _dataset_meta
-from hmt.pareto.index import FrontIndex, IndexEntry
 from hmt.runtime.settings import ServeSettings
 from hmt.serve.controller import Controller
 from hmt.serve.http.api import ApiOptions, create_app
@@ -32,49 +28,14 @@ C, L = 3, 10
 MEAN, STD = (1.5, -2.0, 40.0), (0.5, 3.0, 12.0)
 
 
-def _model(nodes: list, inputs: list, outputs: list, inits: list) -> bytes:
-    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, inits),
-                              opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
-
-
 def make_sequence_bundle(out: Path) -> Path:
-    """One variant, one stage: flatten [1, 3, 10] -> fixed random [30, 4] matmul -> identity head."""
-    weights = np.random.default_rng(0).standard_normal((C * L, 4)).astype(np.float32)
-    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, C, L])
-    f = helper.make_tensor_value_info("features_0", TensorProto.FLOAT, [1, 4])
-    segment = _model([helper.make_node("Flatten", ["input"], ["flat"], axis=1),
-                      helper.make_node("MatMul", ["flat", "w"], ["features_0"])], [x], [f],
-                     [numpy_helper.from_array(weights, "w")])
-    y = helper.make_tensor_value_info("logits_0", TensorProto.FLOAT, [1, 4])
-    head = _model([helper.make_node("MatMul", ["features_0", "eye"], ["logits_0"])], [f], [y],
-                  [numpy_helper.from_array(np.eye(4, dtype=np.float32), "eye")])
-    graph = {"index": 0, "onnx": "variants/v/segment_0.onnx",
-             "input": {"name": "input", "shape": [1, C, L], "dtype": "float32"},
-             "output": {"name": "features_0", "shape": [1, 4], "dtype": "float32"}}
-    exit_graph = {"index": 0, "onnx": "variants/v/exit_0.onnx", "consumes_segment": 0,
-                  "input": {"name": "features_0", "shape": [1, 4], "dtype": "float32"},
-                  "output": {"name": "logits_0", "shape": [1, 4], "dtype": "float32"}}
+    """One variant, one stage: flatten [1, 3, 10] -> fixed random [30, 4] matmul -> identity head, with the
+    preprocess deploy writes for a sequence dataset."""
     preprocess, _ = _dataset_meta({"modality": "sequence", "mean": MEAN, "std": STD})
     assert preprocess is not None
-    with ArtifactWriter(out, kind="bundle", config={"test": True}) as writer:
-        writer.write_bytes("variants/v/segment_0.onnx", segment)
-        writer.write_bytes("variants/v/exit_0.onnx", head)
-        writer.write_json("bundle.json", {
-            "version": 1, "target": {"name": "host"}, "classes": 4,
-            "preprocess": {"mean": list(preprocess.mean), "std": list(preprocess.std), "layout": preprocess.layout,
-                           "pixel_scale": preprocess.pixel_scale},
-            "input": {"name": "input", "shape": [1, C, L], "dtype": "float32"},
-            "variants": [{"arch_id": "v", "exit_stage": 0, "accuracy": 0.9, "accuracy_per_exit": [0.9],
-                          "latency_ms": 1.0, "energy": 1.0, "memory_mb": 1.0, "segments": [graph],
-                          "exits": [exit_graph], "preferred_engine": "onnxruntime", "engines": ["onnxruntime"]}]})
-        writer.write_json("profile.json", {"device": "test"})
-        writer.write_json("index.json", FrontIndex([IndexEntry("v", 0.9, 1.0, 1.0, 1.0, 0, (0.9,),
-                                                               "onnxruntime")]).to_json_dict())
-        writer.write_json("serve.json", {**FAST_SWITCH, "early_exit": {"enabled": False}})
-    return out
+    return linear_bundle(out, [1, C, L], {"preprocess": {
+        "mean": list(preprocess.mean), "std": list(preprocess.std), "layout": preprocess.layout,
+        "pixel_scale": preprocess.pixel_scale}})
 
 
 @pytest.fixture(scope="module")
