@@ -114,7 +114,7 @@ def test_the_loop_searches_only_when_nothing_fits_and_serves_meanwhile(blocks_bu
             controller.predict(x)
             controller.tick()
         assert controller.research.searches == 0
-        controller.set_budgets(latency_ms=1e-6, memory_mb=None)  # nothing can fit
+        controller.set_budgets(latency_ms=1e-3, memory_mb=None)  # nothing can fit (1 us: the least budget taken)
         started = None
         for _ in range(12):
             controller.predict(x)
