@@ -198,29 +198,28 @@ def test_deploy_signs_and_verify_checks_through_the_cli(fused_dir: Path, pareto_
 
 # -- item 10: the same exit code for the same bad value, bounded messages ----------------------------------
 
-def test_a_bad_serve_json_value_exits_4_in_serve_and_in_verify(bundle_copy: Path) -> None:
-    config = json.loads((bundle_copy / "serve.json").read_text())
-    config["budgets"]["latency_ms"] = -5
-    (bundle_copy / "serve.json").write_text(json.dumps(config))
-    _reseal(bundle_copy, "serve.json")
-    verified = runner.invoke(app, ["deploy", "--verify", str(bundle_copy)])
-    served = _serve(bundle_copy)
+def _verify_and_serve_with_latency_budget(bundle: Path, value: object) -> tuple[str, str]:
+    """serve.json's budgets.latency_ms set to ``value`` (resealed); both deploy --verify and serve exit 4.
+    Returns their outputs."""
+    config = json.loads((bundle / "serve.json").read_text())
+    config["budgets"]["latency_ms"] = value
+    (bundle / "serve.json").write_text(json.dumps(config))
+    _reseal(bundle, "serve.json")
+    verified = runner.invoke(app, ["deploy", "--verify", str(bundle)])
+    served = _serve(bundle)
     assert verified.exit_code == served.returncode == ArtifactError.exit_code, (verified.output, served.stderr)
-    for text in (verified.output, served.stderr):
+    return verified.output, served.stderr
+
+
+def test_a_bad_serve_json_value_exits_4_in_serve_and_in_verify(bundle_copy: Path) -> None:
+    for text in _verify_and_serve_with_latency_budget(bundle_copy, -5):
         assert "serve.json" in text and "budgets.latency_ms must be a number >= 0.001" in text
 
 
 def test_a_serve_json_value_of_the_wrong_type_exits_4_naming_the_key(bundle_copy: Path) -> None:
     # A string where a number belongs reached a comparison and came out as Python's own TypeError
     # ("'>' not supported between instances of 'str' and 'int'"), naming no key.
-    config = json.loads((bundle_copy / "serve.json").read_text())
-    config["budgets"]["latency_ms"] = "fast"
-    (bundle_copy / "serve.json").write_text(json.dumps(config))
-    _reseal(bundle_copy, "serve.json")
-    verified = runner.invoke(app, ["deploy", "--verify", str(bundle_copy)])
-    served = _serve(bundle_copy)
-    assert verified.exit_code == served.returncode == ArtifactError.exit_code, (verified.output, served.stderr)
-    for text in (verified.output, served.stderr):
+    for text in _verify_and_serve_with_latency_budget(bundle_copy, "fast"):
         assert "serve.json: budgets: latency_ms must be a finite number or null, got 'fast'" in text
         assert "Traceback" not in text and "not supported" not in text
 
