@@ -112,6 +112,15 @@ def _stop_if_requested(resume: EpochResume | None, epoch: int, epochs: int, opti
     raise KeyboardInterrupt
 
 
+def stop_if_requested_after_training() -> None:
+    """After the last phase (its checkpoint written): a Ctrl-C asked during its last epoch interrupts
+    here, before evaluation, rather than being forgotten (no later phase would act on it); the
+    request is cleared either way, so it never outlives the run that received it."""
+    if _StopRequest.requested:
+        _StopRequest.requested = False
+        raise KeyboardInterrupt
+
+
 def run_epochs(
     name: str,
     epochs: int,

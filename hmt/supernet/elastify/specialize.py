@@ -254,7 +254,7 @@ class _Run:
               restart: bool, stop_after_epochs: int | None, notify: Callable[[str], None]) -> list[dict[str, Any]]:
         """Fine-tune the choices' paths; the request's seed varies the order of the training images
         and the sampling (0: the parent's), never the split."""
-        from hmt.supernet.elastify.epochs import EpochResume, run_epochs, to_cpu
+        from hmt.supernet.elastify.epochs import EpochResume, run_epochs, stop_if_requested_after_training, to_cpu
         from hmt.supernet.elastify.phases import finetune_step
         from hmt.supernet.elastify.train import _loader
         from hmt.supernet.train.checkpoint import open_checkpoint, resume_message, save_checkpoint
@@ -289,6 +289,7 @@ class _Run:
                    seed_word=SEED_WORD + 1000 * seed, resume=resume)
         net.eval()
         save(PHASE, config.finetune_epochs, {}, trained=True)
+        stop_if_requested_after_training()  # a Ctrl-C in the last epoch: stop before evaluation (resumable)
         return history
 
 

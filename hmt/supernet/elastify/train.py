@@ -27,7 +27,7 @@ from torch import nn
 from hmt.data import BatchLoader
 from hmt.errors import UsageError, VerificationError
 from hmt.progress import ProgressCallback, no_progress
-from hmt.supernet.elastify.epochs import ELASTIC_PHASES, EpochResume, to_cpu
+from hmt.supernet.elastify.epochs import ELASTIC_PHASES, EpochResume, stop_if_requested_after_training, to_cpu
 from hmt.supernet.elastify.evaluate import evaluate, table_metrics
 from hmt.supernet.elastify.phases import train_elastic, train_original
 from hmt.supernet.elastify.source import ModelSpec, build_model, sha256_file
@@ -219,6 +219,7 @@ def elastify_supernet(
     resumes = _resumes(saved.get("within_phase") or {}, epoch_saved, stop_after_epochs)
     train_elastic(net, loader, config, history, progress, autocast, device, finetune_original, set(done), phase_done,
                    resumes, ctx)
+    stop_if_requested_after_training()  # a Ctrl-C in the last phase's last epoch: its checkpoint is written
     if not ctx.is_main:
         return None  # rank 0 evaluates and writes the artifact
     train_s = time.perf_counter() - train_start

@@ -89,3 +89,30 @@ def test_a_ctrl_c_in_a_phases_last_epoch_stops_at_the_next_phases_start() -> Non
     with pytest.raises(KeyboardInterrupt):
         _run(_Records(), {})
     assert not epochs_module._StopRequest.requested
+
+
+def test_a_ctrl_c_in_the_last_phases_last_epoch_stops_after_training_and_is_then_forgotten() -> None:
+    records = _Records()
+    model = torch.nn.Linear(3, 2)
+
+    def step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+        if records.steps == BATCHES:  # during the last of two epochs
+            os.kill(os.getpid(), signal.SIGINT)
+        records.steps += 1
+        loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        loss.backward()
+        return loss
+
+    resume = EpochResume("finetune", 0, None, lambda phase, done, state: records.saved.append((phase, done)),
+                         every_s=1e9)
+    try:
+        run_epochs("finetune", 2, 0.1, list(model.parameters()), step, _Loader(),  # type: ignore[arg-type]
+                   TrainConfig(), [], lambda *a: None, weight_decay=0.0, autocast=False,
+                   device=torch.device("cpu"), seed_word=1, resume=resume)
+        assert records.steps == 2 * BATCHES  # the phase ran to its end (its caller writes its checkpoint)
+        with pytest.raises(KeyboardInterrupt):
+            epochs_module.stop_if_requested_after_training()
+        assert not epochs_module._StopRequest.requested
+        epochs_module.stop_if_requested_after_training()  # nothing asked: nothing raised
+    finally:
+        epochs_module._StopRequest.requested = False
