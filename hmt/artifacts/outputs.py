@@ -18,11 +18,11 @@ Messages name the path as the user gave it and the option it came from.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from hmt.artifacts.jsondoc import parse_json
 from hmt.artifacts.manifest import MANIFEST_NAME, Manifest
 from hmt.errors import ArtifactError, InputError
 
@@ -76,7 +76,7 @@ def _check_inputs(given: Path, real: Path, inputs: Iterable[Path | str], what: s
 def manifest_kind(path: Path) -> str | None:
     """The kind of the hmt artifact in ``path``, or None when it has no readable hmt manifest."""
     try:
-        data = json.loads((path / MANIFEST_NAME).read_bytes())
+        data = parse_json((path / MANIFEST_NAME).read_bytes(), path / MANIFEST_NAME)
         return Manifest.from_json_dict(data, source=str(path / MANIFEST_NAME)).kind
     except (OSError, ValueError, ArtifactError):
         return None
@@ -85,7 +85,8 @@ def manifest_kind(path: Path) -> str | None:
 def _unlisted(path: Path) -> str | None:
     """A file or folder in artifact ``path`` that its manifest does not list (the first found)."""
     try:
-        manifest = Manifest.from_json_dict(json.loads((path / MANIFEST_NAME).read_bytes()), source=str(path))
+        manifest = Manifest.from_json_dict(parse_json((path / MANIFEST_NAME).read_bytes(), path / MANIFEST_NAME),
+                                          source=str(path))
     except (OSError, ValueError, ArtifactError):
         return MANIFEST_NAME
     listed = {record.path for record in manifest.files} | _UNLISTED_OK

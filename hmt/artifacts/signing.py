@@ -218,8 +218,8 @@ def check_signature_bytes(raw: bytes, manifest_sha256: str, trusted_key: Any | N
             check_version(version)
             created = str(created)
             created.encode("ascii")
-    except (json.JSONDecodeError, UnicodeError, KeyError, TypeError, AttributeError, binascii.Error,
-            InputError) as exc:
+    except (json.JSONDecodeError, UnicodeError, RecursionError, KeyError, TypeError, AttributeError,
+            binascii.Error, InputError) as exc:
         raise ArtifactError(f"{path}: malformed signature file ({type(exc).__name__}: {exc}); expected "
                             "JSON {algorithm, key_sha256, manifest_sha256, signature, version, created_utc}") from exc
     if algorithm != ALGORITHM:

@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import Any
 
 from hmt import __version__
+from hmt.artifacts.jsondoc import parse_json
 from hmt.artifacts.manifest import (
     MANIFEST_NAME,
     FileRecord,
@@ -198,10 +199,7 @@ class Artifact:
 
     def read_json(self, name: str) -> Any:
         path = self.file(name)
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ArtifactError(f"{path}: not valid JSON ({exc})") from exc
+        return parse_json(path.read_bytes(), path)
 
     def as_parent(self) -> ParentRecord:
         return ParentRecord(kind=self.kind, path=str(self.root), manifest_sha256=self.manifest_sha256)
@@ -226,10 +224,7 @@ def load_artifact(path: Path | str, *, kind: str | Iterable[str], verify_checksu
     if not manifest_path.is_file():
         raise ArtifactError(f"{manifest_path}: missing; {root} is not an hmt artifact")
     raw = manifest_path.read_bytes()
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ArtifactError(f"{manifest_path}: not valid JSON ({exc})") from exc
+    data = parse_json(raw, manifest_path)
     manifest = Manifest.from_json_dict(data, source=str(manifest_path))
     if manifest.kind not in kinds:
         expected = " or ".join(sorted(kinds))

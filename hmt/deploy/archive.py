@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import json
 import os
 import shutil
 import tarfile
@@ -42,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
+from hmt.artifacts.jsondoc import parse_json
 from hmt.artifacts.manifest import MANIFEST_NAME, Manifest
 from hmt.artifacts.paths import safe_join
 from hmt.artifacts.signing import SIGNATURE_NAME, check_signature_bytes
@@ -251,10 +251,7 @@ class _Budget:
             raise InputError(f"{where} cannot be read")
         with source:
             raw = source.read(MAX_MANIFEST_BYTES + 1)
-        try:
-            manifest = Manifest.from_json_dict(json.loads(raw), source=where)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ArtifactError(f"{where}: not valid JSON ({exc})") from exc
+        manifest = Manifest.from_json_dict(parse_json(raw, where), source=where)
         try:
             listed = {str(f.path): int(f.size_bytes) for f in manifest.files}
         except (TypeError, ValueError) as exc:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hmt.artifacts.jsondoc import parse_json
 from hmt.errors import ArtifactError, InputError
 
 if TYPE_CHECKING:
@@ -272,12 +273,11 @@ def profile_from_doc(doc: Any, *, source: str, base_dir: Path | None = None) -> 
 def read_profile_json(path: Path) -> DeviceProfile:
     """A single-file profile (``profiles/*.json``); refuses malformed JSON or schema."""
     try:
-        doc = json.loads(path.read_text())
+        raw = path.read_bytes()
     except FileNotFoundError as exc:
         raise InputError(f"{path}: does not exist; expected a profile-device artifact directory or a profiles/*.json "
                          "file") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not valid JSON ({exc})") from exc
+    doc = parse_json(raw, path, error=InputError)
     return profile_from_doc(doc, source=str(path), base_dir=path.parent)
 
 
@@ -303,7 +303,10 @@ def is_profile_json(path: Path) -> bool:
     """Whether ``path`` holds a single-file hmt device profile (what :func:`write_profile_json` writes)."""
     if path.stat().st_size > 64 << 20:
         return False
-    data = json.loads(path.read_bytes())
+    try:
+        data = parse_json(path.read_bytes(), path, error=InputError)
+    except InputError:
+        return False
     return isinstance(data, dict) and isinstance(data.get("device"), dict) and all(
         key in data for key in _TOP_LEVEL_REQUIRED)
 

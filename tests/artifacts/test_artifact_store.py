@@ -132,3 +132,28 @@ def test_a_changed_file_is_named_as_the_artifact_was_given(tmp_path: Path, monke
         load_artifact(Path("art"), kind="demo")
     message = str(err.value)
     assert message.startswith("art/nested/info.json: ") and "was changed" in message and str(tmp_path) not in message
+
+
+@pytest.mark.parametrize("raw", [b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe{"], ids=["nested", "not-utf8"])
+def test_manifest_and_listed_json_that_json_cannot_parse_are_refused_naming_them(tmp_path: Path, raw: bytes) -> None:
+    """Brackets nested past the recursion limit and bytes that are not UTF-8 are bad files (exit 4),
+    not internal errors (json.loads raises RecursionError and UnicodeDecodeError for them)."""
+    from hmt.artifacts.outputs import check_output_dir
+    from hmt.artifacts.store import sha256_file
+
+    out = tmp_path / "art"
+    _write(out)
+    info = out / "nested" / "info.json"
+    info.write_bytes(raw)
+    manifest = json.loads((out / "manifest.json").read_text())
+    for record in manifest["files"]:
+        if record["path"] == "nested/info.json":
+            record.update(sha256=sha256_file(info), size_bytes=len(raw))
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match=r"info\.json: not valid JSON"):
+        load_artifact(out, kind="demo").read_json("nested/info.json")
+    (out / "manifest.json").write_bytes(raw)
+    with pytest.raises(ArtifactError, match=r"manifest\.json: not valid JSON"):
+        load_artifact(out, kind="demo")
+    with pytest.raises(InputError, match="not an hmt artifact"):
+        check_output_dir(out, kind="demo")
