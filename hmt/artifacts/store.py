@@ -123,6 +123,29 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux reports it (``/proc/self/status``)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore (a plain file made meanwhile gets the common 022)
+    os.umask(mask)
+    return mask
+
+
+def shared_mode(path: Path | str, *, folder: bool = False) -> None:
+    """Give ``path`` the mode a plain ``mkdir``/``open`` gives (0777/0666 less the umask).
+
+    ``tempfile`` makes its folders 0700 and its files 0600; an artifact built in one and renamed into
+    place kept that mode, so a bundle copied to a device (``cp -r``, ``scp -r``) was unreadable by the
+    service's own user."""
+    os.chmod(path, (0o777 if folder else 0o666) & ~_umask())
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename in ``path`` durable; some filesystems refuse to fsync a directory."""
     try:
@@ -146,6 +169,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        shared_mode(tmp_name)
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
@@ -310,6 +334,7 @@ class ArtifactWriter:
         parent_dir.mkdir(parents=True, exist_ok=True)
         self._tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(self.out_dir.name), suffix=".partial",
                                           dir=parent_dir))
+        shared_mode(self._tmp, folder=True)
         return self
 
     def before_commit(self, hook: Callable[[Path, str], object]) -> None:

@@ -157,3 +157,21 @@ def test_manifest_and_listed_json_that_json_cannot_parse_are_refused_naming_them
         load_artifact(out, kind="demo")
     with pytest.raises(InputError, match="not an hmt artifact"):
         check_output_dir(out, kind="demo")
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077], ids=["umask022", "umask077"])
+def test_artifact_folder_and_manifest_get_the_umask_mode_not_tempfiles_private_one(tmp_path: Path, umask: int) -> None:
+    """The artifact is built in a tempfile folder (0700) with a tempfile manifest (0600); renamed into
+    place they kept that mode, so a bundle copied to a device was unreadable by the service's user."""
+    import os
+    import stat
+
+    previous = os.umask(umask)
+    try:
+        out = tmp_path / "art"
+        _write(out)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
+    assert stat.S_IMODE((out / "manifest.json").stat().st_mode) == 0o666 & ~umask
+    assert stat.S_IMODE((out / "data.bin").stat().st_mode) == 0o666 & ~umask
