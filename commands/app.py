@@ -6,14 +6,14 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
 
 from commands._output import Output, error_document, styled, write_json_document
 from hmt import __version__
-from hmt.errors import HmtError
+from hmt.errors import STORAGE_ERRNOS, HmtError, InputError
 
 T = TypeVar("T")
 
@@ -75,13 +75,27 @@ def run_command(body: Callable[[Output], T], *, json_mode: bool, quiet: bool = F
         raise typer.Exit(INTERRUPTED_EXIT) from None
     except typer.Exit:
         raise
-    except Exception as exc:  # noqa: BLE001 - the one place unexpected errors are reported
+    except OSError as exc:
+        if exc.errno not in STORAGE_ERRNOS:  # a full, read-only or forbidden disk is the user's, not a bug
+            _internal_error(exc, err, output, show_trace)
         if show_trace:
             traceback.print_exc()
-        err.print(styled("internal error:", "bold red", f"{type(exc).__name__}: {exc}\n"
-                         "rerun with --debug for the traceback, and report it"))
-        output.error(f"internal error: {type(exc).__name__}: {exc}", INTERNAL_ERROR_EXIT, "InternalError")
-        raise typer.Exit(INTERNAL_ERROR_EXIT) from None
+        where = " -> ".join(str(name) for name in (exc.filename, exc.filename2) if name is not None) or "a file"
+        message = f"{where}: {exc.strerror}"
+        err.print(styled("error:", "bold red", message))
+        output.error(message, InputError.exit_code, "InputError")
+        raise typer.Exit(InputError.exit_code) from None
+    except Exception as exc:  # noqa: BLE001 - the one place unexpected errors are reported
+        _internal_error(exc, err, output, show_trace)
+
+
+def _internal_error(exc: Exception, err: Console, output: Output, show_trace: bool) -> NoReturn:
+    if show_trace:
+        traceback.print_exc()
+    err.print(styled("internal error:", "bold red", f"{type(exc).__name__}: {exc}\n"
+                     "rerun with --debug for the traceback, and report it"))
+    output.error(f"internal error: {type(exc).__name__}: {exc}", INTERNAL_ERROR_EXIT, "InternalError")
+    raise typer.Exit(INTERNAL_ERROR_EXIT) from None
 
 
 COMMAND_MODULES = ("train_supernet", "specialize", "profile_device", "convert", "fuse", "pareto", "deploy", "serve",

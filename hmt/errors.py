@@ -6,6 +6,7 @@ raises these with a message that names the file or field at fault and what was e
 
 from __future__ import annotations
 
+import errno
 import zipfile
 import zlib
 
@@ -14,6 +15,11 @@ import zlib
 # OSError, ValueError and KeyError alone let a truncated copy through as an internal error (exit 70).
 NPZ_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile,
                                                zlib.error)
+
+# What a full, read-only or forbidden disk raises (OSError.errno): the user's environment, never a bug.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES, errno.EPERM})
+# Of those, the ones only a write can raise.
+WRITE_ONLY_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
 
 
 class HmtError(Exception):

@@ -39,7 +39,7 @@ from hmt.artifacts.manifest import (
 )
 from hmt.artifacts.outputs import check_output_dir, check_output_file
 from hmt.artifacts.paths import safe_join
-from hmt.errors import ArtifactError, InputError
+from hmt.errors import STORAGE_ERRNOS, WRITE_ONLY_ERRNOS, ArtifactError, InputError
 
 _BACKUP_SUFFIX = ".hmt-previous"
 _CHUNK_BYTES = 1 << 20
@@ -331,11 +331,29 @@ class ArtifactWriter:
         parent_dir = self.out_dir.parent
         _recover_interrupted_swap(self.out_dir)
         self.check_output()
-        parent_dir.mkdir(parents=True, exist_ok=True)
-        self._tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(self.out_dir.name), suffix=".partial",
-                                          dir=parent_dir))
+        try:
+            parent_dir.mkdir(parents=True, exist_ok=True)
+            self._tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(self.out_dir.name), suffix=".partial",
+                                              dir=parent_dir))
+        except OSError as exc:
+            if exc.errno not in STORAGE_ERRNOS:
+                raise
+            raise InputError(f"{self.what} {self.given}: cannot be written ({exc.strerror})") from exc
         shared_mode(self._tmp, folder=True)
         return self
+
+    def _write_failure(self, exc: BaseException | None, tmp: Path) -> InputError | None:
+        """A full, read-only or forbidden destination (an OSError writing the artifact), as one error
+        naming the output; None for anything else (reading an input, a bug)."""
+        if not isinstance(exc, OSError) or exc.errno not in STORAGE_ERRNOS:
+            return None
+        if exc.errno not in WRITE_ONLY_ERRNOS:  # EACCES/EPERM: only where the artifact is written
+            ours = (tmp, self.out_dir, *(path for path, _ in self._companions))
+            names = [Path(os.path.abspath(str(n))) for n in (exc.filename, exc.filename2) if n is not None]
+            if not any(name == place or place in name.parents for name in names for place in ours):
+                return None
+        return InputError(f"{self.what} {self.given}: cannot be written ({exc.strerror}); nothing was replaced, "
+                          "and what was written of it is removed")
 
     def before_commit(self, hook: Callable[[Path, str], object]) -> None:
         """Call ``hook(tmp_dir, manifest_sha256)`` once the manifest is written, before anything is
@@ -403,6 +421,9 @@ class ArtifactWriter:
         if exc_type is not None:
             shutil.rmtree(tmp, ignore_errors=True)
             self._tmp = None
+            failure = self._write_failure(exc, tmp)
+            if failure is not None:
+                raise failure from exc
             return
         staged: list[tuple[Path, Path]] = []
         try:
@@ -425,10 +446,13 @@ class ArtifactWriter:
             for path, build in self._companions:
                 staged.append((path, self._stage_companion(path, build)))
             self._commit(staged)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             for _, staged_file in staged:
                 staged_file.unlink(missing_ok=True)
+            failure = self._write_failure(exc, tmp)
+            if failure is not None:
+                raise failure from exc
             raise
         finally:
             self._tmp = None

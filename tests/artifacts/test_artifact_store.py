@@ -175,3 +175,19 @@ def test_artifact_folder_and_manifest_get_the_umask_mode_not_tempfiles_private_o
     assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
     assert stat.S_IMODE((out / "manifest.json").stat().st_mode) == 0o666 & ~umask
     assert stat.S_IMODE((out / "data.bin").stat().st_mode) == 0o666 & ~umask
+
+
+def test_a_full_disk_while_writing_is_one_input_error_and_keeps_the_previous_artifact(tmp_path: Path) -> None:
+    """ENOSPC/EROFS while an artifact is written exited 70 ('internal error ... report it')."""
+    import errno
+
+    out = tmp_path / "art"
+    _write(out, b"previous")
+    with pytest.raises(InputError, match=r"--out .*art: cannot be written \(No space left on device\); nothing was "
+                                         "replaced"), ArtifactWriter(out, kind="demo", config={}) as writer:
+        writer.write_bytes("data.bin", b"new")
+        raise OSError(errno.ENOSPC, "No space left on device", str(writer.path("big.onnx")))
+    assert (out / "data.bin").read_bytes() == b"previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]  # the temporary folder went
+    with pytest.raises(PermissionError), ArtifactWriter(tmp_path / "other", kind="demo", config={}):
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "an-input.csv"))  # reading: not ours

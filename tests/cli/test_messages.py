@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 
 import pytest
@@ -53,6 +54,10 @@ def test_exit_codes_stay_as_documented(capsys: pytest.CaptureFixture[str]) -> No
     (InputError("runs/x: does not exist"), 3, "InputError"),
     (KeyboardInterrupt(), 130, "KeyboardInterrupt"),
     (RuntimeError("boom"), INTERNAL_ERROR_EXIT, "InternalError"),
+    # a full or read-only disk is the user's environment: exit 3 naming the file, not "internal error"
+    (OSError(errno.ENOSPC, "No space left on device", "runs/x/a.onnx"), 3, "InputError"),
+    (OSError(errno.EROFS, "Read-only file system", "runs/x"), 3, "InputError"),
+    (OSError(errno.EBADF, "Bad file descriptor"), INTERNAL_ERROR_EXIT, "InternalError"),
 ])
 def test_json_mode_prints_one_error_document(exc: BaseException, code: int, kind: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:
