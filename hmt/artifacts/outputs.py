@@ -156,6 +156,18 @@ def check_output_file(path: Path | str, *, recognise: Callable[[Path], bool], de
     return given
 
 
+def check_output_parent(folder: Path | str, *, what: str) -> Path:
+    """Refuse ``folder`` when it is a protected place (the root, home, the working directory or a
+    folder above them): an option naming a folder hmt writes its outputs into (``--offload-out OUT``
+    writes ``OUT/device`` and ``OUT/peer``), each output checked on its own with :func:`check_output_dir`."""
+    given = Path(folder)
+    reason = _protected(_real(given))
+    if reason is not None:
+        raise InputError(f"{what} {given}: is {reason}; hmt writes its outputs into a folder of their own, "
+                         "e.g. runs/offload")
+    return given
+
+
 def check_new_file(path: Path | str, *, what: str) -> Path:
     """Refuse ``path`` if anything exists there (files hmt never replaces, such as keys)."""
     given = Path(path)

@@ -134,6 +134,20 @@ def test_offload_halves_over_a_user_folder(inputs: dict[str, Path], tmp_path: Pa
     assert _snapshot(off) == {"device/notes.txt": b"precious"}
 
 
+@pytest.mark.parametrize("where", [".", "home", "root"])
+def test_offload_out_in_a_protected_place_is_refused(where: str, inputs: dict[str, Path], tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """--offload-out . wrote ./device and ./peer into the working directory (and / into /device)."""
+    for name in ("work", "home"):
+        (tmp_path / name).mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    given = {".": ".", "home": str(tmp_path / "home"), "root": "/"}[where]
+    code, out = invoke("deploy", "--verify", str(inputs["fused"]), "--offload-out", given)
+    assert code == 3 and f"--offload-out {given}: is the" in out
+    assert not list((tmp_path / "work").iterdir()) and not list((tmp_path / "home").iterdir())
+
+
 def test_archive_beside_the_bundle_is_not_a_user_file(inputs: dict[str, Path], tmp_path: Path) -> None:
     (tmp_path / "bundle.tar.gz").write_text("my backup")
     code, output = invoke("deploy", "--fused", str(inputs["fused"]), "--pareto", str(inputs["pareto"]), "--target",
