@@ -105,12 +105,11 @@ def generate_key_pair(private_path: Path | str) -> tuple[Path, Path]:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    private_path = Path(private_path)
-    public_path = private_path.with_name(private_path.name + ".pub")
     from hmt.artifacts.outputs import check_new_file
 
-    for path in (private_path, public_path):
-        check_new_file(path, what="--gen-key")  # a key, a link or anything else there is never replaced
+    private_path = check_new_file(private_path, what="--gen-key")  # '' and '.' exist: refused before .pub is named
+    public_path = private_path.with_name(private_path.name + ".pub")
+    check_new_file(public_path, what="--gen-key")  # a key, a link or anything else there is never replaced
     key = Ed25519PrivateKey.generate()
     private_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                     serialization.NoEncryption())

@@ -166,6 +166,8 @@ def test_export_json_and_keys_are_never_overwritten(tmp_path: Path) -> None:
     code, output = invoke("deploy", "--gen-key", str(mine))
     assert code == 3 and "already exists" in output
     assert mine.read_text() == '{"mine": true}'
+    code, output = invoke("deploy", "--gen-key", "")  # '.': its '.pub' sibling has no name (was exit 70)
+    assert code == 3 and "--gen-key .: already exists" in output
 
 
 def test_bracketed_messages_print_verbatim(tmp_path: Path) -> None:
