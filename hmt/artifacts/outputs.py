@@ -177,9 +177,10 @@ def check_new_file(path: Path | str, *, what: str) -> Path:
 
 
 def check_owned_folder(folder: Path | str, *, names: Iterable[str], what: str,
-                       inputs: Iterable[Path | str] = ()) -> Path:
+                       inputs: Iterable[Path | str] = (), recognise: Callable[[Path], bool] | None = None) -> Path:
     """Refuse ``folder`` (a working folder hmt fills and later empties, such as checkpoints) unless it
-    does not exist, or holds only files named in ``names`` (and hmt's temporaries of them)."""
+    does not exist, or holds only files named in ``names`` (and hmt's temporaries of them); with
+    ``recognise``, each such file must also be hmt's by its content (a user's summary.json is not)."""
     given = Path(folder)
     _refuse_protected(given, inputs, what, "give a folder of its own")
     if not os.path.lexists(given):
@@ -188,12 +189,24 @@ def check_owned_folder(folder: Path | str, *, names: Iterable[str], what: str,
         raise InputError(f"{what} {given}: exists and is not a folder")
     allowed = set(names)
     for entry in os.scandir(given):
+        if entry.name in allowed and recognise is not None and not _recognised(recognise, Path(entry.path)):
+            raise InputError(f"{what} {given}: holds {entry.name}, which hmt did not write (not what hmt writes "
+                             "under that name); hmt would replace it, so move it or give a folder of its own")
         if entry.name in allowed or (entry.name.startswith(tuple(f".{n}.hmt~" for n in allowed))
                                      and entry.name.endswith(".tmp")):
             continue
         raise InputError(f"{what} {given}: holds {entry.name}, which hmt did not write there; hmt empties this "
                          "folder when it is done, so give a folder of its own")
     return given
+
+
+def _recognised(recognise: Callable[[Path], bool], path: Path) -> bool:
+    if os.path.islink(path) or not path.is_file():
+        return False
+    try:
+        return recognise(path)
+    except (OSError, ValueError):
+        return False
 
 
 def remove_owned_files(folder: Path | str, *, names: Iterable[str]) -> None:
