@@ -112,6 +112,27 @@ def test_checkpoint_dir_over_a_user_folder(inputs: dict[str, Path], tmp_path: Pa
     assert (keep / "notes.txt").read_text() == "precious" and not (tmp_path / "sn").exists()
 
 
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_users_own_checkpoint_pt_is_never_deleted(inputs: dict[str, Path], tmp_path: Path, restart: bool) -> None:
+    """checkpoint.pt is a common name: the user's own one was refused with 'delete it or pass --restart',
+    and --restart deleted it."""
+    import torch
+
+    from hmt.supernet.train.checkpoint import open_checkpoint
+
+    keep = tmp_path / "models"
+    keep.mkdir()
+    torch.save({"model": torch.zeros(3)}, keep / "checkpoint.pt")
+    mine = (keep / "checkpoint.pt").read_bytes()
+    code, output = invoke("train-supernet", "--backbone", "cifar_resnet8", "--dataset", "cifar10", "--data",
+                          str(inputs["data"]), "--checkpoint-dir", str(keep), "--out", str(tmp_path / "sn"),
+                          *(["--restart"] if restart else []))
+    assert code == 3 and "holds checkpoint.pt, which hmt did not write" in output, output
+    with pytest.raises(Exception, match="not an hmt training checkpoint; hmt does not delete"):
+        open_checkpoint(keep, config_fingerprint="f", restart=True)  # specialize's and elastify's path
+    assert (keep / "checkpoint.pt").read_bytes() == mine
+
+
 
 def test_checkpoint_dir_overlapping_out_is_refused_saying_so(inputs: dict[str, Path], tmp_path: Path) -> None:
     for ckpt in (tmp_path / "sn", tmp_path / "sn" / "ck", tmp_path):
