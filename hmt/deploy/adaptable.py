@@ -39,9 +39,10 @@ def adapt_folder(variant_folder: str) -> str:
     return f"{variant_folder}/{ADAPT_DIR}"
 
 
-def supernet_of(front: Any, override: Path | None) -> Any:
+def supernet_of(front: Any, override: Path | None, *, what: str = "--adaptable") -> Any:
     """The loaded supernet the front's variants come from: ``--supernet``, or the one the front
-    was searched on (recorded relative to the front, found by its manifest sha256)."""
+    was searched on (recorded relative to the front, found by its manifest sha256); ``what`` is the
+    option that needs it (named in the refusals)."""
     from hmt.artifacts.lineage import find_parent
     from hmt.supernet import load_supernet
 
@@ -49,11 +50,11 @@ def supernet_of(front: Any, override: Path | None) -> Any:
         return load_supernet(override)
     record = next((p for p in front.artifact.manifest.parents if p.kind == "supernet"), None)
     if record is None:
-        raise UsageError("--adaptable needs the supernet the variants come from: the pareto front records none; "
+        raise UsageError(f"{what} needs the supernet the variants come from: the pareto front records none; "
                          "pass --supernet PATH")
     found = find_parent(front.artifact, record, verify_checksums=False)
     if found is None:
-        raise UsageError(f"--adaptable: the supernet the front was searched on ({record.path}, relative to "
+        raise UsageError(f"{what}: the supernet the front was searched on ({record.path}, relative to "
                          f"{front.artifact.root}) is gone or was rebuilt after the search; pass --supernet PATH")
     return load_supernet(found.root)
 

@@ -277,7 +277,7 @@ def _add_blocks(writer: ArtifactWriter, bundled: list[BundleVariant], front: Any
     ids = [v.arch_id for v in bundled if str(v.extra.get("precision", "fp32")) == "fp32"]
     if not ids:
         raise UsageError("--blocks needs fp32 variants (the blocks are float graphs); every bundled one is quantised")
-    loaded = supernet_of(front, options.supernet)
+    loaded = supernet_of(front, options.supernet, what="--blocks")
     summary = write_blocks(writer, loaded, ids, BlocksOptions(data=options.blocks_data, seed=options.seed), progress)
     return list(summary["notes"])
 
