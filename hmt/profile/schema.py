@@ -311,16 +311,22 @@ def is_profile_json(path: Path) -> bool:
         key in data for key in _TOP_LEVEL_REQUIRED)
 
 
+def check_profile_json_output(path: Path | str, *, inputs: Sequence[Path | str] = ()) -> Path:
+    """Refuse ``path`` (``--export-json``) unless it is new or an hmt device profile; callers check it
+    before measuring, so a refusal does not come after minutes of profiling."""
+    from hmt.artifacts.outputs import check_output_file
+
+    return check_output_file(path, recognise=is_profile_json, description="an hmt device profile (.json)",
+                             inputs=inputs, what="--export-json")
+
+
 def write_profile_json(profile: DeviceProfile, path: Path, *, inputs: Sequence[Path | str] = ()) -> Path:
     """The single-file form (every table inline), written atomically: what ``profiles/`` ships.
 
     An existing ``path`` is replaced only if it is such a profile."""
     from hmt.artifacts import atomic_write_bytes
-    from hmt.artifacts.outputs import check_output_file
 
-    check_output_file(path, recognise=is_profile_json, description="an hmt device profile (.json)", inputs=inputs,
-                      what="--export-json")
-
+    check_profile_json_output(path, inputs=inputs)
     atomic_write_bytes(Path(path), profile_to_json_files(profile, inline=True)[PROFILE_FILE])
     Path(path).chmod(0o644)  # a file to share, not the 0600 of the temporary it was written as
     return Path(path)

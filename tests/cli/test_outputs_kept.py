@@ -184,6 +184,8 @@ def test_export_json_and_keys_are_never_overwritten(tmp_path: Path) -> None:
                           "--export-json", str(mine))
     assert code == 3 and "--export-json" in output, output
     assert mine.read_text() == '{"mine": true}'
+    code, output = invoke("profile-device", "--quick", "--out", str(tmp_path / "measured"), "--export-json", str(mine))
+    assert code == 3 and "--export-json" in output and not (tmp_path / "measured").exists()  # refused before measuring
     code, output = invoke("deploy", "--gen-key", str(mine))
     assert code == 3 and "already exists" in output
     assert mine.read_text() == '{"mine": true}'
