@@ -1,4 +1,4 @@
-"""Option values torch or the search cannot use are refused before any work (exit 2), naming the flag.
+"""Option values torch, the search or adaptation cannot use are refused before any work (exit 2), naming the flag.
 
 Before, ``--device gpu9`` reached torch after the data and the supernet were loaded (a bare
 RuntimeError or SafetensorError, exit 70), and ``pareto --greedy-drop nan`` / ``--cache-mb nan``
@@ -54,3 +54,15 @@ def test_cuda_without_cuda_is_refused(tmp_path: Path) -> None:
         pytest.skip("this machine has CUDA")
     code, output = invoke(*_pareto(tmp_path, "--device", "cuda"))
     assert code == 2 and "CUDA is not available here" in output, output
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (("--threads", "0"), "--threads must be >= 1, got 0"),  # torch.set_num_threads: RuntimeError, exit 70
+    (("--limit", "0"), "--limit must be >= 1 images per set"),  # IndexError after loading, exit 70
+    (("--limit", "-1"), "--limit must be >= 1 images per set"),  # taken silently
+    (("--memory-budget-mb", "nan"), "--memory-budget-mb must be a finite number > 0"),  # int(nan): exit 70
+])
+def test_adapt_refuses_before_loading(tmp_path: Path, args: tuple[str, ...], words: str) -> None:
+    code, output = invoke("adapt", str(tmp_path / "nowhere"), "--data", str(tmp_path / "data"), "--out",
+                          str(tmp_path / "out"), *args)
+    assert code == 2 and words in output, output
