@@ -145,6 +145,18 @@ def ship_canary(writer: ArtifactWriter, source: Path, *, seed: int, max_samples:
     """Copy a seeded subset of the labelled set ``source`` (an .npz with ``x`` and ``y``) into the
     bundle as ``adapt/canary.npz``: the held-out set ``serve --adapt`` checks every adapted variant
     against by default (clients cannot steer it). Returns what was shipped."""
+    x, y = read_canary(source)
+    keep = np.sort(np.random.default_rng(seed).permutation(len(y))[:max_samples])
+    target = f"{ADAPT_DIR}/{CANARY_NAME}"
+    writer.path(target).parent.mkdir(parents=True, exist_ok=True)
+    with open(writer.path(target), "wb") as handle:
+        np.savez(handle, x=x[keep], y=y[keep].astype(np.int64))
+    return {"path": target, "samples": len(keep), "of": len(y), "seed": seed}
+
+
+def read_canary(source: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, y)`` of the labelled set ``source``, refused (UsageError) unless x is uint8 pixels or finite
+    floats and y one integer label each; deploy reads it before any work as well."""
     try:
         with np.load(source, allow_pickle=False) as archive:
             x, y = np.asarray(archive["x"]), np.asarray(archive["y"])
@@ -156,9 +168,4 @@ def ship_canary(writer: ArtifactWriter, source: Path, *, seed: int, max_samples:
                          f"{y.dtype} {list(y.shape)}")
     if x.dtype != np.uint8 and not (np.issubdtype(x.dtype, np.floating) and np.all(np.isfinite(x))):
         raise UsageError(f"--canary-data {source}: x must be uint8 pixels or finite floats, got {x.dtype}")
-    keep = np.sort(np.random.default_rng(seed).permutation(len(y))[:max_samples])
-    target = f"{ADAPT_DIR}/{CANARY_NAME}"
-    writer.path(target).parent.mkdir(parents=True, exist_ok=True)
-    with open(writer.path(target), "wb") as handle:
-        np.savez(handle, x=x[keep], y=y[keep].astype(np.int64))
-    return {"path": target, "samples": len(keep), "of": len(y), "seed": seed}
+    return x, y

@@ -255,6 +255,15 @@ def resolve_engines(options: DeployOptions, target: Target) -> tuple[tuple[str, 
 def _check_options(engines: tuple[str, ...], options: DeployOptions, target: Target) -> None:
     if options.blocks_data is not None and not options.blocks:
         raise UsageError("--blocks-data goes with --blocks")
+    if options.blocks_data is not None:
+        from hmt.deploy.blocks import read_labelled
+
+        # Read now, not after a minute of exporting blocks (its shape is checked there, against the space's).
+        read_labelled(options.blocks_data, None, seed=options.seed, max_samples=1)
+    if options.canary_data is not None:
+        from hmt.deploy.adaptable import read_canary
+
+        read_canary(options.canary_data)  # likewise, before the adaptable graphs are exported
     unknown = [e for e in engines if e not in ENGINES]
     if unknown or not engines:
         raise UsageError(f"unknown or no engine(s) {unknown}; choose from {', '.join(ENGINES)}")

@@ -33,3 +33,18 @@ def test_bad_canary_data_is_a_usage_error(tmp_path: Path, y: np.ndarray) -> None
     with ArtifactWriter(tmp_path / "bundle", kind="bundle", config={}) as writer, \
             pytest.raises(UsageError, match="--canary-data"):
         ship_canary(writer, source, seed=0)
+
+
+@pytest.mark.parametrize("flag", ["--canary-data", "--blocks-data"])
+def test_bad_labelled_data_is_refused_before_any_work(tmp_path: Path, flag: str) -> None:
+    """Both files were read only after the adaptable graphs or the blocks had been exported (~30-90 s
+    on the demo bundle); now before the inputs are even opened (these do not exist)."""
+    from hmt.deploy import DeployOptions, deploy_bundle
+
+    bad = tmp_path / "labelled.npz"
+    np.savez(bad, x=np.zeros((4, 3, 8, 8), np.float32))  # no y
+    options = DeployOptions(target="x86-64", engines=("onnxruntime",), adaptable=flag == "--canary-data",
+                            canary_data=bad if flag == "--canary-data" else None, blocks=flag == "--blocks-data",
+                            blocks_data=bad if flag == "--blocks-data" else None)
+    with pytest.raises(UsageError, match=f"^{flag} .*labelled.npz: expected an .npz"):
+        deploy_bundle(tmp_path / "no-fused", tmp_path / "no-pareto", tmp_path / "out", options=options)
