@@ -39,9 +39,17 @@ from hmt.artifacts.manifest import (
 )
 from hmt.artifacts.outputs import check_output_dir, check_output_file
 from hmt.artifacts.paths import safe_join
+from hmt.artifacts.swap import (
+    BACKUP_SUFFIX,
+    fsync_dir,
+    recover_interrupted_swap,
+    recover_unlocked,
+    remove_backup,
+    shared_mode,
+    swap_lock,
+)
 from hmt.errors import STORAGE_ERRNOS, WRITE_ONLY_ERRNOS, ArtifactError, InputError
 
-_BACKUP_SUFFIX = ".hmt-previous"
 _CHUNK_BYTES = 1 << 20
 _TEMP_SUFFIXES = (".partial", ".tmp")
 # Temporary names written before owner tags existed (8 random characters from tempfile)
@@ -123,43 +131,6 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _umask() -> int:
-    """The process's umask, read without changing it where Linux reports it (``/proc/self/status``)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)  # elsewhere: set and restore (a plain file made meanwhile gets the common 022)
-    os.umask(mask)
-    return mask
-
-
-def shared_mode(path: Path | str, *, folder: bool = False) -> None:
-    """Give ``path`` the mode a plain ``mkdir``/``open`` gives (0777/0666 less the umask).
-
-    ``tempfile`` makes its folders 0700 and its files 0600; an artifact built in one and renamed into
-    place kept that mode, so a bundle copied to a device (``cp -r``, ``scp -r``) was unreadable by the
-    service's own user."""
-    os.chmod(path, (0o777 if folder else 0o666) & ~_umask())
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename in ``path`` durable; some filesystems refuse to fsync a directory."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write one file atomically (temp file in the same directory, fsync, rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -176,31 +147,6 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
     fsync_dir(path.parent)
     clean_stale_temporaries(path.parent, path.name)
-
-
-def _recover_interrupted_swap(out_dir: Path) -> None:
-    out_dir = Path(os.path.abspath(out_dir))  # "." has no name to derive the backup's from
-    backup = out_dir.with_name(out_dir.name + _BACKUP_SUFFIX)
-    if backup.exists() and (backup / MANIFEST_NAME).is_file():  # only a previous artifact hmt moved aside
-        if out_dir.exists():
-            _remove_backup(backup)
-        else:
-            os.replace(backup, out_dir)
-    elif backup.is_dir() and not any(backup.iterdir()):  # a removal killed after its manifest went
-        backup.rmdir()
-
-
-def _remove_backup(backup: Path) -> None:
-    """Remove a previous artifact hmt moved aside, its manifest last: a kill part way leaves a
-    folder that still says it is an artifact (so the next write removes it) or an empty one."""
-    for root, dirs, files in os.walk(backup, topdown=False):
-        for name in files:
-            if not (Path(root) == backup and name == MANIFEST_NAME):
-                Path(root, name).unlink(missing_ok=True)
-        for name in dirs:
-            shutil.rmtree(Path(root, name), ignore_errors=True)
-    (backup / MANIFEST_NAME).unlink(missing_ok=True)
-    backup.rmdir()
 
 
 class Artifact:
@@ -236,7 +182,7 @@ def load_artifact(path: Path | str, *, kind: str | Iterable[str], verify_checksu
     file listed but missing, a size or sha256 mismatch, and entries escaping the directory.
     """
     root = Path(path)
-    _recover_interrupted_swap(root)
+    recover_interrupted_swap(root)
     kinds = {kind} if isinstance(kind, str) else set(kind)
     manifest_path = root / MANIFEST_NAME
     if not root.is_dir():
@@ -316,6 +262,8 @@ class ArtifactWriter:
         self.manifest_sha256: str | None = None
         self._hooks: list[Callable[[Path, str], object]] = []
         self._companions: list[tuple[Path, Callable[[Path, Path], None]]] = []
+        # Each committed companion's size (read before it was renamed: a later writer may replace it).
+        self.companion_bytes: dict[Path, int] = {}
 
     def check_output(self) -> None:
         """Refuse the output path now, before any work (see :func:`check_output_dir`)."""
@@ -329,7 +277,7 @@ class ArtifactWriter:
 
     def __enter__(self) -> ArtifactWriter:
         parent_dir = self.out_dir.parent
-        _recover_interrupted_swap(self.out_dir)
+        recover_interrupted_swap(self.out_dir)
         self.check_output()
         try:
             parent_dir.mkdir(parents=True, exist_ok=True)
@@ -482,6 +430,10 @@ class ArtifactWriter:
         return staged
 
     def _commit(self, staged: list[tuple[Path, Path]]) -> None:
+        with swap_lock(self.out_dir):  # one swap at a time into this folder (see _swap_lock)
+            self._commit_locked(staged)
+
+    def _commit_locked(self, staged: list[tuple[Path, Path]]) -> None:
         self.check_output()  # again: files may have been put there while this stage ran
         # Old companions go first: from here until the last rename, a kill leaves no
         # companion rather than one that belongs to another build than the directory.
@@ -489,8 +441,8 @@ class ArtifactWriter:
             path.unlink(missing_ok=True)
             fsync_dir(path.parent)
         tmp = self.tmp_dir
-        backup = self.out_dir.with_name(self.out_dir.name + _BACKUP_SUFFIX)
-        _recover_interrupted_swap(self.out_dir)  # a backup left by a killed write must not block this one
+        backup = self.out_dir.with_name(self.out_dir.name + BACKUP_SUFFIX)
+        recover_unlocked(self.out_dir)  # a backup left by a killed write must not block this one
         if backup.exists():
             raise ArtifactError(f"{backup}: in the way of replacing {self.out_dir} and not an artifact hmt moved "
                                 "aside; move it away")
@@ -499,7 +451,8 @@ class ArtifactWriter:
         os.replace(tmp, self.out_dir)
         fsync_dir(self.out_dir.parent)
         for path, staged_file in staged:
+            self.companion_bytes[path] = staged_file.stat().st_size
             os.replace(staged_file, path)
             fsync_dir(path.parent)
         if backup.exists():
-            _remove_backup(backup)
+            remove_backup(backup)

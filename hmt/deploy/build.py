@@ -475,6 +475,7 @@ def deploy_bundle(
         size_bytes, compile_s, failures = _record_metrics(writer, target, builds, lineage)
     return DeployResult(
         out_dir=Path(out_dir), archive=archive, target=target, variants=tuple(builds), notes=tuple(notes),
-        lineage=lineage, size_bytes=size_bytes, archive_size_bytes=archive.stat().st_size if archive else None,
+        lineage=lineage, size_bytes=size_bytes,
+        archive_size_bytes=writer.companion_bytes.get(Path(os.path.abspath(archive))) if archive else None,
         compile_s=compile_s, build_s=time.perf_counter() - start, profile_id=profile_id, failures=failures,
     )

@@ -191,3 +191,26 @@ def test_a_full_disk_while_writing_is_one_input_error_and_keeps_the_previous_art
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]  # the temporary folder went
     with pytest.raises(PermissionError), ArtifactWriter(tmp_path / "other", kind="demo", config={}):
         raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "an-input.csv"))  # reading: not ours
+
+
+def test_a_recovery_waits_for_a_swap_in_progress(tmp_path: Path) -> None:
+    """Two writers of one output (or a reader beside a writer) interleaved their renames: one put back the
+    backup the other had just moved aside, whose rename then failed; both could exit 70."""
+    import os
+    import threading
+
+    from hmt.artifacts.swap import recover_interrupted_swap, swap_lock
+
+    out, new = tmp_path / "art", tmp_path / "new"
+    _write(out, b"old")
+    _write(new, b"new")
+    with swap_lock(out):  # a writer between its two renames
+        os.replace(out, tmp_path / "art.hmt-previous")
+        reader = threading.Thread(target=recover_interrupted_swap, args=(out,))
+        reader.start()
+        reader.join(0.3)
+        assert reader.is_alive()  # it waits instead of moving the backup back under the writer
+        os.replace(new, out)
+    reader.join(5)
+    assert not reader.is_alive()
+    assert (out / "data.bin").read_bytes() == b"new" and not (tmp_path / "art.hmt-previous").exists()
