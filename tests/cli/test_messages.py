@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+from pathlib import Path
 
 import pytest
 import typer
@@ -103,3 +104,31 @@ def test_min_accuracy_given_as_a_fraction_is_refused_naming_the_percentage(capsy
     assert raised.value.code == 2
     error = json.loads(capsys.readouterr().out)["error"]
     assert "give 80" in error["message"]
+
+
+
+def test_sigterm_unwinds_a_command_like_ctrl_c(tmp_path: Path) -> None:
+    """Python's default SIGTERM (timeout, systemd, docker stop) ended the process on the spot: no finally
+    ran, so verify's archive extraction stayed in /tmp and a stage's temporary output beside --out."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "cleaned"
+    script = f"""
+import os, signal, time
+from commands.app import run_command
+def body(output):
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    finally:
+        open({str(marker)!r}, "w").close()
+try:
+    run_command(body, json_mode=True)
+except Exception as exc:  # typer.Exit
+    raise SystemExit(exc.exit_code)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 143 and marker.exists(), (done.returncode, done.stderr[-500:])
+    assert json.loads(done.stdout)["error"]["message"] == "terminated"
