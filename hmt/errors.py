@@ -11,10 +11,12 @@ import zipfile
 import zlib
 
 # What numpy.load raises on a damaged or foreign .npz (not a zip, truncated, a bad CRC, a bad
-# deflate stream, a member that is not .npy, a missing array): the file is bad input, never a bug.
-# OSError, ValueError and KeyError alone let a truncated copy through as an internal error (exit 70).
+# deflate stream, a member that is not .npy, a missing array, a header declaring an array larger
+# than memory: numpy allocates it before reading a byte, so a 600-byte file asked for 10 PiB):
+# the file is bad input, never a bug. OSError, ValueError and KeyError alone let a truncated copy
+# through as an internal error (exit 70).
 NPZ_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile,
-                                               zlib.error)
+                                               zlib.error, MemoryError)
 
 # What a full, read-only or forbidden disk raises (OSError.errno): the user's environment, never a bug.
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES, errno.EPERM})

@@ -48,3 +48,25 @@ def test_bad_labelled_data_is_refused_before_any_work(tmp_path: Path, flag: str)
                             blocks_data=bad if flag == "--blocks-data" else None)
     with pytest.raises(UsageError, match=f"^{flag} .*labelled.npz: expected an .npz"):
         deploy_bundle(tmp_path / "no-fused", tmp_path / "no-pareto", tmp_path / "out", options=options)
+
+
+def test_an_npz_whose_header_declares_a_huge_array_is_bad_input(tmp_path: Path) -> None:
+    """numpy allocates an .npz member's array from its header before reading a byte: a 600-byte file
+    asked for 10 PiB and the MemoryError was an internal error (exit 70) in serve --data, --canary,
+    deploy --blocks-data and --canary-data."""
+    import io
+    import zipfile
+
+    from hmt.deploy.adaptable import read_canary
+
+    def member(shape: tuple[int, ...], dtype: str) -> bytes:
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_1_0(buf, {"descr": dtype, "fortran_order": False, "shape": shape})
+        return buf.getvalue() + bytes(64)
+
+    bomb = tmp_path / "bomb.npz"
+    with zipfile.ZipFile(bomb, "w") as archive:
+        archive.writestr("x.npy", member((10**12, 3, 32, 32), "<f4"))
+        archive.writestr("y.npy", member((10**12,), "<i8"))
+    with pytest.raises(UsageError, match="--canary-data .*bomb.npz: expected an .npz"):
+        read_canary(bomb)
