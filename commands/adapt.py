@@ -97,6 +97,8 @@ def adapt_command(
     Measures accuracy before and after per set and keeps the adapted variants the guard accepts."""
 
     def body(output: Output) -> None:
+        import math
+
         import torch
 
         from hmt.adapt.engine import EngineOptions
@@ -107,6 +109,13 @@ def adapt_command(
         from hmt.adapt.tent import TentOptions
         from hmt.errors import UsageError
 
+        # refused before any work: torch's own errors for these were internal errors (exit 70)
+        if threads is not None and threads < 1:
+            raise UsageError(f"--threads must be >= 1, got {threads}")
+        if limit is not None and limit < 1:
+            raise UsageError(f"--limit must be >= 1 images per set, got {limit}")
+        if memory_budget_mb is not None and not (memory_budget_mb > 0 and math.isfinite(memory_budget_mb)):
+            raise UsageError(f"--memory-budget-mb must be a finite number > 0, got {memory_budget_mb}")
         torch.manual_seed(seed)
         if threads is not None:
             torch.set_num_threads(threads)

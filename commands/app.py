@@ -2,23 +2,37 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
 
 from commands._output import Output, error_document, styled, write_json_document
 from hmt import __version__
-from hmt.errors import HmtError
+from hmt.errors import STORAGE_ERRNOS, HmtError, InputError
 
 T = TypeVar("T")
 
 INTERNAL_ERROR_EXIT = 70
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as shells report a Ctrl-C
+TERMINATED_EXIT = 143  # 128 + SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (timeout, systemd, docker stop, a cancelled CI job), raised like a Ctrl-C so that every
+    ``finally`` and ``with`` runs: Python's default SIGTERM ended the process on the spot, leaving an
+    archive extracted for verify in /tmp and a stage's temporary output behind."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
 
 app = typer.Typer(
     name="hmt",
@@ -61,6 +75,24 @@ def run_command(body: Callable[[Output], T], *, json_mode: bool, quiet: bool = F
     output = Output(json_mode=json_mode, quiet=quiet)
     show_trace = debug or os.environ.get("HMT_DEBUG", "") not in ("", "0")
     err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+    with _sigterm_unwinds():
+        return _run_body(body, output, err, show_trace)
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` while a command runs (where the handler is Python's default)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _run_body(body: Callable[[Output], T], output: Output, err: Console, show_trace: bool) -> T:
     try:
         return body(output)
     except HmtError as exc:
@@ -69,19 +101,35 @@ def run_command(body: Callable[[Output], T], *, json_mode: bool, quiet: bool = F
         err.print(styled("error:", "bold red", str(exc)))
         output.error(str(exc), exc.exit_code, type(exc).__name__)
         raise typer.Exit(exc.exit_code) from None
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        output.error("interrupted", INTERRUPTED_EXIT, "KeyboardInterrupt")
-        raise typer.Exit(INTERRUPTED_EXIT) from None
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, Terminated)
+        what, code = ("terminated", TERMINATED_EXIT) if terminated else ("interrupted", INTERRUPTED_EXIT)
+        err.print(what)
+        output.error(what, code, type(exc).__name__)
+        raise typer.Exit(code) from None
     except typer.Exit:
         raise
-    except Exception as exc:  # noqa: BLE001 - the one place unexpected errors are reported
+    except OSError as exc:
+        if exc.errno not in STORAGE_ERRNOS:  # a full, read-only or forbidden disk is the user's, not a bug
+            _internal_error(exc, err, output, show_trace)
         if show_trace:
             traceback.print_exc()
-        err.print(styled("internal error:", "bold red", f"{type(exc).__name__}: {exc}\n"
-                         "rerun with --debug for the traceback, and report it"))
-        output.error(f"internal error: {type(exc).__name__}: {exc}", INTERNAL_ERROR_EXIT, "InternalError")
-        raise typer.Exit(INTERNAL_ERROR_EXIT) from None
+        where = " -> ".join(str(name) for name in (exc.filename, exc.filename2) if name is not None) or "a file"
+        message = f"{where}: {exc.strerror}"
+        err.print(styled("error:", "bold red", message))
+        output.error(message, InputError.exit_code, "InputError")
+        raise typer.Exit(InputError.exit_code) from None
+    except Exception as exc:  # noqa: BLE001 - the one place unexpected errors are reported
+        _internal_error(exc, err, output, show_trace)
+
+
+def _internal_error(exc: Exception, err: Console, output: Output, show_trace: bool) -> NoReturn:
+    if show_trace:
+        traceback.print_exc()
+    err.print(styled("internal error:", "bold red", f"{type(exc).__name__}: {exc}\n"
+                     "rerun with --debug for the traceback, and report it"))
+    output.error(f"internal error: {type(exc).__name__}: {exc}", INTERNAL_ERROR_EXIT, "InternalError")
+    raise typer.Exit(INTERNAL_ERROR_EXIT) from None
 
 
 COMMAND_MODULES = ("train_supernet", "specialize", "profile_device", "convert", "fuse", "pareto", "deploy", "serve",

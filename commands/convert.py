@@ -119,6 +119,8 @@ def convert_command(
         from hmt.convert.sources import safe_variant_name
         from hmt.errors import UsageError
 
+        if batch < 1:
+            raise UsageError(f"--batch must be >= 1, got {batch}")
         given = [flag for flag, value in (("--model", model), ("--onnx", onnx_file), ("--supernet", supernet)) if value]
         if len(given) != 1:
             raise UsageError("give exactly one of --model, --onnx or --supernet (see hmt convert --help)")

@@ -226,6 +226,10 @@ def deploy_command(
         from hmt.errors import UsageError
 
         check_budget_flags(latency_ms=latency_ms, memory_mb=memory_mb, energy=energy)
+        if offload_out is not None:
+            from hmt.artifacts.outputs import check_output_parent
+
+            check_output_parent(offload_out, what="--offload-out")  # OUT/device, OUT/peer: never ./device or ~/peer
 
         if list_targets:
             _list_targets(output)

@@ -141,7 +141,9 @@ def pareto_command(
     runtime index, the archive and a plot."""
 
     def body(output: Output) -> None:
-        from commands._checks import check_budget_flags
+        import math
+
+        from commands._checks import check_budget_flags, check_device_flag
         from hmt.errors import UsageError
         from hmt.pareto import BudgetSweep, ParetoOptions, SearchOptions, find_front
         from hmt.pareto.budgets import describe
@@ -149,7 +151,8 @@ def pareto_command(
         from hmt.pareto.run import check_inputs
 
         check_budget_flags(latency_ms=latency_ms, energy_mj=energy_mj, memory_mb=memory_mb)
-        if greedy_drop < 0:
+        check_device_flag(device, allow_auto=False)
+        if not greedy_drop >= 0 or not math.isfinite(greedy_drop):  # NaN crashed writing the front, after the search
             raise UsageError(f"--greedy-drop must be >= 0 accuracy points, got {greedy_drop}")
         options = ParetoOptions(
             budgets=BudgetSweep.of(latency_ms=latency_ms, energy=energy_mj, memory_mb=memory_mb),

@@ -155,12 +155,17 @@ def profile_device_command(
             warmup=warmup, repeats=repeats, seed=seed, interleave_rounds=interleave_rounds,
             drift_normalise=drift_normalise,
         )
+        inputs = [p for p in (supernet, power_trace) if p]
+        if export_json is not None:
+            from hmt.profile.schema import check_profile_json_output
+
+            check_profile_json_output(export_json, inputs=inputs)  # before measuring, not after
         with output.progress() as progress:
             result = profile_device(out, options, progress=progress, force=force)
         if export_json is not None:
             from hmt.profile.schema import write_profile_json
 
-            write_profile_json(result.profile, export_json, inputs=[p for p in (supernet, power_trace) if p])
+            write_profile_json(result.profile, export_json, inputs=inputs)
             output.note(f"single-file profile: {export_json}")
         for note in result.notes:
             output.note(f"note: {note}")

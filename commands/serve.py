@@ -103,7 +103,6 @@ class LoadChoice(str, Enum):
     burn = "burn"
 
 
-TIMELINE_FILES = ("timeline.csv", "requests.csv", "timeline.png", "summary.json")
 
 
 def refuse_block_modes(*, blocks: bool, research: bool, peer: bool, adapt: bool, peer_role: bool) -> None:
@@ -305,8 +304,10 @@ def serve_command(
         check_budget_flags(latency_ms=latency_ms, memory_mb=memory_mb)
         if timeline_out is not None:
             from hmt.artifacts.outputs import check_owned_folder
+            from hmt.serve.reporting.timeline import TIMELINE_FILES, is_timeline_file
 
-            check_owned_folder(timeline_out, names=TIMELINE_FILES, what="--timeline-out", inputs=[bundle])
+            check_owned_folder(timeline_out, names=TIMELINE_FILES, what="--timeline-out", inputs=[bundle],
+                               recognise=is_timeline_file)
         # An archive is extracted (with verify's bounds) into a private folder removed on exit.
         with opened_bundle(bundle) as root:
             if root != bundle:

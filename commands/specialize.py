@@ -91,7 +91,10 @@ def specialize_command(
     holds them, re-evaluated on the validation and test splits; the original stays exact."""
 
     def body(output: Output) -> None:
+        from commands._checks import check_device_flag
         from hmt.supernet.elastify.selection import SpecializeRequest
+
+        check_device_flag(device)
         from hmt.supernet.elastify.specialize import specialize_supernet
 
         request = SpecializeRequest(

@@ -143,7 +143,10 @@ def train_supernet_command(
         if list_backbones:
             _list_backbones(output)
             return
+        from commands._checks import check_device_flag
         from hmt.supernet.train import check_training_outputs, default_checkpoint_dir, resolve_config, train_supernet
+
+        check_device_flag(device)
 
         overrides: dict[str, Any] = {
             "backbone": backbone,

@@ -6,14 +6,22 @@ raises these with a message that names the file or field at fault and what was e
 
 from __future__ import annotations
 
+import errno
 import zipfile
 import zlib
 
 # What numpy.load raises on a damaged or foreign .npz (not a zip, truncated, a bad CRC, a bad
-# deflate stream, a member that is not .npy, a missing array): the file is bad input, never a bug.
-# OSError, ValueError and KeyError alone let a truncated copy through as an internal error (exit 70).
+# deflate stream, a member that is not .npy, a missing array, a header declaring an array larger
+# than memory: numpy allocates it before reading a byte, so a 600-byte file asked for 10 PiB):
+# the file is bad input, never a bug. OSError, ValueError and KeyError alone let a truncated copy
+# through as an internal error (exit 70).
 NPZ_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile,
-                                               zlib.error)
+                                               zlib.error, MemoryError)
+
+# What a full, read-only or forbidden disk raises (OSError.errno): the user's environment, never a bug.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES, errno.EPERM})
+# Of those, the ones only a write can raise.
+WRITE_ONLY_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
 
 
 class HmtError(Exception):

@@ -18,11 +18,11 @@ Messages name the path as the user gave it and the option it came from.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from hmt.artifacts.jsondoc import parse_json
 from hmt.artifacts.manifest import MANIFEST_NAME, Manifest
 from hmt.errors import ArtifactError, InputError
 
@@ -76,7 +76,7 @@ def _check_inputs(given: Path, real: Path, inputs: Iterable[Path | str], what: s
 def manifest_kind(path: Path) -> str | None:
     """The kind of the hmt artifact in ``path``, or None when it has no readable hmt manifest."""
     try:
-        data = json.loads((path / MANIFEST_NAME).read_bytes())
+        data = parse_json((path / MANIFEST_NAME).read_bytes(), path / MANIFEST_NAME)
         return Manifest.from_json_dict(data, source=str(path / MANIFEST_NAME)).kind
     except (OSError, ValueError, ArtifactError):
         return None
@@ -85,7 +85,8 @@ def manifest_kind(path: Path) -> str | None:
 def _unlisted(path: Path) -> str | None:
     """A file or folder in artifact ``path`` that its manifest does not list (the first found)."""
     try:
-        manifest = Manifest.from_json_dict(json.loads((path / MANIFEST_NAME).read_bytes()), source=str(path))
+        manifest = Manifest.from_json_dict(parse_json((path / MANIFEST_NAME).read_bytes(), path / MANIFEST_NAME),
+                                          source=str(path))
     except (OSError, ValueError, ArtifactError):
         return MANIFEST_NAME
     listed = {record.path for record in manifest.files} | _UNLISTED_OK
@@ -155,6 +156,18 @@ def check_output_file(path: Path | str, *, recognise: Callable[[Path], bool], de
     return given
 
 
+def check_output_parent(folder: Path | str, *, what: str) -> Path:
+    """Refuse ``folder`` when it is a protected place (the root, home, the working directory or a
+    folder above them): an option naming a folder hmt writes its outputs into (``--offload-out OUT``
+    writes ``OUT/device`` and ``OUT/peer``), each output checked on its own with :func:`check_output_dir`."""
+    given = Path(folder)
+    reason = _protected(_real(given))
+    if reason is not None:
+        raise InputError(f"{what} {given}: is {reason}; hmt writes its outputs into a folder of their own, "
+                         "e.g. runs/offload")
+    return given
+
+
 def check_new_file(path: Path | str, *, what: str) -> Path:
     """Refuse ``path`` if anything exists there (files hmt never replaces, such as keys)."""
     given = Path(path)
@@ -164,9 +177,10 @@ def check_new_file(path: Path | str, *, what: str) -> Path:
 
 
 def check_owned_folder(folder: Path | str, *, names: Iterable[str], what: str,
-                       inputs: Iterable[Path | str] = ()) -> Path:
+                       inputs: Iterable[Path | str] = (), recognise: Callable[[Path], bool] | None = None) -> Path:
     """Refuse ``folder`` (a working folder hmt fills and later empties, such as checkpoints) unless it
-    does not exist, or holds only files named in ``names`` (and hmt's temporaries of them)."""
+    does not exist, or holds only files named in ``names`` (and hmt's temporaries of them); with
+    ``recognise``, each such file must also be hmt's by its content (a user's summary.json is not)."""
     given = Path(folder)
     _refuse_protected(given, inputs, what, "give a folder of its own")
     if not os.path.lexists(given):
@@ -175,12 +189,24 @@ def check_owned_folder(folder: Path | str, *, names: Iterable[str], what: str,
         raise InputError(f"{what} {given}: exists and is not a folder")
     allowed = set(names)
     for entry in os.scandir(given):
+        if entry.name in allowed and recognise is not None and not _recognised(recognise, Path(entry.path)):
+            raise InputError(f"{what} {given}: holds {entry.name}, which hmt did not write (not what hmt writes "
+                             "under that name); hmt would replace it, so move it or give a folder of its own")
         if entry.name in allowed or (entry.name.startswith(tuple(f".{n}.hmt~" for n in allowed))
                                      and entry.name.endswith(".tmp")):
             continue
         raise InputError(f"{what} {given}: holds {entry.name}, which hmt did not write there; hmt empties this "
                          "folder when it is done, so give a folder of its own")
     return given
+
+
+def _recognised(recognise: Callable[[Path], bool], path: Path) -> bool:
+    if os.path.islink(path) or not path.is_file():
+        return False
+    try:
+        return recognise(path)
+    except (OSError, ValueError):
+        return False
 
 
 def remove_owned_files(folder: Path | str, *, names: Iterable[str]) -> None:

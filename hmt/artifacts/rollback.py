@@ -88,12 +88,27 @@ def _read(path: Path) -> dict[str, Any]:
         doc = json.loads(path.read_bytes())
     except FileNotFoundError:
         return {"format": STATE_FORMAT, "keys": {}}
-    except (OSError, ValueError) as exc:
-        raise ArtifactError(f"{path}: unreadable roll-back state ({exc}); move it away to start afresh "
-                            "(the releases it recorded are then forgotten)") from exc
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ArtifactError(f"{path}: unreadable roll-back state ({type(exc).__name__}: {exc}); move it away to start "
+                            "afresh (the releases it recorded are then forgotten)") from exc
     if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT or not isinstance(doc.get("keys"), dict):
         raise ArtifactError(f"{path}: not hmt's roll-back state (format {STATE_FORMAT} with 'keys' expected)")
+    for key, seen in doc["keys"].items():
+        if not _is_release(seen):
+            raise ArtifactError(f"{path}: the release recorded for key {str(key)[:16]}... is not a version (an "
+                                "integer) and a creation time (a string); move the file away to start afresh (the "
+                                "releases it recorded are then forgotten)")
     return doc
+
+
+def _is_release(seen: Any) -> bool:
+    """A recorded release compares as (version, created_utc): an int (or null) and a string (or null);
+    anything else made the comparison raise TypeError (exit 70)."""
+    if not isinstance(seen, dict):
+        return False
+    version, created = seen.get("version"), seen.get("created_utc")
+    return (version is None or (isinstance(version, int) and not isinstance(version, bool))) and \
+        (created is None or isinstance(created, str))
 
 
 def _write(path: Path, doc: dict[str, Any]) -> None:

@@ -105,12 +105,11 @@ def generate_key_pair(private_path: Path | str) -> tuple[Path, Path]:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    private_path = Path(private_path)
-    public_path = private_path.with_name(private_path.name + ".pub")
     from hmt.artifacts.outputs import check_new_file
 
-    for path in (private_path, public_path):
-        check_new_file(path, what="--gen-key")  # a key, a link or anything else there is never replaced
+    private_path = check_new_file(private_path, what="--gen-key")  # '' and '.' exist: refused before .pub is named
+    public_path = private_path.with_name(private_path.name + ".pub")
+    check_new_file(public_path, what="--gen-key")  # a key, a link or anything else there is never replaced
     key = Ed25519PrivateKey.generate()
     private_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                     serialization.NoEncryption())
@@ -218,8 +217,8 @@ def check_signature_bytes(raw: bytes, manifest_sha256: str, trusted_key: Any | N
             check_version(version)
             created = str(created)
             created.encode("ascii")
-    except (json.JSONDecodeError, UnicodeError, KeyError, TypeError, AttributeError, binascii.Error,
-            InputError) as exc:
+    except (json.JSONDecodeError, UnicodeError, RecursionError, KeyError, TypeError, AttributeError,
+            binascii.Error, InputError) as exc:
         raise ArtifactError(f"{path}: malformed signature file ({type(exc).__name__}: {exc}); expected "
                             "JSON {algorithm, key_sha256, manifest_sha256, signature, version, created_utc}") from exc
     if algorithm != ALGORITHM:

@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import Any
 
 from hmt import __version__
+from hmt.artifacts.jsondoc import parse_json
 from hmt.artifacts.manifest import (
     MANIFEST_NAME,
     FileRecord,
@@ -38,9 +39,17 @@ from hmt.artifacts.manifest import (
 )
 from hmt.artifacts.outputs import check_output_dir, check_output_file
 from hmt.artifacts.paths import safe_join
-from hmt.errors import ArtifactError, InputError
+from hmt.artifacts.swap import (
+    BACKUP_SUFFIX,
+    fsync_dir,
+    recover_interrupted_swap,
+    recover_unlocked,
+    remove_backup,
+    shared_mode,
+    swap_lock,
+)
+from hmt.errors import STORAGE_ERRNOS, WRITE_ONLY_ERRNOS, ArtifactError, InputError
 
-_BACKUP_SUFFIX = ".hmt-previous"
 _CHUNK_BYTES = 1 << 20
 _TEMP_SUFFIXES = (".partial", ".tmp")
 # Temporary names written before owner tags existed (8 random characters from tempfile)
@@ -122,20 +131,6 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fsync_dir(path: Path) -> None:
-    """Make a rename in ``path`` durable; some filesystems refuse to fsync a directory."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write one file atomically (temp file in the same directory, fsync, rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,37 +140,13 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        shared_mode(tmp_name)
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
     clean_stale_temporaries(path.parent, path.name)
-
-
-def _recover_interrupted_swap(out_dir: Path) -> None:
-    out_dir = Path(os.path.abspath(out_dir))  # "." has no name to derive the backup's from
-    backup = out_dir.with_name(out_dir.name + _BACKUP_SUFFIX)
-    if backup.exists() and (backup / MANIFEST_NAME).is_file():  # only a previous artifact hmt moved aside
-        if out_dir.exists():
-            _remove_backup(backup)
-        else:
-            os.replace(backup, out_dir)
-    elif backup.is_dir() and not any(backup.iterdir()):  # a removal killed after its manifest went
-        backup.rmdir()
-
-
-def _remove_backup(backup: Path) -> None:
-    """Remove a previous artifact hmt moved aside, its manifest last: a kill part way leaves a
-    folder that still says it is an artifact (so the next write removes it) or an empty one."""
-    for root, dirs, files in os.walk(backup, topdown=False):
-        for name in files:
-            if not (Path(root) == backup and name == MANIFEST_NAME):
-                Path(root, name).unlink(missing_ok=True)
-        for name in dirs:
-            shutil.rmtree(Path(root, name), ignore_errors=True)
-    (backup / MANIFEST_NAME).unlink(missing_ok=True)
-    backup.rmdir()
 
 
 class Artifact:
@@ -198,10 +169,7 @@ class Artifact:
 
     def read_json(self, name: str) -> Any:
         path = self.file(name)
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ArtifactError(f"{path}: not valid JSON ({exc})") from exc
+        return parse_json(path.read_bytes(), path)
 
     def as_parent(self) -> ParentRecord:
         return ParentRecord(kind=self.kind, path=str(self.root), manifest_sha256=self.manifest_sha256)
@@ -214,7 +182,7 @@ def load_artifact(path: Path | str, *, kind: str | Iterable[str], verify_checksu
     file listed but missing, a size or sha256 mismatch, and entries escaping the directory.
     """
     root = Path(path)
-    _recover_interrupted_swap(root)
+    recover_interrupted_swap(root)
     kinds = {kind} if isinstance(kind, str) else set(kind)
     manifest_path = root / MANIFEST_NAME
     if not root.is_dir():
@@ -226,10 +194,7 @@ def load_artifact(path: Path | str, *, kind: str | Iterable[str], verify_checksu
     if not manifest_path.is_file():
         raise ArtifactError(f"{manifest_path}: missing; {root} is not an hmt artifact")
     raw = manifest_path.read_bytes()
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ArtifactError(f"{manifest_path}: not valid JSON ({exc})") from exc
+    data = parse_json(raw, manifest_path)
     manifest = Manifest.from_json_dict(data, source=str(manifest_path))
     if manifest.kind not in kinds:
         expected = " or ".join(sorted(kinds))
@@ -297,6 +262,8 @@ class ArtifactWriter:
         self.manifest_sha256: str | None = None
         self._hooks: list[Callable[[Path, str], object]] = []
         self._companions: list[tuple[Path, Callable[[Path, Path], None]]] = []
+        # Each committed companion's size (read before it was renamed: a later writer may replace it).
+        self.companion_bytes: dict[Path, int] = {}
 
     def check_output(self) -> None:
         """Refuse the output path now, before any work (see :func:`check_output_dir`)."""
@@ -310,12 +277,31 @@ class ArtifactWriter:
 
     def __enter__(self) -> ArtifactWriter:
         parent_dir = self.out_dir.parent
-        _recover_interrupted_swap(self.out_dir)
+        recover_interrupted_swap(self.out_dir)
         self.check_output()
-        parent_dir.mkdir(parents=True, exist_ok=True)
-        self._tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(self.out_dir.name), suffix=".partial",
-                                          dir=parent_dir))
+        try:
+            parent_dir.mkdir(parents=True, exist_ok=True)
+            self._tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(self.out_dir.name), suffix=".partial",
+                                              dir=parent_dir))
+        except OSError as exc:
+            if exc.errno not in STORAGE_ERRNOS:
+                raise
+            raise InputError(f"{self.what} {self.given}: cannot be written ({exc.strerror})") from exc
+        shared_mode(self._tmp, folder=True)
         return self
+
+    def _write_failure(self, exc: BaseException | None, tmp: Path) -> InputError | None:
+        """A full, read-only or forbidden destination (an OSError writing the artifact), as one error
+        naming the output; None for anything else (reading an input, a bug)."""
+        if not isinstance(exc, OSError) or exc.errno not in STORAGE_ERRNOS:
+            return None
+        if exc.errno not in WRITE_ONLY_ERRNOS:  # EACCES/EPERM: only where the artifact is written
+            ours = (tmp, self.out_dir, *(path for path, _ in self._companions))
+            names = [Path(os.path.abspath(str(n))) for n in (exc.filename, exc.filename2) if n is not None]
+            if not any(name == place or place in name.parents for name in names for place in ours):
+                return None
+        return InputError(f"{self.what} {self.given}: cannot be written ({exc.strerror}); nothing was replaced, "
+                          "and what was written of it is removed")
 
     def before_commit(self, hook: Callable[[Path, str], object]) -> None:
         """Call ``hook(tmp_dir, manifest_sha256)`` once the manifest is written, before anything is
@@ -383,6 +369,9 @@ class ArtifactWriter:
         if exc_type is not None:
             shutil.rmtree(tmp, ignore_errors=True)
             self._tmp = None
+            failure = self._write_failure(exc, tmp)
+            if failure is not None:
+                raise failure from exc
             return
         staged: list[tuple[Path, Path]] = []
         try:
@@ -405,10 +394,13 @@ class ArtifactWriter:
             for path, build in self._companions:
                 staged.append((path, self._stage_companion(path, build)))
             self._commit(staged)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             for _, staged_file in staged:
                 staged_file.unlink(missing_ok=True)
+            failure = self._write_failure(exc, tmp)
+            if failure is not None:
+                raise failure from exc
             raise
         finally:
             self._tmp = None
@@ -438,6 +430,10 @@ class ArtifactWriter:
         return staged
 
     def _commit(self, staged: list[tuple[Path, Path]]) -> None:
+        with swap_lock(self.out_dir):  # one swap at a time into this folder (see _swap_lock)
+            self._commit_locked(staged)
+
+    def _commit_locked(self, staged: list[tuple[Path, Path]]) -> None:
         self.check_output()  # again: files may have been put there while this stage ran
         # Old companions go first: from here until the last rename, a kill leaves no
         # companion rather than one that belongs to another build than the directory.
@@ -445,8 +441,8 @@ class ArtifactWriter:
             path.unlink(missing_ok=True)
             fsync_dir(path.parent)
         tmp = self.tmp_dir
-        backup = self.out_dir.with_name(self.out_dir.name + _BACKUP_SUFFIX)
-        _recover_interrupted_swap(self.out_dir)  # a backup left by a killed write must not block this one
+        backup = self.out_dir.with_name(self.out_dir.name + BACKUP_SUFFIX)
+        recover_unlocked(self.out_dir)  # a backup left by a killed write must not block this one
         if backup.exists():
             raise ArtifactError(f"{backup}: in the way of replacing {self.out_dir} and not an artifact hmt moved "
                                 "aside; move it away")
@@ -455,7 +451,8 @@ class ArtifactWriter:
         os.replace(tmp, self.out_dir)
         fsync_dir(self.out_dir.parent)
         for path, staged_file in staged:
+            self.companion_bytes[path] = staged_file.stat().st_size
             os.replace(staged_file, path)
             fsync_dir(path.parent)
         if backup.exists():
-            _remove_backup(backup)
+            remove_backup(backup)

@@ -13,6 +13,7 @@ input, so error that accumulates along it is measured.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     import torch
 
 REPORT_NAME = "report.json"
+MIN_OPSET = 7  # the oldest opset torch's exporters write
 CONVERTED_KIND = "converted"
 
 
@@ -269,7 +271,16 @@ def _fp32_id(vid: str) -> str:
 
 
 def _check_options(options: ConvertOptions) -> None:
-    """Refuse accuracy options out of range, before anything is converted."""
+    """Refuse accuracy, tolerance and opset options out of range, before anything is converted (a NaN
+    tolerance or opset 0 failed only after each exporter had been tried: minutes per variant)."""
+    import onnx
+
+    for flag, value in (("--atol", options.atol), ("--rtol", options.rtol)):
+        if not (value >= 0 and math.isfinite(value)):
+            raise UsageError(f"{flag} must be a finite number >= 0, got {value}")
+    newest = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= options.opset <= newest:
+        raise UsageError(f"--opset must be in {MIN_OPSET}..{newest} (this onnx's newest), got {options.opset}")
     if not 0.0 <= options.max_accuracy_drop <= 1.0:
         raise UsageError(f"--max-accuracy-drop must be 0-100 points, got {100 * options.max_accuracy_drop:g}")
     if options.accuracy_samples is not None and options.accuracy_samples < 1:

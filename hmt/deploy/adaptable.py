@@ -39,9 +39,10 @@ def adapt_folder(variant_folder: str) -> str:
     return f"{variant_folder}/{ADAPT_DIR}"
 
 
-def supernet_of(front: Any, override: Path | None) -> Any:
+def supernet_of(front: Any, override: Path | None, *, what: str = "--adaptable") -> Any:
     """The loaded supernet the front's variants come from: ``--supernet``, or the one the front
-    was searched on (recorded relative to the front, found by its manifest sha256)."""
+    was searched on (recorded relative to the front, found by its manifest sha256); ``what`` is the
+    option that needs it (named in the refusals)."""
     from hmt.artifacts.lineage import find_parent
     from hmt.supernet import load_supernet
 
@@ -49,11 +50,11 @@ def supernet_of(front: Any, override: Path | None) -> Any:
         return load_supernet(override)
     record = next((p for p in front.artifact.manifest.parents if p.kind == "supernet"), None)
     if record is None:
-        raise UsageError("--adaptable needs the supernet the variants come from: the pareto front records none; "
+        raise UsageError(f"{what} needs the supernet the variants come from: the pareto front records none; "
                          "pass --supernet PATH")
     found = find_parent(front.artifact, record, verify_checksums=False)
     if found is None:
-        raise UsageError(f"--adaptable: the supernet the front was searched on ({record.path}, relative to "
+        raise UsageError(f"{what}: the supernet the front was searched on ({record.path}, relative to "
                          f"{front.artifact.root}) is gone or was rebuilt after the search; pass --supernet PATH")
     return load_supernet(found.root)
 
@@ -144,6 +145,18 @@ def ship_canary(writer: ArtifactWriter, source: Path, *, seed: int, max_samples:
     """Copy a seeded subset of the labelled set ``source`` (an .npz with ``x`` and ``y``) into the
     bundle as ``adapt/canary.npz``: the held-out set ``serve --adapt`` checks every adapted variant
     against by default (clients cannot steer it). Returns what was shipped."""
+    x, y = read_canary(source)
+    keep = np.sort(np.random.default_rng(seed).permutation(len(y))[:max_samples])
+    target = f"{ADAPT_DIR}/{CANARY_NAME}"
+    writer.path(target).parent.mkdir(parents=True, exist_ok=True)
+    with open(writer.path(target), "wb") as handle:
+        np.savez(handle, x=x[keep], y=y[keep].astype(np.int64))
+    return {"path": target, "samples": len(keep), "of": len(y), "seed": seed}
+
+
+def read_canary(source: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, y)`` of the labelled set ``source``, refused (UsageError) unless x is uint8 pixels or finite
+    floats and y one integer label each; deploy reads it before any work as well."""
     try:
         with np.load(source, allow_pickle=False) as archive:
             x, y = np.asarray(archive["x"]), np.asarray(archive["y"])
@@ -155,9 +168,4 @@ def ship_canary(writer: ArtifactWriter, source: Path, *, seed: int, max_samples:
                          f"{y.dtype} {list(y.shape)}")
     if x.dtype != np.uint8 and not (np.issubdtype(x.dtype, np.floating) and np.all(np.isfinite(x))):
         raise UsageError(f"--canary-data {source}: x must be uint8 pixels or finite floats, got {x.dtype}")
-    keep = np.sort(np.random.default_rng(seed).permutation(len(y))[:max_samples])
-    target = f"{ADAPT_DIR}/{CANARY_NAME}"
-    writer.path(target).parent.mkdir(parents=True, exist_ok=True)
-    with open(writer.path(target), "wb") as handle:
-        np.savez(handle, x=x[keep], y=y[keep].astype(np.int64))
-    return {"path": target, "samples": len(keep), "of": len(y), "seed": seed}
+    return x, y

@@ -262,20 +262,21 @@ def is_identity(path: Path) -> bool:
     return len(graph.node) == 1 and graph.node[0].op_type == "Identity" and not graph.initializer
 
 
-def read_labelled(source: Path, input_shape: Sequence[int], *, seed: int, max_samples: int
+def read_labelled(source: Path, input_shape: Sequence[int] | None, *, seed: int, max_samples: int
                   ) -> tuple[np.ndarray, np.ndarray, int]:
-    """A seeded subset of the labelled set ``source`` (x: float model inputs, y: integer labels)."""
+    """A seeded subset of the labelled set ``source`` (x: float model inputs, y: integer labels);
+    ``input_shape`` None checks all but the shape (deploy's check before any work)."""
     try:
         with np.load(source, allow_pickle=False) as archive:
             x, y = np.asarray(archive["x"]), np.asarray(archive["y"])
     except NPZ_ERRORS as exc:
         raise UsageError(f"--blocks-data {source}: expected an .npz with x (model inputs) and y (labels) "
                          f"({exc})") from exc
-    if x.ndim != len(input_shape) + 1 or tuple(x.shape[1:]) != tuple(input_shape) or \
-            not np.issubdtype(x.dtype, np.floating) or not np.all(np.isfinite(x)):
-        raise UsageError(f"--blocks-data {source}: x must be finite float model inputs of shape "
-                         f"[N, {', '.join(map(str, input_shape))}] (normalised as the bundle's preprocessing), got "
-                         f"{x.dtype} {list(x.shape)}")
+    shape_ok = input_shape is None or (x.ndim == len(input_shape) + 1 and tuple(x.shape[1:]) == tuple(input_shape))
+    if not shape_ok or not np.issubdtype(x.dtype, np.floating) or not np.all(np.isfinite(x)):
+        shown = "N, ..." if input_shape is None else f"N, {', '.join(map(str, input_shape))}"
+        raise UsageError(f"--blocks-data {source}: x must be finite float model inputs of shape [{shown}] "
+                         f"(normalised as the bundle's preprocessing), got {x.dtype} {list(x.shape)}")
     if y.ndim != 1 or len(y) != len(x) or not len(y) or not np.issubdtype(y.dtype, np.integer):
         raise UsageError(f"--blocks-data {source}: y must be a non-empty vector of {len(x)} integer labels")
     keep = np.sort(np.random.default_rng(seed).permutation(len(y))[:max_samples])

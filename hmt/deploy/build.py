@@ -255,6 +255,15 @@ def resolve_engines(options: DeployOptions, target: Target) -> tuple[tuple[str, 
 def _check_options(engines: tuple[str, ...], options: DeployOptions, target: Target) -> None:
     if options.blocks_data is not None and not options.blocks:
         raise UsageError("--blocks-data goes with --blocks")
+    if options.blocks_data is not None:
+        from hmt.deploy.blocks import read_labelled
+
+        # Read now, not after a minute of exporting blocks (its shape is checked there, against the space's).
+        read_labelled(options.blocks_data, None, seed=options.seed, max_samples=1)
+    if options.canary_data is not None:
+        from hmt.deploy.adaptable import read_canary
+
+        read_canary(options.canary_data)  # likewise, before the adaptable graphs are exported
     unknown = [e for e in engines if e not in ENGINES]
     if unknown or not engines:
         raise UsageError(f"unknown or no engine(s) {unknown}; choose from {', '.join(ENGINES)}")
@@ -277,7 +286,7 @@ def _add_blocks(writer: ArtifactWriter, bundled: list[BundleVariant], front: Any
     ids = [v.arch_id for v in bundled if str(v.extra.get("precision", "fp32")) == "fp32"]
     if not ids:
         raise UsageError("--blocks needs fp32 variants (the blocks are float graphs); every bundled one is quantised")
-    loaded = supernet_of(front, options.supernet)
+    loaded = supernet_of(front, options.supernet, what="--blocks")
     summary = write_blocks(writer, loaded, ids, BlocksOptions(data=options.blocks_data, seed=options.seed), progress)
     return list(summary["notes"])
 
@@ -466,6 +475,7 @@ def deploy_bundle(
         size_bytes, compile_s, failures = _record_metrics(writer, target, builds, lineage)
     return DeployResult(
         out_dir=Path(out_dir), archive=archive, target=target, variants=tuple(builds), notes=tuple(notes),
-        lineage=lineage, size_bytes=size_bytes, archive_size_bytes=archive.stat().st_size if archive else None,
+        lineage=lineage, size_bytes=size_bytes,
+        archive_size_bytes=writer.companion_bytes.get(Path(os.path.abspath(archive))) if archive else None,
         compile_s=compile_s, build_s=time.perf_counter() - start, profile_id=profile_id, failures=failures,
     )

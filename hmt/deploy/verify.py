@@ -123,9 +123,11 @@ def check_archive_binding(archive: Path, root: Path) -> str | None:
     return str(sibling)
 
 
-def _check_contents(bundle: Bundle) -> None:
+def _check_contents(bundle: Bundle) -> str:
+    """Refuse JSON files that do not parse or agree; returns what was checked (for the report)."""
     from hmt.pareto.index import FrontIndex
     from hmt.profile.schema import validate_profile
+    from hmt.runtime.blocks import BLOCKS_SPEC_NAME, load_block_space
 
     root = bundle.root
     try:
@@ -137,6 +139,11 @@ def _check_contents(bundle: Bundle) -> None:
     bundled = sorted(v.arch_id for v in bundle.spec.variants)
     if indexed != bundled:
         raise ArtifactError(f"{root / 'index.json'}: indexes {indexed}, but bundle.json bundles {bundled}")
+    checked = "bundle.json, serve.json, index.json, profile.json"
+    if any(record.path == BLOCKS_SPEC_NAME for record in bundle.artifact.manifest.files):
+        load_block_space(bundle)  # deploy --blocks: what serve --blocks composes from must parse (and be listed)
+        checked += ", " + BLOCKS_SPEC_NAME
+    return checked
 
 
 def _chain(bundle: Bundle, variant: BundleVariant, x: Any, engine: str) -> list[Any]:
@@ -224,8 +231,7 @@ def verify_bundle(path: Path | str, *, expected_target: str | None = None, run_m
         if root != path:
             report.add("archive", "ok" if bound_to else "skipped",
                        f"same manifest as {bound_to}" if bound_to else "no bundle directory beside it to compare")
-        _check_contents(bundle)
-        report.add("contents", "ok", "bundle.json, serve.json, index.json, profile.json parse and agree")
+        report.add("contents", "ok", f"{_check_contents(bundle)} parse and agree")
         report.target = checks.target
         report.add("target", "ok", report.target)
         report.add("elf machine", "ok" if checks.libraries else "skipped",

@@ -315,6 +315,8 @@ def _check_options(options: FuseOptions) -> None:
         raise UsageError("--burst must be >= 1 and the settle pause >= 0")
     if options.timing_drop < 1:
         raise UsageError(f"--drop must be >= 1, got {options.timing_drop}")
+    if options.repeats < 1 or options.warmup < 0:  # -1 timed 3 rounds and warmed up 0 times, without a word
+        raise UsageError(f"--repeats must be >= 1 and --warmup >= 0, got {options.repeats} and {options.warmup}")
     if options.tie_floor < 0:
         raise UsageError("the tie floor must be >= 0")
 

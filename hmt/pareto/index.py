@@ -25,7 +25,6 @@ Cost of a query over ``n`` entries:
 
 from __future__ import annotations
 
-import json
 import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
@@ -35,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from hmt.artifacts.jsondoc import parse_json
 from hmt.errors import InputError, UsageError
 
 INDEX_SCHEMA = "hmt.pareto-index"
@@ -294,9 +294,8 @@ def load_index(path: Path | str) -> FrontIndex:
     if path.is_dir():
         path = path / "index.json"
     try:
-        doc = json.loads(path.read_text())
+        raw = path.read_bytes()
     except FileNotFoundError as exc:
         raise InputError(f"{path}: does not exist; expected a runtime index file") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not valid JSON ({exc})") from exc
+    doc = parse_json(raw, path, error=InputError)
     return FrontIndex.from_json_dict(doc, source=str(path))

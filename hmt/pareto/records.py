@@ -3,6 +3,7 @@ evaluation, and its records, one per evaluated variant and per earlier exit it p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,7 +67,7 @@ class SearchOptions:
             raise UsageError(f"coverage_share must be in [0, 1], got {self.coverage_share}")
         if not 0.0 <= self.greedy_share < 1.0:
             raise UsageError(f"greedy share must be in [0, 1), got {self.greedy_share}")
-        if self.greedy_drop < 0:
+        if not (self.greedy_drop >= 0 and math.isfinite(self.greedy_drop)):
             raise UsageError(f"greedy drop must be >= 0, got {self.greedy_drop}")
         return self
 

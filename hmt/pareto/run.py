@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,8 +53,8 @@ class ParetoOptions:
         self.precision.validate()
         if self.batch_size < 1:
             raise UsageError(f"batch size must be >= 1, got {self.batch_size}")
-        if self.cache_mb < 0:
-            raise UsageError(f"feature cache must be >= 0 MB, got {self.cache_mb}")
+        if not (self.cache_mb >= 0 and math.isfinite(self.cache_mb)):
+            raise UsageError(f"feature cache must be a finite number >= 0 MB, got {self.cache_mb}")
         if self.threads is not None and self.threads < 1:
             raise UsageError(f"threads must be >= 1, got {self.threads}")
         if self.candidates_path is not None and self.search.method not in ("auto", "listed"):

@@ -203,6 +203,10 @@ def _check_options(options: ProfileOptions, device: str) -> None:
     if calibration < 0 or 0 < calibration < MIN_CALIBRATION_VARIANTS:
         raise UsageError(f"--calibrate-variants {calibration}: 0 (no correction) or >= {MIN_CALIBRATION_VARIANTS} "
                          "(four coefficients, cross-validated)")
+    if options.threads is not None and options.threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {options.threads}")
+    if (options.repeats is not None and options.repeats < 1) or (options.warmup is not None and options.warmup < 0):
+        raise UsageError(f"--repeats must be >= 1 and --warmup >= 0, got {options.repeats} and {options.warmup}")
     if options.interleave_rounds < 0:
         raise UsageError(f"--interleave-rounds {options.interleave_rounds}: 0 (one variant after the other) or more")
     if options.drift_normalise and not options.interleave_rounds:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hmt.artifacts.jsondoc import parse_json
 from hmt.errors import ArtifactError, InputError
 
 if TYPE_CHECKING:
@@ -272,12 +273,11 @@ def profile_from_doc(doc: Any, *, source: str, base_dir: Path | None = None) -> 
 def read_profile_json(path: Path) -> DeviceProfile:
     """A single-file profile (``profiles/*.json``); refuses malformed JSON or schema."""
     try:
-        doc = json.loads(path.read_text())
+        raw = path.read_bytes()
     except FileNotFoundError as exc:
         raise InputError(f"{path}: does not exist; expected a profile-device artifact directory or a profiles/*.json "
                          "file") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not valid JSON ({exc})") from exc
+    doc = parse_json(raw, path, error=InputError)
     return profile_from_doc(doc, source=str(path), base_dir=path.parent)
 
 
@@ -303,9 +303,21 @@ def is_profile_json(path: Path) -> bool:
     """Whether ``path`` holds a single-file hmt device profile (what :func:`write_profile_json` writes)."""
     if path.stat().st_size > 64 << 20:
         return False
-    data = json.loads(path.read_bytes())
+    try:
+        data = parse_json(path.read_bytes(), path, error=InputError)
+    except InputError:
+        return False
     return isinstance(data, dict) and isinstance(data.get("device"), dict) and all(
         key in data for key in _TOP_LEVEL_REQUIRED)
+
+
+def check_profile_json_output(path: Path | str, *, inputs: Sequence[Path | str] = ()) -> Path:
+    """Refuse ``path`` (``--export-json``) unless it is new or an hmt device profile; callers check it
+    before measuring, so a refusal does not come after minutes of profiling."""
+    from hmt.artifacts.outputs import check_output_file
+
+    return check_output_file(path, recognise=is_profile_json, description="an hmt device profile (.json)",
+                             inputs=inputs, what="--export-json")
 
 
 def write_profile_json(profile: DeviceProfile, path: Path, *, inputs: Sequence[Path | str] = ()) -> Path:
@@ -313,11 +325,8 @@ def write_profile_json(profile: DeviceProfile, path: Path, *, inputs: Sequence[P
 
     An existing ``path`` is replaced only if it is such a profile."""
     from hmt.artifacts import atomic_write_bytes
-    from hmt.artifacts.outputs import check_output_file
 
-    check_output_file(path, recognise=is_profile_json, description="an hmt device profile (.json)", inputs=inputs,
-                      what="--export-json")
-
+    check_profile_json_output(path, inputs=inputs)
     atomic_write_bytes(Path(path), profile_to_json_files(profile, inline=True)[PROFILE_FILE])
     Path(path).chmod(0o644)  # a file to share, not the 0600 of the temporary it was written as
     return Path(path)

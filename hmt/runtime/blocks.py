@@ -17,7 +17,6 @@ sub-space from them (segments = chains of unit sessions).
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any, Tuple
 
 import numpy as np
 
+from hmt.artifacts.jsondoc import parse_json
 from hmt.bundle import Bundle, TensorSpec
 from hmt.errors import NPZ_ERRORS, ArtifactError, HmtError, ModelError, UsageError
 from hmt.runtime.chain import ChainRunner, GraphFn
@@ -267,10 +267,7 @@ def load_block_space(bundle: Bundle) -> BlockSpace:
     """``blocks/blocks.json`` of ``bundle`` (checked against the manifest), ArtifactError if absent."""
     from hmt.runtime.verified import read_verified
 
-    try:
-        data = json.loads(read_verified(bundle.artifact, BLOCKS_SPEC_NAME).decode())
-    except ValueError as exc:
-        raise ArtifactError(f"{bundle.root / BLOCKS_SPEC_NAME}: not JSON ({exc})") from exc
+    data = parse_json(read_verified(bundle.artifact, BLOCKS_SPEC_NAME), bundle.root / BLOCKS_SPEC_NAME)
     space = BlockSpace.from_mapping(data, str(bundle.root / BLOCKS_SPEC_NAME))
     for spec in space.units.values():
         bundle.artifact.file(spec.onnx)  # listed in the manifest, inside the bundle

@@ -132,3 +132,85 @@ def test_a_changed_file_is_named_as_the_artifact_was_given(tmp_path: Path, monke
         load_artifact(Path("art"), kind="demo")
     message = str(err.value)
     assert message.startswith("art/nested/info.json: ") and "was changed" in message and str(tmp_path) not in message
+
+
+@pytest.mark.parametrize("raw", [b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe{"], ids=["nested", "not-utf8"])
+def test_manifest_and_listed_json_that_json_cannot_parse_are_refused_naming_them(tmp_path: Path, raw: bytes) -> None:
+    """Brackets nested past the recursion limit and bytes that are not UTF-8 are bad files (exit 4),
+    not internal errors (json.loads raises RecursionError and UnicodeDecodeError for them)."""
+    from hmt.artifacts.outputs import check_output_dir
+    from hmt.artifacts.store import sha256_file
+
+    out = tmp_path / "art"
+    _write(out)
+    info = out / "nested" / "info.json"
+    info.write_bytes(raw)
+    manifest = json.loads((out / "manifest.json").read_text())
+    for record in manifest["files"]:
+        if record["path"] == "nested/info.json":
+            record.update(sha256=sha256_file(info), size_bytes=len(raw))
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match=r"info\.json: not valid JSON"):
+        load_artifact(out, kind="demo").read_json("nested/info.json")
+    (out / "manifest.json").write_bytes(raw)
+    with pytest.raises(ArtifactError, match=r"manifest\.json: not valid JSON"):
+        load_artifact(out, kind="demo")
+    with pytest.raises(InputError, match="not an hmt artifact"):
+        check_output_dir(out, kind="demo")
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077], ids=["umask022", "umask077"])
+def test_artifact_folder_and_manifest_get_the_umask_mode_not_tempfiles_private_one(tmp_path: Path, umask: int) -> None:
+    """The artifact is built in a tempfile folder (0700) with a tempfile manifest (0600); renamed into
+    place they kept that mode, so a bundle copied to a device was unreadable by the service's user."""
+    import os
+    import stat
+
+    previous = os.umask(umask)
+    try:
+        out = tmp_path / "art"
+        _write(out)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
+    assert stat.S_IMODE((out / "manifest.json").stat().st_mode) == 0o666 & ~umask
+    assert stat.S_IMODE((out / "data.bin").stat().st_mode) == 0o666 & ~umask
+
+
+def test_a_full_disk_while_writing_is_one_input_error_and_keeps_the_previous_artifact(tmp_path: Path) -> None:
+    """ENOSPC/EROFS while an artifact is written exited 70 ('internal error ... report it')."""
+    import errno
+
+    out = tmp_path / "art"
+    _write(out, b"previous")
+    with pytest.raises(InputError, match=r"--out .*art: cannot be written \(No space left on device\); nothing was "
+                                         "replaced"), ArtifactWriter(out, kind="demo", config={}) as writer:
+        writer.write_bytes("data.bin", b"new")
+        raise OSError(errno.ENOSPC, "No space left on device", str(writer.path("big.onnx")))
+    assert (out / "data.bin").read_bytes() == b"previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]  # the temporary folder went
+    with pytest.raises(PermissionError), ArtifactWriter(tmp_path / "other", kind="demo", config={}):
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "an-input.csv"))  # reading: not ours
+
+
+def test_a_recovery_waits_for_a_swap_in_progress(tmp_path: Path) -> None:
+    """Two writers of one output (or a reader beside a writer) interleaved their renames: one put back the
+    backup the other had just moved aside, whose rename then failed; both could exit 70."""
+    import os
+    import threading
+
+    from hmt.artifacts.swap import recover_interrupted_swap, swap_lock
+
+    out, new = tmp_path / "art", tmp_path / "new"
+    _write(out, b"old")
+    _write(new, b"new")
+    with swap_lock(out):  # a writer between its two renames
+        os.replace(out, tmp_path / "art.hmt-previous")
+        reader = threading.Thread(target=recover_interrupted_swap, args=(out,))
+        reader.start()
+        reader.join(0.3)
+        assert reader.is_alive()  # it waits instead of moving the backup back under the writer
+        os.replace(new, out)
+    reader.join(5)
+    assert not reader.is_alive()
+    assert (out / "data.bin").read_bytes() == b"new" and not (tmp_path / "art.hmt-previous").exists()

@@ -129,3 +129,26 @@ def test_parents_are_recorded_relative_to_the_artifact(tmp_path: Path, monkeypat
     (tmp_path / "moved" / "parent").rename(tmp_path / "moved" / "renamed")
     found = find_parent(moved, moved.manifest.parents[0])
     assert found is not None and found.root.name == "renamed"
+
+
+def test_timeline_folder_holding_a_users_file_of_a_timeline_name_is_refused(tmp_path: Path) -> None:
+    """--timeline-out judged ownership by file name only: a user's own summary.json (or requests.csv)
+    in the folder was overwritten by the replay's."""
+    import json
+
+    from hmt.serve.reporting.timeline import TIMELINE_FILES, is_timeline_file, write_csv
+    from hmt.serve.running.scenario import RequestRecord
+
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / "summary.json").write_text('{"mine": 1}')
+    with pytest.raises(InputError, match="--timeline-out .*holds summary.json, which hmt did not write"):
+        check_owned_folder(out, names=TIMELINE_FILES, what="--timeline-out", recognise=is_timeline_file)
+    (out / "summary.json").write_text(json.dumps({"label": "adaptive", "via": "api", "duration_s": 1.0,
+                                                  "requests": 3, "clients": 1}))
+    write_csv(out / "requests.csv", [RequestRecord(0.0, 200, 1.0, 1.0, 1.0, "v", 0, 0, None, None)])
+    check_owned_folder(out, names=TIMELINE_FILES, what="--timeline-out", recognise=is_timeline_file)  # a replay's
+    (out / "timeline.csv").write_text("when,what\n1,2\n")
+    with pytest.raises(InputError, match="holds timeline.csv, which hmt did not write"):
+        check_owned_folder(out, names=TIMELINE_FILES, what="--timeline-out", recognise=is_timeline_file)
+    assert (out / "timeline.csv").read_text() == "when,what\n1,2\n"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+from pathlib import Path
 
 import pytest
 import typer
@@ -53,6 +55,10 @@ def test_exit_codes_stay_as_documented(capsys: pytest.CaptureFixture[str]) -> No
     (InputError("runs/x: does not exist"), 3, "InputError"),
     (KeyboardInterrupt(), 130, "KeyboardInterrupt"),
     (RuntimeError("boom"), INTERNAL_ERROR_EXIT, "InternalError"),
+    # a full or read-only disk is the user's environment: exit 3 naming the file, not "internal error"
+    (OSError(errno.ENOSPC, "No space left on device", "runs/x/a.onnx"), 3, "InputError"),
+    (OSError(errno.EROFS, "Read-only file system", "runs/x"), 3, "InputError"),
+    (OSError(errno.EBADF, "Bad file descriptor"), INTERNAL_ERROR_EXIT, "InternalError"),
 ])
 def test_json_mode_prints_one_error_document(exc: BaseException, code: int, kind: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -98,3 +104,31 @@ def test_min_accuracy_given_as_a_fraction_is_refused_naming_the_percentage(capsy
     assert raised.value.code == 2
     error = json.loads(capsys.readouterr().out)["error"]
     assert "give 80" in error["message"]
+
+
+
+def test_sigterm_unwinds_a_command_like_ctrl_c(tmp_path: Path) -> None:
+    """Python's default SIGTERM (timeout, systemd, docker stop) ended the process on the spot: no finally
+    ran, so verify's archive extraction stayed in /tmp and a stage's temporary output beside --out."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "cleaned"
+    script = f"""
+import os, signal, time
+from commands.app import run_command
+def body(output):
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    finally:
+        open({str(marker)!r}, "w").close()
+try:
+    run_command(body, json_mode=True)
+except Exception as exc:  # typer.Exit
+    raise SystemExit(exc.exit_code)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 143 and marker.exists(), (done.returncode, done.stderr[-500:])
+    assert json.loads(done.stdout)["error"]["message"] == "terminated"

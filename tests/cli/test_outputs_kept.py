@@ -112,6 +112,27 @@ def test_checkpoint_dir_over_a_user_folder(inputs: dict[str, Path], tmp_path: Pa
     assert (keep / "notes.txt").read_text() == "precious" and not (tmp_path / "sn").exists()
 
 
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_users_own_checkpoint_pt_is_never_deleted(inputs: dict[str, Path], tmp_path: Path, restart: bool) -> None:
+    """checkpoint.pt is a common name: the user's own one was refused with 'delete it or pass --restart',
+    and --restart deleted it."""
+    import torch
+
+    from hmt.supernet.train.checkpoint import open_checkpoint
+
+    keep = tmp_path / "models"
+    keep.mkdir()
+    torch.save({"model": torch.zeros(3)}, keep / "checkpoint.pt")
+    mine = (keep / "checkpoint.pt").read_bytes()
+    code, output = invoke("train-supernet", "--backbone", "cifar_resnet8", "--dataset", "cifar10", "--data",
+                          str(inputs["data"]), "--checkpoint-dir", str(keep), "--out", str(tmp_path / "sn"),
+                          *(["--restart"] if restart else []))
+    assert code == 3 and "holds checkpoint.pt, which hmt did not write" in output, output
+    with pytest.raises(Exception, match="not an hmt training checkpoint; hmt does not delete"):
+        open_checkpoint(keep, config_fingerprint="f", restart=True)  # specialize's and elastify's path
+    assert (keep / "checkpoint.pt").read_bytes() == mine
+
+
 
 def test_checkpoint_dir_overlapping_out_is_refused_saying_so(inputs: dict[str, Path], tmp_path: Path) -> None:
     for ckpt in (tmp_path / "sn", tmp_path / "sn" / "ck", tmp_path):
@@ -134,6 +155,20 @@ def test_offload_halves_over_a_user_folder(inputs: dict[str, Path], tmp_path: Pa
     assert _snapshot(off) == {"device/notes.txt": b"precious"}
 
 
+@pytest.mark.parametrize("where", [".", "home", "root"])
+def test_offload_out_in_a_protected_place_is_refused(where: str, inputs: dict[str, Path], tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """--offload-out . wrote ./device and ./peer into the working directory (and / into /device)."""
+    for name in ("work", "home"):
+        (tmp_path / name).mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    given = {".": ".", "home": str(tmp_path / "home"), "root": "/"}[where]
+    code, out = invoke("deploy", "--verify", str(inputs["fused"]), "--offload-out", given)
+    assert code == 3 and f"--offload-out {given}: is the" in out
+    assert not list((tmp_path / "work").iterdir()) and not list((tmp_path / "home").iterdir())
+
+
 def test_archive_beside_the_bundle_is_not_a_user_file(inputs: dict[str, Path], tmp_path: Path) -> None:
     (tmp_path / "bundle.tar.gz").write_text("my backup")
     code, output = invoke("deploy", "--fused", str(inputs["fused"]), "--pareto", str(inputs["pareto"]), "--target",
@@ -149,9 +184,13 @@ def test_export_json_and_keys_are_never_overwritten(tmp_path: Path) -> None:
                           "--export-json", str(mine))
     assert code == 3 and "--export-json" in output, output
     assert mine.read_text() == '{"mine": true}'
+    code, output = invoke("profile-device", "--quick", "--out", str(tmp_path / "measured"), "--export-json", str(mine))
+    assert code == 3 and "--export-json" in output and not (tmp_path / "measured").exists()  # refused before measuring
     code, output = invoke("deploy", "--gen-key", str(mine))
     assert code == 3 and "already exists" in output
     assert mine.read_text() == '{"mine": true}'
+    code, output = invoke("deploy", "--gen-key", "")  # '.': its '.pub' sibling has no name (was exit 70)
+    assert code == 3 and "--gen-key .: already exists" in output
 
 
 def test_bracketed_messages_print_verbatim(tmp_path: Path) -> None:

@@ -45,6 +45,11 @@ def test_convert_then_fuse_json(model_file: Path, tmp_path: Path) -> None:
         (["--model", "{file}:tiny", "--input-shape", "1,x,8"], 2, "comma-separated"),
         (["--onnx", "{dir}/missing.onnx"], 3, "missing.onnx: does not exist; expected an ONNX file"),
         (["--model", "{file}:tiny", "--onnx", "a.onnx", "--input-shape", "1,3,8,8"], 2, "exactly one"),
+        # refused before any export (a NaN tolerance or opset 0 failed per variant after every exporter)
+        (["--model", "{file}:tiny", "--input-shape", "1,3,8,8", "--atol", "nan"], 2, "--atol must be a finite"),
+        (["--model", "{file}:tiny", "--input-shape", "1,3,8,8", "--rtol", "-1"], 2, "--rtol must be a finite"),
+        (["--model", "{file}:tiny", "--input-shape", "1,3,8,8", "--opset", "0"], 2, "--opset must be in 7.."),
+        (["--supernet", "{dir}/sn", "--variant", "largest", "--batch", "0"], 2, "--batch must be >= 1"),
     ],
 )
 def test_bad_input_exit_codes(model_file: Path, tmp_path: Path, args: list[str], code: int, needle: str) -> None:

@@ -164,3 +164,41 @@ def test_data_beyond_the_declared_size_stops_the_write(tmp_path: Path, monkeypat
     monkeypatch.setattr(tarfile.TarFile, "extractfile", lying)
     with pytest.raises(ArtifactError, match="expands past its declared size"):
         extract_archive(archive, tmp_path / "dest")
+
+
+@pytest.mark.parametrize(("kind", "compression"), [(tarfile.XHDTYPE, "gz"), (tarfile.GNUTYPE_LONGNAME, "gz"),
+                                                   (tarfile.XHDTYPE, "xz")])
+def test_a_metadata_header_declaring_a_huge_size_is_refused_before_it_is_read(
+        tmp_path: Path, kind: bytes, compression: str) -> None:
+    """tarfile reads a PAX or GNU long-name header's data whole, at the size it declares, before
+    hmt sees the entry: a 300 kB gzip of one 300 MB PAX header took 370 MB of memory."""
+    import gzip
+    import lzma
+
+    size = 64 << 20
+    info = tarfile.TarInfo("././@PaxHeader" if kind == tarfile.XHDTYPE else "././@LongLink")
+    info.type, info.size = kind, size
+    archive = tmp_path / f"bomb.tar.{compression}"
+    with (gzip.open(archive, "wb", compresslevel=1) if compression == "gz"
+          else lzma.open(archive, "wb", preset=0)) as raw:
+        raw.write(info.tobuf(format=tarfile.USTAR_FORMAT))
+        zeros = bytes(1 << 20)
+        for _ in range(size >> 20):
+            raw.write(zeros)
+    with pytest.raises(ArtifactError, match=f"declares {size} bytes of metadata"):
+        extract_archive(archive, tmp_path / "dest")
+    assert not any((tmp_path / "dest").iterdir())
+
+
+def test_bzip2_xz_and_plain_tars_still_extract(tmp_path: Path) -> None:
+    import bz2
+    import gzip
+    import lzma
+
+    bundle = _bundle(tmp_path / "b")
+    archive = write_archive(bundle)
+    plain = gzip.decompress(archive.read_bytes())
+    for name, data in (("b.tar", plain), ("b.tar.bz2", bz2.compress(plain)), ("b.tar.xz", lzma.compress(plain))):
+        (tmp_path / name).write_bytes(data)
+        root = extract_archive(tmp_path / name, tmp_path / f"out-{name}")
+        assert (root / "variants/a/segment_0.onnx").read_bytes() == b"\x00\x01" * 100

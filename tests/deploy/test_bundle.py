@@ -59,6 +59,23 @@ def test_extra_file_is_caught(bundle_copy: Path) -> None:
         verify_bundle(bundle_copy)
 
 
+def test_a_blocks_spec_serve_cannot_read_fails_verify(bundle_copy: Path) -> None:
+    """verify said 'bundle OK' for a deploy --blocks bundle whose blocks/blocks.json does not parse (its
+    checksum resealed): serve --blocks then refused it on the device."""
+    import hashlib
+    import json
+
+    spec = bundle_copy / "blocks" / "blocks.json"
+    spec.parent.mkdir()
+    spec.write_text("[" * 100_000 + "]" * 100_000)
+    manifest = json.loads((bundle_copy / "manifest.json").read_text())
+    manifest["files"].append({"path": "blocks/blocks.json", "sha256": hashlib.sha256(spec.read_bytes()).hexdigest(),
+                              "size_bytes": spec.stat().st_size, "media_type": "application/json"})
+    (bundle_copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match=r"blocks/blocks.json: not valid JSON \(nested too deeply\)"):
+        verify_bundle(bundle_copy, run_models=False)
+
+
 def test_tampered_archive_through_the_cli(bundle_copy: Path, tmp_path: Path) -> None:
     from hmt.deploy.archive import write_archive
 

@@ -33,3 +33,40 @@ def test_bad_canary_data_is_a_usage_error(tmp_path: Path, y: np.ndarray) -> None
     with ArtifactWriter(tmp_path / "bundle", kind="bundle", config={}) as writer, \
             pytest.raises(UsageError, match="--canary-data"):
         ship_canary(writer, source, seed=0)
+
+
+@pytest.mark.parametrize("flag", ["--canary-data", "--blocks-data"])
+def test_bad_labelled_data_is_refused_before_any_work(tmp_path: Path, flag: str) -> None:
+    """Both files were read only after the adaptable graphs or the blocks had been exported (~30-90 s
+    on the demo bundle); now before the inputs are even opened (these do not exist)."""
+    from hmt.deploy import DeployOptions, deploy_bundle
+
+    bad = tmp_path / "labelled.npz"
+    np.savez(bad, x=np.zeros((4, 3, 8, 8), np.float32))  # no y
+    options = DeployOptions(target="x86-64", engines=("onnxruntime",), adaptable=flag == "--canary-data",
+                            canary_data=bad if flag == "--canary-data" else None, blocks=flag == "--blocks-data",
+                            blocks_data=bad if flag == "--blocks-data" else None)
+    with pytest.raises(UsageError, match=f"^{flag} .*labelled.npz: expected an .npz"):
+        deploy_bundle(tmp_path / "no-fused", tmp_path / "no-pareto", tmp_path / "out", options=options)
+
+
+def test_an_npz_whose_header_declares_a_huge_array_is_bad_input(tmp_path: Path) -> None:
+    """numpy allocates an .npz member's array from its header before reading a byte: a 600-byte file
+    asked for 10 PiB and the MemoryError was an internal error (exit 70) in serve --data, --canary,
+    deploy --blocks-data and --canary-data."""
+    import io
+    import zipfile
+
+    from hmt.deploy.adaptable import read_canary
+
+    def member(shape: tuple[int, ...], dtype: str) -> bytes:
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_1_0(buf, {"descr": dtype, "fortran_order": False, "shape": shape})
+        return buf.getvalue() + bytes(64)
+
+    bomb = tmp_path / "bomb.npz"
+    with zipfile.ZipFile(bomb, "w") as archive:
+        archive.writestr("x.npy", member((10**12, 3, 32, 32), "<f4"))
+        archive.writestr("y.npy", member((10**12,), "<i8"))
+    with pytest.raises(UsageError, match="--canary-data .*bomb.npz: expected an .npz"):
+        read_canary(bomb)

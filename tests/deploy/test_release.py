@@ -92,6 +92,15 @@ def test_a_corrupt_state_file_refuses_rather_than_forgets(bundle_copy: Path, key
     (tmp_path / "state" / STATE_NAME).write_text("{not json")
     with pytest.raises(ArtifactError, match="unreadable roll-back state"):
         load_checked_bundle(bundle_copy, trusted_key=public, rollback=RollbackPolicy(tmp_path / "state"))
+    # nested past the recursion limit, or a release that does not compare: RecursionError / TypeError were exit 70
+    (tmp_path / "state" / STATE_NAME).write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ArtifactError, match="unreadable roll-back state"):
+        load_checked_bundle(bundle_copy, trusted_key=public, rollback=RollbackPolicy(tmp_path / "state"))
+    key = public_key_id(load_public_key(public))
+    for seen in ({"version": "7", "created_utc": OLD}, {"version": 1, "created_utc": [OLD]}, "v1"):
+        (tmp_path / "state" / STATE_NAME).write_text(json.dumps({"format": 1, "keys": {key: seen}}))
+        with pytest.raises(ArtifactError, match="is not a version"):
+            load_checked_bundle(bundle_copy, trusted_key=public, rollback=RollbackPolicy(tmp_path / "state"))
 
 
 def test_state_dir_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -188,3 +188,11 @@ def test_gpu_device_also_times_the_host_cpu(segmented_dir: Path, tmp_path: Path,
     for label in host:
         np.testing.assert_allclose(load_fused_runner(out, "model", {"input": x}, candidate=label)()[0], reference,
                                    atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("repeats", "warmup"), [(0, 3), (-1, 3), (5, -1)])
+def test_negative_repeats_and_warmup_are_refused_before_anything_is_read(tmp_path: Path, repeats: int,
+                                                                        warmup: int) -> None:
+    """--repeats -1 timed three rounds and --warmup -1 warmed up nothing, without a word."""
+    with pytest.raises(UsageError, match="--repeats must be >= 1 and --warmup >= 0"):
+        fuse_model(tmp_path / "nowhere", tmp_path / "o", options=FuseOptions(repeats=repeats, warmup=warmup))

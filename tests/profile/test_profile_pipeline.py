@@ -94,6 +94,12 @@ def test_bad_inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         profile_device(tmp_path / "p", ProfileOptions(power="joulemeter"))
     with pytest.raises(UsageError, match="engine"):
         profile_device(tmp_path / "p", ProfileOptions(engine="tflite"))
+    # refused before measuring (--repeats -1 and --threads -1 were internal errors after the benchmarks ran)
+    for bad in ({"repeats": -1}, {"repeats": 0}, {"warmup": -1}):
+        with pytest.raises(UsageError, match="--repeats must be >= 1 and --warmup >= 0"):
+            profile_device(tmp_path / "p", ProfileOptions(quick=True, **bad))
+    with pytest.raises(UsageError, match="--threads must be >= 1, got -1"):
+        profile_device(tmp_path / "p", ProfileOptions(quick=True, threads=-1))
     # A supernet artifact that fails verification (a file changed after writing).
     from tests.profile.conftest import make_supernet_artifact
 

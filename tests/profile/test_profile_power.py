@@ -44,6 +44,9 @@ def test_powertool_and_power_columns() -> None:
         ("time,power\n0,1\n", "at least 2"),
         ("time,power\n0,1\n0,2\n", "do not increase"),
         ("Time (h),power\n0,1\n1,2\n", "unknown time unit"),
+        # csv.Error (a field over csv's limit) was an internal error, after the whole profiling run
+        ("time,power\n" + "x" * 200_000 + "\n", "not a readable CSV power trace"),
+        ("time,power\n0,1\n1,nan\n2,1\n", "data row 2: NaN or infinity"),
     ],
 )
 def test_malformed_trace_csv(text: str, message: str) -> None:

@@ -81,6 +81,12 @@ def test_serve_config_file_errors(tmp_path: Path) -> None:
         layered_settings({}, [file_layer(path)])
     with pytest.raises(InputError, match="cannot read"):
         file_layer(tmp_path / "missing.json")
+    # json.loads raises RecursionError and UnicodeDecodeError for these: still one InputError naming the file
+    path.write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(InputError, match="serve-extra.json: not valid JSON"):
+        file_layer(path)
+    deep = "[" * 5000 + "]" * 5000
+    assert set_layer([f"budgets.latency_ms={deep}"]).values == {"budgets.latency_ms": deep}  # then refused by value
 
 
 def test_overrides_over_a_signed_bundle_that_still_verifies(bundle_dir: Path, tmp_path: Path) -> None:

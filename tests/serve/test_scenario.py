@@ -33,6 +33,7 @@ def test_scenario_parsing_and_lookup() -> None:
     ("time_s,battery_pct\n0,abc\n", "not a number"),
     ("time_s\n2\n1\n", "non-decreasing"),
     ("time_s\n", "no rows"),
+    ("time_s,cpu_load\n1,0,5\n", "3 cells, the header names 2"),  # a decimal comma read as cpu_load 0
 ])
 def test_scenario_errors_name_the_problem(text: str, message: str) -> None:
     with pytest.raises(InputError, match=message):

@@ -152,3 +152,14 @@ def test_bad_options_give_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="sequence inputs"):
         train_supernet(resolve_config(overrides={**FAST, "backbone": "conv1d"}), tmp_path / "d")
     assert not (tmp_path / "d").exists()
+
+
+def test_config_file_that_cannot_be_parsed_or_read_is_one_input_error(tmp_path: Path) -> None:
+    from hmt.errors import InputError
+
+    deep = tmp_path / "deep.json"
+    deep.write_bytes(b"[" * 100_000 + b"]" * 100_000)  # json.loads: RecursionError
+    with pytest.raises(InputError, match="deep.json: not valid JSON"):
+        resolve_config(preset="tiny", config_file=deep)
+    with pytest.raises(InputError, match="cannot be read"):
+        resolve_config(preset="tiny", config_file=tmp_path)  # a folder: IsADirectoryError

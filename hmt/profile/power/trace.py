@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from hmt.errors import InputError
+from hmt.errors import InputError, UsageError
 from hmt.profile.power.base import PowerSource, PowerTrace, Window
 
 _UNIT = re.compile(r"[\(\[]\s*([a-zA-Zµ]+)\s*[\)\]]")
@@ -55,6 +56,13 @@ def _classify(header: str) -> str | None:
 
 def parse_power_csv(text: str, *, source: str) -> tuple[np.ndarray, np.ndarray, bool]:
     """(times in s, power in W, times_are_epoch) from CSV text; refuses malformed input by line."""
+    try:
+        return _parse_power_csv(text, source=source)
+    except csv.Error as exc:  # a field over csv's limit, a NUL byte: not a trace (was exit 70, after the whole run)
+        raise InputError(f"{source}: not a readable CSV power trace ({exc})") from exc
+
+
+def _parse_power_csv(text: str, *, source: str) -> tuple[np.ndarray, np.ndarray, bool]:
     reader = csv.reader(io.StringIO(text))
     try:
         header = next(reader)
@@ -89,6 +97,9 @@ def parse_power_csv(text: str, *, source: str) -> tuple[np.ndarray, np.ndarray, 
     if len(rows) < 2:
         raise InputError(f"{source}: {len(rows)} data rows; a power trace needs at least 2")
     data = np.asarray(rows, float)
+    if not np.isfinite(data).all():
+        bad = int(np.argmax(~np.isfinite(data).all(axis=1))) + 1
+        raise InputError(f"{source}: data row {bad}: NaN or infinity; a power trace holds finite numbers")
     times = data[:, 0] * time_scale
     if "power" in columns:
         scale = _POWER_SCALE.get(_unit(header[columns["power"]]) or "w")
@@ -173,6 +184,8 @@ class TraceSource(PowerSource):
         self._windows: list[Window] = []
         if not self.path.is_file():
             raise InputError(f"{self.path}: does not exist; expected a power trace (CSV)")
+        if start_epoch_s is not None and not math.isfinite(start_epoch_s):
+            raise UsageError(f"--trace-start {start_epoch_s}: expected the trace's start as Unix time (seconds)")
 
     def start(self) -> None:
         self._windows = []

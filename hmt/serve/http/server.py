@@ -195,16 +195,16 @@ class ApiServer:
     def run(self) -> None:
         """Serve on the calling (main) thread until SIGTERM/SIGINT, then drain and return."""
         previous = signal.getsignal(signal.SIGTERM)
-        if previous in (signal.SIG_DFL, None):
-            # uvicorn re-raises the signal it handled after the drain; a Python handler makes that a no-op.
-            signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        # uvicorn re-raises the signal it handled after the drain; a no-op handler makes that return (the
+        # hmt command line's handler, which unwinds other commands on SIGTERM, would end a drained serve
+        # as 'terminated'). The caller's handler is put back after.
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
         logging.getLogger("uvicorn.error").setLevel(self.options.log_level.upper())
         try:
             self._serve_blocking()
         finally:
             self.socket.close()
-            if previous in (signal.SIG_DFL, None):
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
     async def _serve(self) -> None:
         asyncio.get_running_loop().set_exception_handler(AcceptErrorLog(self.stats))

@@ -133,6 +133,35 @@ def summarize(records: Sequence[RequestRecord], ticks: Sequence[TickRecord], ste
     }
 
 
+# The files a replay writes in --timeline-out; a folder holding one of these names that hmt did not
+# write (a summary.json of the user's) is refused, not overwritten (see :func:`is_timeline_file`).
+TIMELINE_FILES = ("timeline.csv", "requests.csv", "timeline.png", "summary.json")
+_SUMMARY_KEYS = frozenset({"label", "via", "duration_s", "requests", "clients"})
+
+
+def is_timeline_file(path: Path) -> bool:
+    """Whether ``path`` (named as one of :data:`TIMELINE_FILES`) is what a replay writes there: the CSVs
+    start with their records' header (or are empty), the summary holds a replay's keys, the plot is
+    matplotlib's PNG."""
+    with open(path, "rb") as handle:
+        head = handle.read(1 << 16)
+    if path.name in ("timeline.csv", "requests.csv"):
+        record = TickRecord if path.name == "timeline.csv" else RequestRecord
+        header = ",".join(f.name for f in dataclasses.fields(record)).encode()
+        return head == b"" or head.startswith(header + b"\r\n") or head.startswith(header + b"\n")
+    if path.name == "timeline.png":
+        return head.startswith(b"\x89PNG") and b"Matplotlib" in head
+    if path.name == "summary.json":
+        import json
+
+        try:
+            doc = json.loads(path.read_bytes()) if path.stat().st_size < 64 << 20 else None
+        except (ValueError, RecursionError):
+            return False
+        return isinstance(doc, dict) and doc.keys() >= _SUMMARY_KEYS
+    return False
+
+
 def write_csv(path: Path, rows: Sequence[Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as handle:

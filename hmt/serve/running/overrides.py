@@ -31,6 +31,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from hmt.artifacts.jsondoc import parse_json
 from hmt.errors import InputError, UsageError
 from hmt.runtime.settings import ServeSettings
 
@@ -134,7 +135,7 @@ def parse_value(text: str) -> Any:
     """A JSON literal, or the text itself (``--set engine=tvm``)."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not a JSON literal (RecursionError: brackets nested too deeply)
         return text
 
 
@@ -168,11 +169,10 @@ def file_layer(path: Path) -> Layer:
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:
             raise InputError(f"--serve-config {path}: larger than {MAX_CONFIG_BYTES} bytes")
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
     except OSError as exc:
         raise InputError(f"--serve-config {path}: cannot read it ({exc.strerror or exc})") from exc
-    except ValueError as exc:
-        raise InputError(f"--serve-config {path}: not valid JSON ({exc})") from exc
+    doc = parse_json(raw, f"--serve-config {path}", error=InputError)
     if not isinstance(doc, dict):
         raise InputError(f"--serve-config {path}: expected a JSON object shaped like serve.json")
     source = f"--serve-config {path.name}"

@@ -123,8 +123,11 @@ class Scenario:
             if len(rows) == MAX_ROWS:
                 raise InputError(f"{source}: more than {MAX_ROWS} rows; a scenario holds at most {MAX_ROWS} "
                                  "(the loop decides every 0.25 s: merge rows closer than that)")
-            record = {k.strip(): v for k, v in raw.items() if k is not None}
             where = f"{source}:{line}"
+            if None in raw:  # cells past the header's: '1,0,5' (a decimal comma) must not read as cpu_load 0
+                raise InputError(f"{where}: {len(header) + len(raw[None])} cells, the header names {len(header)} "
+                                 "(a decimal comma? write 0.5, not 0,5)")
+            record = {k.strip(): v for k, v in raw.items() if k is not None}
             time_s = _cell(record.get("time_s"), "time_s", where, 0.0, 1e9)
             if time_s is None:
                 raise InputError(f"{where}: time_s is empty")

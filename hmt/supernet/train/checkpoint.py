@@ -21,8 +21,19 @@ CHECKPOINT_NAME = "checkpoint.pt"
 
 
 def claim_checkpoint_dir(directory: Path, *, inputs: tuple[Path | str, ...] = ()) -> Path:
-    """Refuse a checkpoint folder holding anything but hmt's checkpoint (it is emptied after success)."""
-    return check_owned_folder(directory, names=(CHECKPOINT_NAME,), what="--checkpoint-dir", inputs=inputs)
+    """Refuse a checkpoint folder holding anything but hmt's checkpoint (it is emptied after success);
+    a ``checkpoint.pt`` of the user's (a common name) is not hmt's."""
+    return check_owned_folder(directory, names=(CHECKPOINT_NAME,), what="--checkpoint-dir", inputs=inputs,
+                              recognise=is_training_checkpoint)
+
+
+def is_training_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a checkpoint hmt's training wrote (a state with its config's fingerprint)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 - whatever torch cannot load as hmt's is not hmt's
+        return False
+    return isinstance(state, dict) and "config_fingerprint" in state
 
 
 def release_checkpoint_dir(directory: Path) -> None:
@@ -40,8 +51,12 @@ def resume_message(directory: Path, history: list[dict[str, Any]], where: str) -
 def open_checkpoint(directory: Path, *, config_fingerprint: str, restart: bool) -> dict[str, Any] | None:
     """Create ``directory``, drop its checkpoint with ``restart``, and return the saved state (None: start)."""
     directory.mkdir(parents=True, exist_ok=True)
-    if restart:
-        (directory / CHECKPOINT_NAME).unlink(missing_ok=True)
+    path = directory / CHECKPOINT_NAME
+    if restart and path.exists():
+        if not is_training_checkpoint(path):  # --restart drops hmt's checkpoint, never a file of the user's
+            raise ArtifactError(f"{path}: not an hmt training checkpoint; hmt does not delete files it did not "
+                                "write: move it, or give another --checkpoint-dir")
+        path.unlink()
     return load_checkpoint(directory, config_fingerprint=config_fingerprint)
 
 
@@ -58,9 +73,10 @@ def load_checkpoint(directory: Path, *, config_fingerprint: str) -> dict[str, An
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise ArtifactError(f"{path}: unreadable checkpoint ({exc}); delete it or pass --restart") from exc
+        raise ArtifactError(f"{path}: unreadable, not an hmt training checkpoint ({exc}); move it, or give another "
+                            "--checkpoint-dir") from exc
     if not isinstance(state, dict) or "config_fingerprint" not in state:
-        raise ArtifactError(f"{path}: not an hmt training checkpoint; delete it or pass --restart")
+        raise ArtifactError(f"{path}: not an hmt training checkpoint; move it, or give another --checkpoint-dir")
     if state["config_fingerprint"] != config_fingerprint:
         raise UsageError(
             f"{path}: was made with another training config ({state['config_fingerprint']} vs {config_fingerprint});"

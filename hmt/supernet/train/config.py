@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hmt.artifacts.jsondoc import parse_json
 from hmt.errors import InputError, UsageError
 from hmt.supernet.presets import PRESETS  # the registry, re-exported here
 
@@ -168,11 +169,13 @@ def resolve_config(
         values.update(PRESETS[preset])
     if config_file is not None:
         try:
-            loaded = json.loads(Path(config_file).read_text())
+            raw = Path(config_file).read_bytes()
         except FileNotFoundError as exc:
             raise InputError(f"{config_file}: does not exist; expected a JSON config file") from exc
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{config_file}: not valid JSON ({exc})") from exc
+        except OSError as exc:
+            raise InputError(f"{config_file}: cannot be read ({exc.strerror or exc}); expected a JSON config "
+                             "file") from exc
+        loaded = parse_json(raw, config_file, error=InputError)
         if not isinstance(loaded, dict):
             raise InputError(f"{config_file}: expected a JSON object of training options")
         for key, value in loaded.items():
