@@ -256,6 +256,9 @@ def _complete(gm: fx.GraphModule, nodes: list[fx.Node], leaves: set[str]) -> boo
 # AdaptiveNet 4.1 bounds a block's parameters by gamma * P0; a user module larger than this
 # share is split into its parts instead of becoming one block.
 BLOCK_PARAM_SHARE = 0.5
+# What elastification takes, said where a model is refused for its kind.
+SUPPORTED_MODELS = ("hmt elastifies convolutional classifiers: Conv1d/Conv2d feature layers on a (batch, C, L) or "
+                    "(batch, C, H, W) input, then a head that pools or flattens them into (batch, classes) logits")
 
 
 def plan_model(gm: fx.GraphModule, leaves: set[str]) -> ModelPlan:
@@ -269,7 +272,8 @@ def plan_model(gm: fx.GraphModule, leaves: set[str]) -> ModelPlan:
     first_flat = next((i for i, s in enumerate(segs) if len(_shape(s.output)) == 2), None)
     if first_flat is None:
         raise ModelError(
-            "cannot elastify: no classifier head found (no rank-2 (batch, classes) tensor after the features)"
+            "cannot elastify: no classifier head found (no rank-2 (batch, classes) tensor after the features); "
+            f"{SUPPORTED_MODELS}"
         )
     head_start = first_flat
     while head_start > 0 and all(_is_pool_like(gm, n) for n in segs[head_start].nodes):
@@ -279,11 +283,12 @@ def plan_model(gm: fx.GraphModule, leaves: set[str]) -> ModelPlan:
     head_start = min(head_start, first_flat)
     body, head_segs = segs[:head_start], segs[head_start:]
     if not body:
-        raise ModelError("cannot elastify: the model has no feature layers before its classifier head")
+        raise ModelError("cannot elastify: the model has no feature layers before its classifier head (it flattens "
+                         f"its input at once, as an MLP does); {SUPPORTED_MODELS}")
     spatial = len(_shape(body[0].input)) - 2
     if spatial not in (1, 2):
         raise ModelError(
-            f"cannot elastify: input of rank {spatial + 2}; expected (batch, C, L) or (batch, C, H, W)"
+            f"cannot elastify: input of rank {spatial + 2}; {SUPPORTED_MODELS}"
         )
     total_params = sum(p.numel() for p in gm.parameters())
     blocks: list[BlockPlan] = []

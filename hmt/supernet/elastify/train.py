@@ -92,24 +92,32 @@ def _loader(x: np.ndarray, y: np.ndarray, info: Any, config: TrainConfig, device
 
 @torch.no_grad()
 def _check_output(model: nn.Module, spec: ModelSpec, num_classes: int) -> None:
+    shape_text = ",".join(map(str, spec.input_shape))  # as typed
     try:
         out = model.eval()(torch.zeros(*spec.input_shape))
     except Exception as exc:  # whatever the user's forward raises, say what and where
-        raise UsageError(f"the model fails on an input of --input-shape {spec.input_shape} "
+        raise UsageError(f"the model fails on an input of --input-shape {shape_text} "
                          f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})") from exc
-    if not isinstance(out, torch.Tensor) or out.shape != (spec.input_shape[0], num_classes):
-        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise UsageError(f"the model returns {shape} for --input-shape {spec.input_shape}; expected "
-                         f"({spec.input_shape[0]}, {num_classes}) logits for the dataset's {num_classes} classes")
+    expected = f"({spec.input_shape[0]}, {num_classes}) logits for the dataset's {num_classes} classes"
+    if isinstance(out, torch.Tensor) and out.shape == (spec.input_shape[0], num_classes):
+        return
+    if isinstance(out, torch.Tensor):
+        raise UsageError(f"the model returns {tuple(out.shape)} for --input-shape {shape_text}; expected {expected}")
+    what = type(out).__name__
+    if isinstance(out, dict):
+        what += f" (keys {', '.join(repr(k) for k in list(out)[:5])})"
+    raise UsageError(f"the model returns a {what} for --input-shape {shape_text}; expected one tensor of {expected}: "
+                     "wrap it in a module whose forward returns only the logits (e.g. model(x)['logits'] or "
+                     "model(x)[0])")
 
 
 def _check_data(spec: ModelSpec, info: Any) -> None:
     wants = "image" if len(spec.input_shape) == 4 else "sequence"
+    shape_text = ",".join(map(str, spec.input_shape))  # as typed
     if info.modality != wants:
-        raise UsageError(f"--input-shape {spec.input_shape} is for {wants} data, dataset {info.name!r} is "
-                         f"{info.modality}")
+        raise UsageError(f"--input-shape {shape_text} is for {wants} data, dataset {info.name!r} is {info.modality}")
     if tuple(spec.input_shape[1:]) != tuple(info.input_shape):
-        raise UsageError(f"--input-shape {','.join(map(str, spec.input_shape))} does not match dataset "
+        raise UsageError(f"--input-shape {shape_text} does not match dataset "
                          f"{info.name!r} samples of shape {tuple(info.input_shape)} (plus the batch)")
 
 

@@ -1,0 +1,53 @@
+"""A user's model of a kind elastification does not take is refused in one line that says
+what it got, what is supported and how to get there."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from hmt.errors import ModelError, UsageError
+from hmt.supernet.elastify.source import ModelSpec
+from hmt.supernet.elastify.supernet import ElastifiedSupernet
+from hmt.supernet.elastify.train import _check_output
+
+
+class _DictOutput(nn.Module):
+    """Returns a dict, as Hugging Face style models do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        features = self.conv(x).mean(dim=(2, 3))
+        return {"logits": self.fc(features), "features": features}
+
+
+def test_dict_output_is_refused_naming_its_keys_and_the_way_out() -> None:
+    spec = ModelSpec(input_shape=(1, 3, 8, 8), file="net.py", factory="build")
+    with pytest.raises(UsageError) as caught:
+        _check_output(_DictOutput(), spec, 10)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "returns a dict (keys 'logits', 'features')" in message
+    assert "--input-shape 1,3,8,8" in message  # as typed, not a Python tuple
+    assert "(1, 10) logits" in message and "wrap it" in message
+
+
+def test_wrong_logit_count_names_the_shape() -> None:
+    spec = ModelSpec(input_shape=(1, 3, 8, 8), file="net.py", factory="build")
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+    with pytest.raises(UsageError, match=r"returns \(1, 4\) for --input-shape 1,3,8,8; expected \(1, 10\) logits"):
+        _check_output(model, spec, 10)
+
+
+def test_mlp_is_refused_saying_what_is_supported() -> None:
+    mlp = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    with pytest.raises(ModelError) as caught:
+        ElastifiedSupernet(mlp, name="mlp", input_shape=(1, 8, 8))
+    message = str(caught.value)
+    assert "\n" not in message and "as an MLP does" in message
+    assert "convolutional classifiers" in message and "(batch, C, H, W)" in message
