@@ -30,7 +30,7 @@ from hmt.progress import ProgressCallback, no_progress
 from hmt.supernet.elastify.epochs import ELASTIC_PHASES, EpochResume, to_cpu
 from hmt.supernet.elastify.evaluate import evaluate, table_metrics
 from hmt.supernet.elastify.phases import train_elastic, train_original
-from hmt.supernet.elastify.source import ModelSpec, build_model, sha256_file
+from hmt.supernet.elastify.source import ModelSpec, build_model, check_rebuilds_alone, sha256_file
 from hmt.supernet.elastify.supernet import ElastifiedSupernet, largest_error
 from hmt.supernet.elastify.trace import trace_model
 from hmt.supernet.train.config import TrainConfig
@@ -372,6 +372,7 @@ def _user_model(spec: ModelSpec, config: TrainConfig, num_classes: int) -> nn.Mo
         model = build_model(spec if spec.torchvision is None else replace(spec, num_classes=num_classes))
     trace_model(copy.deepcopy(model), spec.leaves)
     _check_output(model, spec, num_classes)
+    check_rebuilds_alone(spec, model, copy_name=SOURCE_COPY)
     return model
 
 
