@@ -123,6 +123,21 @@ def _not_installed_hint(exc: Exception) -> str:
             "artifact keeps only that one file: put the model's code in it, or in an installed package")
 
 
+def _why_not_weights(exc: Exception) -> str:
+    """Why ``torch.load(weights_only=True)`` refused a file, in a line: the class it would have
+    had to run (a whole model saved with torch.save(model)), else the error's first line."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # torch puts terminal bold into the message
+    pickled = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    if pickled:
+        return (f"it holds a pickled {pickled.group(1)} (a whole model saved with torch.save(model)?), code that "
+                "torch.load(weights_only=True) does not run")
+    unpickler = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)  # the cause, after torch's advice
+    lines = [unpickler.group(1)] if unpickler else text.strip().splitlines()
+    first = lines[0] if lines else type(exc).__name__
+    return (f"not a plain tensor state dict that torch.load(weights_only=True) accepts "
+            f"({type(exc).__name__}: {first[:300]})")
+
+
 def load_state_dict(path: Path) -> dict[str, Any]:
     """A flat state dict from safetensors or a ``weights_only`` torch file (nested "state_dict" accepted)."""
     import torch
@@ -139,11 +154,8 @@ def load_state_dict(path: Path) -> dict[str, Any]:
     try:
         data = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(
-            f"{path}: refused: not a plain tensor state dict that torch.load(weights_only=True) accepts "
-            f"({type(exc).__name__}: {first[:300]}); save weights with safetensors or torch.save(model.state_dict())"
-        ) from exc
+        raise InputError(f"{path}: refused: {_why_not_weights(exc)}; save the weights alone: "
+                         "torch.save(model.state_dict(), FILE) or safetensors") from exc
     for key in ("state_dict", "model", "model_state_dict"):
         if isinstance(data, dict) and isinstance(data.get(key), dict):
             data = data[key]

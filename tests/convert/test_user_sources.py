@@ -1,6 +1,8 @@
 """A user's model file and weights: a weights file that does not fit the model is refused in
 one line that says what differs (missing and unexpected names, shapes), with a hint for
-DataParallel's 'module.' prefix; a model file importing a module beside it says why that fails."""
+DataParallel's 'module.' prefix; a whole model pickled with torch.save(model) is refused naming
+its class, without torch's advice to load it unsafely; a model file importing a module beside it
+says why that fails."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hmt.convert.sources import apply_weights, load_factory_module, weights_mismatch
+from hmt.convert.sources import apply_weights, load_factory_module, load_state_dict, weights_mismatch
 from hmt.errors import InputError, ModelError
 
 
@@ -64,3 +66,19 @@ def test_a_model_file_importing_a_module_beside_it_says_why_that_fails(tmp_path:
     message = str(caught.value)
     assert "\n" not in message and "No module named 'helpers'" in message
     assert "keeps only that one file" in message
+
+
+class PickledNet(torch.nn.Linear):
+    """A user's class: torch.save(model) pickles a reference to it."""
+
+
+def test_a_whole_pickled_model_is_refused_naming_its_class(tmp_path: Path) -> None:
+    path = tmp_path / "model.pt"
+    torch.save(PickledNet(3, 2), path)
+    with pytest.raises(InputError) as caught:
+        load_state_dict(path)
+    message = str(caught.value)
+    assert "\n" not in message and "\x1b" not in message
+    assert message.startswith(f"{path}: refused: it holds a pickled ") and "PickledNet" in message
+    assert "torch.save(model)" in message and "state_dict()" in message
+    assert "weights_only` set to `False`" not in message  # torch's advice to run the file's code is not passed on
