@@ -373,7 +373,20 @@ def _user_model(spec: ModelSpec, config: TrainConfig, num_classes: int) -> nn.Mo
     trace_model(copy.deepcopy(model), spec.leaves)
     _check_output(model, spec, num_classes)
     check_rebuilds_alone(spec, model, copy_name=SOURCE_COPY)
+    _check_priced(model, spec)
     return model
+
+
+def _check_priced(model: nn.Module, spec: ModelSpec) -> None:
+    """Every later stage prices the variants layer by layer (profile-device, pareto): refuse
+    now, before training, a layer with parameters that has no cost model."""
+    from hmt.errors import ModelError
+    from hmt.profile.features import layer_features
+
+    try:
+        layer_features(copy.deepcopy(model).eval(), spec.input_shape[1:])
+    except ModelError as exc:
+        raise ModelError(f"cannot elastify: {exc} (later stages price every variant layer by layer)") from exc
 
 
 def _write(out_dir: Path, config: TrainConfig, net: ElastifiedSupernet, spec: ModelSpec, data: Any, table: Any,

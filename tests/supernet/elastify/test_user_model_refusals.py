@@ -10,7 +10,7 @@ from torch import nn
 from hmt.errors import ModelError, UsageError
 from hmt.supernet.elastify.source import ModelSpec
 from hmt.supernet.elastify.supernet import ElastifiedSupernet
-from hmt.supernet.elastify.train import _check_output
+from hmt.supernet.elastify.train import _check_output, _check_priced
 
 
 class _DictOutput(nn.Module):
@@ -51,3 +51,27 @@ def test_mlp_is_refused_saying_what_is_supported() -> None:
     message = str(caught.value)
     assert "\n" not in message and "as an MLP does" in message
     assert "convolutional classifiers" in message and "(batch, C, H, W)" in message
+
+
+class _LayerScale(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((1, channels, 1, 1), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+def test_a_layer_no_stage_can_price_is_refused_before_training() -> None:
+    """pareto and profile-device price every variant layer by layer; elastify says so before
+    training, not after, naming the layer and what is priced."""
+    spec = ModelSpec(input_shape=(1, 3, 8, 8), file="net.py", factory="build")
+    priced = nn.Sequential(nn.Conv2d(3, 8, 3), nn.GroupNorm(2, 8), nn.PReLU(8), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                           nn.Linear(8, 10))
+    _check_priced(priced, spec)
+    scaled = nn.Sequential(nn.Conv2d(3, 8, 3), _LayerScale(8), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    with pytest.raises(ModelError) as caught:
+        _check_priced(scaled, spec)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("cannot elastify: no cost model for layers with parameters: 1 ")
+    assert "(_LayerScale)" in message and "depthwise 1x1 convolution" in message
