@@ -39,6 +39,7 @@ from hmt.supernet.elastify.alternatives import (
     _slice_norm,
     channel_groups,
     importance,
+    spatial_dims_only,
 )
 from hmt.supernet.elastify.frozen import FrozenBatchNorm
 from hmt.supernet.space import WIDTH_RATIOS
@@ -94,8 +95,7 @@ def _is_spatial_mean(node: fx.Node) -> bool:
     if not fn:
         return False
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-    dims = dims if isinstance(dims, list | tuple) else (dims,)
-    return all(isinstance(d, int) and d >= 2 for d in dims)
+    return spatial_dims_only(node, dims)
 
 
 def _set(table: dict[str, str | None], path: str, group: str | None) -> None:
@@ -131,7 +131,8 @@ def _walk_input(gm: fx.GraphModule, plan: SlicePlan) -> None:
                     _set(plan.out_of, str(user.target), "in")
                 frontier.append(user)
             else:
-                raise ValueError(f"{user.name} ({getattr(user.target, '__name__', user.target)}) reads the input")
+                what = getattr(user.target, "__name__", user.target)
+                raise ValueError(f"{user.name} ({what}) reads the stream other than channel by channel")
 
 
 def _walk_output(gm: fx.GraphModule, plan: SlicePlan, has_output_stream: bool) -> None:
@@ -163,7 +164,8 @@ def _walk_output(gm: fx.GraphModule, plan: SlicePlan, has_output_stream: bool) -
                 _set(plan.in_of, str(node.target), "out")
             frontier.append((node.args[0], norm))
         elif has_output_stream:
-            raise ValueError(f"{node.name} ({getattr(node.target, '__name__', node.target)}) writes the output")
+            raise ValueError(f"{node.name} ({getattr(node.target, '__name__', node.target)}) writes the stream other "
+                             "than channel by channel")
 
 
 def slice_plan(gm: fx.GraphModule, *, reads_stream: bool = True, writes_stream: bool = True) -> SlicePlan:
