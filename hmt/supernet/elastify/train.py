@@ -215,6 +215,8 @@ def elastify_supernet(
         checkpoint(None)
     net, analysis_s, error_before = _build_supernet(model, spec, config, data.info, finetune_original,
                                                     saved.get("supernet"), device, channels_last, ctx)
+    for line in space_notes(net, config.operators):
+        notify(line)
     train_start = time.perf_counter()
 
     def phase_done(name: str) -> None:
@@ -264,6 +266,20 @@ def _restore_original(model: nn.Module, loader: BatchLoader, config: TrainConfig
         train_original(model, loader, config, history, progress, autocast, device, ctx)
     model.cpu().float().eval()
     return saved, history, {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def space_notes(net: ElastifiedSupernet, operators: Any) -> list[str]:
+    """What the user asked for and did not get, said before training: no block with an
+    alternative (the variants are the early exits alone), stream widths not offered."""
+    notes = []
+    if not any(len(p.choices) > 1 for p in net.space.positions):
+        why = next((f" ({r.name} {key}: {text})" for r in net.reports for key, text in r.notes.items()), "")
+        notes.append(f"note: no block got an alternative from the operators offered{why}; the variants are the "
+                     f"{net.space.num_stages} early exits alone (every block's reasons: elastify.json)")
+    asked = [o for o in (operators or ()) if str(o).startswith("sw")]
+    if asked and net.stream is None:
+        notes.append(f"note: {','.join(asked)} not offered: {net.stream_note}")
+    return notes
 
 
 def _build_supernet(model: nn.Module, spec: ModelSpec, config: TrainConfig, info: Any,

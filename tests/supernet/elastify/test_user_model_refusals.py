@@ -10,7 +10,7 @@ from torch import nn
 from hmt.errors import ModelError, UsageError
 from hmt.supernet.elastify.source import ModelSpec
 from hmt.supernet.elastify.supernet import ElastifiedSupernet
-from hmt.supernet.elastify.train import _check_output, _check_priced
+from hmt.supernet.elastify.train import _check_output, _check_priced, space_notes
 
 
 class _DictOutput(nn.Module):
@@ -75,3 +75,20 @@ def test_a_layer_no_stage_can_price_is_refused_before_training() -> None:
     message = str(caught.value)
     assert "\n" not in message and message.startswith("cannot elastify: no cost model for layers with parameters: 1 ")
     assert "(_LayerScale)" in message and "depthwise 1x1 convolution" in message
+
+
+def test_operators_no_block_takes_are_said_before_training() -> None:
+    """A plain VGG-style net whose head flattens a 7x7 map: no block can take inner or stream
+    widths. The user who asked for them hears so, and why, before any training."""
+    torch.manual_seed(0)
+    vgg = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                        nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8),
+                        nn.ReLU(), nn.Flatten(), nn.Linear(8 * 7 * 7, 10)).eval()
+    net = ElastifiedSupernet(vgg, name="vgg", input_shape=(1, 14, 14), operators=("w50", "sw50"))
+    notes = space_notes(net, ("w50", "sw50"))
+    assert len(notes) == 2 and all("\n" not in n for n in notes)
+    assert notes[0].startswith("note: no block got an alternative") and "w50: not offered" in notes[0]
+    assert "early exits alone" in notes[0]
+    assert notes[1].startswith("note: sw50 not offered: no stream widths: the head: ")
+    assert "other than channel by channel" in notes[1]
+    assert space_notes(ElastifiedSupernet(vgg, name="vgg", input_shape=(1, 14, 14)), None) == []
