@@ -159,7 +159,8 @@ def _is_pool_like(gm: fx.GraphModule, node: fx.Node) -> bool:
     if node.op == "call_module":
         return isinstance(_module(gm, node), _POOL_MODULES)
     if node.op == "call_function":
-        return node.target in _POOL_FUNCTIONS or node.target is operator.getitem
+        # getitem and getattr: x.shape[0] of a view(x.shape[0], -1) before the classifier
+        return node.target in _POOL_FUNCTIONS or node.target is operator.getitem or node.target is getattr
     if node.op == "call_method":
         return str(node.target) in _POOL_METHODS
     return False
@@ -337,6 +338,7 @@ def submodule_of(gm: fx.GraphModule, plan: BlockPlan, name: str) -> fx.GraphModu
     """The plan's nodes as a GraphModule of one input; shares the modules of ``gm``."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {plan.input: graph.placeholder("x")}
+    env[plan.input].meta.update(plan.input.meta)  # the input's recorded shape, as every node inside keeps its own
 
     def arg(node: fx.Node) -> fx.Node:
         if node not in env:

@@ -98,6 +98,18 @@ def _is_spatial_mean(node: fx.Node) -> bool:
     return spatial_dims_only(node, dims)
 
 
+def _batch_size_only(node: fx.Node) -> bool:
+    """``x.size(0)`` or ``x.shape[0]``: reads the batch size, not the channels (``x.view(x.size(0),
+    -1)`` before a classifier)."""
+    if node.op == "call_method" and node.target == "size":
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        return isinstance(dim, int) and dim == 0
+    if node.op == "call_function" and node.target is getattr and node.args[1:] == ("shape",):
+        return bool(node.users) and all(u.op == "call_function" and u.target is operator.getitem
+                                        and u.args[1:] == (0,) for u in node.users)
+    return False
+
+
 def _set(table: dict[str, str | None], path: str, group: str | None) -> None:
     if table.get(path, group) != group:
         raise ValueError(f"{path} is in two channel groups")
@@ -117,6 +129,8 @@ def _walk_input(gm: fx.GraphModule, plan: SlicePlan) -> None:
             m = _module(gm, user)
             if user.op == "output":
                 plan.tied = True
+            elif _batch_size_only(user):
+                continue
             elif user.op == "call_function" and user.target in (operator.add, torch.add):
                 plan.tied = True  # the add's other side must write the same channels: checked by the output walk
             elif _is_dense_conv(m) or isinstance(m, nn.Linear):

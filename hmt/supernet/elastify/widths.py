@@ -130,7 +130,8 @@ class StreamWidths(nn.Module):
             if self.plans[p].tied:
                 prev = self.previous[p]
                 if self.boundary_stage(prev) != self.stage_of[p]:
-                    raise StreamUnavailable(f"block {p} adds its input to its output across stages")
+                    raise StreamUnavailable(f"{_block_name(p, self.stage_of)} adds its input to its output across "
+                                            "stages")
                 uf.union(prev, p)
         roots = sorted({uf.find(b) for b in [-1, *self.positions]})
         self.group_of = {b: f"s{roots.index(uf.find(b))}" for b in [-1, *self.positions]}

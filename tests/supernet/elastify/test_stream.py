@@ -170,3 +170,43 @@ def test_pools_over_negative_dims_keep_channels() -> None:
     x = torch.randn(2, 6, 32)
     with torch.no_grad():
         assert torch.allclose(net.materialize(arch)(x), net(x, arch), atol=1e-5, rtol=0)
+
+
+
+class _ViewHead(torch.nn.Module):
+    """A ResNet written the classic way: a pool module, then x.view(x.size(0), -1) (or x.shape[0])."""
+
+    def __init__(self, batch_from_shape: bool) -> None:
+        super().__init__()
+        self.batch_from_shape = batch_from_shape
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8))
+        self.blocks = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1, bias=False),
+                                                                torch.nn.BatchNorm2d(8)) for _ in range(2)])
+        self.avgpool = torch.nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = torch.nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = torch.relu(x + block(x))
+        x = self.avgpool(x)
+        x = x.view(x.shape[0] if self.batch_from_shape else x.size(0), -1)
+        return self.fc(x)
+
+
+@pytest.mark.parametrize("batch_from_shape", [False, True])
+def test_a_view_by_batch_size_head_keeps_the_stream_and_the_stage(batch_from_shape: bool) -> None:
+    """x.size(0) reads the batch size, not the channels (it refused stream widths); x.shape[0]
+    belongs to the head like the view it feeds (the pool before it went into the last block,
+    which became a stage of its own)."""
+    torch.manual_seed(0)
+    model = _ViewHead(batch_from_shape).eval()
+    net = ElastifiedSupernet(copy.deepcopy(model), name="view", input_shape=(3, 16, 16),
+                             operators=("w50", "skip", "sw50")).eval()
+    assert net.space.num_stages == 1 and [p.name for p in net.space.positions] == ["s0.width", "s0.b0", "s0.b1"]
+    assert net.space.has_stream_widths, net.report()["stream_widths"]
+    assert largest_error(net, model, seed=0) == 0.0
+    arch = net.space.make(["w50" if "w50" in p.choices else "base" for p in net.space.positions])
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.allclose(net.materialize(arch)(x), net(x, arch), atol=1e-5, rtol=0)
