@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
@@ -62,7 +63,10 @@ def run_command(body: Callable[[Output], T], *, json_mode: bool, quiet: bool = F
     show_trace = debug or os.environ.get("HMT_DEBUG", "") not in ("", "0")
     err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
     try:
-        return body(output)
+        # --json: stdout holds the one document; what else prints there while the command runs
+        # (a user's model file, a library) goes to stderr.
+        with contextlib.redirect_stdout(sys.stderr) if json_mode else contextlib.nullcontext():
+            return body(output)
     except HmtError as exc:
         if show_trace:
             traceback.print_exc()
