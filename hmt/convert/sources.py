@@ -112,6 +112,11 @@ def load_factory_module(spec: str) -> torch.nn.Module:
         raise ModelError(f"{path}:{func_name}() raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(net, torch.nn.Module):
         raise ModelError(f"{path}:{func_name}() returned {type(net).__name__}, expected a torch.nn.Module")
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in (*net.parameters(), *net.buffers())
+                     if t.is_floating_point() and t.dtype != torch.float32})
+    if dtypes:
+        raise ModelError(f"{path}:{func_name}() returned a model with {', '.join(dtypes)} weights; hmt takes float32 "
+                         "models (precisions are hmt's to choose: pareto --precision): return model.float()")
     return net.eval()
 
 

@@ -82,3 +82,15 @@ def test_a_whole_pickled_model_is_refused_naming_its_class(tmp_path: Path) -> No
     assert message.startswith(f"{path}: refused: it holds a pickled ") and "PickledNet" in message
     assert "torch.save(model)" in message and "state_dict()" in message
     assert "weights_only` set to `False`" not in message  # torch's advice to run the file's code is not passed on
+
+
+@pytest.mark.parametrize(("cast", "name"), [("double", "float64"), ("half", "float16")])
+def test_a_model_not_in_float32_is_refused_saying_so(tmp_path: Path, cast: str, name: str) -> None:
+    """It failed later as 'forward failed ... (wrong --input-shape?): Input type (float) and bias
+    type (double) should be the same'."""
+    (tmp_path / "net.py").write_text(f"import torch\ndef build():\n    return torch.nn.Conv2d(3, 8, 3).{cast}()\n")
+    with pytest.raises(ModelError) as caught:
+        load_factory_module(f"{tmp_path / 'net.py'}:build")
+    message = str(caught.value)
+    assert f"returned a model with {name} weights; hmt takes float32 models" in message
+    assert "return model.float()" in message
