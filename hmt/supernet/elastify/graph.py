@@ -286,11 +286,6 @@ def plan_model(gm: fx.GraphModule, leaves: set[str]) -> ModelPlan:
     if not body:
         raise ModelError("cannot elastify: the model has no feature layers before its classifier head (it flattens "
                          f"its input at once, as an MLP does); {SUPPORTED_MODELS}")
-    spatial = len(_shape(body[0].input)) - 2
-    if spatial not in (1, 2):
-        raise ModelError(
-            f"cannot elastify: input of rank {spatial + 2}; {SUPPORTED_MODELS}"
-        )
     total_params = sum(p.numel() for p in gm.parameters())
     blocks: list[BlockPlan] = []
     owners_of: list[list[str]] = []  # per block: the user modules every part of it lies in
@@ -317,6 +312,10 @@ def plan_model(gm: fx.GraphModule, leaves: set[str]) -> ModelPlan:
         owners_of.append(owners)
     for plan in blocks:
         plan.kind = _classify(gm, plan)
+        # The features' rank, not the input's: a sequence may run as a one-channel image (x.unsqueeze(1)).
+        if len(plan.out_shape) not in (3, 4):
+            raise ModelError(f"cannot elastify: features of rank {len(plan.out_shape)} after "
+                             f"{plan.owner or plan.nodes[-1].name}; {SUPPORTED_MODELS}")
     stem = None
     if blocks and blocks[0].kind in ("plain", "depthwise") and len(blocks) > 1:
         stem = blocks.pop(0)
@@ -331,7 +330,7 @@ def plan_model(gm: fx.GraphModule, leaves: set[str]) -> ModelPlan:
         stages.append(stage)
         previous_size = size
     head = BlockPlan(head_segs[0].input, [n for s in head_segs for n in s.nodes], kind="head")
-    return ModelPlan(stem=stem, blocks=blocks, head=head, stages=stages, dims=spatial)
+    return ModelPlan(stem=stem, blocks=blocks, head=head, stages=stages, dims=len(blocks[-1].out_shape) - 2)
 
 
 def submodule_of(gm: fx.GraphModule, plan: BlockPlan, name: str) -> fx.GraphModule:

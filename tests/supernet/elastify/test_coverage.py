@@ -3,8 +3,9 @@ original to 1e-5 and every materialised variant equals the supernet path for it.
 
 Parametrised over a registry (as timm's tests are): torchvision architectures at CIFAR
 size with random weights, and user-written models (SE, hardswish/SiLU, depthwise, max-pool
-inside blocks, concatenation branches, a 1-D backbone). The torchvision cases offer a few
-operators to keep the default suite fast; the user models offer all of them.
+inside blocks, concatenation branches, a 1-D backbone, a sequence run as a one-channel image).
+The torchvision cases offer a few operators to keep the default suite fast; the user models
+offer all of them.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ REGISTRY: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...], tuple[str, .
     },
     "user_se_hardswish_silu_dw_maxpool_concat": (lambda: user_models().user_net(), (3, 32, 32), None),  # type: ignore[attr-defined]
     "user_1d": (lambda: user_models().net_1d(), (6, 64), None),  # type: ignore[attr-defined]
+    # A sequence dataset's sample as a one-channel image: the exits follow the features (2-D), not the input.
+    "user_sequence_as_image": (lambda: user_models().sequence_as_image(), (8, 16), None),  # type: ignore[attr-defined]
 }
 CASES = [pytest.param(key, marks=pytest.mark.slow) if key in SLOW else key for key in REGISTRY]
 
