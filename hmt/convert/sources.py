@@ -201,9 +201,10 @@ def weights_mismatch(expected: dict[str, Any], given: dict[str, Any]) -> str | N
     if not parts:
         return None
     text = "; ".join(parts)
-    prefix = "module."
-    if unexpected and all(k.startswith(prefix) for k in given) and {k[len(prefix):] for k in given} == set(expected):
-        text += f" (every name in the file starts with {prefix!r}, as DataParallel saves them: strip it)"
+    for prefix, saver in (("module.", "DataParallel"), ("_orig_mod.", "a torch.compile'd model")):
+        stripped = {k[len(prefix):] for k in given if k.startswith(prefix)}
+        if unexpected and len(stripped) == len(given) and stripped == set(expected):
+            text += f" (every name in the file starts with {prefix!r}, as {saver} saves them: strip it)"
     return text
 
 

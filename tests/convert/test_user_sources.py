@@ -37,7 +37,8 @@ def test_weights_that_fit_load_exactly(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("change", "needles"), [
     ("missing", ["1 missing (3.bias)"]),
     ("shape", ["shapes differ: 3.weight is [100, 8] in the file, [10, 8] in the model"]),
-    ("prefix", ["missing (0.weight, 0.bias, 1.weight and", "9 unexpected (module.", "'module.'"]),
+    ("prefix", ["missing (0.weight, 0.bias, 1.weight and", "9 unexpected (module.", "'module.'", "DataParallel"]),
+    ("compiled", ["9 unexpected (_orig_mod.", "'_orig_mod.'", "torch.compile"]),
 ])
 def test_weights_that_do_not_fit_are_refused_in_one_line(tmp_path: Path, change: str, needles: list[str]) -> None:
     state = _state()
@@ -45,8 +46,10 @@ def test_weights_that_do_not_fit_are_refused_in_one_line(tmp_path: Path, change:
         del state["3.bias"]
     elif change == "shape":
         state["3.weight"] = torch.zeros(100, 8)
-    else:
+    elif change == "prefix":
         state = {f"module.{k}": v for k, v in state.items()}
+    else:
+        state = {f"_orig_mod.{k}": v for k, v in state.items()}
     path = tmp_path / "w.safetensors"
     save_file(state, str(path))
     with pytest.raises(InputError) as caught:
@@ -55,7 +58,7 @@ def test_weights_that_do_not_fit_are_refused_in_one_line(tmp_path: Path, change:
     assert "\n" not in message and message.startswith(f"{path}: weights do not fit the model: ")
     for needle in needles:
         assert needle in message
-    assert ("DataParallel" in message) == (change == "prefix")
+    assert ("strip it" in message) == (change in ("prefix", "compiled"))
 
 
 def test_a_model_file_importing_a_module_beside_it_says_why_that_fails(tmp_path: Path) -> None:
