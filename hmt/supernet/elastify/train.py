@@ -100,6 +100,7 @@ def _check_output(model: nn.Module, spec: ModelSpec, num_classes: int) -> None:
                          f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})") from exc
     expected = f"({spec.input_shape[0]}, {num_classes}) logits for the dataset's {num_classes} classes"
     if isinstance(out, torch.Tensor) and out.shape == (spec.input_shape[0], num_classes):
+        _check_logits(model, spec)
         return
     if isinstance(out, torch.Tensor):
         raise UsageError(f"the model returns {tuple(out.shape)} for --input-shape {shape_text}; expected {expected}")
@@ -109,6 +110,18 @@ def _check_output(model: nn.Module, spec: ModelSpec, num_classes: int) -> None:
     raise UsageError(f"the model returns a {what} for --input-shape {shape_text}; expected one tensor of {expected}: "
                      "wrap it in a module whose forward returns only the logits (e.g. model(x)['logits'] or "
                      "model(x)[0])")
+
+
+def _check_logits(model: nn.Module, spec: ModelSpec) -> None:
+    """Refuse a model that ends in a softmax: its outputs are probabilities, and hmt takes them for
+    logits (cross-entropy in training, softmax confidence for early exits in serve)."""
+    generator = torch.Generator().manual_seed(0)
+    out = model(torch.randn(4, *spec.input_shape[1:], generator=generator))
+    if isinstance(out, torch.Tensor) and bool((out >= 0).all()) and torch.allclose(out.sum(dim=1), torch.ones(4),
+                                                                                      atol=1e-4, rtol=0):
+        raise UsageError("the model's outputs are probabilities (each row is >= 0 and sums to 1: it ends in a "
+                         "softmax); hmt takes logits (cross-entropy in training, softmax confidence for early exits): "
+                         "return the scores before the softmax (a log_softmax is fine)")
 
 
 def _check_data(spec: ModelSpec, info: Any) -> None:

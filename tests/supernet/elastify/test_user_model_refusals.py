@@ -92,3 +92,14 @@ def test_operators_no_block_takes_are_said_before_training() -> None:
     assert notes[1].startswith("note: sw50 not offered: no stream widths: the head: ")
     assert "other than channel by channel" in notes[1]
     assert space_notes(ElastifiedSupernet(vgg, name="vgg", input_shape=(1, 14, 14)), None) == []
+
+
+def test_a_model_ending_in_softmax_is_refused() -> None:
+    """Probabilities taken for logits train badly (cross-entropy of a softmax) and give serve's
+    early exits flat confidences; a log_softmax is fine (softmax of it is the model's)."""
+    spec = ModelSpec(input_shape=(1, 3, 8, 8), file="net.py", factory="build")
+    body = [nn.Conv2d(3, 8, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10)]
+    with pytest.raises(UsageError, match=r"outputs are probabilities .*ends in a softmax.*before the softmax"):
+        _check_output(nn.Sequential(*body, nn.Softmax(dim=1)), spec, 10)
+    _check_output(nn.Sequential(*body, nn.LogSoftmax(dim=1)), spec, 10)
+    _check_output(nn.Sequential(*body), spec, 10)
