@@ -16,7 +16,7 @@ import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.progress import (
@@ -48,6 +48,7 @@ class Output:
         self.json_mode = json_mode
         self.quiet = quiet
         self.result_written = False
+        self.stdout = sys.stdout  # the document's stream, kept while --json sends other prints to stderr
         self.out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
         self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
 
@@ -73,7 +74,7 @@ class Output:
     def result(self, document: dict[str, Any], human: str | None = None) -> None:
         """The command's final result: the JSON document, or a human line."""
         if self.json_mode:
-            write_json_document(document)
+            write_json_document(document, self.stdout)
             self.result_written = True
         elif human and not self.quiet:
             self.out.print(verbatim(human))
@@ -82,7 +83,7 @@ class Output:
         """In --json mode, the error document in place of a result not yet written (the
         human message is printed to stderr by the caller)."""
         if self.json_mode and not self.result_written:
-            write_json_document(error_document(message, exit_code, error_type))
+            write_json_document(error_document(message, exit_code, error_type), self.stdout)
             self.result_written = True
 
     @contextmanager
@@ -131,9 +132,10 @@ def error_document(message: str, exit_code: int, error_type: str) -> dict[str, A
     return {"error": {"exit_code": exit_code, "message": message, "type": error_type}}
 
 
-def write_json_document(document: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(document, indent=2, sort_keys=True, default=str) + "\n")
-    sys.stdout.flush()
+def write_json_document(document: dict[str, Any], stream: TextIO | None = None) -> None:
+    stream = stream or sys.stdout
+    stream.write(json.dumps(document, indent=2, sort_keys=True, default=str) + "\n")
+    stream.flush()
 
 
 def _fmt(cell: Any) -> str:

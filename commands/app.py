@@ -94,7 +94,10 @@ def _sigterm_unwinds() -> Iterator[None]:
 
 def _run_body(body: Callable[[Output], T], output: Output, err: Console, show_trace: bool) -> T:
     try:
-        return body(output)
+        # --json: stdout holds the one document; what else prints there while the command runs
+        # (a user's model file, a library) goes to stderr.
+        with contextlib.redirect_stdout(sys.stderr) if output.json_mode else contextlib.nullcontext():
+            return body(output)
     except HmtError as exc:
         if show_trace:
             traceback.print_exc()

@@ -266,7 +266,10 @@ def deploy_command(
         missing = [name for name, value in (("--fused", fused), ("--pareto", pareto), ("--target", target))
                    if value is None]
         if missing:
-            raise UsageError(f"building a bundle needs {', '.join(missing)} (or use --list-targets / --verify)")
+            why = ("; --pareto is the front hmt pareto found on the supernet the fused variants came from (a model "
+                   "converted alone, convert --model or --onnx, has none: elastify it with train-supernet --model "
+                   "first)") if pareto is None else ""
+            raise UsageError(f"building a bundle needs {', '.join(missing)} (or use --list-targets / --verify){why}")
         assert fused is not None and pareto is not None and target is not None
         from hmt.deploy.build import DeployOptions, deploy_bundle
         from hmt.deploy.verify import verify_bundle

@@ -112,6 +112,11 @@ def load_factory_module(spec: str) -> torch.nn.Module:
         raise ModelError(f"{path}:{func_name}() raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(net, torch.nn.Module):
         raise ModelError(f"{path}:{func_name}() returned {type(net).__name__}, expected a torch.nn.Module")
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in (*net.parameters(), *net.buffers())
+                     if t.is_floating_point() and t.dtype != torch.float32})
+    if dtypes:
+        raise ModelError(f"{path}:{func_name}() returned a model with {', '.join(dtypes)} weights; hmt takes float32 "
+                         "models (precisions are hmt's to choose: pareto --precision): return model.float()")
     return net.eval()
 
 
@@ -121,6 +126,21 @@ def _not_installed_hint(exc: Exception) -> str:
         return ""
     return ("; hmt imports the model file by itself (its folder is not on the import path) and a supernet "
             "artifact keeps only that one file: put the model's code in it, or in an installed package")
+
+
+def _why_not_weights(exc: Exception) -> str:
+    """Why ``torch.load(weights_only=True)`` refused a file, in a line: the class it would have
+    had to run (a whole model saved with torch.save(model)), else the error's first line."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # torch puts terminal bold into the message
+    pickled = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    if pickled:
+        return (f"it holds a pickled {pickled.group(1)} (a whole model saved with torch.save(model)?), code that "
+                "torch.load(weights_only=True) does not run")
+    unpickler = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)  # the cause, after torch's advice
+    lines = [unpickler.group(1)] if unpickler else text.strip().splitlines()
+    first = lines[0] if lines else type(exc).__name__
+    return (f"not a plain tensor state dict that torch.load(weights_only=True) accepts "
+            f"({type(exc).__name__}: {first[:300]})")
 
 
 def load_state_dict(path: Path) -> dict[str, Any]:
@@ -139,11 +159,8 @@ def load_state_dict(path: Path) -> dict[str, Any]:
     try:
         data = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(
-            f"{path}: refused: not a plain tensor state dict that torch.load(weights_only=True) accepts "
-            f"({type(exc).__name__}: {first[:300]}); save weights with safetensors or torch.save(model.state_dict())"
-        ) from exc
+        raise InputError(f"{path}: refused: {_why_not_weights(exc)}; save the weights alone: "
+                         "torch.save(model.state_dict(), FILE) or safetensors") from exc
     for key in ("state_dict", "model", "model_state_dict"):
         if isinstance(data, dict) and isinstance(data.get(key), dict):
             data = data[key]
@@ -184,9 +201,10 @@ def weights_mismatch(expected: dict[str, Any], given: dict[str, Any]) -> str | N
     if not parts:
         return None
     text = "; ".join(parts)
-    prefix = "module."
-    if unexpected and all(k.startswith(prefix) for k in given) and {k[len(prefix):] for k in given} == set(expected):
-        text += f" (every name in the file starts with {prefix!r}, as DataParallel saves them: strip it)"
+    for prefix, saver in (("module.", "DataParallel"), ("_orig_mod.", "a torch.compile'd model")):
+        stripped = {k[len(prefix):] for k in given if k.startswith(prefix)}
+        if unexpected and len(stripped) == len(given) and stripped == set(expected):
+            text += f" (every name in the file starts with {prefix!r}, as {saver} saves them: strip it)"
     return text
 
 

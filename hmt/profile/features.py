@@ -4,11 +4,13 @@ A forward pass at the real input shape with hooks on the leaf modules records, p
 layer, C_l (multiply-accumulates), M_l = (in + out + weights + bias) * bytes (AdaScale
 eq. 4) and the arithmetic intensity delta_l = C_l / M_l (CrowdHMTware eq. 2).
 
-Counted: convolutions, linear layers, pooling and parameter-free element-wise leaves
-(activations; C = output elements). BatchNorm is left out: every engine hmt uses folds it
-into the preceding convolution at export. Dropout and Identity cost nothing in eval. A
-leaf with parameters of a type not listed here is refused by name, never counted as free.
-Element-wise work written inline in ``forward`` (a residual ``+``) is invisible to hooks.
+Counted: convolutions, linear layers, pooling, parameter-free element-wise leaves
+(activations; C = output elements) and the per-element layers with parameters (PReLU,
+GroupNorm, LayerNorm, InstanceNorm: C = output elements, plus their weights' bytes). BatchNorm
+is left out: every engine hmt uses folds it into the preceding convolution at export. Dropout
+and Identity cost nothing in eval. A leaf with parameters of a type not listed here is refused
+by name, never counted as free. Element-wise work written inline in ``forward`` (a residual
+``+``) is invisible to hooks.
 """
 
 from __future__ import annotations
@@ -73,6 +75,12 @@ def linear_feature(name: str, *, n_in: int, n_out: int, batch: int = 1, bias: bo
     )
 
 
+# What a refusal says hmt can price, and the way out for a layer it cannot.
+PRICED_LAYERS = ("hmt prices convolutions, linear layers, pooling, BatchNorm, GroupNorm, LayerNorm, InstanceNorm, "
+                 "PReLU, dropout and layers without parameters; write the layer with those (a per-channel scale "
+                 "is a depthwise 1x1 convolution)")
+
+
 def _numel(t: Any) -> int:
     return int(t.numel()) if hasattr(t, "numel") else 0
 
@@ -82,9 +90,12 @@ def layer_features(module: torch.nn.Module, input_shape: Sequence[int], *, batch
     import torch
     from torch import nn
 
-    free = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.Dropout, nn.Dropout2d, nn.Identity, nn.Flatten)
+    free = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.Dropout, nn.Dropout1d, nn.Dropout2d,
+            nn.AlphaDropout, nn.Identity, nn.Flatten)
     pools = (nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d,
-             nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)
+             nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d)
+    # Per-element work with parameters: none folds into a convolution at export.
+    elementwise = (nn.PReLU, nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm1d, nn.InstanceNorm2d)
     records: list[LayerFeature] = []
     unknown: list[str] = []
     handles = []
@@ -111,6 +122,9 @@ def layer_features(module: torch.nn.Module, input_shape: Sequence[int], *, batch
                 return
             elif isinstance(mod, pools):
                 records.append(LayerFeature(name, "pool", _numel(x), in_b, out_b, 0, 0))
+            elif isinstance(mod, elementwise):
+                params_b = sum(_numel(p) for p in mod.parameters(recurse=False)) * bytes_per
+                records.append(LayerFeature(name, "elementwise", _numel(output), in_b, out_b, params_b, 0))
             elif not any(True for _ in mod.parameters(recurse=False)):
                 records.append(LayerFeature(name, "elementwise", _numel(output), in_b, out_b, 0, 0))
             else:
@@ -130,10 +144,7 @@ def layer_features(module: torch.nn.Module, input_shape: Sequence[int], *, batch
         for handle in handles:
             handle.remove()
     if unknown:
-        raise ModelError(
-            f"no cost model for layers with parameters: {', '.join(unknown)}; "
-            "add them to hmt.profile.features instead of counting them as free"
-        )
+        raise ModelError(f"no cost model for layers with parameters: {', '.join(unknown)}; {PRICED_LAYERS}")
     return records
 
 

@@ -49,12 +49,14 @@ def calibrated_norms(module: nn.Module) -> list[_BatchNorm]:
 
 
 def train_for_calibration(module: nn.Module) -> None:
-    """Train mode (batch statistics) for the BN layers being re-estimated, eval mode for
-    the original network's, which keep theirs."""
-    module.train()
-    for m in _norms(module):
-        if getattr(m, "hmt_keep_statistics", False):
-            m.eval()
+    """Train mode (batch statistics) for the BN layers being re-estimated only; eval mode for
+    the original network's, which keep theirs, and for everything else: a dropout (or
+    stochastic depth) inside a block would otherwise drop features at random while the
+    statistics after it are measured, so they would be biased and differ from one
+    materialisation of the same variant to the next."""
+    module.eval()
+    for m in calibrated_norms(module):
+        m.train()
 
 
 @torch.no_grad()

@@ -132,3 +132,28 @@ except Exception as exc:  # typer.Exit
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 143 and marker.exists(), (done.returncode, done.stderr[-500:])
     assert json.loads(done.stdout)["error"]["message"] == "terminated"
+
+
+def test_json_stdout_holds_only_the_document_when_user_code_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    """A user's model file that prints (at import, in its factory) does not break --json: the
+    print goes to stderr, stdout holds the one document."""
+
+    def body(output: Output) -> None:
+        print("building my model...")
+        output.result({"out": "runs/x"}, "wrote runs/x")
+
+    run_command(body, json_mode=True)
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"out": "runs/x"}
+    assert "building my model..." in captured.err
+
+    def failing(output: Output) -> None:
+        print("factory called")
+        raise InputError("net.py: defines no function 'build'")
+
+    with pytest.raises(typer.Exit):
+        run_command(failing, json_mode=True)
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["error"]["exit_code"] == 3 and "factory called" in captured.err
+    run_command(body, json_mode=False)  # without --json, prints stay where they were
+    assert "building my model..." in capsys.readouterr().out

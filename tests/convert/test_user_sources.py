@@ -1,6 +1,8 @@
 """A user's model file and weights: a weights file that does not fit the model is refused in
 one line that says what differs (missing and unexpected names, shapes), with a hint for
-DataParallel's 'module.' prefix; a model file importing a module beside it says why that fails."""
+DataParallel's 'module.' prefix; a whole model pickled with torch.save(model) is refused naming
+its class, without torch's advice to load it unsafely; a model file importing a module beside it
+says why that fails."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hmt.convert.sources import apply_weights, load_factory_module, weights_mismatch
+from hmt.convert.sources import apply_weights, load_factory_module, load_state_dict, weights_mismatch
 from hmt.errors import InputError, ModelError
 
 
@@ -35,7 +37,8 @@ def test_weights_that_fit_load_exactly(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("change", "needles"), [
     ("missing", ["1 missing (3.bias)"]),
     ("shape", ["shapes differ: 3.weight is [100, 8] in the file, [10, 8] in the model"]),
-    ("prefix", ["missing (0.weight, 0.bias, 1.weight and", "9 unexpected (module.", "'module.'"]),
+    ("prefix", ["missing (0.weight, 0.bias, 1.weight and", "9 unexpected (module.", "'module.'", "DataParallel"]),
+    ("compiled", ["9 unexpected (_orig_mod.", "'_orig_mod.'", "torch.compile"]),
 ])
 def test_weights_that_do_not_fit_are_refused_in_one_line(tmp_path: Path, change: str, needles: list[str]) -> None:
     state = _state()
@@ -43,8 +46,10 @@ def test_weights_that_do_not_fit_are_refused_in_one_line(tmp_path: Path, change:
         del state["3.bias"]
     elif change == "shape":
         state["3.weight"] = torch.zeros(100, 8)
-    else:
+    elif change == "prefix":
         state = {f"module.{k}": v for k, v in state.items()}
+    else:
+        state = {f"_orig_mod.{k}": v for k, v in state.items()}
     path = tmp_path / "w.safetensors"
     save_file(state, str(path))
     with pytest.raises(InputError) as caught:
@@ -53,7 +58,7 @@ def test_weights_that_do_not_fit_are_refused_in_one_line(tmp_path: Path, change:
     assert "\n" not in message and message.startswith(f"{path}: weights do not fit the model: ")
     for needle in needles:
         assert needle in message
-    assert ("DataParallel" in message) == (change == "prefix")
+    assert ("strip it" in message) == (change in ("prefix", "compiled"))
 
 
 def test_a_model_file_importing_a_module_beside_it_says_why_that_fails(tmp_path: Path) -> None:
@@ -64,3 +69,31 @@ def test_a_model_file_importing_a_module_beside_it_says_why_that_fails(tmp_path:
     message = str(caught.value)
     assert "\n" not in message and "No module named 'helpers'" in message
     assert "keeps only that one file" in message
+
+
+class PickledNet(torch.nn.Linear):
+    """A user's class: torch.save(model) pickles a reference to it."""
+
+
+def test_a_whole_pickled_model_is_refused_naming_its_class(tmp_path: Path) -> None:
+    path = tmp_path / "model.pt"
+    torch.save(PickledNet(3, 2), path)
+    with pytest.raises(InputError) as caught:
+        load_state_dict(path)
+    message = str(caught.value)
+    assert "\n" not in message and "\x1b" not in message
+    assert message.startswith(f"{path}: refused: it holds a pickled ") and "PickledNet" in message
+    assert "torch.save(model)" in message and "state_dict()" in message
+    assert "weights_only` set to `False`" not in message  # torch's advice to run the file's code is not passed on
+
+
+@pytest.mark.parametrize(("cast", "name"), [("double", "float64"), ("half", "float16")])
+def test_a_model_not_in_float32_is_refused_saying_so(tmp_path: Path, cast: str, name: str) -> None:
+    """It failed later as 'forward failed ... (wrong --input-shape?): Input type (float) and bias
+    type (double) should be the same'."""
+    (tmp_path / "net.py").write_text(f"import torch\ndef build():\n    return torch.nn.Conv2d(3, 8, 3).{cast}()\n")
+    with pytest.raises(ModelError) as caught:
+        load_factory_module(f"{tmp_path / 'net.py'}:build")
+    message = str(caught.value)
+    assert f"returned a model with {name} weights; hmt takes float32 models" in message
+    assert "return model.float()" in message

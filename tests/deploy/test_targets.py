@@ -76,3 +76,10 @@ def test_list_targets_cli() -> None:
     bad = runner.invoke(app, ["deploy", "--target", "nope", "--fused", "f", "--pareto", "p"])
     assert bad.exit_code == UsageError.exit_code and "known targets" in bad.output
     assert "Traceback" not in bad.output
+
+
+def test_a_bundle_without_a_front_says_where_one_comes_from() -> None:
+    result = CliRunner().invoke(app, ["deploy", "--fused", "f", "--target", "x86-64"])
+    assert result.exit_code == UsageError.exit_code and "Traceback" not in result.output
+    message = " ".join(result.output.split())
+    assert "building a bundle needs --pareto" in message and "train-supernet --model" in message

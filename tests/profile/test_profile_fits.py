@@ -147,8 +147,24 @@ def test_features_skip_batchnorm_and_refuse_unknown_parametric_layers() -> None:
         def forward(self, x):  # type: ignore[no-untyped-def]
             return x * self.w
 
-    with pytest.raises(ModelError, match="Scale"):
+    with pytest.raises(ModelError, match="Scale") as caught:
         layer_features(nn.Sequential(nn.Conv2d(3, 3, 1), Scale()).eval(), (3, 4, 4))
+    # Said to the user, whose model it is: what hmt prices and the way out (not an edit of hmt).
+    assert "hmt prices convolutions" in str(caught.value) and "hmt.profile.features" not in str(caught.value)
+
+
+def test_per_element_layers_with_parameters_are_priced() -> None:
+    """PReLU and the norms that no engine folds into a convolution cost their output elements
+    and their parameters' bytes (they were refused, so a user's model with them failed in pareto)."""
+    block = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.PReLU(8),
+                          nn.InstanceNorm2d(8, affine=True), nn.AdaptiveMaxPool2d(1), nn.Flatten(), nn.LayerNorm(8),
+                          nn.Linear(8, 4)).eval()
+    features = layer_features(block, (3, 8, 8))
+    assert [f.kind for f in features] == ["conv", "elementwise", "elementwise", "elementwise", "pool",
+                                          "elementwise", "linear"]
+    group_norm, prelu = features[1], features[2]
+    assert (group_norm.macs, group_norm.weight_bytes) == (8 * 8 * 8, 16 * 4)
+    assert (prelu.macs, prelu.weight_bytes) == (8 * 8 * 8, 8 * 4)
 
 
 def test_robust_fit_trims_a_contended_measurement() -> None:

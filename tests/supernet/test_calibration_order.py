@@ -1,4 +1,6 @@
-"""BN re-estimation sees mixed batches, whatever order the calibration samples are stored in."""
+"""BN re-estimation sees mixed batches, whatever order the calibration samples are stored in,
+and runs everything but the re-estimated BN layers in eval mode (a dropout inside a block
+drops nothing while the statistics after it are measured)."""
 
 from __future__ import annotations
 
@@ -43,3 +45,22 @@ def test_every_batch_of_a_mixed_class_ordered_set_holds_most_classes() -> None:
     labels = np.repeat(np.arange(10), 205)
     batches = [mixed(labels)[i:i + 256] for i in range(0, len(labels), 256)]
     assert all(len(set(b.tolist())) == 10 for b in batches if len(b) == 256)
+
+
+def test_dropout_before_a_recalibrated_norm_stays_off() -> None:
+    """A user's block with dropout before a BN the variant re-estimates: the statistics are
+    those of the eval-mode network, the same from one materialisation to the next."""
+    torch.manual_seed(0)
+    with_dropout = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Dropout2d(0.5), nn.BatchNorm2d(8), nn.Dropout(0.5),
+                                 nn.BatchNorm2d(8))
+    without = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Identity(), nn.BatchNorm2d(8), nn.Identity(), nn.BatchNorm2d(8))
+    without.load_state_dict(with_dropout.state_dict())
+    with_dropout.eval()
+    batches = [torch.randn(16, 3, 8, 8, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    recalibrate_bn(with_dropout, batches)
+    recalibrate_bn(without, batches)
+    for index in (2, 4):
+        got, want = with_dropout[index], without[index]
+        assert isinstance(got, nn.BatchNorm2d) and isinstance(want, nn.BatchNorm2d)
+        assert torch.equal(got.running_mean, want.running_mean) and torch.equal(got.running_var, want.running_var)
+    assert not with_dropout.training  # left as it was

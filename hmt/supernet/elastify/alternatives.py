@@ -111,10 +111,34 @@ def _passes(gm: fx.GraphModule, node: fx.Node) -> bool:
     if node.op == "call_method":
         if node.target == "mean":  # spatial mean with keepdim keeps channels
             dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-            dims = dims if isinstance(dims, list | tuple) else (dims,)
-            return bool(node.kwargs.get("keepdim")) and all(isinstance(d, int) and d >= 2 for d in dims)
+            return keeps_dims(node) and spatial_dims_only(node, dims)
         return node.target in _PASS_METHODS
     return False
+
+
+def keeps_dims(node: fx.Node) -> bool:
+    """A reduction's ``keepdim``, given by name or as its third argument (``x.mean(-1, True)``)."""
+    return bool(node.kwargs.get("keepdim", node.args[2] if len(node.args) > 2 else False))
+
+
+def spatial_dims_only(node: fx.Node, dims: Any) -> bool:
+    """Whether ``dims`` (one or several, as a reduction of ``node``'s first argument takes them)
+    are spatial dimensions only (2 and up); a negative one counts from the end of that
+    argument's rank (``x.mean(-1)`` of a (batch, C, L) tensor is over L)."""
+    listed = dims if isinstance(dims, list | tuple) else (dims,)
+    source = node.args[0] if node.args else None
+    shape = getattr(source.meta.get("tensor_meta"), "shape", None) if isinstance(source, fx.Node) else None
+    rank = len(shape) if shape is not None else None
+    out_shape = getattr(node.meta.get("tensor_meta"), "shape", None)
+    if rank is None and out_shape is not None:  # a block's input carries no shape: the result's rank tells
+        rank = len(out_shape) + (0 if keeps_dims(node) else len(listed))
+
+    def spatial(d: Any) -> bool:
+        if not isinstance(d, int):
+            return False
+        return (d + rank if d < 0 and rank is not None else d) >= 2
+
+    return bool(listed) and all(spatial(d) for d in listed)
 
 
 @dataclass

@@ -159,7 +159,8 @@ def _is_pool_like(gm: fx.GraphModule, node: fx.Node) -> bool:
     if node.op == "call_module":
         return isinstance(_module(gm, node), _POOL_MODULES)
     if node.op == "call_function":
-        return node.target in _POOL_FUNCTIONS or node.target is operator.getitem
+        # getitem and getattr: x.shape[0] of a view(x.shape[0], -1) before the classifier
+        return node.target in _POOL_FUNCTIONS or node.target is operator.getitem or node.target is getattr
     if node.op == "call_method":
         return str(node.target) in _POOL_METHODS
     return False
@@ -256,6 +257,9 @@ def _complete(gm: fx.GraphModule, nodes: list[fx.Node], leaves: set[str]) -> boo
 # AdaptiveNet 4.1 bounds a block's parameters by gamma * P0; a user module larger than this
 # share is split into its parts instead of becoming one block.
 BLOCK_PARAM_SHARE = 0.5
+# What elastification takes, said where a model is refused for its kind.
+SUPPORTED_MODELS = ("hmt elastifies convolutional classifiers: Conv1d/Conv2d feature layers on a (batch, C, L) or "
+                    "(batch, C, H, W) input, then a head that pools or flattens them into (batch, classes) logits")
 
 
 def plan_model(gm: fx.GraphModule, leaves: set[str]) -> ModelPlan:
@@ -269,7 +273,8 @@ def plan_model(gm: fx.GraphModule, leaves: set[str]) -> ModelPlan:
     first_flat = next((i for i, s in enumerate(segs) if len(_shape(s.output)) == 2), None)
     if first_flat is None:
         raise ModelError(
-            "cannot elastify: no classifier head found (no rank-2 (batch, classes) tensor after the features)"
+            "cannot elastify: no classifier head found (no rank-2 (batch, classes) tensor after the features); "
+            f"{SUPPORTED_MODELS}"
         )
     head_start = first_flat
     while head_start > 0 and all(_is_pool_like(gm, n) for n in segs[head_start].nodes):
@@ -279,12 +284,8 @@ def plan_model(gm: fx.GraphModule, leaves: set[str]) -> ModelPlan:
     head_start = min(head_start, first_flat)
     body, head_segs = segs[:head_start], segs[head_start:]
     if not body:
-        raise ModelError("cannot elastify: the model has no feature layers before its classifier head")
-    spatial = len(_shape(body[0].input)) - 2
-    if spatial not in (1, 2):
-        raise ModelError(
-            f"cannot elastify: input of rank {spatial + 2}; expected (batch, C, L) or (batch, C, H, W)"
-        )
+        raise ModelError("cannot elastify: the model has no feature layers before its classifier head (it flattens "
+                         f"its input at once, as an MLP does); {SUPPORTED_MODELS}")
     total_params = sum(p.numel() for p in gm.parameters())
     blocks: list[BlockPlan] = []
     owners_of: list[list[str]] = []  # per block: the user modules every part of it lies in
@@ -311,6 +312,10 @@ def plan_model(gm: fx.GraphModule, leaves: set[str]) -> ModelPlan:
         owners_of.append(owners)
     for plan in blocks:
         plan.kind = _classify(gm, plan)
+        # The features' rank, not the input's: a sequence may run as a one-channel image (x.unsqueeze(1)).
+        if len(plan.out_shape) not in (3, 4):
+            raise ModelError(f"cannot elastify: features of rank {len(plan.out_shape)} after "
+                             f"{plan.owner or plan.nodes[-1].name}; {SUPPORTED_MODELS}")
     stem = None
     if blocks and blocks[0].kind in ("plain", "depthwise") and len(blocks) > 1:
         stem = blocks.pop(0)
@@ -325,13 +330,14 @@ def plan_model(gm: fx.GraphModule, leaves: set[str]) -> ModelPlan:
         stages.append(stage)
         previous_size = size
     head = BlockPlan(head_segs[0].input, [n for s in head_segs for n in s.nodes], kind="head")
-    return ModelPlan(stem=stem, blocks=blocks, head=head, stages=stages, dims=spatial)
+    return ModelPlan(stem=stem, blocks=blocks, head=head, stages=stages, dims=len(blocks[-1].out_shape) - 2)
 
 
 def submodule_of(gm: fx.GraphModule, plan: BlockPlan, name: str) -> fx.GraphModule:
     """The plan's nodes as a GraphModule of one input; shares the modules of ``gm``."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {plan.input: graph.placeholder("x")}
+    env[plan.input].meta.update(plan.input.meta)  # the input's recorded shape, as every node inside keeps its own
 
     def arg(node: fx.Node) -> fx.Node:
         if node not in env:

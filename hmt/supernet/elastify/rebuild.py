@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hmt.errors import ModelError
 from hmt.supernet.elastify.source import ModelSpec, build_model
 from hmt.supernet.elastify.supernet import ElastifiedSupernet
 
@@ -18,7 +19,11 @@ def rebuild(model_info: dict[str, Any], source_file: Path | None) -> ElastifiedS
     """The supernet of an artifact, without weights (``load_supernet`` loads them next)."""
     info = model_info["elastify"]
     spec = ModelSpec.from_json_dict(info["model"])
-    model = build_model(spec, file_override=source_file)
+    try:
+        model = build_model(spec, file_override=source_file)
+    except ModelError as exc:  # a factory that reads a file beside it, in an artifact made before that was refused
+        raise ModelError(f"{exc}; the artifact rebuilds the network from its copy of the model file alone, with "
+                         "nothing beside it") from exc
     operators = model_info.get("operators")
     # The seed and init only shape fresh weights, which the artifact's weights replace.
     return ElastifiedSupernet(model, name=spec.torchvision or str(spec.factory),

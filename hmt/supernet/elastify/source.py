@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +153,30 @@ def build_model(spec: ModelSpec, *, file_override: Path | None = None) -> nn.Mod
     if spec.weights is not None:
         apply_weights(net, Path(spec.weights))
     return net.eval()
+
+
+def check_rebuilds_alone(spec: ModelSpec, model: nn.Module, *, copy_name: str) -> None:
+    """Later stages rebuild the network from the artifact's copy of the model file alone
+    (``copy_name``, nothing beside it) and load the artifact's weights into it: refuse now,
+    before training, a factory that fails there (it reads a file beside it, say its
+    weights) or builds another network there (names or shapes of the state dict differ)."""
+    if spec.file is None:
+        return
+    from hmt.convert.sources import weights_mismatch
+
+    shown = f"--model {spec.file}:{spec.factory}"
+    way_out = ("later stages rebuild the network from the artifact's copy of the file alone: make the factory "
+               "build the network without files beside it, and give its weights with --weights FILE")
+    with tempfile.TemporaryDirectory(prefix="hmt-model-source-") as folder, torch.random.fork_rng():
+        alone = Path(folder) / copy_name
+        alone.write_bytes(Path(spec.file).read_bytes())
+        try:
+            rebuilt = build_model(replace(spec, weights=None), file_override=alone)
+        except (ModelError, InputError) as exc:
+            cause = exc.__cause__ or exc
+            why = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+            raise ModelError(f"{shown}: the factory fails when its file is copied alone ({why}); {way_out}") from exc
+    mismatch = weights_mismatch(model.state_dict(), rebuilt.state_dict())
+    if mismatch:
+        raise ModelError(f"{shown}: the factory builds another network when its file is copied alone "
+                         f"({mismatch}); {way_out}")

@@ -39,6 +39,7 @@ from hmt.supernet.elastify.alternatives import (
     _slice_norm,
     channel_groups,
     importance,
+    spatial_dims_only,
 )
 from hmt.supernet.elastify.frozen import FrozenBatchNorm
 from hmt.supernet.space import WIDTH_RATIOS
@@ -94,8 +95,19 @@ def _is_spatial_mean(node: fx.Node) -> bool:
     if not fn:
         return False
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-    dims = dims if isinstance(dims, list | tuple) else (dims,)
-    return all(isinstance(d, int) and d >= 2 for d in dims)
+    return spatial_dims_only(node, dims)
+
+
+def _batch_size_only(node: fx.Node) -> bool:
+    """``x.size(0)`` or ``x.shape[0]``: reads the batch size, not the channels (``x.view(x.size(0),
+    -1)`` before a classifier)."""
+    if node.op == "call_method" and node.target == "size":
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        return isinstance(dim, int) and dim == 0
+    if node.op == "call_function" and node.target is getattr and node.args[1:] == ("shape",):
+        return bool(node.users) and all(u.op == "call_function" and u.target is operator.getitem
+                                        and u.args[1:] == (0,) for u in node.users)
+    return False
 
 
 def _set(table: dict[str, str | None], path: str, group: str | None) -> None:
@@ -117,6 +129,8 @@ def _walk_input(gm: fx.GraphModule, plan: SlicePlan) -> None:
             m = _module(gm, user)
             if user.op == "output":
                 plan.tied = True
+            elif _batch_size_only(user):
+                continue
             elif user.op == "call_function" and user.target in (operator.add, torch.add):
                 plan.tied = True  # the add's other side must write the same channels: checked by the output walk
             elif _is_dense_conv(m) or isinstance(m, nn.Linear):
@@ -131,7 +145,8 @@ def _walk_input(gm: fx.GraphModule, plan: SlicePlan) -> None:
                     _set(plan.out_of, str(user.target), "in")
                 frontier.append(user)
             else:
-                raise ValueError(f"{user.name} ({getattr(user.target, '__name__', user.target)}) reads the input")
+                what = getattr(user.target, "__name__", user.target)
+                raise ValueError(f"{user.name} ({what}) reads the stream other than channel by channel")
 
 
 def _walk_output(gm: fx.GraphModule, plan: SlicePlan, has_output_stream: bool) -> None:
@@ -163,7 +178,8 @@ def _walk_output(gm: fx.GraphModule, plan: SlicePlan, has_output_stream: bool) -
                 _set(plan.in_of, str(node.target), "out")
             frontier.append((node.args[0], norm))
         elif has_output_stream:
-            raise ValueError(f"{node.name} ({getattr(node.target, '__name__', node.target)}) writes the output")
+            raise ValueError(f"{node.name} ({getattr(node.target, '__name__', node.target)}) writes the stream other "
+                             "than channel by channel")
 
 
 def slice_plan(gm: fx.GraphModule, *, reads_stream: bool = True, writes_stream: bool = True) -> SlicePlan:

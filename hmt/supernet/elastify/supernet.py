@@ -174,7 +174,8 @@ class ElastifiedSupernet(nn.Module):
         exits: list[nn.Module] = []
         for s in range(plan.num_stages - 1):
             last = max(p for p in range(len(plan.blocks)) if plan.stages[p] == s)
-            exits.append(ExitHead(plan.dims, int(plan.blocks[last].out_shape[1]), num_classes))
+            features = plan.blocks[last].out_shape  # each exit takes its stage's features, 1-D or 2-D
+            exits.append(ExitHead(len(features) - 2, int(features[1]), num_classes))
         exits.append(submodule_of(gm, plan.head, "Head"))
         return nn.ModuleList(exits)
 

@@ -97,9 +97,10 @@ def trace_model(model: nn.Module, leaves: Sequence[str] = ()) -> fx.GraphModule:
         raise ModelError(f"--leaf {unknown[0]!r}: the model has no submodule of that path (see model.named_modules())")
     model.eval()
     tracer = _Tracer(leaves)
+    defaults = _defaults_after_input(model)
     try:
         with _refusing_autograd_functions():
-            graph = tracer.trace(model)
+            graph = tracer.trace(model, concrete_args=defaults or None)
     except Exception as exc:
         path = tracer.failed_path or ""
         where = _user_frame(exc)
@@ -112,6 +113,7 @@ def trace_model(model: nn.Module, leaves: Sequence[str] = ()) -> fx.GraphModule:
             else "move that code into a submodule and pass its path to --leaf"
         )
         raise ModelError(f"cannot elastify: {module_text} at {where} {_why(exc)}; {way_out}") from exc
+    _drop_bound_arguments(graph)
     gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != 1:
@@ -119,6 +121,38 @@ def trace_model(model: nn.Module, leaves: Sequence[str] = ()) -> fx.GraphModule:
     _refuse_unsafe_inplace(gm)
     _remove_inplace(gm)
     return gm
+
+
+def _defaults_after_input(model: nn.Module) -> dict[str, Any]:
+    """The forward's arguments after the input that have defaults (``return_features=False``):
+    traced at those values, as the rest of hmt calls the model with the input alone."""
+    import inspect
+
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+# What fx adds for an argument bound to a value: a check that a call passes that value.
+_BOUND_CHECKS = ("eq", "_assert", "_assert_is_none")
+
+
+def _drop_bound_arguments(graph: fx.Graph) -> None:
+    """Remove the placeholders of arguments traced at their defaults, with fx's checks of them,
+    so the graph takes the input alone."""
+    for placeholder in [n for n in graph.nodes if n.op == "placeholder"][1:]:
+        chain, frontier = [], [placeholder]
+        while frontier:
+            node = frontier.pop(0)
+            if node not in chain:
+                chain.append(node)
+                frontier.extend(node.users)
+        if all(getattr(n.target, "__name__", None) in _BOUND_CHECKS for n in chain[1:]):
+            for node in reversed(chain):
+                graph.erase_node(node)
 
 
 _INPLACE_FUNCTIONS = {"relu_", "sigmoid_", "tanh_", "add_", "mul_", "clamp_", "hardtanh_", "copy_", "zero_", "fill_"}

@@ -30,7 +30,7 @@ from hmt.progress import ProgressCallback, no_progress
 from hmt.supernet.elastify.epochs import ELASTIC_PHASES, EpochResume, stop_if_requested_after_training, to_cpu
 from hmt.supernet.elastify.evaluate import evaluate, table_metrics
 from hmt.supernet.elastify.phases import train_elastic, train_original
-from hmt.supernet.elastify.source import ModelSpec, build_model, sha256_file
+from hmt.supernet.elastify.source import ModelSpec, build_model, check_rebuilds_alone, sha256_file
 from hmt.supernet.elastify.supernet import ElastifiedSupernet, largest_error
 from hmt.supernet.elastify.trace import trace_model
 from hmt.supernet.train.config import TrainConfig
@@ -92,24 +92,45 @@ def _loader(x: np.ndarray, y: np.ndarray, info: Any, config: TrainConfig, device
 
 @torch.no_grad()
 def _check_output(model: nn.Module, spec: ModelSpec, num_classes: int) -> None:
+    shape_text = ",".join(map(str, spec.input_shape))  # as typed
     try:
         out = model.eval()(torch.zeros(*spec.input_shape))
     except Exception as exc:  # whatever the user's forward raises, say what and where
-        raise UsageError(f"the model fails on an input of --input-shape {spec.input_shape} "
+        raise UsageError(f"the model fails on an input of --input-shape {shape_text} "
                          f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})") from exc
-    if not isinstance(out, torch.Tensor) or out.shape != (spec.input_shape[0], num_classes):
-        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise UsageError(f"the model returns {shape} for --input-shape {spec.input_shape}; expected "
-                         f"({spec.input_shape[0]}, {num_classes}) logits for the dataset's {num_classes} classes")
+    expected = f"({spec.input_shape[0]}, {num_classes}) logits for the dataset's {num_classes} classes"
+    if isinstance(out, torch.Tensor) and out.shape == (spec.input_shape[0], num_classes):
+        _check_logits(model, spec)
+        return
+    if isinstance(out, torch.Tensor):
+        raise UsageError(f"the model returns {tuple(out.shape)} for --input-shape {shape_text}; expected {expected}")
+    what = type(out).__name__
+    if isinstance(out, dict):
+        what += f" (keys {', '.join(repr(k) for k in list(out)[:5])})"
+    raise UsageError(f"the model returns a {what} for --input-shape {shape_text}; expected one tensor of {expected}: "
+                     "wrap it in a module whose forward returns only the logits (e.g. model(x)['logits'] or "
+                     "model(x)[0])")
+
+
+def _check_logits(model: nn.Module, spec: ModelSpec) -> None:
+    """Refuse a model that ends in a softmax: its outputs are probabilities, and hmt takes them for
+    logits (cross-entropy in training, softmax confidence for early exits in serve)."""
+    generator = torch.Generator().manual_seed(0)
+    out = model(torch.randn(4, *spec.input_shape[1:], generator=generator))
+    if isinstance(out, torch.Tensor) and bool((out >= 0).all()) and torch.allclose(out.sum(dim=1), torch.ones(4),
+                                                                                      atol=1e-4, rtol=0):
+        raise UsageError("the model's outputs are probabilities (each row is >= 0 and sums to 1: it ends in a "
+                         "softmax); hmt takes logits (cross-entropy in training, softmax confidence for early exits): "
+                         "return the scores before the softmax (a log_softmax is fine)")
 
 
 def _check_data(spec: ModelSpec, info: Any) -> None:
     wants = "image" if len(spec.input_shape) == 4 else "sequence"
+    shape_text = ",".join(map(str, spec.input_shape))  # as typed
     if info.modality != wants:
-        raise UsageError(f"--input-shape {spec.input_shape} is for {wants} data, dataset {info.name!r} is "
-                         f"{info.modality}")
+        raise UsageError(f"--input-shape {shape_text} is for {wants} data, dataset {info.name!r} is {info.modality}")
     if tuple(spec.input_shape[1:]) != tuple(info.input_shape):
-        raise UsageError(f"--input-shape {','.join(map(str, spec.input_shape))} does not match dataset "
+        raise UsageError(f"--input-shape {shape_text} does not match dataset "
                          f"{info.name!r} samples of shape {tuple(info.input_shape)} (plus the batch)")
 
 
@@ -207,6 +228,8 @@ def elastify_supernet(
         checkpoint(None)
     net, analysis_s, error_before = _build_supernet(model, spec, config, data.info, finetune_original,
                                                     saved.get("supernet"), device, channels_last, ctx)
+    for line in space_notes(net, config.operators):
+        notify(line)
     train_start = time.perf_counter()
 
     def phase_done(name: str) -> None:
@@ -257,6 +280,20 @@ def _restore_original(model: nn.Module, loader: BatchLoader, config: TrainConfig
         train_original(model, loader, config, history, progress, autocast, device, ctx)
     model.cpu().float().eval()
     return saved, history, {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def space_notes(net: ElastifiedSupernet, operators: Any) -> list[str]:
+    """What the user asked for and did not get, said before training: no block with an
+    alternative (the variants are the early exits alone), stream widths not offered."""
+    notes = []
+    if not any(len(p.choices) > 1 for p in net.space.positions):
+        why = next((f" ({r.name} {key}: {text})" for r in net.reports for key, text in r.notes.items()), "")
+        notes.append(f"note: no block got an alternative from the operators offered{why}; the variants are the "
+                     f"{net.space.num_stages} early exits alone (every block's reasons: elastify.json)")
+    asked = [o for o in (operators or ()) if str(o).startswith("sw")]
+    if asked and net.stream is None:
+        notes.append(f"note: {','.join(asked)} not offered: {net.stream_note}")
+    return notes
 
 
 def _build_supernet(model: nn.Module, spec: ModelSpec, config: TrainConfig, info: Any,
@@ -365,7 +402,21 @@ def _user_model(spec: ModelSpec, config: TrainConfig, num_classes: int) -> nn.Mo
         model = build_model(spec if spec.torchvision is None else replace(spec, num_classes=num_classes))
     trace_model(copy.deepcopy(model), spec.leaves)
     _check_output(model, spec, num_classes)
+    check_rebuilds_alone(spec, model, copy_name=SOURCE_COPY)
+    _check_priced(model, spec)
     return model
+
+
+def _check_priced(model: nn.Module, spec: ModelSpec) -> None:
+    """Every later stage prices the variants layer by layer (profile-device, pareto): refuse
+    now, before training, a layer with parameters that has no cost model."""
+    from hmt.errors import ModelError
+    from hmt.profile.features import layer_features
+
+    try:
+        layer_features(copy.deepcopy(model).eval(), spec.input_shape[1:])
+    except ModelError as exc:
+        raise ModelError(f"cannot elastify: {exc} (later stages price every variant layer by layer)") from exc
 
 
 def _write(out_dir: Path, config: TrainConfig, net: ElastifiedSupernet, spec: ModelSpec, data: Any, table: Any,

@@ -34,6 +34,20 @@ class StreamUnavailable(Exception):
     """Why this model gets no stream widths (a layer on the stream hmt cannot slice)."""
 
 
+def _block_name(position: int, stage_of: dict[int, int]) -> str:
+    """A block as the elastification report names it: stage and index within the stage."""
+    stage = stage_of[position]
+    return f"block s{stage}.b{sorted(p for p in stage_of if stage_of[p] == stage).index(position)}"
+
+
+def _plan(part: str, gm: fx.GraphModule, **kwargs: bool) -> SlicePlan:
+    """``slice_plan`` of one part of the model, its refusal naming the part."""
+    try:
+        return slice_plan(gm, **kwargs)
+    except ValueError as exc:
+        raise StreamUnavailable(f"{part}: {exc}") from exc
+
+
 def unit_name(choice: str, in_w: str, out_w: str) -> str:
     """ModuleDict key of a slim unit: ``full_B5`` (full inner width, base in, 50% out)."""
     return f"{choice}_{CHOICE_CODES[in_w]}{CHOICE_CODES[out_w]}"
@@ -92,12 +106,9 @@ class StreamWidths(nn.Module):
         self.stem_parent = unfreeze(copy.deepcopy(stem))
         self.head_parent = unfreeze(copy.deepcopy(head))
         self.parents = nn.ModuleDict({str(p): unfreeze(copy.deepcopy(bases[p])) for p in self.positions})
-        try:
-            self.stem_plan = slice_plan(self.stem_parent, reads_stream=False)
-            self.head_plan = slice_plan(self.head_parent, writes_stream=False)
-            self.plans = {p: slice_plan(self.parents[str(p)]) for p in self.positions}
-        except ValueError as exc:
-            raise StreamUnavailable(str(exc)) from exc
+        self.stem_plan = _plan("the stem", self.stem_parent, reads_stream=False)
+        self.head_plan = _plan("the head", self.head_parent, writes_stream=False)
+        self.plans = {p: _plan(_block_name(p, stage_of), self.parents[str(p)]) for p in self.positions}
         self.previous = {p: (self.positions[i - 1] if i else -1) for i, p in enumerate(self.positions)}
         self._group_boundaries()
         self._rank(init)
@@ -119,7 +130,8 @@ class StreamWidths(nn.Module):
             if self.plans[p].tied:
                 prev = self.previous[p]
                 if self.boundary_stage(prev) != self.stage_of[p]:
-                    raise StreamUnavailable(f"block {p} adds its input to its output across stages")
+                    raise StreamUnavailable(f"{_block_name(p, self.stage_of)} adds its input to its output across "
+                                            "stages")
                 uf.union(prev, p)
         roots = sorted({uf.find(b) for b in [-1, *self.positions]})
         self.group_of = {b: f"s{roots.index(uf.find(b))}" for b in [-1, *self.positions]}

@@ -1,5 +1,6 @@
 """Small user-written models for the elastify tests: SE, hardswish/SiLU, depthwise convs,
-max-pooling inside blocks, concatenation branches, a 1-D backbone, and an untraceable one."""
+max-pooling inside blocks, concatenation branches, a 1-D backbone, a sequence run as a
+one-channel image (a spectrogram CNN), and an untraceable one."""
 
 from __future__ import annotations
 
@@ -229,3 +230,22 @@ def tiny_resnet() -> nn.Module:
                 m.running_var.uniform_(0.5, 2.0)
                 m.weight.data.uniform_(0.2, 1.5)
     return net.eval()
+
+
+class SequenceAsImage(nn.Module):
+    """A spectrogram CNN: a (batch, mels, frames) sequence unsqueezed to one channel, then 2-D convs."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.b1 = BasicBlock(8, 8, 1)
+        self.b2 = BasicBlock(8, 16, 2)
+        self.fc = nn.Linear(16, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.b2(self.b1(self.stem(x.unsqueeze(1))))
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+def sequence_as_image() -> nn.Module:
+    return SequenceAsImage()

@@ -3,8 +3,9 @@ original to 1e-5 and every materialised variant equals the supernet path for it.
 
 Parametrised over a registry (as timm's tests are): torchvision architectures at CIFAR
 size with random weights, and user-written models (SE, hardswish/SiLU, depthwise, max-pool
-inside blocks, concatenation branches, a 1-D backbone). The torchvision cases offer a few
-operators to keep the default suite fast; the user models offer all of them.
+inside blocks, concatenation branches, a 1-D backbone, a sequence run as a one-channel image).
+The torchvision cases offer a few operators to keep the default suite fast; the user models
+offer all of them.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ REGISTRY: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...], tuple[str, .
     },
     "user_se_hardswish_silu_dw_maxpool_concat": (lambda: user_models().user_net(), (3, 32, 32), None),  # type: ignore[attr-defined]
     "user_1d": (lambda: user_models().net_1d(), (6, 64), None),  # type: ignore[attr-defined]
+    # A sequence dataset's sample as a one-channel image: the exits follow the features (2-D), not the input.
+    "user_sequence_as_image": (lambda: user_models().sequence_as_image(), (8, 16), None),  # type: ignore[attr-defined]
 }
 CASES = [pytest.param(key, marks=pytest.mark.slow) if key in SLOW else key for key in REGISTRY]
 
@@ -203,3 +206,31 @@ def test_block_choices_enumerate_for_the_latency_table() -> None:
     for ref in refs:
         with torch.no_grad():
             ref.module(torch.zeros(1, *ref.input_shape))
+
+
+class _WithOptions(nn.Module):
+    """forward(x, mask=None, *, temperature=1.0, return_features=False), as research code has."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
+        self.block = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU())
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *, temperature: float = 1.0,
+                return_features: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if mask is not None:
+            x = x * mask
+        features = self.block(self.stem(x)).mean((2, 3))
+        logits = self.fc(features) / temperature
+        return (logits, features) if return_features else logits
+
+
+def test_forward_options_with_defaults_are_traced_at_their_defaults() -> None:
+    """hmt calls the model with the input alone; an option branching on a Python flag was
+    refused as 'a traced tensor in Python control flow ... pass its path to --leaf'."""
+    torch.manual_seed(0)
+    model = _WithOptions().eval()
+    net = ElastifiedSupernet(copy.deepcopy(model), name="o", input_shape=(3, 8, 8))
+    assert largest_error(net, model, seed=0) <= 1e-5
+    assert any(len(p.choices) > 1 for p in net.space.positions)

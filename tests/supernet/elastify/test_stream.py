@@ -125,3 +125,88 @@ def test_a_1d_model_narrows_and_a_concatenating_one_says_why_not() -> None:
     assert not branches.space.has_stream_widths
     assert branches.report()["stream_widths"].startswith("no stream widths: ") and "cat" in \
         branches.report()["stream_widths"]
+
+
+class _Block1d(torch.nn.Module):
+    """A residual 1-D block, its inner channels gated (SE) by a pool written with negative dims."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv = torch.nn.Sequential(torch.nn.Conv1d(c, c, 3, padding=1, bias=False), torch.nn.BatchNorm1d(c),
+                                        torch.nn.ReLU())
+        self.gate = torch.nn.Conv1d(c, c, 1)
+        self.project = torch.nn.Sequential(torch.nn.Conv1d(c, c, 1, bias=False), torch.nn.BatchNorm1d(c))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return x + self.project(y * torch.sigmoid(self.gate(y.mean(-1, True))))
+
+
+class _NegativeDims(torch.nn.Module):
+    """Pools written as users write them: x.mean(-1) in the head, mean(-1, True) in an SE gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv1d(6, 16, 3, padding=1, bias=False), torch.nn.BatchNorm1d(16))
+        self.blocks = torch.nn.Sequential(_Block1d(16), _Block1d(16))
+        self.fc = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.blocks(self.stem(x)).mean(-1))
+
+
+def test_pools_over_negative_dims_keep_channels() -> None:
+    """mean(-1) of a (batch, C, L) tensor is over L: the head and the SE gate keep channel i at
+    position i, so the stream narrows and the blocks get inner widths (negative dims were taken
+    for the channel dimension, and both were refused)."""
+    torch.manual_seed(0)
+    model = _NegativeDims().eval()
+    net = ElastifiedSupernet(copy.deepcopy(model), name="neg", input_shape=(6, 32),
+                             operators=("w50", "skip", "sw50")).eval()
+    assert net.space.has_stream_widths, net.report()["stream_widths"]
+    assert all("w50" in p.choices for p in net.space.positions if p.kind != WIDTH_KIND)
+    assert largest_error(net, model, seed=0) == 0.0
+    arch = net.space.make(["w50" if "w50" in p.choices else "base" for p in net.space.positions])
+    x = torch.randn(2, 6, 32)
+    with torch.no_grad():
+        assert torch.allclose(net.materialize(arch)(x), net(x, arch), atol=1e-5, rtol=0)
+
+
+
+class _ViewHead(torch.nn.Module):
+    """A ResNet written the classic way: a pool module, then x.view(x.size(0), -1) (or x.shape[0])."""
+
+    def __init__(self, batch_from_shape: bool) -> None:
+        super().__init__()
+        self.batch_from_shape = batch_from_shape
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8))
+        self.blocks = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1, bias=False),
+                                                                torch.nn.BatchNorm2d(8)) for _ in range(2)])
+        self.avgpool = torch.nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = torch.nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = torch.relu(x + block(x))
+        x = self.avgpool(x)
+        x = x.view(x.shape[0] if self.batch_from_shape else x.size(0), -1)
+        return self.fc(x)
+
+
+@pytest.mark.parametrize("batch_from_shape", [False, True])
+def test_a_view_by_batch_size_head_keeps_the_stream_and_the_stage(batch_from_shape: bool) -> None:
+    """x.size(0) reads the batch size, not the channels (it refused stream widths); x.shape[0]
+    belongs to the head like the view it feeds (the pool before it went into the last block,
+    which became a stage of its own)."""
+    torch.manual_seed(0)
+    model = _ViewHead(batch_from_shape).eval()
+    net = ElastifiedSupernet(copy.deepcopy(model), name="view", input_shape=(3, 16, 16),
+                             operators=("w50", "skip", "sw50")).eval()
+    assert net.space.num_stages == 1 and [p.name for p in net.space.positions] == ["s0.width", "s0.b0", "s0.b1"]
+    assert net.space.has_stream_widths, net.report()["stream_widths"]
+    assert largest_error(net, model, seed=0) == 0.0
+    arch = net.space.make(["w50" if "w50" in p.choices else "base" for p in net.space.positions])
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.allclose(net.materialize(arch)(x), net(x, arch), atol=1e-5, rtol=0)
