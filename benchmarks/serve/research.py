@@ -164,10 +164,22 @@ def one_run(bundle_path: Path, mode: str, args: argparse.Namespace, seed: int, x
         "miss_share_before": float(np.mean(before)) if before else None, "requests_before": len(before),
         "miss_share_after": float(np.mean([m for m, _, _ in after])) if after else None, "requests_after": len(after),
         "found_share_after": float(np.mean([v == found for _, v, _ in after])) if after and found else None,
+        "after_by_variant": by_variant(after),
         "after_p50_ms": float(np.median(after_ms)) if after_ms else None,
         "after_p95_ms": float(np.percentile(after_ms, 95)) if after_ms else None,
         "split_after_drop_s": split - drop, "elapsed_s": time.monotonic() - start,
     }
+
+
+def by_variant(requests: list[tuple[bool, str, float]]) -> dict[str, dict[str, float]]:
+    """Per variant that answered (arch id without its space tag): requests, miss share, p50 and p95 (ms)."""
+    out: dict[str, dict[str, float]] = {}
+    for variant in sorted({v for _, v, _ in requests}):
+        mine = [(m, lat) for m, v, lat in requests if v == variant]
+        lat = [t for _, t in mine]
+        out[variant.split(".", 1)[-1]] = {"requests": len(mine), "miss_share": float(np.mean([m for m, _ in mine])),
+                                          "p50_ms": float(np.median(lat)), "p95_ms": float(np.percentile(lat, 95))}
+    return out
 
 
 def accuracy_of(bundle_path: Path, arch_ids: list[str], x: np.ndarray, y: np.ndarray) -> dict[str, float]:
