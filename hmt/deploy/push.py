@@ -1,7 +1,8 @@
 """``deploy --push user@host:/path``: copy a bundle to a device over ssh.
 
 rsync when it is installed here (only changed files travel; ``--delete`` inside the
-bundle's own folder so the copy matches the manifest), else scp. Both run as
+bundle's own folder so the copy matches the manifest), else scp (into a staging folder beside
+it, swapped in whole: scp merges into a folder). Both run as
 subprocesses through the user's own ssh: no credentials are stored or asked for, and
 ``BatchMode=yes`` makes a missing key or an unknown host key fail at once instead of
 prompting. The bundle lands in ``/path/<bundle folder name>``.
@@ -130,10 +131,42 @@ def push_bundle(bundle_dir: Path | str, destination: str, *, port: int | None = 
         _run(["rsync", "-rt", "--delete", "--chmod=D755,F644", "-e", shlex.join(ssh), f"{bundle_dir}/",
               f"{dest.login}:{remote_dir}/"], f"rsync to {dest}", timeout_s)
     else:
-        scp = ["scp", "-B", "-r", *ssh[1:]]
-        if port is not None:
-            # scp spells the port -P; -p means "preserve times" to it.
-            index = scp.index("-p")
-            scp[index] = "-P"
-        _run([*scp, str(bundle_dir), f"{dest.login}:{dest.path}"], f"scp to {dest}", timeout_s)
+        _scp_and_swap(ssh, dest, bundle_dir, remote_dir, port, timeout_s)
     return PushResult(str(dest), remote_dir, use, time.perf_counter() - start)
+
+
+def _scp_and_swap(ssh: list[str], dest: Destination, bundle_dir: Path, remote_dir: str, port: int | None,
+                  timeout_s: float) -> None:
+    """scp into a fresh staging folder beside ``remote_dir``, then swap it in: ``scp -r`` merges into an
+    existing folder, so an older bundle's files that the new one lacks stayed, and serve there refused
+    the bundle. The folder replaced was checked to be an hmt bundle (:func:`_check_remote`)."""
+    staging = _remote(ssh, dest, f"mktemp -d -- {shlex.quote(dest.path.rstrip('/') + '/.hmt-push.XXXXXX')}",
+                      timeout_s).strip()
+    if not staging.startswith(dest.path.rstrip("/") + "/.hmt-push.") or "\n" in staging:
+        raise DeviceError(f"ssh {dest.login}: mktemp gave an unexpected path {staging!r}")
+    scp = ["scp", "-B", "-r", *ssh[1:]]
+    if port is not None:
+        # scp spells the port -P; -p means "preserve times" to it.
+        index = scp.index("-p")
+        scp[index] = "-P"
+    new, old = shlex.quote(f"{staging}/{bundle_dir.name}"), shlex.quote(f"{staging}/old")
+    target = shlex.quote(remote_dir)
+    try:
+        _run([*scp, str(bundle_dir), f"{dest.login}:{staging}/"], f"scp to {dest}", timeout_s)
+        _remote(ssh, dest, f"if [ -e {target} ]; then mv -- {target} {old} || exit 1; fi; "
+                           f"mv -- {new} {target}", timeout_s)
+    finally:
+        _remote(ssh, dest, f"rm -rf -- {shlex.quote(staging)}", timeout_s)
+
+
+def _remote(ssh: list[str], dest: Destination, script: str, timeout_s: float) -> str:
+    """Run ``script`` on ``dest``'s host; its stdout. DeviceError when it fails."""
+    try:
+        done = subprocess.run([*ssh, "--", dest.login, script], capture_output=True, text=True, timeout=timeout_s,
+                              check=False, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise DeviceError(f"ssh {dest.login}: no answer within {timeout_s:.0f} s") from exc
+    if done.returncode != 0:
+        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-_TAIL_LINES:])
+        raise DeviceError(f"ssh {dest.login} failed (exit {done.returncode}): {tail or 'no message'}")
+    return done.stdout

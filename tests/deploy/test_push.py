@@ -126,3 +126,25 @@ def test_push_never_replaces_a_remote_folder_that_is_not_a_bundle(sshd: Sshd, x8
         push_bundle(x86_bundle, f"{getpass.getuser()}@127.0.0.1:{sshd.remote}", port=sshd.port,
                     identity=sshd.identity, ssh_options=sshd.options, tool="scp")
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", ["rsync", "scp"])
+def test_a_second_push_replaces_an_older_bundle_leaving_no_stale_file(sshd: Sshd, x86_bundle: Path,
+                                                                       tmp_path: Path, tool: str) -> None:
+    """scp -r merged into the remote folder: a file of the older bundle that the new one does not have
+    stayed, and serve there refused the bundle ('files not in manifest.json')."""
+    if shutil.which(tool) is None:
+        pytest.skip(f"{tool} not installed")
+    destination = f"{getpass.getuser()}@127.0.0.1:{sshd.remote}"
+    older = tmp_path / x86_bundle.name
+    shutil.copytree(x86_bundle, older)
+    (older / "variants" / "stale.onnx").write_bytes(b"an older bundle's file")
+    first = push_bundle(older, destination, port=sshd.port, identity=sshd.identity, ssh_options=sshd.options,
+                        tool=tool)
+    assert (Path(first.remote_dir) / "variants" / "stale.onnx").is_file()
+    second = push_bundle(x86_bundle, destination, port=sshd.port, identity=sshd.identity,
+                         ssh_options=sshd.options, tool=tool)
+    assert not (Path(second.remote_dir) / "variants" / "stale.onnx").exists()
+    verify_bundle(second.remote_dir, run_models=False)
+    assert sorted(p.name for p in sshd.remote.iterdir()) == [x86_bundle.name]  # no staging folder left
