@@ -160,6 +160,9 @@ def profile_device_command(
             from hmt.profile.schema import check_profile_json_output
 
             check_profile_json_output(export_json, inputs=inputs)  # before measuring, not after
+            if export_json.resolve().is_relative_to(out.resolve()):
+                raise UsageError(f"--export-json {export_json}: inside --out {out}, whose artifact holds only the "
+                                 "files its manifest lists (a later load would refuse it); write it beside it")
         with output.progress() as progress:
             result = profile_device(out, options, progress=progress, force=force)
         if export_json is not None:

@@ -193,6 +193,13 @@ def test_export_json_and_keys_are_never_overwritten(tmp_path: Path) -> None:
     assert code == 3 and "--gen-key .: already exists" in output
 
 
+def test_export_json_inside_out_is_refused_before_measuring(tmp_path: Path) -> None:
+    """A single-file profile written inside the profile artifact is a file its manifest does not list."""
+    out = tmp_path / "measured"
+    code, output = invoke("profile-device", "--quick", "--out", str(out), "--export-json", str(out / "x.json"))
+    assert code == 2 and "inside --out" in output and not out.exists(), output
+
+
 def test_bracketed_messages_print_verbatim(tmp_path: Path) -> None:
     """Paths and hints holding rich-markup-like text print as typed, with the documented exit code."""
     for name in ("[monsoon]", "x[/b]y", "[red]z", "[offline]"):
