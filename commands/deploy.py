@@ -133,7 +133,8 @@ def deploy_command(
     latency_ms: Annotated[float | None, typer.Option("--latency-ms", help="serve latency budget (ms).")] = None,
     memory_mb: Annotated[float | None, typer.Option("--memory-mb", help="serve memory budget (MB).")] = None,
     energy: Annotated[float | None, typer.Option(
-        "--energy", help="serve energy budget in mJ per inference (needs a front from a calibrated profile).")] = None,
+        "--energy-mj", "--energy", help="serve energy budget in mJ per inference (needs a front from a calibrated "
+        "profile); --energy is the older spelling.")] = None,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the verification after building.")] = False,
     list_targets: Annotated[bool, typer.Option("--list-targets", help="List the targets and exit.")] = False,
     verify: Annotated[Path | None, typer.Option(

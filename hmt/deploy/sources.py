@@ -360,7 +360,7 @@ def selected_variants(fused: Any, front: Any, names: Sequence[str], energy_budge
     lineage). An energy budget needs the front's energies in mJ."""
     energy_unit = str((front.doc.get("units") or {}).get("energy", "unknown"))
     if energy_budget is not None and energy_unit != "mJ":
-        raise UsageError(f"--energy {energy_budget:g}: the front's energies are in {energy_unit} (pareto ran on a "
+        raise UsageError(f"--energy-mj {energy_budget:g}: the front's energies are in {energy_unit} (pareto ran on a "
                          "profile with an uncalibrated energy model); an energy budget is in mJ per inference and "
                          "needs a profile calibrated with a power source (hmt profile-device --power ...)")
     lineage = check_lineage(fused, front.artifact)

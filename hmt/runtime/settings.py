@@ -2,7 +2,7 @@
 
 It sits in the runtime floor (torch-free, no serve import) so that deploy and serve share one
 schema without deploy importing serve. Budgets have one type, :class:`Budgets`, in the units
-users give them (``deploy --latency-ms/--memory-mb/--energy``, serve.json ``budgets``): ms, MB and
+users give them (``deploy --latency-ms/--memory-mb/--energy-mj``, serve.json ``budgets``): ms, MB and
 mJ per inference (refused where the variants' energies are relative, from an uncalibrated profile);
 serve.json, the optimizer and the loop all take it as it is.
 """
@@ -87,7 +87,7 @@ def dataclass_from_mapping(cls: type[T], mapping: Mapping[str, Any], where: str)
 class Budgets:
     """Run-time budgets, in the units users give them; ``None`` = unconstrained.
 
-    serve.json's ``budgets`` object, ``deploy --latency-ms/--memory-mb/--energy`` and the
+    serve.json's ``budgets`` object, ``deploy --latency-ms/--memory-mb/--energy-mj`` and the
     optimizer's constraints are this one type (no conversion in between that could drop one).
     """
 

@@ -204,7 +204,7 @@ def test_deploy_refuses_an_energy_budget_on_relative_energies(fused_dir: Path, v
     from tests.deploy.conftest import make_pareto, point
 
     relative = make_pareto(tmp_path / "pareto", [point(variant_id)], energy_unit="mac_equivalent")
-    with pytest.raises(UsageError, match=r"--energy 50: the front's energies are in mac_equivalent.*calibrated"):
+    with pytest.raises(UsageError, match=r"--energy-mj 50: the front's energies are in mac_equivalent.*calibrated"):
         deploy_bundle(fused_dir, relative, tmp_path / "b", options=DeployOptions(
             target="x86-64", engines=("onnxruntime",), energy=50.0, archive=False))
     assert not (tmp_path / "b").exists()
