@@ -8,7 +8,8 @@ gap left between already placed tensors whose lifetimes overlap its own, or on t
 
 Reported: the planned arena peak, the naive total (every tensor its own buffer) and the
 lower bound no placement can beat (the largest sum of simultaneously live tensors).
-Weights are not activations and are not planned.
+Weights are not activations and are not planned, nor is what is computed from weights alone
+(:func:`constant_tensors`).
 """
 
 from __future__ import annotations
@@ -130,6 +131,18 @@ def plan_arena(
     )
 
 
+def constant_tensors(model: onnx.ModelProto) -> set[str]:
+    """Initializers and what is computed from them alone (Constant nodes, an int8 graph's
+    DequantizeLinear of a quantized weight): weights, folded or fused when a runtime loads the
+    graph, not activations. Planned as activations, an int8 variant's dequantized float weights
+    made its arena larger than its float twin's."""
+    constants = {init.name for init in model.graph.initializer}
+    for node in model.graph.node:  # topological order: a constant's inputs come first
+        if node.op_type == "Constant" or (node.input and all(not i or i in constants for i in node.input)):
+            constants.update(o for o in node.output if o)
+    return constants
+
+
 def tensor_lifetimes(model: onnx.ModelProto) -> tuple[list[TensorLifetime], int]:
     """Lifetimes of every activation of a static-shape model, in node order. Returns (lifetimes, steps)."""
     import numpy as np
@@ -142,8 +155,8 @@ def tensor_lifetimes(model: onnx.ModelProto) -> tuple[list[TensorLifetime], int]
     infos: dict[str, Any] = {}
     for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
         infos[value.name] = value.type.tensor_type
-    initializers = {init.name for init in model.graph.initializer}
-    nodes = list(model.graph.node)
+    initializers = constant_tensors(model)
+    nodes = [n for n in model.graph.node if not all(o in initializers for o in n.output if o)]
     steps = len(nodes)
     first: dict[str, int] = {}
     last: dict[str, int] = {}

@@ -66,3 +66,25 @@ def test_plan_is_valid_and_within_bounds(raw: list[tuple[int, int, int]]) -> Non
                 assert p_end <= q.offset_bytes or q_end <= p.offset_bytes, (p, q)
     assert live_set_lower_bound(lifetimes, 10, alignment=64) <= plan.planned_peak_bytes
     assert plan.planned_peak_bytes <= sum(-(-t.size_bytes // 64) * 64 for t in lifetimes)
+
+
+def test_an_int8_graphs_dequantized_weights_are_not_planned_as_activations() -> None:
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from hmt.fuse.memory_plan import tensor_lifetimes
+
+    weight = numpy_helper.from_array(np.ones((64, 4, 3, 3), dtype=np.int8), "w_q")
+    scale = numpy_helper.from_array(np.array(0.1, dtype=np.float32), "w_scale")
+    zero = numpy_helper.from_array(np.array(0, dtype=np.int8), "w_zero")
+    nodes = [helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zero"], ["w"]),
+             helper.make_node("Constant", [], ["bias"], value=numpy_helper.from_array(np.zeros(64, np.float32))),
+             helper.make_node("Conv", ["x", "w", "bias"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 8, 8])],
+                              initializer=[weight, scale, zero])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    lifetimes, steps = tensor_lifetimes(model)
+    assert sorted(t.name for t in lifetimes) == ["x", "y"] and steps == 1
