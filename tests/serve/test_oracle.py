@@ -152,3 +152,33 @@ def test_budgets_met_counts_misses_and_answers_over_the_memory_budget() -> None:
     assert [r["budgets_met"]["static_largest"] for r in rows] == [True, False, False]
     assert [r["budgets_met"]["adaptive"] for r in rows] == [True, False, True]
     assert [r["budgets_met"]["oracle"] for r in rows] == [True, True, True]
+
+
+def test_a_phase_without_a_latency_budget_is_judged_on_memory_and_accuracy() -> None:
+    """A scenario of memory or battery steps alone sets no latency budget: no request is judged for a
+    deadline, so every run that answered meets the phase's deadlines; it used to count as missed
+    (every run 'over budget', none tracking the oracle, and the oracle ignoring the loop's objective)."""
+    from dataclasses import replace
+
+    from hmt.serve.reporting.oracle import meets_budgets
+
+    bounds = phase_bounds([0.0, 5.0, 10.0], 15.0)
+
+    def unbudgeted(variant: str) -> list[RequestRecord]:
+        return [replace(r, latency_budget_ms=None) for r in records(variant, {})]
+
+    static = {v: phase_scores(unbudgeted(v), bounds, ACCURACY) for v in ACCURACY}
+    assert static["big"][0].judged == 0 and static["big"][0].miss_share is None
+    memory = {"big": 3.5, "mid": 1.0, "small": 0.5}
+    assert meets_budgets(static["big"][0], memory, None) and not meets_budgets(static["big"][1], memory, 2.0)
+    low = {"big": -0.6, "mid": -0.2, "small": 0.0}
+    assert oracle_choice(static, ACCURACY, memory_mb=memory, phase_memory_mb=[None, 2.0, None],
+                         ranking=[None, None, low]) == ["big", "mid", "small"]
+    adaptive = phase_scores(unbudgeted("big")[:100] + unbudgeted("mid")[100:], bounds, ACCURACY)
+    rows = compare(adaptive, static, ACCURACY, largest="big", memory_mb=memory, phase_memory_mb=[None, 2.0, None])
+    assert [r["tracks_oracle"] for r in rows] == [True, True, False]  # phase 2: mid, less accurate than big
+    assert [r["budgets_met"]["adaptive"] for r in rows] == [True, True, True]
+    assert [r["budgets_met"]["static_largest"] for r in rows] == [True, False, True]
+    # A run that answered nothing in the phase did not meet it.
+    silent = phase_scores([r for r in unbudgeted("big") if r.time_s < 10.0], bounds, ACCURACY)
+    assert not meets_budgets(silent[2], memory, None)
