@@ -32,6 +32,9 @@ def test_scenario_parsing_and_lookup() -> None:
     ("time_s,latency_budget_ms\n0,0\n", "latency_budget_ms '0' outside"),
     ("time_s,battery_pct\n0,abc\n", "not a number"),
     ("time_s\n2\n1\n", "non-decreasing"),
+    ("time_s,cpu_load\n0,0.1\n5,0.2\n3,0.3\n", r"s\.csv:4: time_s 3 is before the previous row's 5"),
+    ("time_s,cpu_load\n0,0.1\n\n\n4,2\n", r"s\.csv:5: cpu_load '2' outside"),  # blank lines still count
+    ("time_s,cpu_load,cpu_load\n0,0.1,0.9\n", r"\['cpu_load'\] named more than once"),  # the first was unread
     ("time_s\n", "no rows"),
     ("time_s,cpu_load\n1,0,5\n", "3 cells, the header names 2"),  # a decimal comma read as cpu_load 0
 ])

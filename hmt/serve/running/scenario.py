@@ -118,8 +118,12 @@ class Scenario:
         unknown = [h for h in header if h not in COLUMNS]
         if unknown:
             raise InputError(f"{source}: unknown column(s) {unknown}; expected some of {list(COLUMNS)}")
+        repeated = sorted({h for h in header if header.count(h) > 1})
+        if repeated:  # DictReader keeps the last cell of a repeated name: the first would go unread
+            raise InputError(f"{source}: column(s) {repeated} named more than once in the header")
         rows: list[ScenarioRow] = []
-        for line, raw in enumerate(reader, start=2):
+        for raw in reader:
+            line = reader.line_num  # the file's line: blank lines are skipped, a quoted cell may span lines
             if len(rows) == MAX_ROWS:
                 raise InputError(f"{source}: more than {MAX_ROWS} rows; a scenario holds at most {MAX_ROWS} "
                                  "(the loop decides every 0.25 s: merge rows closer than that)")
@@ -131,6 +135,9 @@ class Scenario:
             time_s = _cell(record.get("time_s"), "time_s", where, 0.0, 1e9)
             if time_s is None:
                 raise InputError(f"{where}: time_s is empty")
+            if rows and time_s < rows[-1].time_s:
+                raise InputError(f"{where}: time_s {time_s:g} is before the previous row's {rows[-1].time_s:g} "
+                                 "(times must be non-decreasing)")
             rows.append(ScenarioRow(
                 time_s=time_s,
                 cpu_load=_cell(record.get("cpu_load"), "cpu_load", where, 0.0, 1.0),
