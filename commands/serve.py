@@ -363,6 +363,8 @@ def serve_command(
                     raise UsageError(f"{name} needs --scenario")
         if compare and variant is not None:
             raise UsageError("--compare replays every variant itself; drop --variant")
+        if compare and clients == 0:
+            raise UsageError("--compare compares the runs on the requests they answer; --clients 0 sends none")
         resolved_token = resolve_token(host, token)
         session = SessionOptions(engine=None if engine is None else engine.value, threads=threads,
                                  latency_ms=latency_ms, memory_mb=memory_mb, exit_confidence=exit_confidence,

@@ -121,3 +121,12 @@ def test_a_scenario_that_ends_at_0_s_asks_for_a_duration(bundle_dir: Path, tmp_p
     one_row.write_text("time_s,cpu_load\n0,0.5\n")
     code, output = _invoke("serve", str(bundle_dir), "--scenario", str(one_row))
     assert code == 2 and f"{one_row}: its last row starts at 0 s" in output and "--duration-s" in output
+
+
+def test_compare_without_clients_is_refused(bundle_dir: Path, tmp_path: Path) -> None:
+    """--clients 0 sends nothing: --compare replayed every run without a request and printed a table of
+    empty phases ('budgets met in 0 of 1 phases'); it is refused before serving."""
+    scenario = tmp_path / "s.csv"
+    scenario.write_text("time_s\n0\n2\n")
+    code, output = _invoke("serve", str(bundle_dir), "--scenario", str(scenario), "--compare", "--clients", "0")
+    assert code == 2 and "--compare compares the runs on the requests they answer; --clients 0 sends none" in output
