@@ -467,6 +467,8 @@ def _comparison_table(output: Output, comparison: Any) -> None:
     common = first.rfind(".", 0, common) + 1 if first != last else 0
     rows = []
     for p in comparison.phases:
+        if not p["sent"]:
+            continue
         phase = f"{p['start_s']:g}-{p['stop_s']:g} s"
         if p["memory_budget_mb"] is not None:
             phase += f", {p['memory_budget_mb']:g} MB"
@@ -478,6 +480,9 @@ def _comparison_table(output: Output, comparison: Any) -> None:
                  ["phase", "adaptive", "oracle", "static largest", "tracks oracle"], rows)
     output.note("over budget: more than 5% of deadlines missed, or of answers from a variant over the "
                 "phase's memory budget (the static largest ignores it)")
+    empty = sum(not p["sent"] for p in comparison.phases)
+    if empty:
+        output.note(f"{empty} phase(s) without a request left out (shorter than the gap between two requests)")
     if any(p["oracle_by"] != "accuracy" for p in comparison.phases):
         output.note("* battery below full: the oracle is the best by the loop's objective (eq. 3) at the "
                     "phase's mu, among the variants that met the phase")

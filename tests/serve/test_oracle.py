@@ -182,3 +182,24 @@ def test_a_phase_without_a_latency_budget_is_judged_on_memory_and_accuracy() -> 
     # A run that answered nothing in the phase did not meet it.
     silent = phase_scores([r for r in unbudgeted("big") if r.time_s < 10.0], bounds, ACCURACY)
     assert not meets_budgets(silent[2], memory, None)
+
+
+def test_a_phase_without_a_request_is_left_out_of_the_counts() -> None:
+    """A scenario's phase shorter than the gap between two requests (rows 1e-9 s apart) holds no request:
+    it was counted as a phase the loop neither tracked nor met ('budgets met in 1 of 3 phases' where the
+    only phase with requests was met). Its row says sent 0, and the counts are over the phases with requests."""
+    from types import SimpleNamespace
+
+    from hmt.serve.running.compare import Comparison
+
+    bounds = [(0.0, 1e-9), (1e-9, 2e-9), (2e-9, 5.0)]
+    static = {v: phase_scores(records(v, {}), bounds, ACCURACY) for v in ("big", "mid")}
+    assert [s.requests for s in static["big"]] == [1, 0, 99]  # the request at 0 s falls in the first
+    rows = compare(static["big"], static, ACCURACY, largest="big")
+    assert [r["sent"] for r in rows] == [1, 0, 99]
+    assert [r["tracks_oracle"] for r in rows] == [True, False, True]
+    runs = {"adaptive": SimpleNamespace(summary={"switches": 0, "decision_us": None, "first_clean_window_s_max": None})}
+    comparison = Comparison(largest="big", accuracy=ACCURACY, runs=runs, phases=rows)  # type: ignore[arg-type]
+    summary = comparison.summary()
+    assert summary["phases"] == 2 and summary["phases_without_requests"] == 1
+    assert summary["phases_tracked"] == 2 and summary["phases_budgets_met"]["adaptive"] == 2

@@ -20,6 +20,9 @@ and once adaptively. Per phase of the scenario (the interval between two of its 
   serve.json ``memory_reserve_mb``); where none fits, the variant of least memory (what serve
   runs then).
 
+A phase in which the adaptive run sent no request (shorter than the gap between two requests, or
+than ``warmup_s``) shows nothing about it: its row says ``sent`` 0 and neither tracks nor meets.
+
 The adaptive run *tracks* the oracle in a phase when its miss share is at most the oracle's plus
 ``miss_slack`` and its table accuracy at least the oracle's less ``accuracy_slack``.
 
@@ -59,6 +62,7 @@ class PhaseScore:
     accuracy: float | None  # labelled requests answered right (None: no labels)
     table_accuracy: float | None  # mean of the bundle's accuracy of the variant that answered each request
     variants: dict[str, int]  # requests answered per variant
+    requests: int = 0  # requests sent in the phase, answered or not
 
 
 def _missed(r: RequestRecord) -> bool:
@@ -94,7 +98,7 @@ def phase_scores(records: Sequence[RequestRecord], bounds: Sequence[tuple[float,
             start_s=start, stop_s=stop, judged=len(judged), misses=misses,
             miss_share=misses / len(judged) if judged else None,
             accuracy=sum(r.predicted == r.label for r in labelled) / len(labelled) if labelled else None,
-            table_accuracy=sum(known) / len(known) if known else None, variants=variants))
+            table_accuracy=sum(known) / len(known) if known else None, variants=variants, requests=len(rows)))
     return out
 
 
@@ -181,7 +185,7 @@ def compare(adaptive: Sequence[PhaseScore], static: Mapping[str, Sequence[PhaseS
         limit = phase_memory_mb[k] if phase_memory_mb else None
         met = {name: meets_budgets(run, memory_mb, limit, max_miss_share)
                for name, run in (("adaptive", mine), ("oracle", oracle_run), ("static_largest", static[largest][k]))}
-        rows.append({"start_s": mine.start_s, "stop_s": mine.stop_s, "oracle_variant": best,
+        rows.append({"start_s": mine.start_s, "stop_s": mine.stop_s, "sent": mine.requests, "oracle_variant": best,
                      "memory_budget_mb": limit, "budgets_met": met,
                      "mu": mu[k] if mu else None,
                      "oracle_by": "eq. 3" if ranking and ranking[k] else "accuracy",
