@@ -115,7 +115,10 @@ class Scenario:
         header = [h.strip() for h in (reader.fieldnames or [])]
         if "time_s" not in header:
             raise InputError(f"{source}: needs a header row with a time_s column; columns: {', '.join(COLUMNS)}")
-        unknown = [h for h in header if h not in COLUMNS]
+        # One column without a name (a spreadsheet's trailing comma: 'time_s,cpu_load,') is read as
+        # empty: a value under it is refused below.
+        unnamed = header.count("") == 1
+        unknown = [h for h in header if h not in COLUMNS and not (unnamed and h == "")]
         if unknown:
             raise InputError(f"{source}: unknown column(s) {unknown}; expected some of {list(COLUMNS)}")
         repeated = sorted({h for h in header if header.count(h) > 1})
@@ -132,6 +135,8 @@ class Scenario:
                 raise InputError(f"{where}: {len(header) + len(raw[None])} cells, the header names {len(header)} "
                                  "(a decimal comma? write 0.5, not 0,5)")
             record = {k.strip(): v for k, v in raw.items() if k is not None}
+            if (record.get("") or "").strip():
+                raise InputError(f"{where}: {record['']!r} under the column without a name; name it or remove it")
             time_s = _cell(record.get("time_s"), "time_s", where, 0.0, 1e9)
             if time_s is None:
                 raise InputError(f"{where}: time_s is empty")
