@@ -304,10 +304,15 @@ def serve_command(
         check_budget_flags(latency_ms=latency_ms, memory_mb=memory_mb)
         if timeline_out is not None:
             from hmt.artifacts.outputs import check_owned_folder
+            from hmt.errors import InputError
             from hmt.serve.reporting.timeline import TIMELINE_FILES, is_timeline_file
 
             check_owned_folder(timeline_out, names=TIMELINE_FILES, what="--timeline-out", inputs=[bundle],
                                recognise=is_timeline_file)
+            try:  # now, not after the replay (and the --compare runs) it would write there
+                timeline_out.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise InputError(f"--timeline-out {timeline_out}: cannot create it ({exc.strerror or exc})") from exc
         # An archive is extracted (with verify's bounds) into a private folder removed on exit.
         with opened_bundle(bundle) as root:
             if root != bundle:

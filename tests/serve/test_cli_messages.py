@@ -130,3 +130,17 @@ def test_compare_without_clients_is_refused(bundle_dir: Path, tmp_path: Path) ->
     scenario.write_text("time_s\n0\n2\n")
     code, output = _invoke("serve", str(bundle_dir), "--scenario", str(scenario), "--compare", "--clients", "0")
     assert code == 2 and "--compare compares the runs on the requests they answer; --clients 0 sends none" in output
+
+
+def test_a_timeline_folder_that_cannot_be_made_is_refused_before_the_replay(bundle_dir: Path, tmp_path: Path) -> None:
+    """--timeline-out under a file: the folder was first made when the replay (and every --compare run)
+    was over, and its NotADirectoryError ended serve as an internal error (exit 70)."""
+    scenario = tmp_path / "s.csv"
+    scenario.write_text("time_s\n0\n30\n")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    started = time.monotonic()
+    code, output = _invoke("serve", str(bundle_dir), "--port", "0", "--scenario", str(scenario),
+                           "--timeline-out", str(blocker / "timeline"))
+    assert code == 3 and f"--timeline-out {blocker / 'timeline'}: cannot create it (Not a directory)" in output
+    assert time.monotonic() - started < 25  # not after the 30 s replay
