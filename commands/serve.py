@@ -439,8 +439,8 @@ def serve_command(
 
         comparison = replay_compare(
             bundle, plan, session, drive, api=api, server=server, data=data, seed=seed, timeline_dir=timeline_out,
-            on_run=lambda name, r: output.note(f"  {name}: {100 * (r.summary['deadline_miss_share'] or 0):.1f}% "
-                                               f"missed, {r.summary['switches']} switches"))
+            on_run=lambda name, r: output.note(f"  {name}: {_missed(r.summary['deadline_miss_share'])}, "
+                                               f"{r.summary['switches']} switches"))
 
         _comparison_table(output, comparison)
         summary = comparison.summary()
@@ -448,13 +448,18 @@ def serve_command(
         met = summary["phases_budgets_met"]
         output.result({"comparison": summary, "phases": comparison.phases,
                        "files": comparison.runs["adaptive"].files},
-                      f"done: adaptive {100 * (a['miss_share'] or 0):.1f}% missed, oracle "
-                      f"{100 * (o['miss_share'] or 0):.1f}%, static largest {100 * (s['miss_share'] or 0):.1f}%; "
+                      f"done: adaptive {_missed(a['miss_share'])}, oracle {_missed(o['miss_share'])}, "
+                      f"static largest {_missed(s['miss_share'])}; "
                       f"{a['switches']} switches; adaptive tracks the oracle in {summary['phases_tracked']} of "
                       f"{summary['phases']} phases; budgets met in {met['adaptive']} of {summary['phases']} "
                       f"phases adaptive, {met['static_largest']} static largest")
 
     run_command(body, json_mode=json_mode, quiet=quiet, debug=debug)
+
+
+def _missed(share: float | None) -> str:
+    """A run's deadline-miss share as the summary lines say it; None: no request had a latency budget."""
+    return "no deadlines" if share is None else f"{100 * share:.1f}% missed"
 
 
 def _comparison_table(output: Output, comparison: Any) -> None:

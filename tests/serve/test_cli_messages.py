@@ -144,3 +144,15 @@ def test_a_timeline_folder_that_cannot_be_made_is_refused_before_the_replay(bund
                            "--timeline-out", str(blocker / "timeline"))
     assert code == 3 and f"--timeline-out {blocker / 'timeline'}: cannot create it (Not a directory)" in output
     assert time.monotonic() - started < 25  # not after the 30 s replay
+
+
+def test_compare_without_a_latency_budget_says_there_were_no_deadlines(bundle_dir: Path, tmp_path: Path) -> None:
+    """A scenario of memory steps alone judges no deadline: the summary lines said '0.0% missed' for
+    every run, as if deadlines had been kept."""
+    scenario = tmp_path / "s.csv"
+    scenario.write_text("time_s,memory_budget_mb\n0,\n1,\n")
+    code, output = _invoke("serve", str(bundle_dir), "--port", "0", "--scenario", str(scenario), "--compare",
+                           "--rate-hz", "20", "--clients", "1")
+    assert code == 0, output
+    assert "adaptive: no deadlines, " in output and "done: adaptive no deadlines, oracle no deadlines" in output
+    assert "0.0% missed" not in output
