@@ -37,7 +37,7 @@ localhost:8000/v1/predict` uploads a form. /metrics follows Prometheus conventio
 dashboard).
 
 Settings over the bundle's signed serve.json (which stays untouched), lowest first: --serve-config FILE,
-HMT_SERVE_<SECTION>__<KEY>=VALUE, --set KEY=VALUE, then the flags below; /v1/status key settings shows each
+`HMT_SERVE_<SECTION>__<KEY>=VALUE`, --set KEY=VALUE, then the flags below; /v1/status key settings shows each
 value and its source:
 
     hmt serve runs/bundle-host --set budgets.latency_ms=40 --set switch.min_dwell_s=0 --log-format json
@@ -171,7 +171,7 @@ def serve_command(
                       "came from.")] = None,
     serve_config: Annotated[Path | None, typer.Option(
         "--serve-config", help="JSON file shaped like serve.json (any subset) layered over the bundle's; "
-                               "HMT_SERVE_<SECTION>__<KEY> environment variables go over it, --set over "
+                               "`HMT_SERVE_<SECTION>__<KEY>` environment variables go over it, --set over "
                                "those.")] = None,
     access_log: Annotated[bool, typer.Option(
         "--access-log", help="Log every request line and status (uvicorn's access log; on with --debug "

@@ -156,3 +156,11 @@ def test_compare_without_a_latency_budget_says_there_were_no_deadlines(bundle_di
     assert code == 0, output
     assert "adaptive: no deadlines, " in output and "done: adaptive no deadlines, oracle no deadlines" in output
     assert "0.0% missed" not in output
+
+
+def test_help_names_the_settings_environment_variables() -> None:
+    """The help is rendered as markdown, which took <SECTION> and <KEY> for HTML tags: it showed
+    'HMT_SERVE___=VALUE', a name serve refuses."""
+    code, output = _invoke("serve", "--help")
+    assert code == 0 and "HMT_SERVE___" not in output
+    assert "HMT_SERVE_<SECTION>__<KEY>=VALUE" in output  # the option's column may cut it short at 80 columns
