@@ -203,3 +203,22 @@ def test_a_phase_without_a_request_is_left_out_of_the_counts() -> None:
     summary = comparison.summary()
     assert summary["phases"] == 2 and summary["phases_without_requests"] == 1
     assert summary["phases_tracked"] == 2 and summary["phases_budgets_met"]["adaptive"] == 2
+
+
+def test_the_whole_runs_accuracy_is_over_the_answers_without_a_latency_budget() -> None:
+    """The summary's accuracy of each run was weighed by the requests judged for a deadline: a scenario
+    without a latency budget judges none, so every run's accuracy read None (--json's comparison)."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from hmt.serve.running.compare import Comparison
+
+    bounds = phase_bounds([0.0, 5.0, 10.0], 15.0)
+    static = {v: phase_scores([replace(r, latency_budget_ms=None) for r in records(v, {})], bounds, ACCURACY)
+              for v in ("big", "small")}
+    rows = compare(static["small"], static, ACCURACY, largest="big")
+    runs = {"adaptive": SimpleNamespace(summary={"switches": 0, "decision_us": None, "first_clean_window_s_max": None})}
+    summary = Comparison(largest="big", accuracy=ACCURACY, runs=runs, phases=rows).summary()  # type: ignore[arg-type]
+    assert abs(summary["adaptive"]["table_accuracy"] - ACCURACY["small"]) < 1e-9
+    assert abs(summary["static_largest"]["table_accuracy"] - ACCURACY["big"]) < 1e-9
+    assert summary["adaptive"]["miss_share"] is None

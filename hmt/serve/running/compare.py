@@ -44,7 +44,9 @@ class Comparison:
             judged = sum(r["judged"] for r in rows)
             if name == "miss_share":
                 return sum(r["misses"] for r in rows) / judged if judged else None
-            weighted = [(r[name], r["judged"]) for r in rows if r[name] is not None]
+            # weighed by the answers (the requests a phase's accuracy is over), not by the requests
+            # judged for a deadline: a scenario without a latency budget judges none
+            weighted = [(r[name], sum(r["variants"].values())) for r in rows if r[name] is not None]
             total = sum(w for _, w in weighted)
             return sum(v * w for v, w in weighted) / total if total else None
 
