@@ -37,7 +37,7 @@ localhost:8000/v1/predict` uploads a form. /metrics follows Prometheus conventio
 dashboard).
 
 Settings over the bundle's signed serve.json (which stays untouched), lowest first: --serve-config FILE,
-HMT_SERVE_<SECTION>__<KEY>=VALUE, --set KEY=VALUE, then the flags below; /v1/status key settings shows each
+`HMT_SERVE_<SECTION>__<KEY>=VALUE`, --set KEY=VALUE, then the flags below; /v1/status key settings shows each
 value and its source:
 
     hmt serve runs/bundle-host --set budgets.latency_ms=40 --set switch.min_dwell_s=0 --log-format json
@@ -171,7 +171,7 @@ def serve_command(
                       "came from.")] = None,
     serve_config: Annotated[Path | None, typer.Option(
         "--serve-config", help="JSON file shaped like serve.json (any subset) layered over the bundle's; "
-                               "HMT_SERVE_<SECTION>__<KEY> environment variables go over it, --set over "
+                               "`HMT_SERVE_<SECTION>__<KEY>` environment variables go over it, --set over "
                                "those.")] = None,
     access_log: Annotated[bool, typer.Option(
         "--access-log", help="Log every request line and status (uvicorn's access log; on with --debug "
@@ -208,7 +208,8 @@ def serve_command(
         help="Scenario cpu_load: synthetic (reported to the loop) or burn (real busy processes).")] = (
         LoadChoice.synthetic),
     data: Annotated[Path | None, typer.Option(
-        help="Scenario inputs: .npz with x (inputs) and y (labels, for accuracy); default: seeded noise.")] = None,
+        help="Scenario inputs: .npz with x (inputs, or uint8 pixels [N, H, W, C]) and y (labels, for "
+             "accuracy); default: seeded noise.")] = None,
     in_process: Annotated[bool, typer.Option(
         "--in-process", help="Scenario: call the model in process instead of through the HTTP API.")] = False,
     client_processes: Annotated[bool, typer.Option(
@@ -304,10 +305,15 @@ def serve_command(
         check_budget_flags(latency_ms=latency_ms, memory_mb=memory_mb)
         if timeline_out is not None:
             from hmt.artifacts.outputs import check_owned_folder
+            from hmt.errors import InputError
             from hmt.serve.reporting.timeline import TIMELINE_FILES, is_timeline_file
 
             check_owned_folder(timeline_out, names=TIMELINE_FILES, what="--timeline-out", inputs=[bundle],
                                recognise=is_timeline_file)
+            try:  # now, not after the replay (and the --compare runs) it would write there
+                timeline_out.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise InputError(f"--timeline-out {timeline_out}: cannot create it ({exc.strerror or exc})") from exc
         # An archive is extracted (with verify's bounds) into a private folder removed on exit.
         with opened_bundle(bundle) as root:
             if root != bundle:
@@ -363,6 +369,8 @@ def serve_command(
                     raise UsageError(f"{name} needs --scenario")
         if compare and variant is not None:
             raise UsageError("--compare replays every variant itself; drop --variant")
+        if compare and clients == 0:
+            raise UsageError("--compare compares the runs on the requests they answer; --clients 0 sends none")
         resolved_token = resolve_token(host, token)
         session = SessionOptions(engine=None if engine is None else engine.value, threads=threads,
                                  latency_ms=latency_ms, memory_mb=memory_mb, exit_confidence=exit_confidence,
@@ -431,8 +439,8 @@ def serve_command(
 
         comparison = replay_compare(
             bundle, plan, session, drive, api=api, server=server, data=data, seed=seed, timeline_dir=timeline_out,
-            on_run=lambda name, r: output.note(f"  {name}: {100 * (r.summary['deadline_miss_share'] or 0):.1f}% "
-                                               f"missed, {r.summary['switches']} switches"))
+            on_run=lambda name, r: output.note(f"  {name}: {_missed(r.summary['deadline_miss_share'])}, "
+                                               f"{r.summary['switches']} switches"))
 
         _comparison_table(output, comparison)
         summary = comparison.summary()
@@ -440,13 +448,18 @@ def serve_command(
         met = summary["phases_budgets_met"]
         output.result({"comparison": summary, "phases": comparison.phases,
                        "files": comparison.runs["adaptive"].files},
-                      f"done: adaptive {100 * (a['miss_share'] or 0):.1f}% missed, oracle "
-                      f"{100 * (o['miss_share'] or 0):.1f}%, static largest {100 * (s['miss_share'] or 0):.1f}%; "
+                      f"done: adaptive {_missed(a['miss_share'])}, oracle {_missed(o['miss_share'])}, "
+                      f"static largest {_missed(s['miss_share'])}; "
                       f"{a['switches']} switches; adaptive tracks the oracle in {summary['phases_tracked']} of "
                       f"{summary['phases']} phases; budgets met in {met['adaptive']} of {summary['phases']} "
                       f"phases adaptive, {met['static_largest']} static largest")
 
     run_command(body, json_mode=json_mode, quiet=quiet, debug=debug)
+
+
+def _missed(share: float | None) -> str:
+    """A run's deadline-miss share as the summary lines say it; None: no request had a latency budget."""
+    return "no deadlines" if share is None else f"{100 * share:.1f}% missed"
 
 
 def _comparison_table(output: Output, comparison: Any) -> None:
@@ -465,6 +478,8 @@ def _comparison_table(output: Output, comparison: Any) -> None:
     common = first.rfind(".", 0, common) + 1 if first != last else 0
     rows = []
     for p in comparison.phases:
+        if not p["sent"]:
+            continue
         phase = f"{p['start_s']:g}-{p['stop_s']:g} s"
         if p["memory_budget_mb"] is not None:
             phase += f", {p['memory_budget_mb']:g} MB"
@@ -476,6 +491,9 @@ def _comparison_table(output: Output, comparison: Any) -> None:
                  ["phase", "adaptive", "oracle", "static largest", "tracks oracle"], rows)
     output.note("over budget: more than 5% of deadlines missed, or of answers from a variant over the "
                 "phase's memory budget (the static largest ignores it)")
+    empty = sum(not p["sent"] for p in comparison.phases)
+    if empty:
+        output.note(f"{empty} phase(s) without a request left out (shorter than the gap between two requests)")
     if any(p["oracle_by"] != "accuracy" for p in comparison.phases):
         output.note("* battery below full: the oracle is the best by the loop's objective (eq. 3) at the "
                     "phase's mu, among the variants that met the phase")

@@ -121,3 +121,46 @@ def test_a_scenario_that_ends_at_0_s_asks_for_a_duration(bundle_dir: Path, tmp_p
     one_row.write_text("time_s,cpu_load\n0,0.5\n")
     code, output = _invoke("serve", str(bundle_dir), "--scenario", str(one_row))
     assert code == 2 and f"{one_row}: its last row starts at 0 s" in output and "--duration-s" in output
+
+
+def test_compare_without_clients_is_refused(bundle_dir: Path, tmp_path: Path) -> None:
+    """--clients 0 sends nothing: --compare replayed every run without a request and printed a table of
+    empty phases ('budgets met in 0 of 1 phases'); it is refused before serving."""
+    scenario = tmp_path / "s.csv"
+    scenario.write_text("time_s\n0\n2\n")
+    code, output = _invoke("serve", str(bundle_dir), "--scenario", str(scenario), "--compare", "--clients", "0")
+    assert code == 2 and "--compare compares the runs on the requests they answer; --clients 0 sends none" in output
+
+
+def test_a_timeline_folder_that_cannot_be_made_is_refused_before_the_replay(bundle_dir: Path, tmp_path: Path) -> None:
+    """--timeline-out under a file: the folder was first made when the replay (and every --compare run)
+    was over, and its NotADirectoryError ended serve as an internal error (exit 70)."""
+    scenario = tmp_path / "s.csv"
+    scenario.write_text("time_s\n0\n30\n")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    started = time.monotonic()
+    code, output = _invoke("serve", str(bundle_dir), "--port", "0", "--scenario", str(scenario),
+                           "--timeline-out", str(blocker / "timeline"))
+    assert code == 3 and f"--timeline-out {blocker / 'timeline'}: cannot create it (Not a directory)" in output
+    assert time.monotonic() - started < 25  # not after the 30 s replay
+
+
+def test_compare_without_a_latency_budget_says_there_were_no_deadlines(bundle_dir: Path, tmp_path: Path) -> None:
+    """A scenario of memory steps alone judges no deadline: the summary lines said '0.0% missed' for
+    every run, as if deadlines had been kept."""
+    scenario = tmp_path / "s.csv"
+    scenario.write_text("time_s,memory_budget_mb\n0,\n1,\n")
+    code, output = _invoke("serve", str(bundle_dir), "--port", "0", "--scenario", str(scenario), "--compare",
+                           "--rate-hz", "20", "--clients", "1")
+    assert code == 0, output
+    assert "adaptive: no deadlines, " in output and "done: adaptive no deadlines, oracle no deadlines" in output
+    assert "0.0% missed" not in output
+
+
+def test_help_names_the_settings_environment_variables() -> None:
+    """The help is rendered as markdown, which took <SECTION> and <KEY> for HTML tags: it showed
+    'HMT_SERVE___=VALUE', a name serve refuses."""
+    code, output = _invoke("serve", "--help")
+    assert code == 0 and "HMT_SERVE___" not in output
+    assert "HMT_SERVE_<SECTION>__<KEY>=VALUE" in output  # the option's column may cut it short at 80 columns

@@ -224,3 +224,22 @@ def test_a_malformed_npy_header_is_explained() -> None:
         decode(b"\x93NUMPY\x01\x00\x10\x00{'descr': '<f4'}\n", "application/x-npy", spec)
     assert err.value.status == 400 and "header is malformed" in err.value.message
     assert "correct keys" in err.value.message
+
+
+def test_scenario_data_takes_uint8_pixels_and_refuses_labels_outside_the_classes(tmp_path: Path) -> None:
+    """serve --scenario --data: uint8 pixels [N, H, W, C] (what /v1/predict and --canary take, and how
+    image sets are stored) were refused as a shape mismatch; they are normalised as the bundle says. A
+    label outside 0..classes-1 (or not a number) made every such answer silently wrong; it is refused."""
+    from hmt.errors import InputError
+    from hmt.serve.running.session import load_inputs
+
+    bundle = load_bundle(make_image_bundle(tmp_path / "bundle"))
+    px = np.stack([pixels(1), pixels(2)])
+    path = tmp_path / "d.npz"
+    np.savez(path, x=px, y=np.array([0, 3]))
+    inputs = load_inputs(bundle, path, np.random.default_rng(0))
+    np.testing.assert_allclose(inputs.x[1], as_tensor(px[1]), rtol=1e-5, atol=1e-5)
+    for bad in (np.array([0, 4]), np.array([0, -1]), np.array(["cat", "dog"]), np.array([0.0, np.nan])):
+        np.savez(path, x=px, y=bad)
+        with pytest.raises(InputError, match=r"y must hold class indices 0\.\.3"):
+            load_inputs(bundle, path, np.random.default_rng(0))

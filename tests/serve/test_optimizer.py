@@ -218,3 +218,22 @@ def test_nothing_feasible_falls_back_to_the_profiles_fastest_unless_newer_eviden
     assert path.feasible(est, [1.0] * 3, 0.0, 5.0, budgets, [10.0, 10.0, 8.0]) == (0, 1)
     assert path.feasible(est, [1.0] * 3, 0.0, 5.0, budgets) == (0, 1)  # no times: the lowest estimate
     assert path.feasible([4.0, 25.0, 120.0], [1.0] * 3, 0.0, 5.0, budgets, [10.0, 10.0, 8.0])[0] == 1
+
+
+def test_an_infeasible_reason_states_the_request_budget_beside_its_compute_share() -> None:
+    """Under load the serving overhead (queue wait) can take the whole latency budget, leaving a floor of
+    1 us for compute: /v1/status's infeasible_reason said 'budget 0.001 ms' for a 3 ms budget. It now
+    states the request's budget and the share of it left for compute."""
+    from hmt.serve.deciding.decision import DecisionPath
+
+    path = DecisionPath(Optimizer(TABLE))
+    est = [90.0, 95.0, 120.0]
+    budgets = Budgets(latency_ms=3.0)
+    mask = path.feasible(est, [1.0] * 3, 0.0, 0.001, budgets, [10.0, 9.0, 8.0])
+    choice = path.choose(mask, 1.0, None, None)
+    decision = path.record(choice, 0.0, 0.001, 1.0, budgets)
+    assert not decision.feasible and decision.budgets.latency_ms == 0.001
+    assert "budget 3 ms per request, 0.001 ms of it for compute after the serving overhead" in decision.reason
+    # No overhead taken: the budget as before.
+    decision = path.record(choice, 0.0, 3.0, 1.0, budgets)
+    assert "(budget 3.0 ms;" in decision.reason or "(budget 3.0 ms)" in decision.reason

@@ -152,3 +152,73 @@ def test_budgets_met_counts_misses_and_answers_over_the_memory_budget() -> None:
     assert [r["budgets_met"]["static_largest"] for r in rows] == [True, False, False]
     assert [r["budgets_met"]["adaptive"] for r in rows] == [True, False, True]
     assert [r["budgets_met"]["oracle"] for r in rows] == [True, True, True]
+
+
+def test_a_phase_without_a_latency_budget_is_judged_on_memory_and_accuracy() -> None:
+    """A scenario of memory or battery steps alone sets no latency budget: no request is judged for a
+    deadline, so every run that answered meets the phase's deadlines; it used to count as missed
+    (every run 'over budget', none tracking the oracle, and the oracle ignoring the loop's objective)."""
+    from dataclasses import replace
+
+    from hmt.serve.reporting.oracle import meets_budgets
+
+    bounds = phase_bounds([0.0, 5.0, 10.0], 15.0)
+
+    def unbudgeted(variant: str) -> list[RequestRecord]:
+        return [replace(r, latency_budget_ms=None) for r in records(variant, {})]
+
+    static = {v: phase_scores(unbudgeted(v), bounds, ACCURACY) for v in ACCURACY}
+    assert static["big"][0].judged == 0 and static["big"][0].miss_share is None
+    memory = {"big": 3.5, "mid": 1.0, "small": 0.5}
+    assert meets_budgets(static["big"][0], memory, None) and not meets_budgets(static["big"][1], memory, 2.0)
+    low = {"big": -0.6, "mid": -0.2, "small": 0.0}
+    assert oracle_choice(static, ACCURACY, memory_mb=memory, phase_memory_mb=[None, 2.0, None],
+                         ranking=[None, None, low]) == ["big", "mid", "small"]
+    adaptive = phase_scores(unbudgeted("big")[:100] + unbudgeted("mid")[100:], bounds, ACCURACY)
+    rows = compare(adaptive, static, ACCURACY, largest="big", memory_mb=memory, phase_memory_mb=[None, 2.0, None])
+    assert [r["tracks_oracle"] for r in rows] == [True, True, False]  # phase 2: mid, less accurate than big
+    assert [r["budgets_met"]["adaptive"] for r in rows] == [True, True, True]
+    assert [r["budgets_met"]["static_largest"] for r in rows] == [True, False, True]
+    # A run that answered nothing in the phase did not meet it.
+    silent = phase_scores([r for r in unbudgeted("big") if r.time_s < 10.0], bounds, ACCURACY)
+    assert not meets_budgets(silent[2], memory, None)
+
+
+def test_a_phase_without_a_request_is_left_out_of_the_counts() -> None:
+    """A scenario's phase shorter than the gap between two requests (rows 1e-9 s apart) holds no request:
+    it was counted as a phase the loop neither tracked nor met ('budgets met in 1 of 3 phases' where the
+    only phase with requests was met). Its row says sent 0, and the counts are over the phases with requests."""
+    from types import SimpleNamespace
+
+    from hmt.serve.running.compare import Comparison
+
+    bounds = [(0.0, 1e-9), (1e-9, 2e-9), (2e-9, 5.0)]
+    static = {v: phase_scores(records(v, {}), bounds, ACCURACY) for v in ("big", "mid")}
+    assert [s.requests for s in static["big"]] == [1, 0, 99]  # the request at 0 s falls in the first
+    rows = compare(static["big"], static, ACCURACY, largest="big")
+    assert [r["sent"] for r in rows] == [1, 0, 99]
+    assert [r["tracks_oracle"] for r in rows] == [True, False, True]
+    runs = {"adaptive": SimpleNamespace(summary={"switches": 0, "decision_us": None, "first_clean_window_s_max": None})}
+    comparison = Comparison(largest="big", accuracy=ACCURACY, runs=runs, phases=rows)  # type: ignore[arg-type]
+    summary = comparison.summary()
+    assert summary["phases"] == 2 and summary["phases_without_requests"] == 1
+    assert summary["phases_tracked"] == 2 and summary["phases_budgets_met"]["adaptive"] == 2
+
+
+def test_the_whole_runs_accuracy_is_over_the_answers_without_a_latency_budget() -> None:
+    """The summary's accuracy of each run was weighed by the requests judged for a deadline: a scenario
+    without a latency budget judges none, so every run's accuracy read None (--json's comparison)."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from hmt.serve.running.compare import Comparison
+
+    bounds = phase_bounds([0.0, 5.0, 10.0], 15.0)
+    static = {v: phase_scores([replace(r, latency_budget_ms=None) for r in records(v, {})], bounds, ACCURACY)
+              for v in ("big", "small")}
+    rows = compare(static["small"], static, ACCURACY, largest="big")
+    runs = {"adaptive": SimpleNamespace(summary={"switches": 0, "decision_us": None, "first_clean_window_s_max": None})}
+    summary = Comparison(largest="big", accuracy=ACCURACY, runs=runs, phases=rows).summary()  # type: ignore[arg-type]
+    assert abs(summary["adaptive"]["table_accuracy"] - ACCURACY["small"]) < 1e-9
+    assert abs(summary["static_largest"]["table_accuracy"] - ACCURACY["big"]) < 1e-9
+    assert summary["adaptive"]["miss_share"] is None

@@ -32,6 +32,11 @@ def test_scenario_parsing_and_lookup() -> None:
     ("time_s,latency_budget_ms\n0,0\n", "latency_budget_ms '0' outside"),
     ("time_s,battery_pct\n0,abc\n", "not a number"),
     ("time_s\n2\n1\n", "non-decreasing"),
+    ("time_s,cpu_load\n0,0.1\n5,0.2\n3,0.3\n", r"s\.csv:4: time_s 3 is before the previous row's 5"),
+    ("time_s,cpu_load\n0,0.1\n\n\n4,2\n", r"s\.csv:5: cpu_load '2' outside"),  # blank lines still count
+    ("time_s,cpu_load,cpu_load\n0,0.1,0.9\n", r"\['cpu_load'\] named more than once"),  # the first was unread
+    ("time_s,cpu_load,\n0,0.1,7\n", r"s\.csv:2: '7' under the column without a name"),
+    ("time_s,,cpu_load,\n0,,0.1,\n", r"unknown column\(s\) \['', ''\]"),  # two unnamed: one cell would go unread
     ("time_s\n", "no rows"),
     ("time_s,cpu_load\n1,0,5\n", "3 cells, the header names 2"),  # a decimal comma read as cpu_load 0
 ])
@@ -133,3 +138,22 @@ def test_recovery_over_many_steps_is_not_quadratic() -> None:
     out = recovery(records, steps, end_s=600.0)
     assert time.perf_counter() - began < 3.0
     assert len(out) == len(steps) - 1 and sum(s["judged"] for s in out) == 60_000 - 6
+
+
+def test_a_trailing_comma_is_an_empty_column() -> None:
+    """A spreadsheet's export with a trailing comma on every line ('time_s,cpu_load,') was refused as an
+    unknown column ''; one column without a name is read as empty."""
+    scenario = Scenario.from_text("time_s,cpu_load,\r\n0,0.1,\r\n2,0.5, \r\n", "s.csv")
+    assert [(r.time_s, r.cpu_load) for r in scenario.rows] == [(0.0, 0.1), (2.0, 0.5)]
+
+
+def test_lines_ended_by_cr_alone_are_read() -> None:
+    """A file saved with classic Mac line ends (CR alone) stopped serve with csv's 'new-line character
+    seen in unquoted field' as an internal error; it reads like any other."""
+    scenario = Scenario.from_text("time_s,cpu_load\r0,0.5\r2,0.25\r", "s.csv")
+    assert [(r.time_s, r.cpu_load) for r in scenario.rows] == [(0.0, 0.5), (2.0, 0.25)]
+    with pytest.raises(InputError, match=r"s\.csv:3: cpu_load '7' outside"):
+        Scenario.from_text("time_s,cpu_load\r0,0.5\r2,7\r", "s.csv")
+    # What csv itself cannot read (a cell past its field size limit) is one line naming the row too.
+    with pytest.raises(InputError, match=r"s\.csv:3: not readable as CSV \(field larger"):
+        Scenario.from_text("time_s,cpu_load\n0,0.1\n2," + "9" * 200_000 + "\n", "s.csv")

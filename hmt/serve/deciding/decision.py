@@ -121,10 +121,12 @@ class DecisionPath:
         """The full :class:`Decision` of the choice just made (after the timed part)."""
         latencies, ratios, load_scale = self.inputs
         optimizer = self.optimizer
+        request_budget_ms = budgets.latency_ms
         if math.isfinite(latency_limit_ms):
             budgets = replace(budgets, latency_ms=latency_limit_ms)
         decision = optimizer.decision_of(choice, latencies, self.energies(ratios, load_next), mu=mu, budgets=budgets,
                                          load_index=load_next, latency_scale=load_scale)
+        decision = replace(decision, request_budget_ms=request_budget_ms)
         if self.fixed_variant is not None and choice.reason_code == REASON_BEST:
             # A static baseline is "feasible" when the fixed variant itself meets the budgets.
             i = choice.position

@@ -69,12 +69,24 @@ class Decision:
     current_arch_id: str | None = None
     current_score: float | None = None
     current_feasible: bool | None = None
+    # The whole latency budget per request where ``budgets.latency_ms`` holds its compute share (what
+    # is left after the serving overhead, queue wait and the like); None: they are the same.
+    request_budget_ms: float | None = None
+
+    @property
+    def latency_budget_text(self) -> str:
+        """The latency budget as the reason states it: the request's, and its compute share where less."""
+        compute_ms = self.budgets.latency_ms
+        if self.request_budget_ms is None or compute_ms is None or compute_ms == self.request_budget_ms:
+            return f"budget {compute_ms} ms"
+        return (f"budget {self.request_budget_ms:g} ms per request, {compute_ms:.3f} ms of it for compute "
+                f"after the serving overhead")
 
     @property
     def reason(self) -> str:
         if self.reason_code == REASON_MEASURED_FASTEST:
             return (f"no variant meets the budgets on the latencies measured now: serving the fastest, "
-                    f"{self.arch_id} at p95 {self.predicted_latency_ms:.3f} ms (budget {self.budgets.latency_ms} ms; "
+                    f"{self.arch_id} at p95 {self.predicted_latency_ms:.3f} ms ({self.latency_budget_text}; "
                     f"the profile's fastest unless a variant measured as recently is faster)")
         if self.reason_code == REASON_BEST:
             head = "best mu*Norm(A) - (1-mu)*Norm(E) within budgets"
@@ -85,7 +97,7 @@ class Decision:
         return (
             f"{head}; score {self.score:.4f}, mu {self.mu:.2f}, load {self.load_index:.2f}, "
             f"latency x{self.latency_scale:.3f} -> {self.predicted_latency_ms:.3f} ms "
-            f"(budget {self.budgets.latency_ms} ms), memory {self.memory_bytes / 1e6:g} MB "
+            f"({self.latency_budget_text}), memory {self.memory_bytes / 1e6:g} MB "
             f"(budget {self.budgets.memory_mb} MB)"
         )
 

@@ -20,8 +20,15 @@ and once adaptively. Per phase of the scenario (the interval between two of its 
   serve.json ``memory_reserve_mb``); where none fits, the variant of least memory (what serve
   runs then).
 
+A phase in which the adaptive run sent no request (shorter than the gap between two requests, or
+than ``warmup_s``) shows nothing about it: its row says ``sent`` 0 and neither tracks nor meets.
+
 The adaptive run *tracks* the oracle in a phase when its miss share is at most the oracle's plus
 ``miss_slack`` and its table accuracy at least the oracle's less ``accuracy_slack``.
+
+A phase without a latency budget (no deadline to judge: a memory or battery scenario) has its
+deadlines met by every run that answered in it: there the oracle is chosen by accuracy (or eq. 3)
+among all the variants within memory, and the runs are compared on accuracy and memory alone.
 
 A run *meets the budgets* of a phase when it missed at most ``max_miss_share`` of the phase's
 deadlines and answered at most that share of its requests with a variant over the phase's memory
@@ -55,6 +62,7 @@ class PhaseScore:
     accuracy: float | None  # labelled requests answered right (None: no labels)
     table_accuracy: float | None  # mean of the bundle's accuracy of the variant that answered each request
     variants: dict[str, int]  # requests answered per variant
+    requests: int = 0  # requests sent in the phase, answered or not
 
 
 def _missed(r: RequestRecord) -> bool:
@@ -90,8 +98,16 @@ def phase_scores(records: Sequence[RequestRecord], bounds: Sequence[tuple[float,
             start_s=start, stop_s=stop, judged=len(judged), misses=misses,
             miss_share=misses / len(judged) if judged else None,
             accuracy=sum(r.predicted == r.label for r in labelled) / len(labelled) if labelled else None,
-            table_accuracy=sum(known) / len(known) if known else None, variants=variants))
+            table_accuracy=sum(known) / len(known) if known else None, variants=variants, requests=len(rows)))
     return out
+
+
+def meets_deadlines(score: PhaseScore, max_miss_share: float = MAX_MISS_SHARE) -> bool:
+    """Whether a run missed at most ``max_miss_share`` of a phase's deadlines; a phase none of whose
+    requests had a latency budget has no deadline to miss: met when the run answered there."""
+    if score.judged == 0:
+        return sum(score.variants.values()) > 0
+    return score.miss_share is not None and score.miss_share <= max_miss_share
 
 
 def over_memory_share(score: PhaseScore, memory_mb: Mapping[str, float] | None, limit_mb: float | None) -> float:
@@ -108,7 +124,7 @@ def over_memory_share(score: PhaseScore, memory_mb: Mapping[str, float] | None, 
 def meets_budgets(score: PhaseScore, memory_mb: Mapping[str, float] | None, limit_mb: float | None,
                   max_miss_share: float = MAX_MISS_SHARE) -> bool:
     """Whether a run met a phase's budgets (see the module docstring)."""
-    return (score.miss_share is not None and score.miss_share <= max_miss_share
+    return (meets_deadlines(score, max_miss_share)
             and over_memory_share(score, memory_mb, limit_mb) <= max_miss_share)
 
 
@@ -134,7 +150,7 @@ def oracle_choice(static: Mapping[str, Sequence[PhaseScore]], accuracy: Mapping[
     for k in range(phases):
         names = _within_memory(list(static), memory_mb, phase_memory_mb[k] if phase_memory_mb else None)
         shares = {v: static[v][k].miss_share for v in names}
-        meeting = [v for v in names if shares[v] is not None and shares[v] <= max_miss_share]  # type: ignore[operator]
+        meeting = [v for v in names if meets_deadlines(static[v][k], max_miss_share)]
         rank = (ranking[k] if ranking else None) or accuracy
         if meeting:
             out.append(max(meeting, key=lambda v: (rank[v], accuracy[v], -(shares[v] or 0.0))))
@@ -159,14 +175,17 @@ def compare(adaptive: Sequence[PhaseScore], static: Mapping[str, Sequence[PhaseS
     rows = []
     for k, (mine, best) in enumerate(strict_zip(adaptive, choices)):
         oracle_run = static[best][k]
-        miss_ok = (mine.miss_share is not None and oracle_run.miss_share is not None
-                   and mine.miss_share <= oracle_run.miss_share + miss_slack)
+        if mine.judged == 0 and oracle_run.judged == 0:  # no latency budget in the phase: no deadline
+            miss_ok = meets_deadlines(mine, max_miss_share)
+        else:
+            miss_ok = (mine.miss_share is not None and oracle_run.miss_share is not None
+                       and mine.miss_share <= oracle_run.miss_share + miss_slack)
         acc_ok = (mine.table_accuracy is not None and oracle_run.table_accuracy is not None
                   and mine.table_accuracy >= oracle_run.table_accuracy - accuracy_slack)
         limit = phase_memory_mb[k] if phase_memory_mb else None
         met = {name: meets_budgets(run, memory_mb, limit, max_miss_share)
                for name, run in (("adaptive", mine), ("oracle", oracle_run), ("static_largest", static[largest][k]))}
-        rows.append({"start_s": mine.start_s, "stop_s": mine.stop_s, "oracle_variant": best,
+        rows.append({"start_s": mine.start_s, "stop_s": mine.stop_s, "sent": mine.requests, "oracle_variant": best,
                      "memory_budget_mb": limit, "budgets_met": met,
                      "mu": mu[k] if mu else None,
                      "oracle_by": "eq. 3" if ranking and ranking[k] else "accuracy",

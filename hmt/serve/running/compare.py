@@ -44,7 +44,9 @@ class Comparison:
             judged = sum(r["judged"] for r in rows)
             if name == "miss_share":
                 return sum(r["misses"] for r in rows) / judged if judged else None
-            weighted = [(r[name], r["judged"]) for r in rows if r[name] is not None]
+            # weighed by the answers (the requests a phase's accuracy is over), not by the requests
+            # judged for a deadline: a scenario without a latency budget judges none
+            weighted = [(r[name], sum(r["variants"].values())) for r in rows if r[name] is not None]
             total = sum(w for _, w in weighted)
             return sum(v * w for v, w in weighted) / total if total else None
 
@@ -54,10 +56,14 @@ class Comparison:
         adaptive = self.runs[ADAPTIVE].summary
         out["adaptive"].update(switches=adaptive["switches"], decision_us=adaptive["decision_us"],
                                first_clean_window_s_max=adaptive["first_clean_window_s_max"])
-        out["phases_tracked"] = sum(bool(p["tracks_oracle"]) for p in self.phases)
-        out["phases_budgets_met"] = {key: sum(bool(p["budgets_met"][key]) for p in self.phases)
+        # A phase the adaptive run sent nothing in (shorter than the gap between requests) shows
+        # nothing about the loop: the counts are over the phases with requests.
+        sent = [p for p in self.phases if p["sent"]]
+        out["phases_tracked"] = sum(bool(p["tracks_oracle"]) for p in sent)
+        out["phases_budgets_met"] = {key: sum(bool(p["budgets_met"][key]) for p in sent)
                                      for key in ("adaptive", "oracle", "static_largest")}
-        out["phases"] = len(self.phases)
+        out["phases"] = len(sent)
+        out["phases_without_requests"] = len(self.phases) - len(sent)
         return out
 
 

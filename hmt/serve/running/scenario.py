@@ -111,36 +111,13 @@ class Scenario:
 
     @classmethod
     def from_text(cls, text: str, source: str = "scenario") -> Scenario:
-        reader = csv.DictReader(io.StringIO(text))
-        header = [h.strip() for h in (reader.fieldnames or [])]
-        if "time_s" not in header:
-            raise InputError(f"{source}: needs a header row with a time_s column; columns: {', '.join(COLUMNS)}")
-        unknown = [h for h in header if h not in COLUMNS]
-        if unknown:
-            raise InputError(f"{source}: unknown column(s) {unknown}; expected some of {list(COLUMNS)}")
-        rows: list[ScenarioRow] = []
-        for line, raw in enumerate(reader, start=2):
-            if len(rows) == MAX_ROWS:
-                raise InputError(f"{source}: more than {MAX_ROWS} rows; a scenario holds at most {MAX_ROWS} "
-                                 "(the loop decides every 0.25 s: merge rows closer than that)")
-            where = f"{source}:{line}"
-            if None in raw:  # cells past the header's: '1,0,5' (a decimal comma) must not read as cpu_load 0
-                raise InputError(f"{where}: {len(header) + len(raw[None])} cells, the header names {len(header)} "
-                                 "(a decimal comma? write 0.5, not 0,5)")
-            record = {k.strip(): v for k, v in raw.items() if k is not None}
-            time_s = _cell(record.get("time_s"), "time_s", where, 0.0, 1e9)
-            if time_s is None:
-                raise InputError(f"{where}: time_s is empty")
-            rows.append(ScenarioRow(
-                time_s=time_s,
-                cpu_load=_cell(record.get("cpu_load"), "cpu_load", where, 0.0, 1.0),
-                memory_budget_mb=_cell(record.get("memory_budget_mb"), "memory_budget_mb", where, 0.0, 1e9, True),
-                battery_pct=_cell(record.get("battery_pct"), "battery_pct", where, 0.0, 100.0),
-                latency_budget_ms=_cell(record.get("latency_budget_ms"), "latency_budget_ms", where,
-                                        MIN_LATENCY_BUDGET_MS, 1e9),
-                memory_squeeze_mb=_cell(record.get("memory_squeeze_mb"), "memory_squeeze_mb", where, 0.0, 1e6),
-            ))
-        return cls(rows, source)
+        # Universal newlines: a file saved with CR alone ends its lines too (csv refused it, unread).
+        reader = csv.DictReader(io.StringIO(text, newline=None))
+        try:
+            return cls(_read_rows(reader, source), source)
+        except csv.Error as exc:  # a cell past csv's field size limit: one line, not a traceback
+            # line_num counts the lines read whole; the one csv stopped in is the next
+            raise InputError(f"{source}:{reader.line_num + 1}: not readable as CSV ({exc})") from exc
 
     @property
     def end_s(self) -> float:
@@ -153,6 +130,51 @@ class Scenario:
     def at(self, time_s: float) -> ScenarioRow:
         i = bisect_right(self._times, time_s) - 1
         return self.rows[max(0, i)]
+
+
+def _read_rows(reader: csv.DictReader[str], source: str) -> list[ScenarioRow]:
+    """The rows of a scenario's CSV (see the module docstring), each checked and named by its line."""
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    if "time_s" not in header:
+        raise InputError(f"{source}: needs a header row with a time_s column; columns: {', '.join(COLUMNS)}")
+    # One column without a name (a spreadsheet's trailing comma: 'time_s,cpu_load,') is read as
+    # empty: a value under it is refused below.
+    unnamed = header.count("") == 1
+    unknown = [h for h in header if h not in COLUMNS and not (unnamed and h == "")]
+    if unknown:
+        raise InputError(f"{source}: unknown column(s) {unknown}; expected some of {list(COLUMNS)}")
+    repeated = sorted({h for h in header if header.count(h) > 1})
+    if repeated:  # DictReader keeps the last cell of a repeated name: the first would go unread
+        raise InputError(f"{source}: column(s) {repeated} named more than once in the header")
+    rows: list[ScenarioRow] = []
+    for raw in reader:
+        line = reader.line_num  # the file's line: blank lines are skipped, a quoted cell may span lines
+        if len(rows) == MAX_ROWS:
+            raise InputError(f"{source}: more than {MAX_ROWS} rows; a scenario holds at most {MAX_ROWS} "
+                             "(the loop decides every 0.25 s: merge rows closer than that)")
+        where = f"{source}:{line}"
+        if None in raw:  # cells past the header's: '1,0,5' (a decimal comma) must not read as cpu_load 0
+            raise InputError(f"{where}: {len(header) + len(raw[None])} cells, the header names {len(header)} "
+                             "(a decimal comma? write 0.5, not 0,5)")
+        record = {k.strip(): v for k, v in raw.items() if k is not None}
+        if (record.get("") or "").strip():
+            raise InputError(f"{where}: {record['']!r} under the column without a name; name it or remove it")
+        time_s = _cell(record.get("time_s"), "time_s", where, 0.0, 1e9)
+        if time_s is None:
+            raise InputError(f"{where}: time_s is empty")
+        if rows and time_s < rows[-1].time_s:
+            raise InputError(f"{where}: time_s {time_s:g} is before the previous row's {rows[-1].time_s:g} "
+                             "(times must be non-decreasing)")
+        rows.append(ScenarioRow(
+            time_s=time_s,
+            cpu_load=_cell(record.get("cpu_load"), "cpu_load", where, 0.0, 1.0),
+            memory_budget_mb=_cell(record.get("memory_budget_mb"), "memory_budget_mb", where, 0.0, 1e9, True),
+            battery_pct=_cell(record.get("battery_pct"), "battery_pct", where, 0.0, 100.0),
+            latency_budget_ms=_cell(record.get("latency_budget_ms"), "latency_budget_ms", where,
+                                    MIN_LATENCY_BUDGET_MS, 1e9),
+            memory_squeeze_mb=_cell(record.get("memory_squeeze_mb"), "memory_squeeze_mb", where, 0.0, 1e6),
+        ))
+    return rows
 
 
 class ScenarioState:

@@ -174,8 +174,20 @@ def run_until_stopped(service: Any, api: ApiOptions, server: ServerOptions, *,
 # -- scenario replay --------------------------------------------------------------------------
 
 
+def _from_pixels(bundle: Bundle, x: np.ndarray) -> np.ndarray:
+    """uint8 pixels ``[N, H, W, C]`` of an image bundle normalised as its preprocessing says (as
+    ``/v1/predict`` and ``--canary`` take them); anything else as it is."""
+    from hmt.serve.http.inputs import InputSpec, normalise
+
+    spec = InputSpec.of_bundle(bundle.spec)
+    if x.dtype != np.uint8 or x.ndim != 4 or spec.preprocess is None or x.shape[1:] != spec.image_hwc:
+        return x
+    return normalise(x, spec)
+
+
 def load_inputs(bundle: Bundle, data: Path | None, rng: np.random.Generator, count: int = 64) -> Inputs:
-    """``data`` (.npz with x and optional y) shaped to the bundle's input, or ``count`` seeded noise inputs."""
+    """``data`` (.npz with x and optional y; x the model's inputs or uint8 pixels [N, H, W, C]) shaped
+    to the bundle's input, or ``count`` seeded noise inputs."""
     spec = bundle.spec.input
     dtype = numpy_dtype(spec.dtype)
     shape = tuple(spec.shape)
@@ -187,6 +199,7 @@ def load_inputs(bundle: Bundle, data: Path | None, rng: np.random.Generator, cou
             y = np.asarray(archive["y"]) if "y" in archive.files else None
     except NPZ_ERRORS as exc:
         raise InputError(f"{data}: expected an .npz with arrays x (inputs) and y (labels) ({exc})") from exc
+    x = _from_pixels(bundle, x)
     if x.ndim and x.shape[1:] == shape[1:] and shape[0] == 1:
         x = x.reshape((x.shape[0], *shape))
     if x.shape[1:] != shape:
@@ -196,6 +209,11 @@ def load_inputs(bundle: Bundle, data: Path | None, rng: np.random.Generator, cou
         raise InputError(f"{data}: y must be a vector of {len(x)} labels, got shape {list(y.shape)}")
     if len(x) == 0:
         raise InputError(f"{data}: x holds no samples")
+    classes = bundle.spec.classes
+    if y is not None and (not np.issubdtype(y.dtype, np.number) or np.any(y != np.round(y))
+                          or np.any(y < 0) or np.any(y >= classes)):
+        raise InputError(f"{data}: y must hold class indices 0..{classes - 1} (dtype {y.dtype}); "
+                         "accuracy would count every other label as wrong")
     x = x.astype(dtype)
     if np.issubdtype(dtype, np.floating) and not np.all(np.isfinite(x)):
         raise InputError(f"{data}: x contains NaN or infinity")
