@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,3 +16,18 @@ def _private_state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
     state = tmp_path_factory.mktemp("hmt-state")
     monkeypatch.setenv("HMT_STATE_DIR", str(state))
     return state
+
+
+@pytest.fixture(autouse=True)
+def _logging_kept() -> Iterator[None]:
+    """A test that runs serve's command line in process applies serve's logging config (the hmt and
+    uvicorn loggers stop propagating, to serve's own handler); later tests reading log records through
+    caplog then saw none. Each test leaves these loggers as it found them."""
+    names = ("hmt", "uvicorn", "uvicorn.error", "uvicorn.access")
+    kept = {n: (logging.getLogger(n).level, logging.getLogger(n).propagate, list(logging.getLogger(n).handlers),
+                logging.getLogger(n).disabled) for n in names}
+    yield
+    for name, (level, propagate, handlers, disabled) in kept.items():
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        logger.propagate, logger.handlers, logger.disabled = propagate, handlers, disabled
