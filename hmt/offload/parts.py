@@ -27,7 +27,7 @@ import numpy as np
 
 from hmt.bundle import Bundle, BundleVariant
 from hmt.errors import ModelError
-from hmt.offload.plan import Cut, has_file
+from hmt.offload.plan import Cut, graphs_sha256, has_file
 from hmt.runtime.chain import ChainRunner, softmax_confidence
 from hmt.runtime.ort import ort_session
 from hmt.runtime.variant import SERVE_DEFAULT_ORT, VariantRuntime, graph_fn, resolve_engine
@@ -78,6 +78,7 @@ class SplitChain:
         self.variant = variant
         self.arch_id = variant.arch_id
         self.cuts = cuts
+        self.graphs_sha256 = graphs_sha256(bundle, variant, cuts)  # the peer's and the device's must match
         n = variant.exit_stage + 1
         self.engine, self.notes = chain_engine(bundle, variant, engine)
         runtime = VariantRuntime.of(variant)

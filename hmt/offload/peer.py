@@ -4,13 +4,15 @@ Endpoints (JSON errors ``{"error": {"code", "message"}}`` like the device API):
 
 - ``POST /v1/segment?variant=ARCH&cut=K``: the body is the cut's tensor (:mod:`hmt.offload.codec`);
   optional ``x-deadline-ms`` (the device's share of its deadline: a request still queued
-  then is dropped with 504) and ``x-hmt-confidence`` (early exit threshold; absent: off).
+  then is dropped with 504), ``x-hmt-confidence`` (early exit threshold; absent: off) and
+  ``x-hmt-graphs`` (the device's digest of the variant's graphs: 409 ``different_graphs``
+  when the peer's differ, i.e. it serves another bundle's split).
   Answers ``{class, confidence, exit, compute_ms, server_ms, queue_ms}``.
 - ``POST /v1/probe``: up to :data:`PROBE_MAX_BYTES` of anything, answered with its size and
   the time spent reading it: the device's active bandwidth probe.
 - ``GET /v1/status``: role, queue (admitted, limit, workers), CPU load, the running ratio
   of measured to warm compute time, and each variant's tail time per cut (warm, here),
-  which is what the device plans with.
+  which is what the device plans with, and the digest of its graphs (``graphs_sha256``).
 - ``GET /v1/health/live``, ``GET /v1/health/ready``.
 
 Guards: below the app, the main server's connection layer (:mod:`hmt.serve.http.connections`,
@@ -54,6 +56,7 @@ from hmt.serve.http.connections import ConnectionStats
 
 CONFIDENCE_HEADER = "x-hmt-confidence"
 DEADLINE_HEADER = "x-deadline-ms"
+GRAPHS_HEADER = "x-hmt-graphs"
 PROBE_MAX_BYTES = 1 << 20
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
@@ -175,7 +178,7 @@ class PeerService:
                       "workers": self.options.workers, "served": self.served, "rejected": dict(self.rejected)},
             "load": {"cpu_util": psutil.cpu_percent(interval=None) / 100.0, "compute_ratio": self.ratio},
             "variants": {a: {"tail_ms": [ch.tail_time_ms(c) for c in ch.cuts], "engine": ch.engine,
-                             "notes": ch.notes,
+                             "notes": ch.notes, "graphs_sha256": ch.graphs_sha256,
                              "cut_bytes_float32": [c.size_bytes("float32") for c in ch.cuts]}
                          for a, ch in self.chains.items()},
             "codecs": list(CODECS),
@@ -265,6 +268,11 @@ def create_peer_app(service: PeerService) -> ASGIApp:
     async def segment(request: Request) -> Response:
         received_s = time.monotonic()
         chain, index = service.chain(request.query_params.get("variant"), request.query_params.get("cut"))
+        graphs = request.headers.get(GRAPHS_HEADER)
+        if graphs is not None and not hmac.compare_digest(graphs.encode(), chain.graphs_sha256.encode()):
+            raise _Rejected(409, "different_graphs", f"variant {chain.arch_id!r} of this peer's bundle has other "
+                                                     "graphs than the device's: serve the peer half split "
+                                                     "from the device's bundle")
         asked = _float_header(request, DEADLINE_HEADER)
         deadline_ms = opts.deadline_ms if asked is None else min(opts.deadline_ms, asked)
         confidence = _float_header(request, CONFIDENCE_HEADER)

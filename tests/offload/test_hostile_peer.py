@@ -1,0 +1,152 @@
+"""A peer that answers slowly, wrongly or from another bundle: the device answers itself, in time."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from starlette.testclient import TestClient
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from offload_bundles import INPUT_SHAPE, make_conv_bundle
+
+from hmt.bundle import load_bundle
+from hmt.deploy.offload import OffloadBundles, write_offload_bundles
+from hmt.offload.client import PeerClient, PeerFailure, Reply
+from hmt.offload.codec import encode
+from hmt.offload.device import WHERE_FALLBACK, WHERE_PEER, DeviceOptions, OffloadDevice
+from hmt.offload.parts import SplitChain
+from hmt.offload.peer import GRAPHS_HEADER, PeerOptions, PeerService, create_peer_app
+from hmt.offload.plan import load_plan
+from hmt.offload.planner import Option
+from hmt.offload.timing import NO_SHARE
+
+
+@pytest.fixture()
+def trickling_peer() -> Iterator[int]:
+    """Reads a request, then sends a valid answer one byte every 20 ms (about 2.5 s in all)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    body = b'{"class": 1, "confidence": 0.9, "exit": 1, "pad": "' + b"x" * 40 + b'"}'
+    answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            for i in range(len(answer)):
+                try:
+                    conn.sendall(answer[i:i + 1])
+                except OSError:
+                    return
+                time.sleep(0.02)
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield server.getsockname()[1]
+    server.close()
+
+
+def test_a_trickled_answer_cannot_hold_the_request_past_its_limit(trickling_peer: int) -> None:
+    client = PeerClient(f"http://127.0.0.1:{trickling_peer}")
+    start = time.perf_counter()
+    with pytest.raises(PeerFailure) as info:
+        client.status(limit_ms=200.0)
+    # Each byte came within the socket timeout, so only a limit over the whole read stops it.
+    assert info.value.reason == "timeout"
+    assert time.perf_counter() - start < 1.0
+
+
+class _Scripted:
+    """A peer client that answers every segment with ``body``."""
+
+    url = "http://scripted"
+
+    def __init__(self, body: Any) -> None:
+        self.body = body
+
+    def segment(self, *args: Any, limit_ms: float, **kwargs: Any) -> Reply:
+        return Reply(self.body, 5.0, NO_SHARE)
+
+    def status(self, limit_ms: float) -> Reply:
+        return Reply({"variants": {}, "load": {"compute_ratio": 1.0}}, 1.0, NO_SHARE)
+
+    def close(self) -> None:
+        pass
+
+
+def _device(offload_bundles: OffloadBundles, client: Any) -> OffloadDevice:
+    bundle = load_bundle(offload_bundles.device)
+    return OffloadDevice(bundle, load_plan(bundle), client, DeviceOptions(budget_ms=200.0, fixed_variant="deep"),
+                         rng=np.random.default_rng(0), warmup_runs=1)
+
+
+@pytest.mark.parametrize("body", [
+    {"class": 999, "confidence": 0.9, "exit": 1},
+    {"class": -1, "confidence": 0.9, "exit": 1},
+    {"class": 1, "confidence": float("nan"), "exit": 1},
+    {"class": 1, "confidence": 0.9, "exit": 7},
+    {"class": True, "confidence": 0.9, "exit": 1},
+    {"class": 1, "confidence": 0.9, "exit": 1, "server_ms": -1e9},
+    {"class": 1, "confidence": 0.9, "exit": 1, "queue_ms": float("inf")},
+])
+def test_a_garbage_answer_is_not_served_and_does_not_touch_the_estimates(
+        offload_bundles: OffloadBundles, body: dict[str, Any]) -> None:
+    device = _device(offload_bundles, _Scripted(body))
+    before = device.link.estimate()
+    x = np.random.default_rng(1).standard_normal(INPUT_SHAPE).astype(np.float32)
+    result = device.run(x, Option("deep", 0, "float32", 1.0, 1.0, 0.0, True, 0.5))
+    assert result.where == WHERE_FALLBACK and device.errors["bad_reply"] == 1
+    assert result.class_index == device.chains["deep"].run_local(x, None).class_index
+    after = device.link.estimate()
+    assert (after.ms_per_byte, after.samples) == (before.ms_per_byte, before.samples)
+    assert device.peer_queue_ms == 0.0
+
+
+def test_a_sound_answer_still_serves(offload_bundles: OffloadBundles) -> None:
+    device = _device(offload_bundles, _Scripted({"class": 3, "confidence": 0.5, "exit": 1, "server_ms": 1.0,
+                                                 "compute_ms": 0.8, "queue_ms": 0.1}))
+    x = np.random.default_rng(1).standard_normal(INPUT_SHAPE).astype(np.float32)
+    result = device.run(x, Option("deep", 0, "float32", 1.0, 1.0, 0.0, True, 0.5))
+    assert result.where == WHERE_PEER and result.class_index == 3
+
+
+@pytest.fixture(scope="module")
+def other_split(tmp_path_factory: pytest.TempPathFactory) -> OffloadBundles:
+    """The same variants, shapes and cuts as the offload bundles, other weights."""
+    root = tmp_path_factory.mktemp("other")
+    return write_offload_bundles(make_conv_bundle(root / "bundle", seed=7), root / "device", root / "peer", seed=3)
+
+
+def test_another_bundles_peer_is_refused(offload_bundles: OffloadBundles, other_split: OffloadBundles) -> None:
+    peer_bundle = load_bundle(other_split.peer)
+    service = PeerService(peer_bundle, load_plan(peer_bundle), PeerOptions(), warmup_runs=1)
+    device_bundle = load_bundle(offload_bundles.device)
+    chain = SplitChain(device_bundle, device_bundle.spec.variant("deep"), load_plan(device_bundle).for_variant("deep"))
+    assert chain.graphs_sha256 != service.chains["deep"].graphs_sha256
+    x = np.random.default_rng(2).standard_normal(INPUT_SHAPE).astype(np.float32)
+    middle = chain.run_head(x, chain.cut(1), None)
+    assert isinstance(middle, np.ndarray)
+    enc = encode(middle, "float32")
+    with TestClient(create_peer_app(service)) as client:
+        refused = client.post("/v1/segment?variant=deep&cut=1", content=enc.body,
+                              headers=enc.headers | {GRAPHS_HEADER: chain.graphs_sha256})
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "different_graphs"
+        same = client.post("/v1/segment?variant=deep&cut=1", content=enc.body,
+                           headers=enc.headers | {GRAPHS_HEADER: service.chains["deep"].graphs_sha256})
+        assert same.status_code == 200
+        status = client.get("/v1/status").json()
+
+    class _Status(_Scripted):
+        def status(self, limit_ms: float) -> Reply:
+            return Reply(status, 1.0, NO_SHARE)
+
+    device = _device(offload_bundles, _Status({}))
+    assert not device.refresh_peer_status()
+    assert device.errors["probe_wrong_bundle"] == 1 and device.breaker.state != "closed"
