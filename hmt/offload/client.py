@@ -16,6 +16,7 @@ sample of the link.
 
 from __future__ import annotations
 
+import base64
 import functools
 import http.client
 import io
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+import numpy as np
 
 from hmt.errors import UsageError
 from hmt.offload.peer import CONFIDENCE_HEADER, DEADLINE_HEADER, GRAPHS_HEADER
@@ -91,9 +94,10 @@ class _DeadlineResponse(http.client.HTTPResponse):
         super().__init__(_DeadlineSocket(sock, deadline), *args, **kwargs)  # type: ignore[arg-type]
 
 
-def check_answer(body: dict[str, Any], classes: int, exits: int) -> tuple[int, float, int]:
-    """(class, confidence, exit) of a segment's answer; :class:`PeerFailure` ``bad_reply`` unless the
-    class is one of ``classes``, the exit one of ``exits`` and the confidence a number in [0, 1]."""
+def check_answer(body: dict[str, Any], classes: int, exits: int) -> tuple[int, float, int, np.ndarray | None]:
+    """(class, confidence, exit, probabilities or None) of a segment's answer; :class:`PeerFailure`
+    ``bad_reply`` unless the class is one of ``classes``, the exit one of ``exits``, the confidence a
+    number in [0, 1] and the probabilities, when sent, ``classes`` of them in [0, 1]."""
     try:
         values = body["class"], body["confidence"], body["exit"]
     except KeyError as exc:
@@ -107,7 +111,22 @@ def check_answer(body: dict[str, Any], classes: int, exits: int) -> tuple[int, f
         raise PeerFailure("bad_reply", f"exit {exit_index!r} is not one of the variant's {exits}")
     if not (math.isfinite(confidence) and 0.0 <= confidence <= 1.0):
         raise PeerFailure("bad_reply", f"confidence {confidence!r} is not in [0, 1]")
-    return int(class_index), float(confidence), int(exit_index)
+    return int(class_index), float(confidence), int(exit_index), _probabilities(body.get("probabilities"), classes)
+
+
+def _probabilities(text: Any, classes: int) -> np.ndarray | None:
+    if text is None:
+        return None
+    try:
+        raw = base64.b64decode(text, validate=True) if isinstance(text, str) else b""
+    except ValueError as exc:
+        raise PeerFailure("bad_reply", "probabilities are not base64") from exc
+    if len(raw) != 4 * classes:
+        raise PeerFailure("bad_reply", f"{len(raw)} bytes of probabilities, expected {4 * classes}")
+    probabilities = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+    if not (np.all(np.isfinite(probabilities)) and np.all((probabilities >= 0) & (probabilities <= 1))):
+        raise PeerFailure("bad_reply", "probabilities must be numbers in [0, 1]")
+    return probabilities
 
 
 def peer_times_ms(body: dict[str, Any], elapsed_ms: float) -> tuple[float, float, float]:

@@ -103,6 +103,7 @@ class OffloadResult:
     latency_ms: float
     deadline_miss: bool
     peer_error: str | None = None
+    probabilities: np.ndarray | None = None  # of the answering exit (float32); None: the peer sent none
 
 
 class OffloadDevice:
@@ -338,7 +339,9 @@ class OffloadDevice:
                                             confidence=confidence, limit_ms=limit_ms,
                                             graphs_sha256=chain.graphs_sha256)
                 body = reply.body
-                answer = Answer(*check_answer(body, self.bundle.spec.classes, chain.last + 1), 0.0)
+                got, got_confidence, got_exit, got_probabilities = check_answer(body, self.bundle.spec.classes,
+                                                                                chain.last + 1)
+                answer = Answer(got, got_confidence, got_exit, 0.0, got_probabilities)
                 remote_ms = self._observe_reply(chain, cut.index, len(encoded.body), reply, body)
                 self._success()
                 if option.remote_ms > 0:
@@ -373,7 +376,8 @@ class OffloadDevice:
         latency_ms = (time.perf_counter() - start) * 1e3
         self.counts[where] += 1
         return OffloadResult(answer.class_index, answer.confidence, answer.exit, option.arch_id, option.cut,
-                             option.codec, where, latency_ms, latency_ms > self.options.budget_ms, peer_error)
+                             option.codec, where, latency_ms, latency_ms > self.options.budget_ms, peer_error,
+                             answer.probabilities)
 
     # -- probing ------------------------------------------------------------------------------
 

@@ -7,7 +7,9 @@ Endpoints (JSON errors ``{"error": {"code", "message"}}`` like the device API):
   then is dropped with 504), ``x-hmt-confidence`` (early exit threshold; absent: off) and
   ``x-hmt-graphs`` (the device's digest of the variant's graphs: 409 ``different_graphs``
   when the peer's differ, i.e. it serves another bundle's split).
-  Answers ``{class, confidence, exit, compute_ms, server_ms, queue_ms}``.
+  Answers ``{class, confidence, exit, probabilities, compute_ms, server_ms, queue_ms}``
+  (``probabilities``: the answering exit's softmax, little-endian float32 in base64, so an
+  offloaded answer serves ``top_k`` and ``probabilities`` as a local one does).
 - ``POST /v1/probe``: up to :data:`PROBE_MAX_BYTES` of anything, answered with its size and
   the time spent reading it: the device's active bandwidth probe.
 - ``GET /v1/status``: role, queue (admitted, limit, workers), CPU load, the running ratio
@@ -27,6 +29,7 @@ it happened, with an id to find the traceback in the log, never the exception's 
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import hmac
 import json
@@ -76,6 +79,13 @@ class PeerOptions:
             raise UsageError(f"peer max_queue and workers must be >= 1, got {self.max_queue}, {self.workers}")
         if not (math.isfinite(self.deadline_ms) and self.deadline_ms > 0):
             raise UsageError(f"peer deadline_ms must be a finite number > 0, got {self.deadline_ms}")
+
+
+def encode_probabilities(probabilities: np.ndarray | None) -> str | None:
+    """Little-endian float32 in base64 (4 bytes a class, exact), or None."""
+    if probabilities is None:
+        return None
+    return base64.b64encode(np.asarray(probabilities, dtype="<f4").tobytes()).decode("ascii")
 
 
 class _Rejected(Exception):
@@ -138,6 +148,7 @@ class PeerService:
         # queue_ms and compute_ms start once the body is in: the device subtracts them from its
         # round trip and reads the rest as network time (the body's upload included).
         return {"class": answer.class_index, "confidence": answer.confidence, "exit": answer.exit,
+                "probabilities": encode_probabilities(answer.probabilities),
                 "compute_ms": answer.compute_ms, "queue_ms": (start_s - read_s) * 1e3,
                 "server_ms": (done_s - read_s) * 1e3}
 

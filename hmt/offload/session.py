@@ -94,7 +94,7 @@ class OffloadingController:
             controller.request_tick()
         return Prediction(result.class_index, result.confidence, result.exit,
                           f"{result.variant}@{result.where}" + ("" if result.cut is None else f":cut{result.cut}"),
-                          result.latency_ms, latency_ms, miss)
+                          result.latency_ms, latency_ms, miss, result.probabilities)
 
     def status(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         doc: dict[str, Any] = self._controller.status(*args, **kwargs)

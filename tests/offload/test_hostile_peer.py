@@ -150,3 +150,27 @@ def test_another_bundles_peer_is_refused(offload_bundles: OffloadBundles, other_
     device = _device(offload_bundles, _Status({}))
     assert not device.refresh_peer_status()
     assert device.errors["probe_wrong_bundle"] == 1 and device.breaker.state != "closed"
+
+
+def test_offloaded_and_fallback_answers_carry_the_probabilities(offload_bundles: OffloadBundles) -> None:
+    """A client asking for top_k or probabilities is answered whichever route served it."""
+    peer_bundle = load_bundle(offload_bundles.peer)
+    service = PeerService(peer_bundle, load_plan(peer_bundle), PeerOptions(), warmup_runs=1)
+    device = _device(offload_bundles, None)
+    chain = device.chains["deep"]
+    x = np.random.default_rng(3).standard_normal(INPUT_SHAPE).astype(np.float32)
+    expected = chain.run_local(x, None).probabilities
+    assert expected is not None and expected.shape == (device.bundle.spec.classes,)
+    middle = chain.run_head(x, chain.cut(1), None)
+    assert isinstance(middle, np.ndarray)
+    body = service._work(service.chains["deep"], 1, middle, None, time.monotonic(), time.monotonic() + 5)
+    body |= {"server_ms": 1.0, "compute_ms": 1.0, "queue_ms": 0.0}
+    device.client = _Scripted(body)  # type: ignore[assignment]
+    result = device.run(x, Option("deep", 1, "float32", 1.0, 1.0, 0.0, True, 0.5))
+    assert result.where == WHERE_PEER and result.probabilities is not None
+    np.testing.assert_allclose(result.probabilities, expected, atol=1e-6)
+    device.client = _Scripted(body | {"probabilities": "AAAA"})  # type: ignore[assignment]  # one float, not 4
+    result = device.run(x, Option("deep", 1, "float32", 1.0, 1.0, 0.0, True, 0.5))
+    assert result.where == WHERE_FALLBACK and device.errors["bad_reply"] == 1
+    assert result.probabilities is not None
+    np.testing.assert_allclose(result.probabilities, expected, atol=1e-6)
