@@ -351,7 +351,7 @@ class OffloadDevice:
             except (PeerFailure, KeyError, TypeError, ValueError) as exc:
                 error = exc.reason if isinstance(exc, PeerFailure) else "bad_reply"
                 self.errors[error] += 1
-                self._failure(error)
+                self._failure(str(exc) if isinstance(exc, PeerFailure) else error)
         answer = chain.run_tail(head, cut, confidence)
         return self._result(answer, option, WHERE_FALLBACK, start, peer_error=error or "breaker_open")
 
@@ -388,7 +388,7 @@ class OffloadDevice:
             tails, ratio = read_status(reply.body, {a: ch.graphs_sha256 for a, ch in self.chains.items()})
         except PeerFailure as exc:
             self.errors[f"probe_{exc.reason}"] += 1
-            self._failure(f"probe: {exc.reason}")
+            self._failure(f"probe: {exc}")
             return False
         device_ms = reply.device.wall_ms(self.device_ratio)
         self.link.observe_rtt(max(0.0, reply.elapsed_ms - device_ms))
@@ -403,8 +403,10 @@ class OffloadDevice:
         return True
 
     def _failure(self, reason: str) -> None:
+        """The breaker counts a failure; ``reason`` (the failure with its detail: a refused
+        certificate, the peer's error text) is what /v1/status shows as ``last_error``."""
         was = self.breaker.state
-        self.breaker.failure(reason)
+        self.breaker.failure(reason[:300])
         if was == CLOSED and self.breaker.state != CLOSED and self.on_peer_change is not None:
             self.on_peer_change()
 
@@ -419,7 +421,7 @@ class OffloadDevice:
             reply = self.client.probe(self.options.probe_bytes, limit_ms)
         except PeerFailure as exc:
             self.errors[f"probe_{exc.reason}"] += 1
-            self._failure(f"probe: {exc.reason}")
+            self._failure(f"probe: {exc}")
             return False
         device_ms = reply.device.wall_ms(self.device_ratio)
         self.link.observe_transfer(self.options.probe_bytes, max(0.0, reply.elapsed_ms - device_ms))

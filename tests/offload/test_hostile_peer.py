@@ -174,3 +174,16 @@ def test_offloaded_and_fallback_answers_carry_the_probabilities(offload_bundles:
     assert result.where == WHERE_FALLBACK and device.errors["bad_reply"] == 1
     assert result.probabilities is not None
     np.testing.assert_allclose(result.probabilities, expected, atol=1e-6)
+
+
+def test_the_status_says_why_the_peer_fails(offload_bundles: OffloadBundles) -> None:
+    """A peer whose certificate is not trusted: the breaker's last error names it, not just 'broken'."""
+
+    class _Untrusted(_Scripted):
+        def status(self, limit_ms: float) -> Reply:
+            raise PeerFailure("broken", "SSLCertVerificationError: certificate verify failed: self-signed")
+
+    device = _device(offload_bundles, _Untrusted({}))
+    assert not device.refresh_peer_status()
+    assert device.errors["probe_broken"] == 1
+    assert "certificate verify failed" in device.status()["breaker"]["last_error"]
