@@ -161,7 +161,8 @@ def read_status(body: dict[str, Any], graphs: dict[str, str]) -> tuple[dict[str,
             raise PeerFailure("bad_reply", f"status: variant {arch_id!r} is malformed")
         reported = entry.get("graphs_sha256")
         if reported is not None and reported != graphs[arch_id]:
-            raise PeerFailure("wrong_bundle", f"the peer runs other graphs for {arch_id!r} (another bundle's split)")
+            raise PeerFailure("wrong_bundle", f"the peer runs other graphs or cuts for {arch_id!r} (not the "
+                                              "peer half split from this device's bundle)")
         times = entry.get("tail_ms", [])
         if any(isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t >= 0)
                for t in times):

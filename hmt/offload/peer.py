@@ -282,8 +282,8 @@ def create_peer_app(service: PeerService) -> ASGIApp:
         graphs = request.headers.get(GRAPHS_HEADER)
         if graphs is not None and not hmac.compare_digest(graphs.encode(), chain.graphs_sha256.encode()):
             raise _Rejected(409, "different_graphs", f"variant {chain.arch_id!r} of this peer's bundle has other "
-                                                     "graphs than the device's: serve the peer half split "
-                                                     "from the device's bundle")
+                                                     "graphs or cuts than the device's: serve the peer half "
+                                                     "split from the device's bundle")
         asked = _float_header(request, DEADLINE_HEADER)
         deadline_ms = opts.deadline_ms if asked is None else min(opts.deadline_ms, asked)
         confidence = _float_header(request, CONFIDENCE_HEADER)

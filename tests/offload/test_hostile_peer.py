@@ -187,3 +187,19 @@ def test_the_status_says_why_the_peer_fails(offload_bundles: OffloadBundles) -> 
     assert not device.refresh_peer_status()
     assert device.errors["probe_broken"] == 1
     assert "certificate verify failed" in device.status()["breaker"]["last_error"]
+
+
+def test_a_plain_bundles_device_and_an_offload_splits_peer_disagree(conv_bundle: Path,
+                                                                    offload_bundles: OffloadBundles) -> None:
+    """A plain bundle offloads at its stage boundaries (cut 1: after segment 0); the split's peer numbers
+    an inner cut 1 (of the same tensor shape here): cut 1 names another point of the chain on each side,
+    so the digests differ and the peer refuses the device's cut 1 rather than run its own cut 1's tail."""
+    plain = load_bundle(conv_bundle)
+    boundary = SplitChain(plain, plain.spec.variant("deep"), load_plan(plain).for_variant("deep"))
+    peer_bundle = load_bundle(offload_bundles.peer)
+    split = SplitChain(peer_bundle, peer_bundle.spec.variant("deep"), load_plan(peer_bundle).for_variant("deep"))
+    assert boundary.cut(1).kind == "boundary" and split.cut(1).kind == "inner"
+    assert boundary.cut(1).tensor.shape == split.cut(1).tensor.shape
+    assert boundary.graphs_sha256 != split.graphs_sha256
+    again = SplitChain(plain, plain.spec.variant("deep"), load_plan(plain).for_variant("deep"))
+    assert again.graphs_sha256 == boundary.graphs_sha256  # a plain bundle as its own peer still offloads
