@@ -299,9 +299,10 @@ class OffloadDevice:
         start = time.perf_counter()
         return self.run(x, self.choose().option, start)
 
-    def run(self, x: np.ndarray, option: Option, start: float | None = None) -> OffloadResult:
+    def run(self, x: np.ndarray, option: Option, start: float | None = None, spent_ms: float = 0.0) -> OffloadResult:
         """Answer ``x`` as ``option`` says (serve's joint decision chose it): the head here, the tail on
-        the peer, and the tail here when the peer fails."""
+        the peer, and the tail here when the peer fails; ``spent_ms`` of the budget went before
+        (serve: the request's queue and decoding), so the peer gets what is left of it."""
         if start is None:
             start = time.perf_counter()
         chain = self.chains.get(option.arch_id)
@@ -323,7 +324,7 @@ class OffloadDevice:
         if cut.device_segments:
             self.observe_device_run(head_ms, chain.device_ms(cut))
         local_rest_ms = chain.tail_time_ms(cut) * self.device_ratio + self.options.margin_ms
-        left_ms = budget - head_ms
+        left_ms = budget - spent_ms - head_ms
         predicted_remote = option.predicted_ms - chain.device_ms(cut) * self.device_ratio
         limit_ms = left_ms - local_rest_ms
         if limit_ms < predicted_remote:

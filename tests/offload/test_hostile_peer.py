@@ -203,3 +203,29 @@ def test_a_plain_bundles_device_and_an_offload_splits_peer_disagree(conv_bundle:
     assert boundary.graphs_sha256 != split.graphs_sha256
     again = SplitChain(plain, plain.spec.variant("deep"), load_plan(plain).for_variant("deep"))
     assert again.graphs_sha256 == boundary.graphs_sha256  # a plain bundle as its own peer still offloads
+
+
+def test_a_silent_peer_leaves_the_fallback_time_before_the_deadline(offload_bundles: OffloadBundles) -> None:
+    """The peer's wait is what is left of the budget after the request's queue (spent_ms), and
+    without a latency budget serve plans with a share of the deadline, not all of it: before, a
+    peer that never answered made the fallback finish past the 2,000 ms deadline (504)."""
+    limits: list[float] = []
+
+    class _Silent(_Scripted):
+        def segment(self, *args: Any, limit_ms: float, **kwargs: Any) -> Reply:
+            limits.append(limit_ms)
+            raise PeerFailure("timeout", f"no answer within {limit_ms:.1f} ms")
+
+    device = _device(offload_bundles, _Silent({}))
+    x = np.random.default_rng(1).standard_normal(INPUT_SHAPE).astype(np.float32)
+    result = device.run(x, Option("deep", 1, "float32", 1.0, 1.0, 0.0, True, 0.5), spent_ms=150.0)
+    assert result.where == WHERE_FALLBACK and limits[0] <= 200.0 - 150.0
+
+    from hmt.offload.session import DEADLINE_SHARE, PeerLink, open_device
+    from hmt.serve.running.session import SessionOptions
+
+    wrapped = open_device(offload_bundles.device, SessionOptions(), PeerLink("http://127.0.0.1:9"), deadline_ms=2000.0)
+    try:
+        assert wrapped.device.options.budget_ms == 2000.0 * DEADLINE_SHARE < 2000.0
+    finally:
+        wrapped.stop()
