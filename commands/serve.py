@@ -342,6 +342,16 @@ def serve_command(
 
         refuse_block_modes(blocks=blocks, research=research, peer=peer is not None, adapt=adapt,
                            peer_role=role is RoleChoice.peer)
+        from commands.serve_offload import refuse_other_roles_options
+
+        refuse_other_roles_options(
+            peer_role=role is RoleChoice.peer,
+            device_only={"--peer": peer is not None, "--adapt": adapt, "--canary": canary is not None,
+                         "--variant": variant is not None, "--latency-ms": latency_ms is not None,
+                         "--memory-mb": memory_mb is not None, "--exit-confidence": exit_confidence is not None,
+                         "--no-early-exit": no_early_exit, "--set": bool(set_),
+                         "--serve-config": serve_config is not None, "--dynamic-batch": dynamic_batch > 1},
+            peer_only={"--ssl-certfile": ssl_certfile is not None, "--ssl-keyfile": ssl_keyfile is not None})
         if role is RoleChoice.peer or peer is not None:
             from commands.serve_offload import run_device, run_peer
 

@@ -23,6 +23,25 @@ def note_listening(output: Output, bundle: Path, message: str) -> None:
         output.note(f"note: {note}")
 
 
+def refuse_other_roles_options(*, peer_role: bool, device_only: dict[str, bool], peer_only: dict[str, bool]) -> None:
+    """Options the chosen role would silently ignore are a usage error (exit 2): --role peer runs
+    tails for devices (no predictions, budgets or adaptation of its own); only the peer serves TLS
+    (a device given --ssl-certfile would serve plain HTTP, its token in the clear)."""
+    from hmt.errors import UsageError
+
+    if peer_role:
+        given = [flag for flag, on in device_only.items() if on]
+        if given:
+            raise UsageError(f"{', '.join(given)} configure the device's own serving, which --role peer does not "
+                             "do (it runs the tails devices send; budgets, variants and adaptation are the "
+                             "device's): drop them, or serve the device half with them and --peer")
+        return
+    given = [flag for flag, on in peer_only.items() if on]
+    if given:
+        raise UsageError(f"{' and '.join(given)} go with --role peer: the device API serves plain HTTP "
+                         "(put a TLS-terminating proxy in front of it for the network)")
+
+
 def run_peer(output: Output, bundle: Path, *, host: str, port: int, token: str | None, workers: int,
              max_queue: int, deadline_ms: float,
              threads: int | None, engine: str | None, ssl_certfile: Path | None, ssl_keyfile: Path | None,

@@ -217,12 +217,24 @@ def load_shift_set(path: Path | str, *, names: Iterable[str] | None = None) -> S
     unknown = [n for n in wanted if n not in available]
     if unknown:
         raise UsageError(f"{artifact.root}: holds no set {unknown[0]!r}; it holds {', '.join(available)}")
-    labels = np.load(artifact.file(LABELS_NAME), allow_pickle=False)
+    labels = _load_npy(artifact.root / LABELS_NAME, artifact.file(LABELS_NAME))
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer) or labels.size == 0 or labels.min() < 0:
+        raise ArtifactError(f"{artifact.root / LABELS_NAME}: {labels.dtype} {labels.shape}; expected at least one "
+                            "class index, an integer >= 0 per image (N,)")
     sets = {}
     for name in wanted:
-        x = np.load(artifact.file(f"{name}.npy"), allow_pickle=False)
-        if x.dtype != np.uint8 or x.ndim != 4 or x.shape[0] != labels.shape[0]:
+        x = _load_npy(artifact.root / f"{name}.npy", artifact.file(f"{name}.npy"))
+        if x.dtype != np.uint8 or x.ndim != 4 or x.shape[0] != labels.shape[0] or x.shape[1] != 3:
             raise ArtifactError(f"{artifact.root / (name + '.npy')}: {x.dtype} {x.shape}; expected uint8 "
-                                f"({labels.shape[0]}, C, H, W)")
+                                f"({labels.shape[0]}, 3, H, W)")
         sets[name] = x
     return ShiftSet(root=artifact.root, labels=labels, sets=sets)
+
+
+def _load_npy(where: Path, path: Path) -> np.ndarray:
+    """One array of a shift set; an object array (it would need pickle) or a malformed file is refused."""
+    try:
+        array: np.ndarray = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise ArtifactError(f"{where}: not a plain .npy array ({exc})") from exc
+    return array

@@ -41,7 +41,7 @@ def load_sets(path: Path, *, names: Sequence[str] | None, limit: int | None) -> 
     """A shift set, or a CIFAR-10 source's test split (one set named ``test``)."""
     from hmt.adapt.corruptions import SHIFT_SET_KIND, load_shift_set
     from hmt.adapt.run import balanced_split
-    from hmt.data.cifar import CIFAR10_MEAN, CIFAR10_STD
+    from hmt.data.cifar import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 
     if not path.exists():
         raise InputError(f"{path}: does not exist; expected a data directory")
@@ -54,6 +54,9 @@ def load_sets(path: Path, *, names: Sequence[str] | None, limit: int | None) -> 
             raise InputError(f"{path}: is a {kind} artifact; --data expects a shift set or a CIFAR-10 source")
         shift = load_shift_set(path, names=names)
         sets, labels, source = shift.sets, shift.labels, path.name  # by name: no path of this machine
+        if labels.max() >= len(CIFAR10_CLASSES):  # its images are normalised as CIFAR-10's: its labels are too
+            raise InputError(f"{path}: label {int(labels.max())} is not a CIFAR-10 class "
+                             f"(0..{len(CIFAR10_CLASSES) - 1})")
     else:
         from hmt.data import load_dataset
 
@@ -83,8 +86,12 @@ def adapt_runtime(bn_path: Any, data: DataSets, *, batch_size: int, guard: Guard
     from hmt.adapt.bn_runtime import BnReestimator
 
     runtime = BnReestimator(bn_path)
+    expected = runtime.spec.get("input_shape")
     rows = []
     for k, (name, images) in enumerate(data.sets.items()):
+        if expected is not None and list(images.shape[1:]) != list(expected):
+            raise InputError(f"set {name!r}: images {list(images.shape[1:])}, but the graphs take {list(expected)} "
+                             "(C, H, W)")
         x = _normalize_np(images, data.mean, data.std)
         runtime.reset()
         order = np.random.default_rng(seed).permutation(len(x))  # sets are sorted by class (AdaptOptions.seed)

@@ -1,16 +1,27 @@
 """The device's HTTP client to its peer: stdlib ``http.client``, keep-alive, a hard time limit.
 
 Every call takes the time it may spend (``limit_ms``, the request's share of its deadline)
-and never blocks longer: the socket timeout is set to what is left before the send and
-again before the answer is read (``sendall`` honours it as a total since Python 3.5). A
-timed-out or broken connection is closed, never reused. Any failure is a
-:class:`PeerFailure` with a short reason; the caller finishes the request locally.
+and never blocks longer: the socket timeout is set to what is left before the send
+(``sendall`` honours it as a total since Python 3.5), and the answer is read through a
+reader that sets it to what is left before every receive, so a peer that trickles its
+answer a byte at a time cannot hold the request past its limit either. A timed-out or
+broken connection is closed, never reused. Any failure is a :class:`PeerFailure` with a
+short reason; the caller finishes the request locally.
+
+:func:`check_answer` and :func:`peer_times_ms` read a segment's answer: a class outside the
+bundle's, an exit the variant does not have, a confidence or a time that is not a finite
+number in range is a ``bad_reply`` (the request finishes locally), never an answer or a
+sample of the link.
 """
 
 from __future__ import annotations
 
+import base64
+import functools
 import http.client
+import io
 import json
+import math
 import queue
 import socket
 import ssl
@@ -20,8 +31,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import numpy as np
+
 from hmt.errors import UsageError
-from hmt.offload.peer import CONFIDENCE_HEADER, DEADLINE_HEADER
+from hmt.offload.peer import CONFIDENCE_HEADER, DEADLINE_HEADER, GRAPHS_HEADER
 from hmt.offload.timing import NO_SHARE, DeviceShare, thread_times_ms
 
 _MAX_REPLY_BYTES = 1 << 16
@@ -43,6 +56,122 @@ class Reply:
     # The calling thread's own part of ``elapsed_ms`` (its CPU, and its wait for the core where
     # the system counts it): device time, not link time (:mod:`hmt.offload.timing`).
     device: DeviceShare = NO_SHARE
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's receiving side that raises :class:`TimeoutError` once ``deadline`` (perf_counter
+    seconds) has passed, however the bytes arrive: the socket timeout is per receive."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self._sock = sock
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left_s = self._deadline - time.perf_counter()
+        if left_s <= 0:
+            raise TimeoutError("the peer's answer did not arrive in time")
+        self._sock.settimeout(left_s)
+        return self._sock.recv_into(buffer)
+
+
+class _DeadlineSocket:
+    """What :class:`http.client.HTTPResponse` reads from: ``makefile`` over a :class:`_DeadlineReader`."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock = sock
+        self._deadline = deadline
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(_DeadlineReader(self._sock, self._deadline))
+
+
+class _DeadlineResponse(http.client.HTTPResponse):
+    def __init__(self, sock: socket.socket, *args: Any, deadline: float, **kwargs: Any) -> None:
+        super().__init__(_DeadlineSocket(sock, deadline), *args, **kwargs)  # type: ignore[arg-type]
+
+
+def check_answer(body: dict[str, Any], classes: int, exits: int) -> tuple[int, float, int, np.ndarray | None]:
+    """(class, confidence, exit, probabilities or None) of a segment's answer; :class:`PeerFailure`
+    ``bad_reply`` unless the class is one of ``classes``, the exit one of ``exits``, the confidence a
+    number in [0, 1] and the probabilities, when sent, ``classes`` of them in [0, 1]."""
+    try:
+        values = body["class"], body["confidence"], body["exit"]
+    except KeyError as exc:
+        raise PeerFailure("bad_reply", f"answer has no {exc}") from exc
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
+        raise PeerFailure("bad_reply", "class, confidence and exit must be numbers")
+    class_index, confidence, exit_index = values
+    if class_index != int(class_index) or not 0 <= class_index < classes:
+        raise PeerFailure("bad_reply", f"class {class_index!r} is not one of the bundle's {classes}")
+    if exit_index != int(exit_index) or not 0 <= exit_index < exits:
+        raise PeerFailure("bad_reply", f"exit {exit_index!r} is not one of the variant's {exits}")
+    if not (math.isfinite(confidence) and 0.0 <= confidence <= 1.0):
+        raise PeerFailure("bad_reply", f"confidence {confidence!r} is not in [0, 1]")
+    return int(class_index), float(confidence), int(exit_index), _probabilities(body.get("probabilities"), classes)
+
+
+def _probabilities(text: Any, classes: int) -> np.ndarray | None:
+    if text is None:
+        return None
+    try:
+        raw = base64.b64decode(text, validate=True) if isinstance(text, str) else b""
+    except ValueError as exc:
+        raise PeerFailure("bad_reply", "probabilities are not base64") from exc
+    if len(raw) != 4 * classes:
+        raise PeerFailure("bad_reply", f"{len(raw)} bytes of probabilities, expected {4 * classes}")
+    probabilities = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+    if not (np.all(np.isfinite(probabilities)) and np.all((probabilities >= 0) & (probabilities <= 1))):
+        raise PeerFailure("bad_reply", "probabilities must be numbers in [0, 1]")
+    return probabilities
+
+
+def peer_times_ms(body: dict[str, Any], elapsed_ms: float) -> tuple[float, float, float]:
+    """(server, compute, queue) ms the peer reports; each a finite number from 0 to the round trip
+    ``elapsed_ms`` (it cannot have spent longer; 1 ms spared for the clocks), else
+    :class:`PeerFailure` ``bad_reply``."""
+    times = []
+    for key in ("server_ms", "compute_ms", "queue_ms"):
+        value = body.get(key, 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not (math.isfinite(value) and 0.0 <= value <= elapsed_ms + 1.0):
+            raise PeerFailure("bad_reply", f"{key} {value!r} is not a time within the round trip")
+        times.append(float(value))
+    server_ms, compute_ms, queue_ms = times
+    if "server_ms" not in body:
+        server_ms = compute_ms + queue_ms
+    return server_ms, compute_ms, queue_ms
+
+
+def read_status(body: dict[str, Any], graphs: dict[str, str]) -> tuple[dict[str, list[float]], float | None]:
+    """(tail ms per cut of each variant in ``graphs``, the peer's compute ratio or None) from its
+    ``GET /v1/status``. :class:`PeerFailure` ``wrong_bundle`` when the peer reports other graphs for
+    one of them (``graphs``: the device's digests), ``bad_reply`` when the document is malformed."""
+    variants, load = body.get("variants", {}), body.get("load", {})
+    if not isinstance(variants, dict) or not isinstance(load, dict):
+        raise PeerFailure("bad_reply", "status: 'variants' and 'load' must be objects")
+    tails: dict[str, list[float]] = {}
+    for arch_id, entry in variants.items():
+        if arch_id not in graphs:
+            continue
+        if not isinstance(entry, dict) or not isinstance(entry.get("tail_ms", []), list):
+            raise PeerFailure("bad_reply", f"status: variant {arch_id!r} is malformed")
+        reported = entry.get("graphs_sha256")
+        if reported is not None and reported != graphs[arch_id]:
+            raise PeerFailure("wrong_bundle", f"the peer runs other graphs or cuts for {arch_id!r} (not the "
+                                              "peer half split from this device's bundle)")
+        times = entry.get("tail_ms", [])
+        if any(isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t >= 0)
+               for t in times):
+            raise PeerFailure("bad_reply", f"status: tail_ms of {arch_id!r} must be finite times")
+        tails[arch_id] = [float(t) for t in times]
+    ratio = load.get("compute_ratio")
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (math.isfinite(ratio) and ratio > 0):
+        return tails, None
+    return tails, float(ratio)
 
 
 class PeerClient:
@@ -110,7 +239,7 @@ class PeerClient:
                 conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[attr-defined]
             conn.sock.settimeout(max(1e-3, deadline - time.perf_counter()))
             conn.request(method, path, body=body, headers=sent)
-            conn.sock.settimeout(max(1e-3, deadline - time.perf_counter()))
+            conn.response_class = functools.partial(_DeadlineResponse, deadline=deadline)  # type: ignore[assignment]
             response = conn.getresponse()
             data = response.read(_MAX_REPLY_BYTES + 1)
         except TimeoutError as exc:
@@ -141,9 +270,11 @@ class PeerClient:
         return Reply(doc, elapsed_ms, device)
 
     def segment(self, arch_id: str, cut: int, body: bytes, codec_headers: dict[str, str], *,
-                confidence: float | None, limit_ms: float) -> Reply:
+                confidence: float | None, limit_ms: float, graphs_sha256: str | None = None) -> Reply:
         headers = dict(codec_headers)
         headers[DEADLINE_HEADER] = f"{max(1.0, limit_ms):.1f}"
+        if graphs_sha256 is not None:
+            headers[GRAPHS_HEADER] = graphs_sha256
         if confidence is not None:
             headers[CONFIDENCE_HEADER] = repr(confidence)
         from urllib.parse import quote

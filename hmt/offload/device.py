@@ -47,7 +47,7 @@ import numpy as np
 from hmt.bundle import Bundle
 from hmt.errors import UsageError
 from hmt.offload.breaker import CLOSED, CircuitBreaker
-from hmt.offload.client import PeerClient, PeerFailure, Reply
+from hmt.offload.client import PeerClient, PeerFailure, Reply, check_answer, peer_times_ms, read_status
 from hmt.offload.codec import CODECS, codec_times_ms, encode
 from hmt.offload.link import LinkEstimator
 from hmt.offload.parts import Answer, SplitChain
@@ -103,6 +103,7 @@ class OffloadResult:
     latency_ms: float
     deadline_miss: bool
     peer_error: str | None = None
+    probabilities: np.ndarray | None = None  # of the answering exit (float32); None: the peer sent none
 
 
 class OffloadDevice:
@@ -298,9 +299,10 @@ class OffloadDevice:
         start = time.perf_counter()
         return self.run(x, self.choose().option, start)
 
-    def run(self, x: np.ndarray, option: Option, start: float | None = None) -> OffloadResult:
+    def run(self, x: np.ndarray, option: Option, start: float | None = None, spent_ms: float = 0.0) -> OffloadResult:
         """Answer ``x`` as ``option`` says (serve's joint decision chose it): the head here, the tail on
-        the peer, and the tail here when the peer fails."""
+        the peer, and the tail here when the peer fails; ``spent_ms`` of the budget went before
+        (serve: the request's queue and decoding), so the peer gets what is left of it."""
         if start is None:
             start = time.perf_counter()
         chain = self.chains.get(option.arch_id)
@@ -322,7 +324,7 @@ class OffloadDevice:
         if cut.device_segments:
             self.observe_device_run(head_ms, chain.device_ms(cut))
         local_rest_ms = chain.tail_time_ms(cut) * self.device_ratio + self.options.margin_ms
-        left_ms = budget - head_ms
+        left_ms = budget - spent_ms - head_ms
         predicted_remote = option.predicted_ms - chain.device_ms(cut) * self.device_ratio
         limit_ms = left_ms - local_rest_ms
         if limit_ms < predicted_remote:
@@ -335,37 +337,38 @@ class OffloadDevice:
             encoded = encode(head, option.codec)
             try:
                 reply = self.client.segment(chain.arch_id, cut.index, encoded.body, encoded.headers,
-                                            confidence=confidence, limit_ms=limit_ms)
+                                            confidence=confidence, limit_ms=limit_ms,
+                                            graphs_sha256=chain.graphs_sha256)
                 body = reply.body
+                got, got_confidence, got_exit, got_probabilities = check_answer(body, self.bundle.spec.classes,
+                                                                                chain.last + 1)
+                answer = Answer(got, got_confidence, got_exit, 0.0, got_probabilities)
                 remote_ms = self._observe_reply(chain, cut.index, len(encoded.body), reply, body)
                 self._success()
                 if option.remote_ms > 0:
                     with self._lock:
                         self._remote_ratios.append((self.clock(), min(20.0, remote_ms / option.remote_ms)))
-                answer = Answer(int(body["class"]), float(body["confidence"]), int(body["exit"]), 0.0)
                 return self._result(answer, option, WHERE_PEER, start)
             except (PeerFailure, KeyError, TypeError, ValueError) as exc:
                 error = exc.reason if isinstance(exc, PeerFailure) else "bad_reply"
                 self.errors[error] += 1
-                self._failure(error)
+                self._failure(str(exc) if isinstance(exc, PeerFailure) else error)
         answer = chain.run_tail(head, cut, confidence)
         return self._result(answer, option, WHERE_FALLBACK, start, peer_error=error or "breaker_open")
 
     def _observe_reply(self, chain: SplitChain, index: int, size: int, reply: Reply, body: dict[str, Any]) -> float:
         """Split the round trip (device, peer, link; see the module docstring); returns link + peer ms."""
-        peer_ms = float(body["server_ms"]) if "server_ms" in body else \
-            float(body.get("compute_ms", 0.0)) + float(body.get("queue_ms", 0.0))
+        peer_ms, compute_ms, queue_ms = peer_times_ms(body, reply.elapsed_ms)
         device_ms = reply.device.wall_ms(self.device_ratio)
         network_ms = max(0.0, reply.elapsed_ms - device_ms - peer_ms)
         self.link.observe_transfer(size, network_ms)
         self.observe_exchange(device_ms)
         with self._lock:
             self._last_transfer_s = self.clock()
-            queue_ms = float(body.get("queue_ms", 0.0))
             self.peer_queue_ms += 0.3 * (queue_ms - self.peer_queue_ms)
             warm = self.peer_tail_ms.get(chain.arch_id)
             if warm is not None and int(body.get("exit", -1)) == chain.last and warm[index] > 0:
-                sample = min(20.0, max(0.2, float(body.get("compute_ms", 0.0)) / warm[index]))
+                sample = min(20.0, max(0.2, compute_ms / warm[index]))
                 self.peer_ratio += self.options.ratio_smoothing * (sample - self.peer_ratio)
         return network_ms + peer_ms
 
@@ -374,7 +377,8 @@ class OffloadDevice:
         latency_ms = (time.perf_counter() - start) * 1e3
         self.counts[where] += 1
         return OffloadResult(answer.class_index, answer.confidence, answer.exit, option.arch_id, option.cut,
-                             option.codec, where, latency_ms, latency_ms > self.options.budget_ms, peer_error)
+                             option.codec, where, latency_ms, latency_ms > self.options.budget_ms, peer_error,
+                             answer.probabilities)
 
     # -- probing ------------------------------------------------------------------------------
 
@@ -382,21 +386,17 @@ class OffloadDevice:
         """GET the peer's status: RTT, load, tail times. False (and the breaker told) when it fails."""
         try:
             reply = self.client.status(limit_ms)
+            tails, ratio = read_status(reply.body, {a: ch.graphs_sha256 for a, ch in self.chains.items()})
         except PeerFailure as exc:
             self.errors[f"probe_{exc.reason}"] += 1
-            self._failure(f"probe: {exc.reason}")
+            self._failure(f"probe: {exc}")
             return False
-        body = reply.body
         device_ms = reply.device.wall_ms(self.device_ratio)
         self.link.observe_rtt(max(0.0, reply.elapsed_ms - device_ms))
         self.observe_exchange(device_ms)
-        variants = body.get("variants", {})
-        tails = {a: [float(t) for t in v.get("tail_ms", [])] for a, v in variants.items() if a in self.chains}
         with self._lock:
             self._last_status_s = self.clock()
-            load = body.get("load", {})
-            ratio = float(load.get("compute_ratio", self.peer_ratio))
-            self.peer_ratio = ratio if math.isfinite(ratio) and ratio > 0 else self.peer_ratio
+            self.peer_ratio = ratio if ratio is not None else self.peer_ratio
             if tails != self.peer_tail_ms:
                 self.peer_tail_ms = tails
                 self.planner = self._new_planner()
@@ -404,8 +404,10 @@ class OffloadDevice:
         return True
 
     def _failure(self, reason: str) -> None:
+        """The breaker counts a failure; ``reason`` (the failure with its detail: a refused
+        certificate, the peer's error text) is what /v1/status shows as ``last_error``."""
         was = self.breaker.state
-        self.breaker.failure(reason)
+        self.breaker.failure(reason[:300])
         if was == CLOSED and self.breaker.state != CLOSED and self.on_peer_change is not None:
             self.on_peer_change()
 
@@ -420,7 +422,7 @@ class OffloadDevice:
             reply = self.client.probe(self.options.probe_bytes, limit_ms)
         except PeerFailure as exc:
             self.errors[f"probe_{exc.reason}"] += 1
-            self._failure(f"probe: {exc.reason}")
+            self._failure(f"probe: {exc}")
             return False
         device_ms = reply.device.wall_ms(self.device_ratio)
         self.link.observe_transfer(self.options.probe_bytes, max(0.0, reply.elapsed_ms - device_ms))

@@ -27,8 +27,9 @@ import numpy as np
 
 from hmt.bundle import Bundle, BundleVariant
 from hmt.errors import ModelError
-from hmt.offload.plan import Cut, has_file
-from hmt.runtime.chain import ChainRunner, softmax_confidence
+from hmt.offload.plan import Cut, graphs_sha256, has_file
+from hmt.runtime.chain import ChainRunner
+from hmt.runtime.chain import answer as answer_of
 from hmt.runtime.ort import ort_session
 from hmt.runtime.variant import SERVE_DEFAULT_ORT, VariantRuntime, graph_fn, resolve_engine
 from hmt.runtime.verified import read_verified
@@ -42,6 +43,7 @@ class Answer:
     confidence: float
     exit: int
     compute_ms: float
+    probabilities: np.ndarray | None = None  # softmax at the answering exit (float32); None: not sent
 
 
 def _libraries_run_here(bundle: Bundle, variant: BundleVariant) -> str | None:
@@ -78,6 +80,7 @@ class SplitChain:
         self.variant = variant
         self.arch_id = variant.arch_id
         self.cuts = cuts
+        self.graphs_sha256 = graphs_sha256(bundle, variant, cuts)  # the peer's and the device's must match
         n = variant.exit_stage + 1
         self.engine, self.notes = chain_engine(bundle, variant, engine)
         runtime = VariantRuntime.of(variant)
@@ -123,9 +126,9 @@ class SplitChain:
     def _exit(self, k: int, features: np.ndarray, confidence: float | None, start: float) -> Answer | None:
         if k < self.last and confidence is None:
             return None
-        class_index, conf = softmax_confidence(self._exits[k](features))
+        class_index, conf, probabilities = answer_of(self._exits[k](features))
         if k == self.last or conf >= confidence:  # type: ignore[operator]
-            return Answer(class_index, conf, k, (time.perf_counter() - start) * 1e3)
+            return Answer(class_index, conf, k, (time.perf_counter() - start) * 1e3, probabilities)
         return None
 
     def _segments_from(self, first: int, features: np.ndarray, confidence: float | None,

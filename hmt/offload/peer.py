@@ -4,13 +4,17 @@ Endpoints (JSON errors ``{"error": {"code", "message"}}`` like the device API):
 
 - ``POST /v1/segment?variant=ARCH&cut=K``: the body is the cut's tensor (:mod:`hmt.offload.codec`);
   optional ``x-deadline-ms`` (the device's share of its deadline: a request still queued
-  then is dropped with 504) and ``x-hmt-confidence`` (early exit threshold; absent: off).
-  Answers ``{class, confidence, exit, compute_ms, server_ms, queue_ms}``.
+  then is dropped with 504), ``x-hmt-confidence`` (early exit threshold; absent: off) and
+  ``x-hmt-graphs`` (the device's digest of the variant's graphs: 409 ``different_graphs``
+  when the peer's differ, i.e. it serves another bundle's split).
+  Answers ``{class, confidence, exit, probabilities, compute_ms, server_ms, queue_ms}``
+  (``probabilities``: the answering exit's softmax, little-endian float32 in base64, so an
+  offloaded answer serves ``top_k`` and ``probabilities`` as a local one does).
 - ``POST /v1/probe``: up to :data:`PROBE_MAX_BYTES` of anything, answered with its size and
   the time spent reading it: the device's active bandwidth probe.
 - ``GET /v1/status``: role, queue (admitted, limit, workers), CPU load, the running ratio
   of measured to warm compute time, and each variant's tail time per cut (warm, here),
-  which is what the device plans with.
+  which is what the device plans with, and the digest of its graphs (``graphs_sha256``).
 - ``GET /v1/health/live``, ``GET /v1/health/ready``.
 
 Guards: below the app, the main server's connection layer (:mod:`hmt.serve.http.connections`,
@@ -25,6 +29,7 @@ it happened, with an id to find the traceback in the log, never the exception's 
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import hmac
 import json
@@ -54,6 +59,7 @@ from hmt.serve.http.connections import ConnectionStats
 
 CONFIDENCE_HEADER = "x-hmt-confidence"
 DEADLINE_HEADER = "x-deadline-ms"
+GRAPHS_HEADER = "x-hmt-graphs"
 PROBE_MAX_BYTES = 1 << 20
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
@@ -73,6 +79,13 @@ class PeerOptions:
             raise UsageError(f"peer max_queue and workers must be >= 1, got {self.max_queue}, {self.workers}")
         if not (math.isfinite(self.deadline_ms) and self.deadline_ms > 0):
             raise UsageError(f"peer deadline_ms must be a finite number > 0, got {self.deadline_ms}")
+
+
+def encode_probabilities(probabilities: np.ndarray | None) -> str | None:
+    """Little-endian float32 in base64 (4 bytes a class, exact), or None."""
+    if probabilities is None:
+        return None
+    return base64.b64encode(np.asarray(probabilities, dtype="<f4").tobytes()).decode("ascii")
 
 
 class _Rejected(Exception):
@@ -135,6 +148,7 @@ class PeerService:
         # queue_ms and compute_ms start once the body is in: the device subtracts them from its
         # round trip and reads the rest as network time (the body's upload included).
         return {"class": answer.class_index, "confidence": answer.confidence, "exit": answer.exit,
+                "probabilities": encode_probabilities(answer.probabilities),
                 "compute_ms": answer.compute_ms, "queue_ms": (start_s - read_s) * 1e3,
                 "server_ms": (done_s - read_s) * 1e3}
 
@@ -175,7 +189,7 @@ class PeerService:
                       "workers": self.options.workers, "served": self.served, "rejected": dict(self.rejected)},
             "load": {"cpu_util": psutil.cpu_percent(interval=None) / 100.0, "compute_ratio": self.ratio},
             "variants": {a: {"tail_ms": [ch.tail_time_ms(c) for c in ch.cuts], "engine": ch.engine,
-                             "notes": ch.notes,
+                             "notes": ch.notes, "graphs_sha256": ch.graphs_sha256,
                              "cut_bytes_float32": [c.size_bytes("float32") for c in ch.cuts]}
                          for a, ch in self.chains.items()},
             "codecs": list(CODECS),
@@ -265,6 +279,11 @@ def create_peer_app(service: PeerService) -> ASGIApp:
     async def segment(request: Request) -> Response:
         received_s = time.monotonic()
         chain, index = service.chain(request.query_params.get("variant"), request.query_params.get("cut"))
+        graphs = request.headers.get(GRAPHS_HEADER)
+        if graphs is not None and not hmac.compare_digest(graphs.encode(), chain.graphs_sha256.encode()):
+            raise _Rejected(409, "different_graphs", f"variant {chain.arch_id!r} of this peer's bundle has other "
+                                                     "graphs or cuts than the device's: serve the peer half "
+                                                     "split from the device's bundle")
         asked = _float_header(request, DEADLINE_HEADER)
         deadline_ms = opts.deadline_ms if asked is None else min(opts.deadline_ms, asked)
         confidence = _float_header(request, CONFIDENCE_HEADER)

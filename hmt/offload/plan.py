@@ -20,6 +20,7 @@ at its stage boundaries (:func:`boundary_plan`).
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -135,6 +136,19 @@ class OffloadPlan:
 
 def has_file(bundle: Bundle, relative: str) -> bool:
     return any(record.path == relative for record in bundle.artifact.manifest.files)
+
+
+def graphs_sha256(bundle: Bundle, variant: BundleVariant, cuts: tuple[Cut, ...]) -> str:
+    """One digest of what both halves of an offload bundle hold for ``variant``: its segments and
+    exit heads in ONNX and its cuts' tails (the manifest's sha256 of each) and the cuts themselves
+    (index, kind, tensor). A device and a peer agree on it only when they were split from the same
+    build of that variant and number its cuts alike (a plain bundle's stage-boundary cuts are not
+    an offload split's)."""
+    digests = {record.path: record.sha256 for record in bundle.artifact.manifest.files}
+    paths = sorted({g.onnx for g in variant.graphs()} | {c.tail for c in cuts if c.tail is not None})
+    lines = [f"{path} {digests.get(path, '-')}" for path in paths]
+    lines += [f"cut {c.index} {c.kind} {c.device_segments} {c.tensor.name} {list(c.tensor.shape)}" for c in cuts]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 def boundary_cuts(variant: BundleVariant) -> tuple[Cut, ...]:

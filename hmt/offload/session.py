@@ -33,6 +33,7 @@ from hmt.serve.http.server import ServerOptions, is_loopback
 from hmt.serve.running.session import SessionOptions, open_controller, run_until_stopped
 
 PEER_TOKEN_ENV = "HMT_PEER_TOKEN"
+DEADLINE_SHARE = 0.9  # of the request deadline the device plans with when serve.json sets no latency budget
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ class OffloadingController:
         candidate, predicted_ms, remote_ms, energy = route
         option = Option(candidate.arch_id, candidate.cut, candidate.codec, predicted_ms, energy, 0.0, True, remote_ms)
         self.device.last_choice = PlannerChoice(option, option, False, "serve's joint decision")
-        result = self.device.run(x, option)
+        result = self.device.run(x, option, spent_ms=queued_ms)
         if controller.adapt is not None:
             controller.adapt.offer(x)  # drift is watched on every input, offloaded or not
         latency_ms = queued_ms + result.latency_ms
@@ -94,7 +95,7 @@ class OffloadingController:
             controller.request_tick()
         return Prediction(result.class_index, result.confidence, result.exit,
                           f"{result.variant}@{result.where}" + ("" if result.cut is None else f":cut{result.cut}"),
-                          result.latency_ms, latency_ms, miss)
+                          result.latency_ms, latency_ms, miss, result.probabilities)
 
     def status(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         doc: dict[str, Any] = self._controller.status(*args, **kwargs)
@@ -131,7 +132,10 @@ def open_device(bundle_path: Path | str, options: SessionOptions, link: PeerLink
         return devices[0].load_variant(arch_id).runner()
 
     controller = open_controller(bundle_path, options, loader=shared)
-    budget = controller.budgets.latency_ms if controller.budgets.latency_ms is not None else deadline_ms
+    # Without a latency budget the request's deadline bounds the peer's wait and the fallback after it;
+    # a share of it stays back for what the request spent before its body was in and the fallback's jitter.
+    budget = controller.budgets.latency_ms if controller.budgets.latency_ms is not None \
+        else deadline_ms * DEADLINE_SHARE
     early = controller.settings.early_exit
     device = OffloadDevice(controller.bundle, load_plan(controller.bundle),
                            PeerClient(link.url, token=link.token, cafile=link.cafile),

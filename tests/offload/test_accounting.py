@@ -62,7 +62,7 @@ class FakePeer:
         return self._reply({"bytes": size_bytes}, size_bytes, 0.0)
 
     def segment(self, arch_id: str, cut: int, body: bytes, headers: dict[str, str], *, confidence: float | None,
-                limit_ms: float) -> FakeReply:
+                limit_ms: float, graphs_sha256: str | None = None) -> FakeReply:
         self.segments += 1
         return self._reply({"class": 0, "confidence": 0.9, "exit": 1, "compute_ms": PEER_TAIL_MS,
                             "queue_ms": 0.0, "server_ms": PEER_TAIL_MS}, len(body), PEER_TAIL_MS)

@@ -116,6 +116,19 @@ def test_blocks_and_research_with_peer_or_adapt_are_refused_naming_the_flags(bun
     assert code == 2 and "--blocks and --research cannot be combined with --role peer" in output
 
 
+def test_options_the_role_would_ignore_are_refused(bundle_dir: Path, tmp_path: Path) -> None:
+    # Before: --role peer ran with --adapt / --peer / budgets ignored, and a device given
+    # --ssl-certfile served plain HTTP (its token in the clear) without a word.
+    code, output = _invoke("serve", str(bundle_dir), "--role", "peer", "--adapt", "--latency-ms", "5")
+    assert code == 2 and "--adapt, --latency-ms configure the device's own serving" in output
+    code, output = _invoke("serve", str(bundle_dir), "--role", "peer", "--peer", "http://127.0.0.1:9")
+    assert code == 2 and "--peer configure the device's own serving" in output
+    pem = tmp_path / "x.pem"
+    pem.write_text("-")
+    code, output = _invoke("serve", str(bundle_dir), "--ssl-certfile", str(pem), "--ssl-keyfile", str(pem))
+    assert code == 2 and "--ssl-certfile and --ssl-keyfile go with --role peer" in output
+
+
 def test_a_scenario_that_ends_at_0_s_asks_for_a_duration(bundle_dir: Path, tmp_path: Path) -> None:
     one_row = tmp_path / "one.csv"
     one_row.write_text("time_s,cpu_load\n0,0.5\n")

@@ -15,7 +15,9 @@ counters, histograms where a fleet needs to aggregate:
 
 Counters and gauges are read from the controller when scraped (:class:`StatusCollector`): requests
 by path and code, predictions by variant and exit, deadline misses, switches, loads and failed
-loads, the running variant, load index, budgets, queue and connections, serve --adapt's state;
+loads, the running variant, load index, budgets, queue and connections, serve --adapt's state,
+serve --peer's (``hmt_offload_*``: answers by where they were computed, the peer's failures by
+reason, whether the peer is usable now, the measured link);
 ``process_*`` and ``python_*`` come from the library's process and platform collectors.
 """
 
@@ -103,6 +105,8 @@ class StatusCollector(Collector):
                             [(["accepted"], reports.accepted), (["refused"], reports.refused)])
         if status.get("adapt"):
             yield from _adapt(status["adapt"])
+        if status.get("offload"):
+            yield from _offload(status["offload"])
 
     def _loop(self, status: Mapping[str, Any]) -> Iterator[Metric]:
         yield _counter("hmt_requests", "Predictions answered.", status["requests"])
@@ -160,6 +164,25 @@ class StatusCollector(Collector):
         yield _labelled(GaugeMetricFamily, "hmt_prediction_disagreement", "Measured / predicted ratio of variants "
                         "outside [r_min, r_max]: the measurement decides.", ["variant"],
                         [([a], r) for a, r in sorted((status.get("prediction_disagrees") or {}).items())])
+
+
+def _offload(offload: Mapping[str, Any]) -> Iterator[Metric]:
+    """serve --peer (hmt.offload.device): where answers came from, the peer's failures, the breaker, the link."""
+    yield _labelled(CounterMetricFamily, "hmt_offload_answers", "Predictions by where they were computed: local, "
+                    "peer, fallback (the peer failed, the device finished the tail) or device_exit.", ["where"],
+                    [([w], n) for w, n in sorted(offload["answered"].items())])
+    yield _labelled(CounterMetricFamily, "hmt_offload_peer_errors", "Failed exchanges with the peer by reason "
+                    "(probe_ for status and bandwidth probes).", ["reason"],
+                    [([r], n) for r, n in sorted(offload["peer_errors"].items())])
+    breaker = offload["breaker"]
+    yield GaugeMetricFamily("hmt_offload_peer_usable", "1 while the peer's circuit breaker is closed (routes may "
+                            "offload), 0 while it is open or half-open.", value=float(breaker["state"] == "closed"))
+    yield _counter("hmt_offload_breaker_opens", "Times the peer's circuit breaker opened.", breaker["opens"])
+    link = offload["link"]
+    yield GaugeMetricFamily("hmt_offload_link_rtt_seconds", "Measured round-trip time to the peer.",
+                            value=link["rtt_ms"] / 1e3)
+    yield GaugeMetricFamily("hmt_offload_link_bandwidth_bits_per_second", "Measured bandwidth to the peer.",
+                            value=link["bandwidth_mbit_s"] * 1e6)
 
 
 def _adapt(adapt: Mapping[str, Any]) -> Iterator[Metric]:
