@@ -265,3 +265,33 @@ def test_no_wait_without_a_serving_loop_or_with_the_wait_off() -> None:
     assert research.yielded_s == 0.0
     with pytest.raises(Exception, match="yield_wait_ms"):
         ResearchSettings(yield_wait_ms=-1.0)
+
+
+class _Sleeper:
+    """A runner that takes ``delay_s`` a run (real time)."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+    def run(self, x: Any, confidence: Any) -> None:
+        time.sleep(self.delay_s)
+
+
+def test_a_found_variant_is_confirmed_against_the_start_timed_in_turn() -> None:
+    """The search judged candidates on medians timed seconds apart; a variant slower than the start
+    (timed fast in a quiet moment) was adopted. Timed in turn with the start, it is not."""
+    import numpy as np
+
+    start = _Sleeper(0.004)
+    calibration = (np.zeros((4, 3, 4, 4), np.float32), np.zeros(4, np.int64))
+    research = Research(None, None, calibration,  # type: ignore[arg-type]  # the start is the served runner
+                        ResearchSettings(latency_runs=3), served=lambda arch_id: start)
+    config = type("C", (), {"arch_id": "start"})()
+    deadline = time.monotonic() + 10.0
+    # the loop measured the start at 10 ms as served; the budget is 8 ms
+    ok, ratio = research.confirm(config, _Sleeper(0.006), 8.0, 10.0, deadline)  # type: ignore[arg-type]
+    assert not ok and ratio is not None and ratio > 1.2
+    ok, ratio = research.confirm(config, _Sleeper(0.001), 8.0, 10.0, deadline)  # type: ignore[arg-type]
+    assert ok and ratio is not None and ratio < 0.6
+    ok, ratio = research.confirm(config, _Sleeper(0.001), 8.0, 10.0, time.monotonic() - 1.0)  # type: ignore[arg-type]
+    assert not ok and ratio is None  # past the deadline: nothing is adopted

@@ -28,6 +28,10 @@ while the current variant keeps serving:
   timed median);
 - *accuracy*: a bundled variant's from ``blocks.json`` (measured by deploy on the shipped
   calibration set), any other's measured now on that same labelled set;
+- *confirmed*: before the found variant is handed over, it and the start variant are timed in
+  turn (:meth:`Research.confirm`); it is adopted only if its median over the start's, times the
+  loop's measured estimate of the start, is within the budget: candidates' medians are timed
+  seconds apart, and one noisy median adopted a slower, less accurate variant;
 - *bounded in time*: the deadline is checked before every timed run and every batch; once a
   candidate fits, the search looks ``improve_s`` longer for a more accurate one, then ends;
 - *yielding to requests*: the search runs on the serving CPU, so each timed run and each
@@ -124,6 +128,10 @@ class Outcome:
     active_estimate_ms: float | None = None
     start_timed_ms: float | None = None
     serving_ratio: float | None = None
+    # The confirmation (see :meth:`Research.confirm`): the found variant's median over the start's, timed
+    # in turn; a variant it did not confirm is not adopted, and named here.
+    confirmed_speed_ratio: float | None = None
+    unconfirmed_arch_id: str | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -334,6 +342,33 @@ class Research:
         median = float(np.median(times))
         return max(floor, active_estimate_ms / median), median
 
+    def confirm(self, start: Config, candidate: Runner, limit_ms: float, active_estimate_ms: float,
+                deadline: float) -> tuple[bool, float | None]:
+        """Whether ``candidate`` fits when timed in turn with the start variant (start, candidate,
+        candidate, start: a drift of the machine's speed cancels): its median over the start's, times
+        the loop's measured estimate of the start, within ``limit_ms``. The search's own judgement
+        compared medians timed seconds apart, and on a busy 2-core machine a variant with a costlier
+        block than the start's was once timed faster, adopted, and served 4.6 points less accurate at
+        no gain in speed. (True, None) when the start cannot be timed; (False, None) past ``deadline``."""
+        served = self._served(start.arch_id) if self._served is not None else None
+        if served is None and not self.space.composable(start):
+            return True, None
+        runner = served if served is not None else compose(self.store, start)
+        start_ms: list[float] = []
+        candidate_ms: list[float] = []
+        try:
+            for first, second in ((runner, candidate), (candidate, runner)):
+                a, b = self._timed(first, deadline), self._timed(second, deadline)
+                if a is None or b is None:
+                    return False, None
+                (start_ms if first is runner else candidate_ms).extend(a)
+                (candidate_ms if first is runner else start_ms).extend(b)
+        finally:
+            if served is None:
+                runner.close()
+        ratio = float(np.median(candidate_ms)) / max(float(np.median(start_ms)), 1e-9)
+        return ratio * active_estimate_ms <= limit_ms, ratio
+
     def evaluate(self, config: Config, limit_ms: float, memory_limit: int | None, deadline: float,
                  ratio: float | None = None) -> tuple[Measured | None, ComposedRunner | None]:
         """Compose and time ``config``; if it fits (median x ``ratio``, default ``1 / margin``, within
@@ -417,6 +452,13 @@ class Research:
                     best, best_runner, best_config, found_at = measured, runner, config, self._clock()
                 else:
                     runner.close()
+        confirmed_ratio, unconfirmed = None, None
+        if best_runner is not None and best is not None and start_ms is not None and active_estimate_ms is not None:
+            ok, confirmed_ratio = self.confirm(start, best_runner, limit_ms, active_estimate_ms,
+                                               started + s.time_bound_s)
+            if not ok:
+                best_runner.close()
+                unconfirmed, best, best_runner, found_at = best.arch_id, None, None, None
         ended = self._clock()
         outcome = Outcome(reason=reason, start_arch_id=active, started_s=started, ended_s=ended,
                           time_bound_s=s.time_bound_s, latency_limit_ms=limit_ms, memory_limit_bytes=memory_limit,
@@ -425,7 +467,8 @@ class Research:
                           start_accuracy=self.space.accuracy.get(active),
                           fastest_arch_id=None if evaluated == 0 else fastest[1].arch_id,
                           fastest_ms=None if evaluated == 0 else fastest[0],
-                          active_estimate_ms=active_estimate_ms, start_timed_ms=start_ms, serving_ratio=ratio)
+                          active_estimate_ms=active_estimate_ms, start_timed_ms=start_ms, serving_ratio=ratio,
+                          confirmed_speed_ratio=confirmed_ratio, unconfirmed_arch_id=unconfirmed)
         self.outcomes = [*self.outcomes[-7:], outcome]
         return outcome, best_runner
 
