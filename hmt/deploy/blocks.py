@@ -219,16 +219,15 @@ class UnitModules:
 
 
 def calibrate_units(modules: UnitModules, bundled: Sequence[Any], extra: Sequence[Any], batches: Sequence[Any]) -> int:
-    """BN statistics of the units: over every variant first (``extra`` reaches the units no bundled
-    variant runs), then, for the units some bundled variant runs, over the bundled variants alone, so
+    """BN statistics of the units: over the sub-space samples ``extra`` first (they reach the units no
+    bundled variant runs), then, for the units some bundled variant runs, over the bundled variants alone, so
     a bundled variant composed from blocks answers as its whole graph does. Averaged with the
     sub-space samples, the units a specialized variant alone runs took statistics of inputs it never
     sees: the shipped supernet's specialized variant composed at 62% where its whole graph scored
     100% on the same training images."""
-    seen = modules.calibrate([*bundled, *extra], batches)
-    if extra and bundled:
-        modules.calibrate(bundled, batches)  # resets and re-estimates only the units the bundled variants run
-    return seen
+    if extra:  # resets only the units its variants run; those a bundled variant runs too are reset next
+        modules.calibrate(extra, batches)
+    return modules.calibrate(bundled, batches)
 
 
 def export_unit(module: Any, shape: tuple[int, ...], path: Path) -> tuple[list[int], str]:

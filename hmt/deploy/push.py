@@ -91,17 +91,7 @@ def _check_remote(ssh: list[str], dest: Destination, remote_dir: str, destinatio
     script = (f"mkdir -p -- {shlex.quote(dest.path)} || exit 1; "
               f"if [ -L {target} ] || {{ [ -e {target} ] && [ -n \"$(ls -A -- {target})\" ] && "
               f"! grep -qs '\"kind\": \"bundle\"' {target}/manifest.json; }}; then echo {_REFUSED}; fi")
-    try:
-        done = subprocess.run([*ssh, "--", dest.login, script], capture_output=True, text=True, timeout=timeout_s,
-                              check=False, stdin=subprocess.DEVNULL)
-    except FileNotFoundError as exc:
-        raise DeviceError(f"ssh {dest.login}: ssh is not installed here") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise DeviceError(f"ssh {dest.login}: no answer within {timeout_s:.0f} s") from exc
-    if done.returncode != 0:
-        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-_TAIL_LINES:])
-        raise DeviceError(f"ssh {dest.login} failed (exit {done.returncode}): {tail or 'no message'}")
-    if _REFUSED in done.stdout:
+    if _REFUSED in _remote(ssh, dest, script, timeout_s):
         raise InputError(f"--push {destination}: {remote_dir} on {dest.host} is a folder that is not an hmt bundle; "
                          "the copy would replace what is in it. Choose another remote path, or move it")
 
@@ -164,6 +154,8 @@ def _remote(ssh: list[str], dest: Destination, script: str, timeout_s: float) ->
     try:
         done = subprocess.run([*ssh, "--", dest.login, script], capture_output=True, text=True, timeout=timeout_s,
                               check=False, stdin=subprocess.DEVNULL)
+    except FileNotFoundError as exc:
+        raise DeviceError(f"ssh {dest.login}: ssh is not installed here") from exc
     except subprocess.TimeoutExpired as exc:
         raise DeviceError(f"ssh {dest.login}: no answer within {timeout_s:.0f} s") from exc
     if done.returncode != 0:

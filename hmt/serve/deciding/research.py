@@ -53,8 +53,9 @@ from __future__ import annotations
 import math
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -319,6 +320,20 @@ class Research:
             correct += sum(int(r.class_index == int(t)) for r, t in zip(results, self.y[start:start + batch]))
         return correct / len(self.x)
 
+    @contextmanager
+    def _start_runner(self, start: Config) -> Iterator[Runner | None]:
+        """The runner serving ``start`` (the pool's), else a composed copy closed afterwards; None when
+        neither exists."""
+        served = self._served(start.arch_id) if self._served is not None else None
+        if served is not None or not self.space.composable(start):
+            yield served
+            return
+        runner = compose(self.store, start)
+        try:
+            yield runner
+        finally:
+            runner.close()
+
     def serving_ratio(self, start: Config, active_estimate_ms: float | None, deadline: float
                       ) -> tuple[float, float | None]:
         """(ratio, the start's timed median): the loop's measured estimate of the start variant over
@@ -328,15 +343,8 @@ class Research:
         floor = 1.0 / self.settings.margin
         if active_estimate_ms is None or not math.isfinite(active_estimate_ms):
             return floor, None
-        served = self._served(start.arch_id) if self._served is not None else None
-        if served is None and not self.space.composable(start):
-            return floor, None
-        runner = served if served is not None else compose(self.store, start)
-        try:
-            times = self._timed(runner, deadline)
-        finally:
-            if served is None:
-                runner.close()
+        with self._start_runner(start) as runner:
+            times = None if runner is None else self._timed(runner, deadline)
         if not times:
             return floor, None
         median = float(np.median(times))
@@ -350,23 +358,14 @@ class Research:
         compared medians timed seconds apart, and on a busy 2-core machine a variant with a costlier
         block than the start's was once timed faster, adopted, and served 4.6 points less accurate at
         no gain in speed. (True, None) when the start cannot be timed; (False, None) past ``deadline``."""
-        served = self._served(start.arch_id) if self._served is not None else None
-        if served is None and not self.space.composable(start):
-            return True, None
-        runner = served if served is not None else compose(self.store, start)
-        start_ms: list[float] = []
-        candidate_ms: list[float] = []
-        try:
-            for first, second in ((runner, candidate), (candidate, runner)):
-                a, b = self._timed(first, deadline), self._timed(second, deadline)
-                if a is None or b is None:
-                    return False, None
-                (start_ms if first is runner else candidate_ms).extend(a)
-                (candidate_ms if first is runner else start_ms).extend(b)
-        finally:
-            if served is None:
-                runner.close()
-        ratio = float(np.median(candidate_ms)) / max(float(np.median(start_ms)), 1e-9)
+        with self._start_runner(start) as runner:
+            if runner is None:
+                return True, None
+            timed = [self._timed(r, deadline) for r in (runner, candidate, candidate, runner)]
+        s1, c1, c2, s2 = timed
+        if s1 is None or c1 is None or c2 is None or s2 is None:
+            return False, None
+        ratio = float(np.median(c1 + c2)) / max(float(np.median(s1 + s2)), 1e-9)
         return ratio * active_estimate_ms <= limit_ms, ratio
 
     def evaluate(self, config: Config, limit_ms: float, memory_limit: int | None, deadline: float,
