@@ -140,7 +140,8 @@ def open_device(bundle_path: Path | str, options: SessionOptions, link: PeerLink
     device = OffloadDevice(controller.bundle, load_plan(controller.bundle),
                            PeerClient(link.url, token=link.token, cafile=link.cafile),
                            DeviceOptions(budget_ms=budget, confidence=early.confidence if early.enabled else None,
-                                         fixed_variant=options.fixed_variant),
+                                         fixed_variant=options.fixed_variant,
+                                         budget_given=controller.budgets.latency_ms is not None),
                            planner_config=planner, rng=np.random.default_rng(seed),
                            threads=max(1, options.threads or 1), engine=controller.engine,
                            only=within_memory(controller))

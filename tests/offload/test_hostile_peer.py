@@ -81,9 +81,10 @@ class _Scripted:
         pass
 
 
-def _device(offload_bundles: OffloadBundles, client: Any) -> OffloadDevice:
+def _device(offload_bundles: OffloadBundles, client: Any, **options: Any) -> OffloadDevice:
     bundle = load_bundle(offload_bundles.device)
-    return OffloadDevice(bundle, load_plan(bundle), client, DeviceOptions(budget_ms=200.0, fixed_variant="deep"),
+    return OffloadDevice(bundle, load_plan(bundle), client,
+                         DeviceOptions(**{"budget_ms": 200.0, "fixed_variant": "deep", **options}),
                          rng=np.random.default_rng(0), warmup_runs=1)
 
 
@@ -227,5 +228,46 @@ def test_a_silent_peer_leaves_the_fallback_time_before_the_deadline(offload_bund
     wrapped = open_device(offload_bundles.device, SessionOptions(), PeerLink("http://127.0.0.1:9"), deadline_ms=2000.0)
     try:
         assert wrapped.device.options.budget_ms == 2000.0 * DEADLINE_SHARE < 2000.0
+        assert not wrapped.device.options.budget_given  # so the peer wait is capped (next test)
     finally:
         wrapped.stop()
+
+
+def test_without_a_latency_budget_a_silent_peer_is_waited_for_about_as_long_as_the_local_tail(
+        offload_bundles: OffloadBundles) -> None:
+    """No latency budget: the device plans with a share of the request's deadline (1.8 s of 2 s), and
+    a peer that accepted the connection and never answered held a request for all of it, on every
+    retry of the breaker. A real silent socket here: the request is answered locally after at most
+    max(PEER_WAIT_FLOOR_MS, twice the predicted remote time, the local tail's time), not 1.8 s."""
+    from hmt.offload.device import PEER_WAIT_FLOOR_MS
+
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            held.append(conn)  # read nothing, answer nothing
+
+    threading.Thread(target=accept, daemon=True).start()
+    x = np.random.default_rng(2).standard_normal(INPUT_SHAPE).astype(np.float32)
+    option = Option("deep", 1, "float32", 1.0, 1.0, 0.0, True, 0.5)
+    try:
+        for given, most_ms in ((False, 4 * PEER_WAIT_FLOOR_MS), (True, None)):
+            device = _device(offload_bundles, PeerClient(f"http://127.0.0.1:{server.getsockname()[1]}"),
+                             budget_ms=1800.0, budget_given=given)
+            start = time.perf_counter()
+            result = device.run(x, option)
+            took_ms = (time.perf_counter() - start) * 1e3
+            assert result.where == WHERE_FALLBACK and result.peer_error == "timeout"
+            if most_ms is not None:
+                assert took_ms < most_ms, took_ms
+            else:  # a budget the user set is the user's: the peer gets what is left of it
+                assert took_ms > 1000.0, took_ms
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
