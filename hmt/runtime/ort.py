@@ -171,6 +171,18 @@ def resolve_providers(requested: Sequence[str] = ("cpu",)) -> tuple[list[str], l
     return chosen, notes
 
 
+def usable_providers(requested: Sequence[str]) -> list[str]:
+    """The short names of ``requested`` this ONNX Runtime build has, in order, the CPU always last
+    (what a session built from ``requested`` can bind: status reports this, not the request).
+    Without onnxruntime (a TVM-only device) the request as given."""
+    try:
+        chosen, _ = resolve_providers(requested)
+    except ImportError:
+        return list(requested)
+    short = {full: name for name, full in PROVIDER_NAMES.items()}
+    return [short.get(p, p) for p in chosen]
+
+
 def providers_for_device(device: str) -> tuple[str, ...]:
     """What to ask for on fuse's/profile's ``--device``: cpu, or cuda (then the CPU)."""
     if device not in ("cpu", "cuda"):

@@ -30,6 +30,7 @@ import numpy as np
 from hmt.bundle import Bundle
 from hmt.errors import DeviceError, ModelError
 from hmt.runtime.chain import ChainResult, Runner
+from hmt.runtime.ort import usable_providers
 from hmt.runtime.settings import Budgets, ServeSettings
 from hmt.runtime.variant import bundle_providers
 from hmt.serve.deciding.decision import DecisionPath
@@ -77,6 +78,7 @@ class Controller:
         self.bundle = bundle
         # None: the providers the bundle's target lists (hmt.deploy.targets), CPU for older bundles.
         self.providers = tuple(providers) if providers is not None else bundle_providers(bundle)
+        self.usable_providers = usable_providers(self.providers)
         self.settings = settings if settings is not None else ServeSettings.from_mapping(bundle.serve_config)
         self.engine = engine if engine is not None else self.settings.engine
         self._clock = clock

@@ -37,7 +37,10 @@ def controller_status(c: Any, last: int = 10) -> dict[str, Any]:
         # What really runs: fuse's merged chain or graph by graph, and any provider fallback.
         "layout": active.layout if active is not None else None,
         "runtime_notes": list(active.notes) if active is not None else [],
-        "providers": list(c.providers),
+        # The ORT providers this build can bind, of those asked for (serve --providers or the
+        # bundle's target), and the request itself: a CPU-only machine lists only cpu.
+        "providers": c.usable_providers,
+        "providers_requested": list(c.providers),
         "fixed_variant": c.fixed_variant,
         "uptime_s": c.now_s(),
         "load_index": None if latest is None else latest.load_index,
