@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import csv
+import io
 import math
 import time
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ import numpy as np
 
 from hmt.compat import strict_zip
 from hmt.errors import InputError, UsageError
+from hmt.serve.running.scenario import read_scenario_text, scenario_cell
 
 LINK_COLUMNS = ("link_bandwidth_mbit_s", "link_rtt_ms", "link_loss")
 _CHUNK_BYTES = 16384
@@ -64,34 +66,38 @@ class LinkScenario:
 
     @classmethod
     def from_csv(cls, path: Path | str) -> LinkScenario:
-        source = Path(path)
+        """Read as serve reads a scenario (:mod:`hmt.serve.running.scenario`): bounded, UTF-8 with or
+        without a byte-order mark, any line ending, each error naming the file's line."""
+        source = str(path)
+        reader = csv.DictReader(io.StringIO(read_scenario_text(path), newline=None))
         try:
-            with open(source, newline="") as handle:
-                rows = list(csv.DictReader(handle))
-        except OSError as exc:
-            raise InputError(f"{source}: cannot read the scenario ({exc.strerror or exc})") from exc
-        if not rows or "time_s" not in rows[0] or not any(c in rows[0] for c in LINK_COLUMNS):
-            raise InputError(f"{source}: needs time_s and some of {list(LINK_COLUMNS)} in its header")
-        times: list[float] = []
-        states: list[LinkState] = []
-        previous = LinkState()
-        for line, row in enumerate(rows, start=2):
-            try:
-                t = float(row["time_s"])
-
-                def value(name: str, default: float, row: dict[str, str] = row) -> float:
-                    text = (row.get(name) or "").strip()
-                    return default if not text else float(text)
-
-                state = LinkState(value("link_bandwidth_mbit_s", previous.bandwidth_mbit_s),
-                                  value("link_rtt_ms", previous.rtt_ms), value("link_loss", previous.loss))
-            except (ValueError, UsageError) as exc:
-                raise InputError(f"{source}:{line}: {exc}") from exc
-            if times and t < times[-1]:
-                raise InputError(f"{source}:{line}: time_s {t} goes backwards")
-            times.append(t)
-            states.append(state)
-            previous = state
+            header = [h.strip() for h in (reader.fieldnames or [])]
+            if "time_s" not in header or not any(c in header for c in LINK_COLUMNS):
+                raise InputError(f"{source}: needs time_s and some of {list(LINK_COLUMNS)} in its header")
+            times: list[float] = []
+            states: list[LinkState] = []
+            previous = LinkState()
+            for raw in reader:
+                where = f"{source}:{reader.line_num}"  # the file's line: blank lines are skipped
+                record = {k.strip(): v for k, v in raw.items() if k is not None}
+                t = scenario_cell(record.get("time_s"), "time_s", where, 0.0, 1e9)
+                if t is None:
+                    raise InputError(f"{where}: time_s is empty")
+                if times and t < times[-1]:
+                    raise InputError(f"{where}: time_s {t:g} is before the previous row's {times[-1]:g}")
+                bandwidth = scenario_cell(record.get("link_bandwidth_mbit_s"), "link_bandwidth_mbit_s", where,
+                                          0.0, 1e6, lo_open=True)
+                rtt = scenario_cell(record.get("link_rtt_ms"), "link_rtt_ms", where, 0.0, 1e6)
+                loss = scenario_cell(record.get("link_loss"), "link_loss", where, 0.0, 0.99)
+                state = LinkState(previous.bandwidth_mbit_s if bandwidth is None else bandwidth,
+                                  previous.rtt_ms if rtt is None else rtt, previous.loss if loss is None else loss)
+                times.append(t)
+                states.append(state)
+                previous = state
+        except csv.Error as exc:
+            raise InputError(f"{source}:{reader.line_num + 1}: not readable as CSV ({exc})") from exc
+        if not times:
+            raise InputError(f"{source}: no rows")
         return cls(tuple(times), tuple(states))
 
 

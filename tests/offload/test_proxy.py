@@ -95,3 +95,22 @@ def test_scenario_columns(tmp_path: Path) -> None:
     path.write_text("time_s,link_rtt_ms\n0,-3\n")
     with pytest.raises(InputError, match=r"s.csv:2"):
         LinkScenario.from_csv(path)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    # a blank line and a quoted cell over two lines: the error names the file's line, not the row count
+    ("time_s,link_rtt_ms\n0,1\n\n5,\"2\n\"\n9,x\n", r"s.csv:6: link_rtt_ms 'x' is not a number"),
+    ("\ufefftime_s,link_loss\r0,0.1\r3,1.5\r", r"s.csv:3: link_loss '1.5' outside \[0, 0.99\]"),
+    ("time_s,link_bandwidth_mbit_s\n0,0\n", r"s.csv:2: link_bandwidth_mbit_s '0' outside \(0, 1e\+06\]"),
+    ("time_s,link_rtt_ms\n0,nan\n", r"s.csv:2: link_rtt_ms 'nan' outside"),
+    ("time_s,link_rtt_ms\n5,1\n2,1\n", r"s.csv:3: time_s 2 is before the previous row's 5"),
+    ("time_s,link_rtt_ms\n", r"s.csv: no rows"),
+    ("time_s,cpu_load\n0,1\n", r"needs time_s and some of"),
+])
+def test_a_link_scenario_is_read_as_serve_reads_a_scenario(tmp_path: Path, text: str, message: str) -> None:
+    """Line numbers count the file's lines (a blank line, a quoted cell over two lines), a BOM and CR
+    line endings read, NaN and out-of-range values refused with the column and its range."""
+    path = tmp_path / "s.csv"
+    path.write_bytes(text.encode("utf-8"))
+    with pytest.raises(InputError, match=message):
+        LinkScenario.from_csv(path)

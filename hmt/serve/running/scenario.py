@@ -67,7 +67,26 @@ class ScenarioRow:
     memory_squeeze_mb: float | None = None
 
 
-def _cell(raw: str | None, column: str, where: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
+def read_scenario_text(path: Path | str) -> str:
+    """A scenario file's text: at most ``MAX_BYTES``, UTF-8 (a byte-order mark dropped); each failure
+    one InputError naming the file. The offload proxy reads its link columns through this too."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the scenario ({exc.strerror or exc})") from exc
+    if len(data) > MAX_BYTES:
+        raise InputError(f"{path}: over {MAX_BYTES >> 20} MiB; a scenario holds at most {MAX_ROWS} rows")
+    try:
+        return data.decode("utf-8-sig")  # a spreadsheet's export starts with a byte-order mark
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+
+
+def scenario_cell(raw: str | None, column: str, where: str, lo: float, hi: float,
+                  lo_open: bool = False) -> float | None:
+    """A cell as a number within ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``); None when empty."""
     if raw is None or raw.strip() == "":
         return None
     try:
@@ -95,19 +114,7 @@ class Scenario:
 
     @classmethod
     def from_csv(cls, path: Path | str) -> Scenario:
-        path = Path(path)
-        try:
-            with open(path, "rb") as handle:
-                data = handle.read(MAX_BYTES + 1)
-        except OSError as exc:
-            raise InputError(f"{path}: cannot read the scenario ({exc.strerror or exc})") from exc
-        if len(data) > MAX_BYTES:
-            raise InputError(f"{path}: over {MAX_BYTES >> 20} MiB; a scenario holds at most {MAX_ROWS} rows")
-        try:
-            text = data.decode("utf-8-sig")  # a spreadsheet's export starts with a byte-order mark
-        except UnicodeDecodeError as exc:
-            raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
-        return cls.from_text(text, str(path))
+        return cls.from_text(read_scenario_text(path), str(path))
 
     @classmethod
     def from_text(cls, text: str, source: str = "scenario") -> Scenario:
@@ -159,7 +166,7 @@ def _read_rows(reader: csv.DictReader[str], source: str) -> list[ScenarioRow]:
         record = {k.strip(): v for k, v in raw.items() if k is not None}
         if (record.get("") or "").strip():
             raise InputError(f"{where}: {record['']!r} under the column without a name; name it or remove it")
-        time_s = _cell(record.get("time_s"), "time_s", where, 0.0, 1e9)
+        time_s = scenario_cell(record.get("time_s"), "time_s", where, 0.0, 1e9)
         if time_s is None:
             raise InputError(f"{where}: time_s is empty")
         if rows and time_s < rows[-1].time_s:
@@ -167,12 +174,12 @@ def _read_rows(reader: csv.DictReader[str], source: str) -> list[ScenarioRow]:
                              "(times must be non-decreasing)")
         rows.append(ScenarioRow(
             time_s=time_s,
-            cpu_load=_cell(record.get("cpu_load"), "cpu_load", where, 0.0, 1.0),
-            memory_budget_mb=_cell(record.get("memory_budget_mb"), "memory_budget_mb", where, 0.0, 1e9, True),
-            battery_pct=_cell(record.get("battery_pct"), "battery_pct", where, 0.0, 100.0),
-            latency_budget_ms=_cell(record.get("latency_budget_ms"), "latency_budget_ms", where,
+            cpu_load=scenario_cell(record.get("cpu_load"), "cpu_load", where, 0.0, 1.0),
+            memory_budget_mb=scenario_cell(record.get("memory_budget_mb"), "memory_budget_mb", where, 0.0, 1e9, True),
+            battery_pct=scenario_cell(record.get("battery_pct"), "battery_pct", where, 0.0, 100.0),
+            latency_budget_ms=scenario_cell(record.get("latency_budget_ms"), "latency_budget_ms", where,
                                     MIN_LATENCY_BUDGET_MS, 1e9),
-            memory_squeeze_mb=_cell(record.get("memory_squeeze_mb"), "memory_squeeze_mb", where, 0.0, 1e6),
+            memory_squeeze_mb=scenario_cell(record.get("memory_squeeze_mb"), "memory_squeeze_mb", where, 0.0, 1e6),
         ))
     return rows
 
