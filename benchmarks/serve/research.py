@@ -155,6 +155,8 @@ def one_run(bundle_path: Path, mode: str, args: argparse.Namespace, seed: int, x
         "found_after_drop_s": None if found_at is None else found_at - drop,
         "served_after_drop_s": None if served_at is None else served_at - drop,
         "search_evaluated": last.get("evaluated"), "search_fastest_ms": last.get("fastest_ms"),
+        "search_fastest": last.get("fastest_arch_id"), "unconfirmed": last.get("unconfirmed_arch_id"),
+        "confirmed_speed_ratio": last.get("confirmed_speed_ratio"),
         "latency_limit_ms": last.get("latency_limit_ms"),
         "search_s": None if not last else last["ended_s"] - last["started_s"],
         "serving_ratio": last.get("serving_ratio"), "active_estimate_ms": last.get("active_estimate_ms"),
@@ -261,7 +263,7 @@ RUN_KEYS = ("mode", "seed", "budget_ms", "pool_fastest", "pool_fastest_p50_ms", 
             "search_started_after_drop_s", "found_after_drop_s", "served_after_drop_s", "search_evaluated",
             "search_fastest_ms", "serving_ratio", "miss_share_before", "requests_before", "miss_share_after",
             "requests_after", "found_share_after", "after_p50_ms", "after_p95_ms", "split_after_drop_s",
-            "loop_estimates_ms")
+            "loop_estimates_ms", "search_fastest", "unconfirmed", "confirmed_speed_ratio", "latency_limit_ms")
 
 
 def summarise(report: dict[str, Any]) -> dict[str, Any]:
