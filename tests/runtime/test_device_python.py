@@ -155,6 +155,35 @@ def test_bundle_serves_on_python_3_8(tmp_path: Path) -> None:
     assert "Traceback" not in "".join(lines), "".join(lines)[-3000:]
 
 
+SILENT_PEER_38 = """
+import socket, threading
+from hmt.offload.client import PeerClient, PeerFailure
+server = socket.create_server(("127.0.0.1", 0))
+def accept():
+    conn, _ = server.accept()
+    conn.recv(65536)
+    threading.Event().wait(5)  # reads the request, never answers
+threading.Thread(target=accept, daemon=True).start()
+try:
+    PeerClient("http://127.0.0.1:%d" % server.getsockname()[1]).status(limit_ms=200.0)
+except PeerFailure as exc:
+    print(exc.reason)
+"""
+
+
+def test_a_silent_peer_is_a_timeout_on_python_3_8() -> None:
+    # Before 3.10, socket.timeout is an OSError but no TimeoutError: the device counted a peer that
+    # did not answer in time as "broken" (peer_errors in /v1/status, the answer's peer_error).
+    reason = _py38_ready()
+    if reason is not None:
+        pytest.skip(reason)
+    assert PY38 is not None
+    done = subprocess.run([PY38, "-c", SILENT_PEER_38], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "timeout", done.stdout
+
+
 def test_compat_stand_ins_behave_like_the_builtins() -> None:
     from hmt.compat import _strict_zip_38, pairwise, strict_zip
 
