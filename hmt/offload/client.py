@@ -242,7 +242,7 @@ class PeerClient:
             conn.response_class = functools.partial(_DeadlineResponse, deadline=deadline)  # type: ignore[assignment]
             response = conn.getresponse()
             data = response.read(_MAX_REPLY_BYTES + 1)
-        except TimeoutError as exc:
+        except (TimeoutError, socket.timeout) as exc:  # socket.timeout is no TimeoutError before 3.10
             conn.close()
             raise PeerFailure("timeout", f"no answer within {limit_ms:.1f} ms") from exc
         except ConnectionRefusedError as exc:

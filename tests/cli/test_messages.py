@@ -157,3 +157,28 @@ def test_json_stdout_holds_only_the_document_when_user_code_prints(capsys: pytes
     assert json.loads(captured.out)["error"]["exit_code"] == 3 and "factory called" in captured.err
     run_command(body, json_mode=False)  # without --json, prints stay where they were
     assert "building my model..." in capsys.readouterr().out
+
+
+NO_TORCH = """
+import sys
+sys.modules["torch"] = None  # a device install: pip install hmt, no offline extra
+from commands.app import cli
+cli(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("json_mode", [False, True])
+def test_an_offline_stage_on_a_device_install_names_what_to_install(tmp_path: Path, json_mode: bool) -> None:
+    # It was "internal error: ModuleNotFoundError: No module named 'torch' ... report it", exit 70.
+    import subprocess
+    import sys
+
+    argv = ["train-supernet", "--preset", "tiny", "--out", str(tmp_path / "sn"), *(["--json"] if json_mode else [])]
+    done = subprocess.run([sys.executable, "-c", NO_TORCH, *argv], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 7, done.stderr[-2000:]
+    assert "internal error" not in done.stderr and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and "error: this command needs torch" in done.stderr
+    assert "pip install 'hmt[offline]'" in done.stderr
+    if json_mode:
+        assert json.loads(done.stdout)["error"]["type"] == "DeviceError"

@@ -52,6 +52,46 @@ def test_device_half_needs_no_newer_python_than_3_8() -> None:
     assert done.returncode == 0 and not violations, done.stdout[-3000:]
 
 
+# What vermin does not see: a PEP 604 union (``list | tuple``) or a subscripted builtin (``list[int]``)
+# evaluated when the code runs, not in an annotation (``from __future__ import annotations`` keeps those
+# strings). On 3.8 they raise TypeError only on the line's first run: the uvicorn log then carried a
+# traceback for every answered prediction (hmt.serve.http.guard's connection key).
+_BUILTIN_TYPES = {"list", "tuple", "dict", "set", "frozenset", "type", "int", "float", "str", "bytes", "bool"}
+
+
+def _runtime_typing_310(path: str) -> list[str]:
+    import ast
+
+    tree = ast.parse(Path(path).read_text(), filename=path)
+    in_annotation: set[int] = set()
+    for node in ast.walk(tree):
+        annotations = [node.annotation] if isinstance(node, ast.arg | ast.AnnAssign) and node.annotation else []
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns is not None:
+            annotations.append(node.returns)
+        in_annotation.update(id(part) for annotation in annotations for part in ast.walk(annotation))
+
+    def is_type(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Name) and node.id in _BUILTIN_TYPES) or \
+            (isinstance(node, ast.Constant) and node.value is None) or \
+            (isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr) and is_type(node.left))
+
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in in_annotation:
+            continue
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr) and is_type(node.left) \
+                and is_type(node.right):
+            found.append(f"{path}:{node.lineno}: {ast.unparse(node)} (a union evaluated at run time: 3.10+)")
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id in _BUILTIN_TYPES:
+            found.append(f"{path}:{node.lineno}: {ast.unparse(node)} (a subscripted builtin at run time: 3.9+)")
+    return found
+
+
+def test_device_half_evaluates_no_3_10_typing_at_run_time() -> None:
+    found = [line for f in device_files() for line in _runtime_typing_310(f)]
+    assert not found, "\n".join(found)
+
+
 PY38 = os.environ.get("HMT_PY38") or shutil.which("python3.8")
 
 
@@ -91,7 +131,8 @@ def test_bundle_serves_on_python_3_8(tmp_path: Path) -> None:
     proc = subprocess.Popen([PY38, "-c", SERVE_38, str(bundle)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(proc.stderr or []), daemon=True).start()
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr or []), daemon=True)
+    reader.start()
     try:
         deadline = time.monotonic() + 60
         port = None
@@ -109,6 +150,38 @@ def test_bundle_serves_on_python_3_8(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+    reader.join(10)
+    # An answered request logs nothing on 3.8 (a TypeError after the body was sent went to the log).
+    assert "Traceback" not in "".join(lines), "".join(lines)[-3000:]
+
+
+SILENT_PEER_38 = """
+import socket, threading
+from hmt.offload.client import PeerClient, PeerFailure
+server = socket.create_server(("127.0.0.1", 0))
+def accept():
+    conn, _ = server.accept()
+    conn.recv(65536)
+    threading.Event().wait(5)  # reads the request, never answers
+threading.Thread(target=accept, daemon=True).start()
+try:
+    PeerClient("http://127.0.0.1:%d" % server.getsockname()[1]).status(limit_ms=200.0)
+except PeerFailure as exc:
+    print(exc.reason)
+"""
+
+
+def test_a_silent_peer_is_a_timeout_on_python_3_8() -> None:
+    # Before 3.10, socket.timeout is an OSError but no TimeoutError: the device counted a peer that
+    # did not answer in time as "broken" (peer_errors in /v1/status, the answer's peer_error).
+    reason = _py38_ready()
+    if reason is not None:
+        pytest.skip(reason)
+    assert PY38 is not None
+    done = subprocess.run([PY38, "-c", SILENT_PEER_38], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "timeout", done.stdout
 
 
 def test_compat_stand_ins_behave_like_the_builtins() -> None:

@@ -85,7 +85,9 @@ def test_failed_load_keeps_the_old_variant_serving(tmp_path: Path) -> None:
     for _ in range(3):  # the optimizer keeps proposing "broken"; it is not retried at once
         record = c.tick(sample=sample())
         assert record.proposed == "broken" and record.active == "good" and not record.switched
-        assert record.error is not None
+        # While it is not retried, the error still says why it failed (it said only "retrying after 30 s").
+        assert record.error is not None and "segment_0.onnx" in record.error and "retrying after" in record.error
+        assert "INVALID_PROTOBUF" in (c.last_error or "")
     assert c.pool.load_failures == 1 and c.predict(X).variant == "good"
 
 

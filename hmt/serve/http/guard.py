@@ -54,7 +54,7 @@ def internal_error(exc: BaseException) -> JSONResponse:
 
 def connection_key(scope: Scope) -> Hashable | None:
     client = scope.get("client")
-    return tuple(client) if isinstance(client, list | tuple) else None
+    return tuple(client) if isinstance(client, (list, tuple)) else None
 
 
 class Guard:

@@ -167,19 +167,23 @@ class LoadBackoff:
         self._clock = clock
         self.retry_s = retry_s
         self.failed: dict[str, float] = {}  # arch id -> when its last real try failed, on ``clock``
+        self.reasons: dict[str, str] = {}  # arch id -> why it failed (the file and the runtime's message)
         self.dropped: set[str] = set()  # variants a memory cut unloaded (the controller files them), see refill
 
     def load(self, arch_id: str) -> Runner:
         failed_at = self.failed.get(arch_id)
         if failed_at is not None and self._clock() - failed_at < self.retry_s:
-            raise ModelError(f"variant {arch_id!r} failed to load {self._clock() - failed_at:.1f} s ago; "
-                             f"retrying after {self.retry_s:g} s")
+            # The reason, not only the retry: /v1/status' last_error shows this one from the next tick on.
+            raise ModelError(f"{self.reasons[arch_id]} ({self._clock() - failed_at:.1f} s ago; "
+                             f"retrying after {self.retry_s:g} s)")
         try:
             runner = self.pool.load(arch_id)
-        except ModelError:
+        except ModelError as exc:
             self.failed[arch_id] = self._clock()
+            self.reasons[arch_id] = str(exc)
             raise
         self.failed.pop(arch_id, None)
+        self.reasons.pop(arch_id, None)
         return runner
 
     def refill(self, order: Iterable[str], capacity_bytes: int | None) -> Runner | None:
