@@ -261,10 +261,11 @@ def is_identity(path: Path) -> bool:
     return len(graph.node) == 1 and graph.node[0].op_type == "Identity" and not graph.initializer
 
 
-def read_labelled(source: Path, input_shape: Sequence[int] | None, *, seed: int, max_samples: int
-                  ) -> tuple[np.ndarray, np.ndarray, int]:
-    """A seeded subset of the labelled set ``source`` (x: float model inputs, y: integer labels);
-    ``input_shape`` None checks all but the shape (deploy's check before any work)."""
+def read_labelled(source: Path, input_shape: Sequence[int] | None, *, seed: int, max_samples: int,
+                  num_classes: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+    """A seeded subset of the labelled set ``source`` (x: float model inputs, y: integer labels, each a
+    class index below ``num_classes``); ``input_shape`` and ``num_classes`` None check all but the shape
+    and the largest label (deploy's check before any work)."""
     try:
         with np.load(source, allow_pickle=False) as archive:
             x, y = np.asarray(archive["x"]), np.asarray(archive["y"])
@@ -278,6 +279,12 @@ def read_labelled(source: Path, input_shape: Sequence[int] | None, *, seed: int,
                          f"(normalised as the bundle's preprocessing), got {x.dtype} {list(x.shape)}")
     if y.ndim != 1 or len(y) != len(x) or not len(y) or not np.issubdtype(y.dtype, np.integer):
         raise UsageError(f"--blocks-data {source}: y must be a non-empty vector of {len(x)} integer labels")
+    if y.min() < 0 or (num_classes is not None and y.max() >= num_classes):
+        # Labels of another numbering (1-based, another dataset's) scored every variant 0 %: re-search's
+        # accuracy floor then let any candidate through.
+        classes = "0 or more" if num_classes is None else f"0..{num_classes - 1}"
+        raise UsageError(f"--blocks-data {source}: y must be class indices {classes}, got {int(y.min())}.."
+                         f"{int(y.max())}")
     keep = np.sort(np.random.default_rng(seed).permutation(len(y))[:max_samples])
     return x[keep].astype(np.float32), y[keep].astype(np.int64), len(y)
 
@@ -337,7 +344,8 @@ def write_blocks(writer: ArtifactWriter, loaded: Any, arch_ids: Sequence[str], o
     notes = [f"{BLOCKS_SPEC_NAME}: {len(units)} shared block graphs composing any of the sub-space's variants "
              f"(serve --blocks); BN statistics shared over {len(archs) + len(extra)} variants"]
     if options.data is not None:
-        x, y, total = read_labelled(options.data, space.input_shape, seed=options.seed, max_samples=options.max_samples)
+        x, y, total = read_labelled(options.data, space.input_shape, seed=options.seed, max_samples=options.max_samples,
+                                    num_classes=space.num_classes)
         with open(writer.path(CALIBRATION_NAME), "wb") as handle:
             np.savez(handle, x=x, y=y)
         doc["calibration"] = {"path": CALIBRATION_NAME, "samples": len(y), "of": total, "seed": options.seed}

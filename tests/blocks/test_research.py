@@ -295,3 +295,22 @@ def test_a_found_variant_is_confirmed_against_the_start_timed_in_turn() -> None:
     assert ok and ratio is not None and ratio < 0.6
     ok, ratio = research.confirm(config, _Sleeper(0.001), 8.0, 10.0, time.monotonic() - 1.0)  # type: ignore[arg-type]
     assert not ok and ratio is None  # past the deadline: nothing is adopted
+
+
+def test_a_found_variant_already_in_the_table_releases_its_blocks() -> None:
+    """The search may time a bundled variant (a neighbour of the start) and find it fits; adopt left it out of
+    the table but kept its composed runner open, so its blocks stayed acquired in the shared store: never
+    unloaded, and counted in the pool's memory after the pool evicted that variant."""
+    import threading
+    from types import SimpleNamespace
+
+    from hmt.serve.deciding.research import Measured
+    from hmt.serve.deciding.research_join import adopt
+
+    closed: list[bool] = []
+    runner: Any = SimpleNamespace(warm=True, close=lambda: closed.append(True))
+    controller: Any = SimpleNamespace(_tick_lock=threading.Lock(), estimator=None,
+                                      optimizer=SimpleNamespace(variants=[SimpleNamespace(arch_id="a")]),
+                                      request_tick=lambda: None)
+    adopt(controller, Measured("a", 1.0, 1.2, (1.0,), 10, True, 0.5, "blocks.json"), runner)
+    assert closed == [True]

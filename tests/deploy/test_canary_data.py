@@ -70,3 +70,23 @@ def test_an_npz_whose_header_declares_a_huge_array_is_bad_input(tmp_path: Path) 
         archive.writestr("y.npy", member((10**12,), "<i8"))
     with pytest.raises(UsageError, match="--canary-data .*bomb.npz: expected an .npz"):
         read_canary(bomb)
+
+
+@pytest.mark.parametrize(("y", "classes"), [(np.arange(1, 5), 4), (np.array([0, 1, -1, 2]), None)])
+def test_blocks_data_labels_outside_the_classes_are_refused(tmp_path: Path, y: np.ndarray, classes: int | None) -> None:
+    """1-based labels (or another dataset's) were shipped as they were: every variant scored 0 % on them, in
+    blocks.json and in re-search, whose accuracy floor then let any candidate through."""
+    from hmt.deploy.blocks import read_labelled
+
+    source = tmp_path / "labelled.npz"
+    np.savez(source, x=np.zeros((4, 3, 8, 8), np.float32), y=y)
+    with pytest.raises(UsageError, match="--blocks-data .*labelled.npz: y must be class indices 0"):
+        read_labelled(source, (3, 8, 8), seed=0, max_samples=8, num_classes=classes)
+
+
+def test_blocks_data_labels_within_the_classes_ship(tmp_path: Path) -> None:
+    from hmt.deploy.blocks import read_labelled
+
+    source = tmp_path / "labelled.npz"
+    np.savez(source, x=np.zeros((4, 3, 8, 8), np.float32), y=np.arange(4))
+    assert read_labelled(source, (3, 8, 8), seed=0, max_samples=8, num_classes=4)[1].tolist() == [0, 1, 2, 3]

@@ -74,6 +74,7 @@ def adopt(controller: Any, measured: Measured, runner: ComposedRunner) -> None:
     with controller._tick_lock:
         old_opt, old_est = controller.optimizer, controller.estimator
         if measured.arch_id in {v.arch_id for v in old_opt.variants}:
+            runner.close()  # a bundled variant the search timed: the table has it; its blocks go back
             return
         active = controller.active_arch_id
         ref = old_opt.variant(active) if active in {v.arch_id for v in old_opt.variants} else old_opt.variants[0]
