@@ -76,7 +76,8 @@ def written(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     root = tmp_path_factory.mktemp(f"blocks-{request.param}")
     rng = np.random.default_rng(0)
     data = root / "labelled.npz"
-    np.savez(data, x=rng.standard_normal((24, *shape)).astype(np.float32), y=rng.integers(0, 10, 24))
+    np.savez(data, x=rng.standard_normal((24, *shape)).astype(np.float32),
+             y=rng.integers(0, net.space.num_classes, 24))  # labels outside the classes are refused
     with ArtifactWriter(root / "art", kind="blocks-test", config={}) as writer:
         loaded = _loaded(net, root)
         summary = write_blocks(writer, loaded, [a.arch_id for a in archs],
