@@ -1,5 +1,5 @@
 """``python -m commands``: the hmt command line without the console script."""
 
-from commands.app import cli
+from commands.entry import main
 
-cli()
+main()

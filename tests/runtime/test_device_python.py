@@ -106,16 +106,6 @@ def _py38_ready() -> str | None:
     return None
 
 
-SERVE_38 = """
-import sys
-from hmt.serve.http.api import ApiOptions
-from hmt.serve.http.server import ServerOptions
-from hmt.serve.running.session import SessionOptions, serve_forever
-serve_forever(sys.argv[1], SessionOptions(), ApiOptions(), ServerOptions(host="127.0.0.1", port=0),
-              on_listening=lambda url: print("serving on", url, file=sys.stderr, flush=True))
-"""
-
-
 @pytest.mark.slow
 def test_bundle_serves_on_python_3_8(tmp_path: Path) -> None:
     reason = _py38_ready()
@@ -128,8 +118,9 @@ def test_bundle_serves_on_python_3_8(tmp_path: Path) -> None:
 
     bundle = make_bundle(tmp_path / "bundle")
     assert PY38 is not None
-    proc = subprocess.Popen([PY38, "-c", SERVE_38, str(bundle)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    # As a JetPack 5 user starts it: hmt serve (the console script runs commands.entry, as -m commands does).
+    proc = subprocess.Popen([PY38, "-m", "commands", "serve", str(bundle), "--port", "0"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr or []), daemon=True)
     reader.start()
@@ -149,8 +140,10 @@ def test_bundle_serves_on_python_3_8(tmp_path: Path) -> None:
             assert client.status()["requests"] == 1
     finally:
         proc.terminate()
-        proc.wait(30)
+        code = proc.wait(30)
     reader.join(10)
+    assert code == 0, "".join(lines)[-3000:]  # SIGTERM drains and stops
+    assert any(line.startswith("stopped after 1 requests") for line in lines), "".join(lines)[-3000:]
     # An answered request logs nothing on 3.8 (a TypeError after the body was sent went to the log).
     assert "Traceback" not in "".join(lines), "".join(lines)[-3000:]
 
