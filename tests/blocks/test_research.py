@@ -58,12 +58,12 @@ def test_search_finds_a_variant_that_fits_and_measures_its_accuracy(written_bloc
     found = outcome.found
     assert found.fits and found.latency_ms <= 0.8e3 and found.arch_id != start
     assert found.accuracy is not None and 0.0 <= found.accuracy <= 1.0
-    if found.arch_id not in research.space.accuracy:
-        assert found.accuracy_source == "calibration set, on the device"
-        from hmt.runtime.blocks import accuracy_on
+    assert found.arch_id not in research.space.accuracy  # a bundled variant is the loop's, never a find
+    assert found.accuracy_source == "calibration set, on the device"
+    from hmt.runtime.blocks import accuracy_on
 
-        x, y = load_calibration(written_blocks.bundle, research.space)
-        assert accuracy_on(runner, x, y) == pytest.approx(found.accuracy)
+    x, y = load_calibration(written_blocks.bundle, research.space)
+    assert accuracy_on(runner, x, y) == pytest.approx(found.accuracy)
     assert outcome.found_after_s is not None and outcome.found_after_s <= 3.0
     # a memory limit below every candidate's blocks: nothing fits
     research2 = _research(written_blocks, time_bound_s=0.5)
@@ -314,3 +314,24 @@ def test_a_found_variant_already_in_the_table_releases_its_blocks() -> None:
                                       request_tick=lambda: None)
     adopt(controller, Measured("a", 1.0, 1.2, (1.0,), 10, True, 0.5, "blocks.json"), runner)
     assert closed == [True]
+
+
+def test_a_bundled_variant_the_search_times_is_a_path_not_a_find(written_blocks: Any) -> None:
+    """The search may time a bundled variant (a neighbour of the start) and find that it fits; it never
+    hands one over as found: the loop has it and judges it on its own requests (status listed such a
+    variant as found, and adopt added nothing). Here every mutation is the other bundled variant."""
+    research = _research(written_blocks, time_bound_s=1.0)
+    start = written_blocks.ids[1]
+    other = next(a for a in research.space.accuracy if a != start)
+    timed: list[str] = []
+    real_evaluate = research.evaluate
+
+    def evaluate(config: Any, *args: Any) -> Any:
+        timed.append(config.arch_id)
+        return real_evaluate(config, *args)
+
+    research.evaluate = evaluate  # type: ignore[method-assign]
+    research.mutate = lambda anchor, cheaper=False: research.start_config(other)  # type: ignore[method-assign]
+    outcome, runner = research.search(start, 1e3, None, "test")  # 1 s: it fits
+    assert timed == [other]
+    assert runner is None and outcome.found is None and research.status()["found"] == []

@@ -438,6 +438,11 @@ class Research:
                     fastest = (measured.latency_ms, config)
                 if not measured.fits or runner is None:
                     continue
+                if measured.arch_id in self.space.accuracy:
+                    # A bundled variant: the loop has it and judges it on its own requests; a path
+                    # through it, not a find (adopt would add nothing, and status named it found).
+                    runner.close()
+                    continue
                 assert measured.accuracy is not None
                 if floor is not None and measured.accuracy < floor:
                     runner.close()
