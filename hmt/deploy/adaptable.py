@@ -140,12 +140,12 @@ CANARY_NAME = "canary.npz"  # under ADAPT_DIR at the bundle's top: what serve --
 CANARY_MAX_SAMPLES = 256
 
 
-def ship_canary(writer: ArtifactWriter, source: Path, *, seed: int, max_samples: int = CANARY_MAX_SAMPLES
-                ) -> dict[str, Any]:
+def ship_canary(writer: ArtifactWriter, source: Path, *, seed: int, max_samples: int = CANARY_MAX_SAMPLES,
+                num_classes: int | None = None) -> dict[str, Any]:
     """Copy a seeded subset of the labelled set ``source`` (an .npz with ``x`` and ``y``) into the
     bundle as ``adapt/canary.npz``: the held-out set ``serve --adapt`` checks every adapted variant
     against by default (clients cannot steer it). Returns what was shipped."""
-    x, y = read_canary(source)
+    x, y = read_canary(source, num_classes)
     keep = np.sort(np.random.default_rng(seed).permutation(len(y))[:max_samples])
     target = f"{ADAPT_DIR}/{CANARY_NAME}"
     writer.path(target).parent.mkdir(parents=True, exist_ok=True)
@@ -154,9 +154,10 @@ def ship_canary(writer: ArtifactWriter, source: Path, *, seed: int, max_samples:
     return {"path": target, "samples": len(keep), "of": len(y), "seed": seed}
 
 
-def read_canary(source: Path) -> tuple[np.ndarray, np.ndarray]:
+def read_canary(source: Path, num_classes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(x, y)`` of the labelled set ``source``, refused (UsageError) unless x is uint8 pixels or finite
-    floats and y one integer label each; deploy reads it before any work as well."""
+    floats and y one class index each (below ``num_classes``; None: only >= 0, deploy's read before
+    any work, when the classes are not known yet)."""
     try:
         with np.load(source, allow_pickle=False) as archive:
             x, y = np.asarray(archive["x"]), np.asarray(archive["y"])
@@ -168,4 +169,9 @@ def read_canary(source: Path) -> tuple[np.ndarray, np.ndarray]:
                          f"{y.dtype} {list(y.shape)}")
     if x.dtype != np.uint8 and not (np.issubdtype(x.dtype, np.floating) and np.all(np.isfinite(x))):
         raise UsageError(f"--canary-data {source}: x must be uint8 pixels or finite floats, got {x.dtype}")
+    if y.min() < 0 or (num_classes is not None and y.max() >= num_classes):
+        # Shipped as given, such labels made serve --adapt refuse the bundle at start, on the device.
+        classes = "0 or more" if num_classes is None else f"0..{num_classes - 1}"
+        raise UsageError(f"--canary-data {source}: y must be class indices {classes}, got {int(y.min())}.."
+                         f"{int(y.max())}")
     return x, y

@@ -316,7 +316,7 @@ def _config(options: DeployOptions, target: Target, engines: tuple[str, ...], va
 
 
 def _add_adaptable(writer: ArtifactWriter, bundled: list[BundleVariant], front: Any, options: DeployOptions,
-                   progress: ProgressCallback, notes: list[str]) -> list[BundleVariant]:
+                   progress: ProgressCallback, notes: list[str], classes: int) -> list[BundleVariant]:
     """deploy --adaptable: BN-adaptable graphs for serve --adapt, and the canary set it checks them on."""
     from hmt.deploy.adaptable import add_adaptable, ship_canary
 
@@ -326,7 +326,7 @@ def _add_adaptable(writer: ArtifactWriter, bundled: list[BundleVariant], front: 
     notes.append("variants with extra.adaptable carry BN-adaptable graphs (variants/<arch_id>/adapt): "
                  "hmt serve --adapt re-estimates their BN statistics on recent inputs without torch")
     if options.canary_data is not None:
-        shipped = ship_canary(writer, options.canary_data, seed=options.seed)
+        shipped = ship_canary(writer, options.canary_data, seed=options.seed, num_classes=classes)
         notes.append(f"{shipped['path']}: {shipped['samples']} labelled samples (of {shipped['of']}, seed "
                      f"{shipped['seed']}) that serve --adapt checks every adapted variant against")
     else:
@@ -457,7 +457,7 @@ def deploy_bundle(
                                           options=options, progress=progress, threads=threads, notes=notes)
         notes.extend(quantised_notes(bundled))
         if options.adaptable:
-            bundled = _add_adaptable(writer, bundled, front, options, progress, notes)
+            bundled = _add_adaptable(writer, bundled, front, options, progress, notes, classes)
         if options.blocks:
             notes.extend(_add_blocks(writer, bundled, front, options, progress))
         if meta_note is not None:

@@ -90,3 +90,22 @@ def test_blocks_data_labels_within_the_classes_ship(tmp_path: Path) -> None:
     source = tmp_path / "labelled.npz"
     np.savez(source, x=np.zeros((4, 3, 8, 8), np.float32), y=np.arange(4))
     assert read_labelled(source, (3, 8, 8), seed=0, max_samples=8, num_classes=4)[1].tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(("labels", "message"), [(np.array([1, 2, 10]), "0..9, got 1..10"),
+                                                 (np.array([-1, 0, 3]), "0..9, got -1..3")])
+def test_canary_labels_outside_the_classes_are_refused(tmp_path: Path, labels: np.ndarray, message: str) -> None:
+    """Shipped as given, 1-based or another dataset's labels made serve --adapt refuse the bundle at start,
+    on the device; deploy refuses them, naming the file and the range (negative ones before any work)."""
+    from hmt.deploy.adaptable import read_canary
+
+    source = tmp_path / "canary.npz"
+    np.savez(source, x=np.zeros((3, 3, 4, 4), np.float32), y=labels)
+    with ArtifactWriter(tmp_path / "bundle", kind="bundle", config={}) as writer, \
+            pytest.raises(UsageError, match=f"--canary-data .*canary.npz: y must be class indices {message}"):
+        ship_canary(writer, source, seed=0, num_classes=10)
+    if labels.min() < 0:
+        with pytest.raises(UsageError, match="class indices 0 or more"):
+            read_canary(source)
+    else:
+        assert len(read_canary(source)[1]) == 3  # before the classes are known: only the sign
