@@ -55,6 +55,12 @@ def test_block_pool_serves_composed_variants_and_counts_shared_blocks_once(block
         assert composed.exit == whole.exit == 0
         status = controller.status()
         assert status["blocks"]["units_loaded"] <= status["blocks"]["units_shipped"]
+        from hmt.serve.reporting.metrics import controller_metrics_text
+
+        metrics = controller_metrics_text(controller)  # /metrics says what status says
+        assert f"hmt_blocks_loaded {float(status['blocks']['units_loaded'])}" in metrics
+        assert f"hmt_blocks_shipped {float(status['blocks']['units_shipped'])}" in metrics
+        assert 'hmt_block_loads_total{event="load"}' in metrics and "hmt_blocks_resident_bytes" in metrics
     finally:
         controller.stop()
 
@@ -136,5 +142,10 @@ def test_the_loop_searches_only_when_nothing_fits_and_serves_meanwhile(blocks_bu
             controller.predict(x)
             controller.tick()
         assert controller.research.searches == 1
+        from hmt.serve.reporting.metrics import controller_metrics_text
+
+        metrics = controller_metrics_text(controller)
+        assert "hmt_research_searches_total 1.0" in metrics and "hmt_research_found_total 0.0" in metrics
+        assert "hmt_research_running 0.0" in metrics
     finally:
         controller.stop()

@@ -179,6 +179,7 @@ class Research:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.searches = 0
+        self.found_count = 0  # searches that handed a variant over (a counter: outcomes keep the last 8)
         self.outcomes: list[Outcome] = []
         self.running_since_s: float | None = None
         self.error: str | None = None
@@ -474,6 +475,7 @@ class Research:
                           active_estimate_ms=active_estimate_ms, start_timed_ms=start_ms, serving_ratio=ratio,
                           confirmed_speed_ratio=confirmed_ratio, unconfirmed_arch_id=unconfirmed)
         self.outcomes = [*self.outcomes[-7:], outcome]
+        self.found_count += best is not None
         return outcome, best_runner
 
     def status(self, now_s: Callable[[float], float] = lambda t: t) -> dict[str, Any]:
@@ -482,7 +484,8 @@ class Research:
         data = last.to_json_dict() if last is not None else None
         if data is not None:
             data["started_s"], data["ended_s"] = now_s(last.started_s), now_s(last.ended_s)  # type: ignore[union-attr]
-        return {"searches": self.searches, "running": self.running, "error": self.error,
+        return {"searches": self.searches, "found_count": self.found_count, "running": self.running,
+                "error": self.error,
                 "settings": asdict(self.settings), "last": data,
                 "yielded_s": round(self.yielded_s, 3), "timed_runs_rerun": self.rerun,
                 "found": [o.found.arch_id for o in self.outcomes if o.found is not None]}

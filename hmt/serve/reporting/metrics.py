@@ -107,6 +107,10 @@ class StatusCollector(Collector):
             yield from _adapt(status["adapt"])
         if status.get("offload"):
             yield from _offload(status["offload"])
+        if status.get("blocks"):
+            yield from _blocks(status["blocks"])
+        if status.get("research"):
+            yield from _research(status["research"])
 
     def _loop(self, status: Mapping[str, Any]) -> Iterator[Metric]:
         yield _counter("hmt_requests", "Predictions answered.", status["requests"])
@@ -183,6 +187,26 @@ def _offload(offload: Mapping[str, Any]) -> Iterator[Metric]:
                             value=link["rtt_ms"] / 1e3)
     yield GaugeMetricFamily("hmt_offload_link_bandwidth_bits_per_second", "Measured bandwidth to the peer.",
                             value=link["bandwidth_mbit_s"] * 1e6)
+
+
+def _blocks(blocks: Mapping[str, Any]) -> Iterator[Metric]:
+    """serve --blocks (hmt.serve.running.blocks): the shared block graphs the pool holds."""
+    yield GaugeMetricFamily("hmt_blocks_loaded", "Shared block graphs loaded (each once, however many variants "
+                            "use it).", value=blocks["units_loaded"])
+    yield GaugeMetricFamily("hmt_blocks_shipped", "Shared block graphs in the bundle.", value=blocks["units_shipped"])
+    yield GaugeMetricFamily("hmt_blocks_resident_bytes", "Weights of the loaded block graphs.",
+                            value=blocks["blocks_mb"] * 1e6)
+    yield _labelled(CounterMetricFamily, "hmt_block_loads", "Block graph loads and unloads by the pool.", ["event"],
+                    [(["load"], blocks["unit_loads"]), (["unload"], blocks["unit_unloads"])])
+
+
+def _research(research: Mapping[str, Any]) -> Iterator[Metric]:
+    """serve --research (hmt.serve.deciding.research): searches run and variants found."""
+    yield _counter("hmt_research_searches", "On-device searches started (nothing fitted the budgets).",
+                   research["searches"])
+    yield _counter("hmt_research_found", "Searches that found a variant and handed it to the pool.",
+                   research["found_count"])
+    yield GaugeMetricFamily("hmt_research_running", "1 while a search runs.", value=float(bool(research["running"])))
 
 
 def _adapt(adapt: Mapping[str, Any]) -> Iterator[Metric]:
