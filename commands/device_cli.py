@@ -103,10 +103,17 @@ def main(argv: list[str] | None = None) -> int:
                          "pareto, convert, fuse, deploy)\n")
         return 0 if argv[:1] in (["-h"], ["--help"]) else USAGE_EXIT
     args = _parser().parse_args(argv[1:])
+    from hmt.deploy.verify import check_archive_binding, opened_bundle
     from hmt.errors import HmtError
 
     try:
-        status = _serve(args)
+        # An archive is extracted (with verify's bounds) into a private folder removed on exit, as hmt serve does.
+        with opened_bundle(args.bundle) as root:
+            if root != args.bundle:
+                check_archive_binding(args.bundle, root)
+                sys.stderr.write(f"extracted {args.bundle} to a temporary folder; it is removed when serve stops\n")
+            args.bundle = root
+            status = _serve(args)
     except HmtError as exc:
         if args.debug:
             raise
