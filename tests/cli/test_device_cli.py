@@ -43,43 +43,25 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 def test_serve_runs_an_archived_bundle_and_drains_on_sigterm(tmp_path: Path) -> None:
     """The device command line end to end (as on a JetPack 5 board, here on the host's Python): the
     bundle's .tar.gz is extracted to a private folder, requests are answered, SIGTERM exits 0."""
-    import re
-    import subprocess
     import sys
-    import threading
-    import time
 
     import numpy as np
 
     sys.path.insert(0, str(REPO / "tests" / "serve"))
-    from serve_bundles import make_bundle
+    from serve_bundles import make_bundle, started_server
 
     from hmt.client import HmtClient
     from hmt.deploy.archive import write_archive
 
     archive = write_archive(make_bundle(tmp_path / "bundle"), tmp_path / "bundle.tar.gz")
     code = "import sys; from commands.device_cli import main; raise SystemExit(main(sys.argv[1:]))"
-    proc = subprocess.Popen([sys.executable, "-c", code, "serve", str(archive), "--port", "0"], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stderr or []), daemon=True)
-    reader.start()
+    proc, lines, url = started_server([sys.executable, "-c", code, "serve", str(archive), "--port", "0"], cwd=REPO)
     try:
-        deadline = time.monotonic() + 60
-        port = None
-        while port is None and time.monotonic() < deadline and proc.poll() is None:
-            port = next((m.group(1) for m in map(re.compile(r"127\.0\.0\.1:(\d+)").search, list(lines)) if m), None)
-            time.sleep(0.1)
-        assert port is not None, "".join(lines)
-        with HmtClient(f"http://127.0.0.1:{port}") as client:
-            while not client.health()["ready"]:
-                assert time.monotonic() < deadline, "never ready"
-                time.sleep(0.1)
+        with HmtClient(url) as client:
             assert client.predict(np.zeros((1, 4), np.float32))["variant"] in {"big", "small"}
     finally:
         proc.terminate()
         exit_code = proc.wait(30)
-    reader.join(10)
     text = "".join(lines)
     assert exit_code == 0 and "extracted" in text and "stopped after 1 requests" in text, text
     assert "Traceback" not in text

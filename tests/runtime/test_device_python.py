@@ -13,8 +13,6 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -112,36 +110,23 @@ def test_bundle_serves_on_python_3_8(tmp_path: Path) -> None:
     if reason is not None:
         pytest.skip(reason)
     sys.path.insert(0, str(REPO / "tests" / "serve"))
-    from serve_bundles import make_bundle
+    from serve_bundles import make_bundle, started_server
 
     from hmt.client import HmtClient
 
     bundle = make_bundle(tmp_path / "bundle")
     assert PY38 is not None
     # As a JetPack 5 user starts it: hmt serve (the console script runs commands.entry, as -m commands does).
-    proc = subprocess.Popen([PY38, "-m", "commands", "serve", str(bundle), "--port", "0"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stderr or []), daemon=True)
-    reader.start()
+    proc, lines, url = started_server([PY38, "-m", "commands", "serve", str(bundle), "--port", "0"], cwd=REPO,
+                                      env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
-        deadline = time.monotonic() + 60
-        port = None
-        while port is None and time.monotonic() < deadline and proc.poll() is None:
-            port = next((m.group(1) for m in map(re.compile(r"127\.0\.0\.1:(\d+)").search, list(lines)) if m), None)
-            time.sleep(0.1)
-        assert port is not None, "".join(lines)[-3000:]
-        with HmtClient(f"http://127.0.0.1:{port}") as client:
-            while not client.health()["ready"]:
-                assert time.monotonic() < deadline, "never ready"
-                time.sleep(0.1)
+        with HmtClient(url) as client:
             answer = client.predict(np.zeros((1, 4), np.float32))
             assert answer["variant"] in {"big", "small"} and 0 <= answer["confidence"] <= 1
             assert client.status()["requests"] == 1
     finally:
         proc.terminate()
         code = proc.wait(30)
-    reader.join(10)
     assert code == 0, "".join(lines)[-3000:]  # SIGTERM drains and stops
     assert any(line.startswith("stopped after 1 requests") for line in lines), "".join(lines)[-3000:]
     # An answered request logs nothing on 3.8 (a TypeError after the body was sent went to the log).

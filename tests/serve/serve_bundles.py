@@ -210,3 +210,35 @@ def linear_bundle(out: Path, input_shape: list[int], extra_spec: dict[str, Any],
                                                                "onnxruntime")]).to_json_dict())
         writer.write_json("serve.json", {**FAST_SWITCH, "early_exit": {"enabled": False}})
     return out
+
+
+def started_server(command: list[str], *, cwd: Path, env: dict[str, str] | None = None,
+                   timeout_s: float = 60.0) -> tuple[Any, list[str], str]:
+    """Start a serve command line in a process (stderr read into a list of lines as it comes), wait until
+    it says where it listens and answers ready: (process, stderr lines, base URL)."""
+    import re
+    import subprocess
+    import threading
+    import time
+
+    from hmt.client import HmtClient
+
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stderr or []), daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    port = None
+    while port is None and time.monotonic() < deadline and proc.poll() is None:
+        port = next((m.group(1) for m in map(re.compile(r"127\.0\.0\.1:(\d+)").search, list(lines)) if m), None)
+        time.sleep(0.1)
+    if port is None:
+        proc.kill()
+        raise AssertionError("the server never said where it listens:\n" + "".join(lines)[-3000:])
+    url = f"http://127.0.0.1:{port}"
+    with HmtClient(url) as client:
+        while not client.health()["ready"]:
+            if time.monotonic() >= deadline:
+                proc.kill()
+                raise AssertionError("never ready:\n" + "".join(lines)[-3000:])
+            time.sleep(0.1)
+    return proc, lines, url
