@@ -209,7 +209,7 @@ def serve_command(
         LoadChoice.synthetic),
     data: Annotated[Path | None, typer.Option(
         help="Scenario inputs: .npz with x (inputs, or uint8 pixels [N, H, W, C]) and y (labels, for "
-             "accuracy); default: seeded noise.")] = None,
+             "accuracy), sent in an order shuffled by --seed; default: seeded noise.")] = None,
     in_process: Annotated[bool, typer.Option(
         "--in-process", help="Scenario: call the model in process instead of through the HTTP API.")] = False,
     client_processes: Annotated[bool, typer.Option(

@@ -187,7 +187,9 @@ def _from_pixels(bundle: Bundle, x: np.ndarray) -> np.ndarray:
 
 def load_inputs(bundle: Bundle, data: Path | None, rng: np.random.Generator, count: int = 64) -> Inputs:
     """``data`` (.npz with x and optional y; x the model's inputs or uint8 pixels [N, H, W, C]) shaped
-    to the bundle's input, or ``count`` seeded noise inputs."""
+    to the bundle's input, in an order shuffled by ``rng`` (the clients cycle through it: a test set
+    saved class by class would otherwise send one class for a whole phase, which shifts the input
+    statistics serve --adapt watches and the accuracy a phase reports), or ``count`` seeded noise inputs."""
     spec = bundle.spec.input
     dtype = numpy_dtype(spec.dtype)
     shape = tuple(spec.shape)
@@ -217,7 +219,8 @@ def load_inputs(bundle: Bundle, data: Path | None, rng: np.random.Generator, cou
     x = x.astype(dtype)
     if np.issubdtype(dtype, np.floating) and not np.all(np.isfinite(x)):
         raise InputError(f"{data}: x contains NaN or infinity")
-    return Inputs(x, None if y is None else y.astype(np.int64))
+    order = rng.permutation(len(x))
+    return Inputs(x[order], None if y is None else y.astype(np.int64)[order])
 
 
 @dataclass
