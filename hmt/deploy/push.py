@@ -68,7 +68,8 @@ def _ssh_command(*, port: int | None, identity: Path | None, options: Sequence[s
     return command
 
 
-def _run(command: list[str], what: str, timeout_s: float) -> None:
+def _run(command: list[str], what: str, timeout_s: float) -> str:
+    """Run ``command``; its stdout. DeviceError, naming ``what``, when it is missing, times out or fails."""
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False,
                               stdin=subprocess.DEVNULL)
@@ -79,6 +80,7 @@ def _run(command: list[str], what: str, timeout_s: float) -> None:
     if done.returncode != 0:
         tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-_TAIL_LINES:])
         raise DeviceError(f"{what} failed (exit {done.returncode}): {tail or 'no message'}")
+    return done.stdout
 
 
 _REFUSED = "hmt-push-refused"
@@ -151,14 +153,4 @@ def _scp_and_swap(ssh: list[str], dest: Destination, bundle_dir: Path, remote_di
 
 def _remote(ssh: list[str], dest: Destination, script: str, timeout_s: float) -> str:
     """Run ``script`` on ``dest``'s host; its stdout. DeviceError when it fails."""
-    try:
-        done = subprocess.run([*ssh, "--", dest.login, script], capture_output=True, text=True, timeout=timeout_s,
-                              check=False, stdin=subprocess.DEVNULL)
-    except FileNotFoundError as exc:
-        raise DeviceError(f"ssh {dest.login}: ssh is not installed here") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise DeviceError(f"ssh {dest.login}: no answer within {timeout_s:.0f} s") from exc
-    if done.returncode != 0:
-        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-_TAIL_LINES:])
-        raise DeviceError(f"ssh {dest.login} failed (exit {done.returncode}): {tail or 'no message'}")
-    return done.stdout
+    return _run([*ssh, "--", dest.login, script], f"ssh {dest.login}", timeout_s)
