@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import csv
-import io
 import math
 import time
 from dataclasses import dataclass
@@ -31,7 +29,7 @@ import numpy as np
 
 from hmt.compat import strict_zip
 from hmt.errors import InputError, UsageError
-from hmt.serve.running.scenario import read_scenario_text, scenario_cell
+from hmt.serve.running.scenario import Scenario
 
 LINK_COLUMNS = ("link_bandwidth_mbit_s", "link_rtt_ms", "link_loss")
 _CHUNK_BYTES = 16384
@@ -66,39 +64,19 @@ class LinkScenario:
 
     @classmethod
     def from_csv(cls, path: Path | str) -> LinkScenario:
-        """Read as serve reads a scenario (:mod:`hmt.serve.running.scenario`): bounded, UTF-8 with or
-        without a byte-order mark, any line ending, each error naming the file's line."""
-        source = str(path)
-        reader = csv.DictReader(io.StringIO(read_scenario_text(path), newline=None))
-        try:
-            header = [h.strip() for h in (reader.fieldnames or [])]
-            if "time_s" not in header or not any(c in header for c in LINK_COLUMNS):
-                raise InputError(f"{source}: needs time_s and some of {list(LINK_COLUMNS)} in its header")
-            times: list[float] = []
-            states: list[LinkState] = []
-            previous = LinkState()
-            for raw in reader:
-                where = f"{source}:{reader.line_num}"  # the file's line: blank lines are skipped
-                record = {k.strip(): v for k, v in raw.items() if k is not None}
-                t = scenario_cell(record.get("time_s"), "time_s", where, 0.0, 1e9)
-                if t is None:
-                    raise InputError(f"{where}: time_s is empty")
-                if times and t < times[-1]:
-                    raise InputError(f"{where}: time_s {t:g} is before the previous row's {times[-1]:g}")
-                bandwidth = scenario_cell(record.get("link_bandwidth_mbit_s"), "link_bandwidth_mbit_s", where,
-                                          0.0, 1e6, lo_open=True)
-                rtt = scenario_cell(record.get("link_rtt_ms"), "link_rtt_ms", where, 0.0, 1e6)
-                loss = scenario_cell(record.get("link_loss"), "link_loss", where, 0.0, 0.99)
-                state = LinkState(previous.bandwidth_mbit_s if bandwidth is None else bandwidth,
-                                  previous.rtt_ms if rtt is None else rtt, previous.loss if loss is None else loss)
-                times.append(t)
-                states.append(state)
-                previous = state
-        except csv.Error as exc:
-            raise InputError(f"{source}:{reader.line_num + 1}: not readable as CSV ({exc})") from exc
-        if not times:
-            raise InputError(f"{source}: no rows")
-        return cls(tuple(times), tuple(states))
+        """Read by serve's scenario reader (:class:`hmt.serve.running.scenario.Scenario`: bounded, each
+        error naming the file's line and the column's range); an empty cell keeps the row before's value."""
+        rows = Scenario.from_csv(path).rows
+        if all(r.link_bandwidth_mbit_s is None and r.link_rtt_ms is None and r.link_loss is None for r in rows):
+            raise InputError(f"{path}: needs time_s and some of {list(LINK_COLUMNS)} in its header")
+        states: list[LinkState] = []
+        previous = LinkState()
+        for r in rows:
+            bandwidth, rtt, loss = r.link_bandwidth_mbit_s, r.link_rtt_ms, r.link_loss
+            previous = LinkState(previous.bandwidth_mbit_s if bandwidth is None else bandwidth,
+                                 previous.rtt_ms if rtt is None else rtt, previous.loss if loss is None else loss)
+            states.append(previous)
+        return cls(tuple(r.time_s for r in rows), tuple(states))
 
 
 class _Direction:

@@ -65,11 +65,15 @@ class ScenarioRow:
     battery_pct: float | None = None
     latency_budget_ms: float | None = None
     memory_squeeze_mb: float | None = None
+    # The link between device and peer (hmt.offload.proxy.LinkScenario); serve itself ignores them.
+    link_bandwidth_mbit_s: float | None = None
+    link_rtt_ms: float | None = None
+    link_loss: float | None = None
 
 
-def read_scenario_text(path: Path | str) -> str:
+def _read_text(path: Path | str) -> str:
     """A scenario file's text: at most ``MAX_BYTES``, UTF-8 (a byte-order mark dropped); each failure
-    one InputError naming the file. The offload proxy reads its link columns through this too."""
+    one InputError naming the file."""
     path = Path(path)
     try:
         with open(path, "rb") as handle:
@@ -84,8 +88,7 @@ def read_scenario_text(path: Path | str) -> str:
         raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
 
 
-def scenario_cell(raw: str | None, column: str, where: str, lo: float, hi: float,
-                  lo_open: bool = False) -> float | None:
+def _cell(raw: str | None, column: str, where: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
     """A cell as a number within ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``); None when empty."""
     if raw is None or raw.strip() == "":
         return None
@@ -114,7 +117,7 @@ class Scenario:
 
     @classmethod
     def from_csv(cls, path: Path | str) -> Scenario:
-        return cls.from_text(read_scenario_text(path), str(path))
+        return cls.from_text(_read_text(path), str(path))
 
     @classmethod
     def from_text(cls, text: str, source: str = "scenario") -> Scenario:
@@ -166,7 +169,7 @@ def _read_rows(reader: csv.DictReader[str], source: str) -> list[ScenarioRow]:
         record = {k.strip(): v for k, v in raw.items() if k is not None}
         if (record.get("") or "").strip():
             raise InputError(f"{where}: {record['']!r} under the column without a name; name it or remove it")
-        time_s = scenario_cell(record.get("time_s"), "time_s", where, 0.0, 1e9)
+        time_s = _cell(record.get("time_s"), "time_s", where, 0.0, 1e9)
         if time_s is None:
             raise InputError(f"{where}: time_s is empty")
         if rows and time_s < rows[-1].time_s:
@@ -174,12 +177,16 @@ def _read_rows(reader: csv.DictReader[str], source: str) -> list[ScenarioRow]:
                              "(times must be non-decreasing)")
         rows.append(ScenarioRow(
             time_s=time_s,
-            cpu_load=scenario_cell(record.get("cpu_load"), "cpu_load", where, 0.0, 1.0),
-            memory_budget_mb=scenario_cell(record.get("memory_budget_mb"), "memory_budget_mb", where, 0.0, 1e9, True),
-            battery_pct=scenario_cell(record.get("battery_pct"), "battery_pct", where, 0.0, 100.0),
-            latency_budget_ms=scenario_cell(record.get("latency_budget_ms"), "latency_budget_ms", where,
+            cpu_load=_cell(record.get("cpu_load"), "cpu_load", where, 0.0, 1.0),
+            memory_budget_mb=_cell(record.get("memory_budget_mb"), "memory_budget_mb", where, 0.0, 1e9, True),
+            battery_pct=_cell(record.get("battery_pct"), "battery_pct", where, 0.0, 100.0),
+            latency_budget_ms=_cell(record.get("latency_budget_ms"), "latency_budget_ms", where,
                                     MIN_LATENCY_BUDGET_MS, 1e9),
-            memory_squeeze_mb=scenario_cell(record.get("memory_squeeze_mb"), "memory_squeeze_mb", where, 0.0, 1e6),
+            memory_squeeze_mb=_cell(record.get("memory_squeeze_mb"), "memory_squeeze_mb", where, 0.0, 1e6),
+            link_bandwidth_mbit_s=_cell(record.get("link_bandwidth_mbit_s"), "link_bandwidth_mbit_s", where,
+                                        0.0, 1e6, True),
+            link_rtt_ms=_cell(record.get("link_rtt_ms"), "link_rtt_ms", where, 0.0, 1e6),
+            link_loss=_cell(record.get("link_loss"), "link_loss", where, 0.0, 0.99),
         ))
     return rows
 
