@@ -36,6 +36,15 @@ def test_a_cut_applies_at_once_and_a_rise_after_the_hold() -> None:
     assert FreeMemory(None).update(0.0, sample(1.0), 0) is None
 
 
+def test_a_release_is_back_one_monitor_period_after_it_is_read() -> None:
+    """The default hold is one periodic decision (0.25 s): a squeeze released between two readings is
+    back at the second reading after the release, not later (the switcher's dwell keeps flicker out)."""
+    free = FreeMemory(reserve_mb=1000.0)
+    assert free.update(0.0, sample(900.0), loaded_bytes=2_000_000) == 0.0
+    assert free.update(0.25, sample(1500.0), loaded_bytes=2_000_000) == 0.0  # the cut was read 0.25 s ago
+    assert free.update(0.5, sample(1500.0), loaded_bytes=2_000_000) == pytest.approx(502.0)
+
+
 def test_the_reserve_is_checked() -> None:
     with pytest.raises(UsageError, match="memory_reserve_mb"):
         ServeSettings.from_mapping({"memory_reserve_mb": -1})
