@@ -30,12 +30,14 @@ import numpy as np
 from hmt.bundle import Bundle
 from hmt.errors import DeviceError, ModelError
 from hmt.runtime.chain import ChainResult, Runner
+from hmt.runtime.cpus import cpu_capacity
 from hmt.runtime.ort import usable_providers
 from hmt.runtime.settings import Budgets, ServeSettings
 from hmt.runtime.variant import bundle_providers
 from hmt.serve.deciding.decision import DecisionPath
 from hmt.serve.deciding.free_memory import FreeMemory
 from hmt.serve.deciding.joint import Candidate, JointPath
+from hmt.serve.deciding.keep_up import RequestRate, at_own_load
 from hmt.serve.deciding.load import OutsideLoad, ServingOverhead
 from hmt.serve.deciding.monitor import ResourceMonitor, ResourceSample, Sampler
 from hmt.serve.deciding.optimizer import Decision, Optimizer
@@ -128,6 +130,10 @@ class Controller:
         self.monitor = ResourceMonitor(sampler, frequency_hz=1.0 / self.settings.monitor_period_s)
         if self.settings.cpu_quota_cores is not None:
             self.monitor.use_cpu_quota(self.settings.cpu_quota_cores)
+        # What a variant would keep busy at the request rate is judged against these (hmt.serve.deciding.keep_up).
+        cores = cpu_capacity().cores
+        self.cores = cores if self.settings.cpu_quota_cores is None else min(cores, self.settings.cpu_quota_cores)
+        self.request_rate = RequestRate()
         self.pool = make_pool(self.bundle, blocks=blocks, engine=self.engine, loader=loader, threads=threads,
                               warmup_runs=warmup_runs, providers=self.providers,
                               early_exit=self.settings.early_exit.enabled, max_threads=max_threads)
@@ -286,12 +292,15 @@ class Controller:
         (:meth:`DecisionPath.feasible`). The decision is at the forecast ``load_next``, with what
         the variants measured at ``load_now`` as a floor (a step shows in the requests first).
         ``stay_slack_ms``: how much more of the budget the active variant may use to stay than
-        another to be moved to (the serving overhead's bounds, :meth:`ServingOverhead.limits_ms`)."""
+        another to be moved to (the serving overhead's bounds, :meth:`ServingOverhead.limits_ms`). Every
+        variant but the active one is judged at the request rate it would serve: one that could not keep
+        up on these cores queues (:mod:`hmt.serve.deciding.keep_up`)."""
         estimator = self.estimator
         now_s = self.now_s()
         with self.state_lock:
             estimator.refile(load_now, now_s)
             self._measured_count = estimator.refresh(now_s)
+            rate_per_s = self.request_rate.per_s(now_s)
         latencies, ratios = estimator.latencies(1.0 + self.optimizer.alpha_latency * load_next, load_next, load_now,
                                                 self.switcher.active_arch_id)
         active = self.switcher.active_arch_id
@@ -299,6 +308,9 @@ class Controller:
             i = self.optimizer.position(active)
             latencies = latencies.copy()
             latencies[i] = max(0.0, latencies[i] - stay_slack_ms)
+        latencies = at_own_load(latencies, rate_per_s, self.cores,
+                                self.optimizer.position(active) if active is not None and active in self._known_ids
+                                else -1)
         joint = self.joint
         if joint is not None:
             self.decision.inputs = (latencies, ratios, 1.0 + self.optimizer.alpha_latency * load_next)
@@ -497,6 +509,7 @@ class Controller:
             self.estimator.observe(measured.arch_id, result.compute_ms, predicted_ms, now_s, self.load.now)
             self.overhead.add(queued_ms, result.compute_ms if runner is self._active else None, now_s)
             self.stats.add_request(latency_ms, miss, result.exit, runner.arch_id)
+            self.request_rate.add(now_s)
         if runner is self._active:
             self._miss_streak = self._miss_streak + 1 if miss else 0
         if miss:
