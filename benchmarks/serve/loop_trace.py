@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness import Driver
+from benchmarks.serve.oracle import available_mb
 from benchmarks.serve.replay_common import REPLAY_API, calibrate_ms, export_cifar, machine_details, synthetic_bundle
 from hmt.bundle import load_bundle
 from hmt.serve.http.server import ServerOptions
@@ -102,10 +103,11 @@ def windows(trace: list[dict[str, Any]], records: list[Any], offset_s: float, en
     return out
 
 
-def middle_phase(cpu_load: float, budget_step: float) -> str:
+def middle_phase(cpu_load: float, budget_step: float, squeeze_mb: float = 0.0) -> str:
     """The middle phase's name: what changes in it."""
     parts = ([f"{cpu_load:g} of the CPU busy" if cpu_load < 1 else "every core busy"] if cpu_load > 0 else []) + (
-        [f"budget x{budget_step:g}"] if budget_step != 1 else [])
+        [f"budget x{budget_step:g}"] if budget_step != 1 else []) + (
+        [f"{squeeze_mb:g} MB squeezed"] if squeeze_mb > 0 else [])
     return ", ".join(parts) or "unchanged"
 
 
@@ -186,6 +188,10 @@ def main() -> None:
                              "or an arch id; repeatable (default: largest and smallest)")
     parser.add_argument("--client-processes", action="store_true",
                         help="clients in processes of their own (as the matrix's --client-processes)")
+    parser.add_argument("--squeeze-headroom-mb", type=float, default=0.0,
+                        help="a memory squeeze in the middle phase instead (the matrix's squeeze shape): serve keeps "
+                             "all but this much of the available memory free and the squeeze takes twice this "
+                             "(0: none)")
     parser.add_argument("--window-s", type=float, default=0.5)
     parser.add_argument("--serve-json", default="{}", help="serve.json overrides of the adaptive run (JSON)")
     parser.add_argument("--out", type=Path, required=True)
@@ -196,6 +202,8 @@ def main() -> None:
         parser.error(f"--cpu-load {args.cpu_load}: expected a share of the CPU in [0, 1]")
     if not (math.isfinite(args.budget_step) and args.budget_step > 0):
         parser.error(f"--budget-step {args.budget_step}: expected a factor > 0")
+    if not (math.isfinite(args.squeeze_headroom_mb) and args.squeeze_headroom_mb >= 0):
+        parser.error(f"--squeeze-headroom-mb {args.squeeze_headroom_mb}: expected MB >= 0")
     with tempfile.TemporaryDirectory(prefix="hmt-loop-trace-") as tmp:
         work = Path(tmp)
         if args.synthetic:
@@ -223,14 +231,20 @@ def main() -> None:
         budget_ms = args.budget_ms if args.budget_ms is not None else args.budget_factor * idle_p95
         p = args.phase_s
         load = f"{args.cpu_load:g}" if args.cpu_load > 0 else ""
-        scenario = Scenario.from_text(f"time_s,cpu_load,latency_budget_ms\n0,,{budget_ms:.4f}\n"
-                                      f"{p:g},{load},{args.budget_step * budget_ms:.4f}\n{2 * p:g},,{budget_ms:.4f}\n")
+        squeeze = f"{2 * args.squeeze_headroom_mb:g}" if args.squeeze_headroom_mb > 0 else ""
+        scenario = Scenario.from_text(f"time_s,cpu_load,latency_budget_ms,memory_squeeze_mb\n0,,{budget_ms:.4f},\n"
+                                      f"{p:g},{load},{args.budget_step * budget_ms:.4f},{squeeze}\n"
+                                      f"{2 * p:g},,{budget_ms:.4f},\n")
+        overrides = json.loads(args.serve_json)
+        if squeeze:  # as the matrix's squeeze shape: all but the headroom of what is available now kept free
+            overrides["memory_reserve_mb"] = max(0.0, available_mb() - args.squeeze_headroom_mb)
         drive = DriveOptions(duration_s=3 * p, clients=args.clients, rate_hz=args.rate_hz, load_mode="burn",
                              client_mode="processes" if args.client_processes else "threads")
         api = REPLAY_API
         report: dict[str, Any] = {"bundle": "synthetic" if args.synthetic else bundle_path.name,
                                   "engine": args.engine, "rate_hz": args.rate_hz, "phase_s": p,
                                   "budget_ms": budget_ms, "budget_step": args.budget_step,
+                                  "squeeze_headroom_mb": args.squeeze_headroom_mb,
                                   "largest_idle_p95_ms": idle_p95,
                                   "variants": {v.arch_id: {"accuracy": v.accuracy, "latency_ms_profile": v.latency_ms}
                                                for v in variants},
@@ -239,7 +253,7 @@ def main() -> None:
             tracer = Tracer() if fixed is None else None
             result = run_scenario(bundle_path, scenario,
                                   SessionOptions(engine=args.engine, fixed_variant=fixed,
-                                                 serve_overrides=json.loads(args.serve_json) if fixed is None else {}),
+                                                 serve_overrides=overrides if fixed is None or squeeze else {}),
                                   drive, api=api, server=ServerOptions(port=0), data=data,
                                   rng=np.random.default_rng(0), label=name, trace=tracer)
             rows = []
@@ -250,7 +264,8 @@ def main() -> None:
             else:
                 rows = windows([], result.records, 0.0, 3 * p, args.window_s)
             report["runs"][name] = {"switches": result.summary["switches"],
-                                    "phases": phase_summary(rows, p, middle_phase(args.cpu_load, args.budget_step)),
+                                    "phases": phase_summary(rows, p, middle_phase(args.cpu_load, args.budget_step,
+                                                                             2 * args.squeeze_headroom_mb)),
                                     **({"windows": rows} if tracer is not None else {})}
             busy = report["runs"][name]["phases"][1]
             print(f"{name}: middle-phase misses {busy['missed']}/{busy['sent']}, switches "

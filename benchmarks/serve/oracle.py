@@ -98,6 +98,14 @@ def steady_switches(ticks: list[Any], bounds: list[tuple[float, float]], settle_
     return sum(1 for t in ticks if t.switched and any(a + settle_s <= t.time_s < b for a, b in bounds))
 
 
+def switch_events(ticks: list[Any]) -> list[dict[str, Any]]:
+    """The adaptive run's switches: when (scenario time), to which variant, why, and the memory
+    budget the loop read then (the squeeze shape's way back is read off these)."""
+    return [{"t_s": round(t.time_s, 3), "to": t.active, "reason": t.switch_reason,
+             "memory_budget_mb": None if t.memory_budget_mb is None else round(t.memory_budget_mb, 1)}
+            for t in ticks if t.switched]
+
+
 def bundle_facts(bundle_path: Path) -> tuple[str, dict[str, Any], float]:
     """(the most accurate variant, each variant's table figures, the memory shape's budget cut)."""
     variants = sorted(load_bundle(bundle_path).spec.variants, key=lambda v: v.latency_ms)
@@ -137,7 +145,8 @@ def run_engine(bundle_path: Path, data: Path | None, engine: str, shapes: list[s
             adaptive = comparison.runs["adaptive"]
             bounds = [(p["start_s"], p["stop_s"]) for p in comparison.phases]
             doc: dict[str, Any] = {"phases": comparison.phases, "summary": comparison.summary(),
-                                   "steady_switches": steady_switches(adaptive.ticks, bounds, 1.0)}
+                                   "steady_switches": steady_switches(adaptive.ticks, bounds, 1.0),
+                                   "switch_events": switch_events(adaptive.ticks)}
             reps.append(doc)
             print(f"{engine} {shape} rep {rep}: switches {doc['summary']['adaptive']['switches']} "
                   f"(steady {doc['steady_switches']}) {_line(comparison.phases)}", flush=True)

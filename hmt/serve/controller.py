@@ -236,6 +236,7 @@ class Controller:
         if self.research is not None:
             self.research.stop(timeout_s)
         self.loop.join(timeout_s)
+        self.loads.wait_refill(timeout_s)
         self.monitor.stop()
 
     def request_tick(self) -> bool:
@@ -434,9 +435,8 @@ class Controller:
         if evicted:
             if self.on_evicted is not None:
                 self.on_evicted(evicted)
-        elif self.loads.dropped:  # a memory cut lifted: load back what it unloaded, one per decision
-            runner = self.loads.refill(self.pool.preload_order(active), self.capacity_bytes())
-            if runner is not None:
+        elif self.loads.dropped or self.loads.refilling:  # a memory cut lifted: load back what it unloaded
+            for runner in self.loads.refill_async(self.pool.preload_order(active), self.capacity_bytes()):
                 self.estimator.set_engine(runner.arch_id, runner.engine)
 
     def _apply(self, result: Any) -> str | None:

@@ -256,6 +256,50 @@ def test_the_loop_goes_back_home_after_a_violation_where_the_score_is_within_the
     assert sw.active_arch_id == "small", reasons
 
 
+def test_a_climb_to_a_middle_variant_on_the_way_back_keeps_the_home() -> None:
+    """big is left on a violation for small. When the load lifts, mid fits a tick before big does
+    (a memory squeeze released, a queue draining), so the loop climbs to mid on score; big scores
+    0.01 over mid, under the 0.05 margin. mid is part of the way back, not a choice over big: the
+    loop must go on to big (home) once big fits. The code before forgot the home on the climb to
+    mid and stayed there (below_margin: traced on TVM after a memory squeeze). A climb to a variant
+    scoring at the home's level or above still forgets it."""
+    from hmt.runtime.settings import Budgets, SwitchPolicy
+    from hmt.serve.deciding.costs import Variant
+    from hmt.serve.deciding.decision import DecisionPath
+    from hmt.serve.deciding.optimizer import Optimizer
+    from hmt.serve.running.switcher import Switcher
+
+    opt = Optimizer([Variant("big", 0.91, 8.0, 2.0, 1), Variant("mid", 0.90, 5.0, 1.5, 1),
+                     Variant("small", 0.60, 2.0, 1.0, 1)])
+    path = DecisionPath(opt)
+    path.score_margin = 0.05
+    clock = [0.0]
+    sw = Switcher(SwitchPolicy(min_dwell_s=1.0, improve_patience=2, violation_patience=1), clock=lambda: clock[0])
+    budgets = Budgets(latency_ms=9.0)
+
+    def offer(big_ms: float, mid_ms: float) -> str:
+        mask = path.feasible([2.0, mid_ms, big_ms], [1.0, 1.0, 1.0], 0.0, 9.0, budgets)
+        result = sw.offer(path.choose(mask, 1.0, sw.active_arch_id, sw.home))
+        clock[0] += 0.25
+        return result.reason
+
+    offer(8.0, 5.0)
+    assert sw.active_arch_id == "big"
+    offer(20.0, 14.0)  # the load: neither big nor mid fits
+    assert sw.active_arch_id == "small"
+    reasons = [offer(20.0, 5.0) for _ in range(8)]  # mid fits again first
+    assert sw.active_arch_id == "mid" and "better_by_margin" in reasons, reasons
+    reasons = [offer(8.0, 5.0) for _ in range(8)]  # then big
+    assert sw.active_arch_id == "big" and "back_to_home" in reasons, reasons
+    # Left again (later than two dwell times: not a failed return), then a climb to big itself on
+    # score: home reached, forgotten.
+    clock[0] += 3.0
+    offer(20.0, 14.0)
+    assert sw.active_arch_id == "small" and sw.home == "big"
+    [offer(8.0, 5.0) for _ in range(8)]
+    assert sw.active_arch_id == "big" and sw.home is None
+
+
 def test_a_way_home_that_fails_at_once_is_not_tried_again() -> None:
     """No oscillation from the home: on ONNX Runtime (ort3, 46fed66) a budget at the edge of the
     largest variant made the loop go home and fall back every 1.2 s (12 switches against 4

@@ -169,6 +169,9 @@ class LoadBackoff:
         self.failed: dict[str, float] = {}  # arch id -> when its last real try failed, on ``clock``
         self.reasons: dict[str, str] = {}  # arch id -> why it failed (the file and the runtime's message)
         self.dropped: set[str] = set()  # variants a memory cut unloaded (the controller files them), see refill
+        self._refill_lock = threading.Lock()
+        self._refill_thread: threading.Thread | None = None
+        self._refilled: list[Runner] = []  # loaded back by the refill thread, not yet collected
 
     def load(self, arch_id: str) -> Runner:
         failed_at = self.failed.get(arch_id)
@@ -206,3 +209,47 @@ class LoadBackoff:
             self.dropped.discard(arch_id)
             return runner
         return None
+
+    @property
+    def refilling(self) -> bool:
+        """A refill load runs, or one finished and was not collected yet (:meth:`refill_async`)."""
+        thread = self._refill_thread
+        return bool(self._refilled) or (thread is not None and thread.is_alive())
+
+    def refill_async(self, order: Iterable[str], capacity_bytes: int | None) -> list[Runner]:
+        """:meth:`refill` on a thread of its own, one load at a time: returns the runners loaded back
+        since the last call (the caller files their engines) and starts the next load when none runs.
+
+        A load and its warm-up runs held the control thread: on untuned TVM the largest variant's
+        took about 0.5 s after a memory squeeze lifted, so no decision ran in that time and the loop
+        stayed that much longer on its least-memory variant. A decision that picks a variant the
+        thread is loading waits for it on the pool's load lock; one that picks another loads it."""
+        with self._refill_lock:
+            done, self._refilled = self._refilled, []
+            running = self._refill_thread is not None and self._refill_thread.is_alive()
+            if running or not self._fits_back(order := list(order), capacity_bytes):
+                return done
+            thread = threading.Thread(target=self._refill_one, args=(order, capacity_bytes),
+                                      name="hmt-refill", daemon=True)
+            self._refill_thread = thread
+        thread.start()
+        return done
+
+    def _fits_back(self, order: list[str], capacity_bytes: int | None) -> bool:
+        """Whether a variant a memory cut unloaded fits ``capacity_bytes`` again (no thread for none)."""
+        pool = self.pool
+        return any(a in self.dropped and (a in pool or capacity_bytes is None
+                                          or pool.loaded_bytes() + pool.added_bytes(a) <= capacity_bytes)
+                   for a in order)
+
+    def _refill_one(self, order: list[str], capacity_bytes: int | None) -> None:
+        runner = self.refill(order, capacity_bytes)
+        if runner is not None:
+            with self._refill_lock:
+                self._refilled.append(runner)
+
+    def wait_refill(self, timeout_s: float = 10.0) -> None:
+        """Wait for a refill load in progress (stop, and tests on a fake clock)."""
+        thread = self._refill_thread
+        if thread is not None:
+            thread.join(timeout_s)

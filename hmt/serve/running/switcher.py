@@ -9,9 +9,10 @@ Rules, applied to each :class:`~hmt.serve.deciding.optimizer.Decision` (one per 
   row over the budget): switch to the proposal at once, dwell time or not (getting back
   within budget comes first; the patience filters one-tick spikes that no request felt).
   This is the fast attack; the slow release is the next rule;
-- otherwise switch only when the same proposal has beaten the active variant's score
-  by at least ``score_margin`` for ``improve_patience`` consecutive decisions and the
-  active variant has served for at least ``min_dwell_s``; with ``probe_backoff_max_s`` set,
+- otherwise switch only when proposals have beaten the active variant's score by at least
+  ``score_margin`` (or named the home, below) for ``improve_patience`` consecutive decisions
+  and the active variant has served for at least ``min_dwell_s``; the switch goes to the last
+  of them; with ``probe_backoff_max_s`` set,
   a variant reached that way which violated the budgets within two dwell times (a failed
   probe) needs twice the dwell before the next climb to it (up to the cap), until it holds.
 
@@ -19,8 +20,10 @@ Rules, applied to each :class:`~hmt.serve.deciding.optimizer.Decision` (one per 
   the hysteresis would have kept it had the load not come. When the decision offers it again
   (:class:`~hmt.serve.deciding.decision.DecisionPath` does so once it is feasible and no variant beats it
   by ``score_margin``) it is climbed back to like an improvement (patience and dwell), without
-  the margin: a switch on score, or reaching it, forgets it, and a return that violates again
-  within two dwell times is not tried again. Without this, a loop that left the
+  the margin: reaching it, or a switch on score to a variant that scores at least what the home
+  scored when it was left, forgets it (a climb to a variant below it is part of the way back:
+  after a memory squeeze the loop may step to a middle variant first), and a return that violates
+  again within two dwell times is not tried again. Without this, a loop that left the
   largest variant under load stayed on a variant eq. 3 now scores within the margin of it (a
   falling battery), while the same loop unloaded stayed on the largest: the accuracy lost was
   the path, not the load.
@@ -80,6 +83,7 @@ class Switcher:
         self._probe_dwell: dict[str, float] = {}
         self._entered_better = False
         self.home: str | None = None  # the variant left on a violation (see the module docstring)
+        self._home_score: float | None = None  # its score when it was left
         self._entered_home = False
 
     def _switch(self, decision: Decision | Choice, now_s: float, reason: str) -> SwitchResult:
@@ -100,9 +104,9 @@ class Switcher:
             # the edge of the home variant the loop would go home and fall back every dwell.
             failed_return = self._entered_home and now_s - self._since_s < 2 * self.policy.min_dwell_s
             if self.home is None and not failed_return:
-                self.home = previous
-        elif reason != SWITCH_INITIAL:
-            self.home = None  # a choice on score, or home reached
+                self.home, self._home_score = previous, decision.current_score
+        elif reason == SWITCH_HOME or (reason == SWITCH_BETTER and not self._below_home(decision)):
+            self.home = None  # home reached, or a choice on score at its level or above
         if self.home == decision.arch_id:
             self.home = None
         self._entered_home = reason == SWITCH_HOME
@@ -113,6 +117,10 @@ class Switcher:
         self._candidate_streak = 0
         self.switch_count += previous is not None
         return SwitchResult(True, decision.arch_id, previous, decision.arch_id, reason)
+
+    def _below_home(self, decision: Decision | Choice) -> bool:
+        """Whether ``decision`` climbs to a variant that scores under the home as it was left."""
+        return self.home is not None and self._home_score is not None and decision.score < self._home_score
 
     def _stay(self, decision: Decision | Choice, reason: str) -> SwitchResult:
         assert self.active_arch_id is not None
@@ -154,10 +162,12 @@ class Switcher:
         if not home and decision.score < decision.current_score + self.policy.score_margin:
             self._candidate, self._candidate_streak = None, 0
             return self._stay(decision, STAY_BELOW_MARGIN)
-        if decision.arch_id == self._candidate:
-            self._candidate_streak += 1
-        else:
-            self._candidate, self._candidate_streak = decision.arch_id, 1
+        # The patience counts decisions in a row that want a climb, to whichever variant each names:
+        # the last one is taken. After a memory squeeze lifted, the other process's freeing read as a
+        # moment of outside load, so one decision named a middle variant and the next the home; a
+        # streak per variant started again there and cost a periodic decision on the way back.
+        self._candidate = decision.arch_id
+        self._candidate_streak += 1
         if self._candidate_streak < self.policy.improve_patience:
             return self._stay(decision, STAY_IMPROVEMENT_PENDING)
         dwell_s = self.policy.min_dwell_s
