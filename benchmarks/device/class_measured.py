@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ from benchmarks.device.device_class import (
     run_in_class,
     terminate_as_exit,
 )
+from benchmarks.device.pacer import CYCLE_US
 from benchmarks.harness import EMBEDDED_SUPERNET, REPO, Driver, machine, make_result, write_result
 
 RESULTS = Path(__file__).parent / "results"
@@ -422,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibrate-variants", type=int, default=0,
                         help="random variants profile-device times end to end inside the class to fit its "
                              "composition correction (0, the default: the raw block-table sum)")
+    parser.add_argument("--cycle-us", type=int, default=None,
+                        help="the pacer's cycle for every class it paces (default: the pacer's, "
+                             f"{CYCLE_US} us): a call spanning few cycles runs part of them at full speed")
     parser.add_argument("--threads", action="append", default=[], metavar="CLASS=N",
                         help="engine threads in a class: profiled, measured and served with (default: "
                              "profile-device measures the count inside the class)")
@@ -441,6 +446,12 @@ def main(argv: list[str] | None = None) -> int:
         if name not in CLASSES or not count.isdigit() or int(count) < 1:
             parser.error(f"--threads {item!r}: expected CLASS=N with CLASS one of {sorted(CLASSES)} and N >= 1")
         THREADS[name] = int(count)
+    if args.cycle_us is not None:
+        if not 100 <= args.cycle_us <= 100_000:
+            parser.error(f"--cycle-us {args.cycle_us}: expected 100 to 100000 us")
+        for name, device_class in list(CLASSES.items()):
+            if device_class.mechanism == "pacer":
+                CLASSES[name] = replace(device_class, period_override_us=args.cycle_us)
     typed = shlex.join(["python", "-m", "benchmarks.device.class_measured", *argv])
     out = args.out or (Path(tempfile.mkdtemp(prefix="hmt-bench-class-")) / "class_measured.json" if args.quick
                        else RESULTS / "class_measured.json")
