@@ -235,9 +235,9 @@ def main() -> None:
         scenario = Scenario.from_text(f"time_s,cpu_load,latency_budget_ms,memory_squeeze_mb\n0,,{budget_ms:.4f},\n"
                                       f"{p:g},{load},{args.budget_step * budget_ms:.4f},{squeeze}\n"
                                       f"{2 * p:g},,{budget_ms:.4f},\n")
-        overrides = json.loads(args.serve_json)
-        if squeeze:  # as the matrix's squeeze shape: all but the headroom of what is available now kept free
-            overrides["memory_reserve_mb"] = max(0.0, available_mb() - args.squeeze_headroom_mb)
+        # As the matrix's squeeze shape: every run keeps all but the headroom of what is available now free.
+        reserve = {"memory_reserve_mb": max(0.0, available_mb() - args.squeeze_headroom_mb)} if squeeze else {}
+        overrides = {**json.loads(args.serve_json), **reserve}
         drive = DriveOptions(duration_s=3 * p, clients=args.clients, rate_hz=args.rate_hz, load_mode="burn",
                              client_mode="processes" if args.client_processes else "threads")
         api = REPLAY_API
@@ -253,7 +253,7 @@ def main() -> None:
             tracer = Tracer() if fixed is None else None
             result = run_scenario(bundle_path, scenario,
                                   SessionOptions(engine=args.engine, fixed_variant=fixed,
-                                                 serve_overrides=overrides if fixed is None or squeeze else {}),
+                                                 serve_overrides=overrides if fixed is None else reserve),
                                   drive, api=api, server=ServerOptions(port=0), data=data,
                                   rng=np.random.default_rng(0), label=name, trace=tracer)
             rows = []

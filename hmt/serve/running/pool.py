@@ -69,6 +69,11 @@ class VariantPool:
         """What loading ``arch_id`` adds: its recorded memory footprint."""
         return int(self.bundle.spec.variant(arch_id).memory_mb * 1e6)
 
+    def fits(self, arch_id: str, capacity_bytes: int | None) -> bool:
+        """Whether ``arch_id`` is loaded or loading it keeps the pool within ``capacity_bytes`` (None: no limit)."""
+        return (capacity_bytes is None or arch_id in self._loaded
+                or self.loaded_bytes() + self.added_bytes(arch_id) <= capacity_bytes)
+
     def get(self, arch_id: str) -> Runner | None:
         runner = self._loaded.get(arch_id)
         if runner is not None:
@@ -127,8 +132,7 @@ class VariantPool:
         """Load variants in ``order`` while the total stays within ``capacity_bytes``; failures are skipped."""
         done: list[str] = []
         for arch_id in order:
-            if arch_id not in self._loaded and capacity_bytes is not None and \
-                    self.loaded_bytes() + self.added_bytes(arch_id) > capacity_bytes:
+            if not self.fits(arch_id, capacity_bytes):
                 continue
             try:
                 self.load(arch_id)
@@ -192,15 +196,15 @@ class LoadBackoff:
     def refill(self, order: Iterable[str], capacity_bytes: int | None) -> Runner | None:
         """Load back the first of ``order`` in :attr:`dropped` that fits ``capacity_bytes`` again, and
         return it (None: none fits, or its load failed: it waits out the backoff). One per call: a load
-        holds the caller (the control thread). Without this, after a memory squeeze the pool kept the
-        one variant: the others could not be measured (shadow runs take loaded ones) and a climb
-        waited on a load."""
+        holds the caller (:meth:`refill_async` runs it off the control thread). Without this, after a
+        memory squeeze the pool kept the one variant: the others could not be measured (shadow runs
+        take loaded ones) and a climb waited on a load."""
         pool = self.pool
         for arch_id in [a for a in order if a in self.dropped]:
             if arch_id in pool:
                 self.dropped.discard(arch_id)
                 continue
-            if capacity_bytes is not None and pool.loaded_bytes() + pool.added_bytes(arch_id) > capacity_bytes:
+            if not pool.fits(arch_id, capacity_bytes):
                 continue
             try:
                 runner = self.load(arch_id)
@@ -237,10 +241,7 @@ class LoadBackoff:
 
     def _fits_back(self, order: list[str], capacity_bytes: int | None) -> bool:
         """Whether a variant a memory cut unloaded fits ``capacity_bytes`` again (no thread for none)."""
-        pool = self.pool
-        return any(a in self.dropped and (a in pool or capacity_bytes is None
-                                          or pool.loaded_bytes() + pool.added_bytes(a) <= capacity_bytes)
-                   for a in order)
+        return any(a in self.dropped and self.pool.fits(a, capacity_bytes) for a in order)
 
     def _refill_one(self, order: list[str], capacity_bytes: int | None) -> None:
         runner = self.refill(order, capacity_bytes)

@@ -13,8 +13,9 @@ Rules, applied to each :class:`~hmt.serve.deciding.optimizer.Decision` (one per 
   by at least ``score_margin`` for ``improve_patience`` consecutive decisions and the
   active variant has served for at least ``min_dwell_s`` (a streak that counted climbs to
   different variants was tried: on ONNX Runtime it switched more, 24 against 6 switches over
-  the same 18 phases of the scenario matrix, for no phase tracked better); with
-  ``probe_backoff_max_s`` set, a variant reached that way which violated the budgets within two dwell times (a failed
+  the same 18 phases of the scenario matrix, for no phase tracked better:
+  ``benchmarks/serve/results/matrix_patience_ab_*.json``); with ``probe_backoff_max_s`` set,
+  a variant reached that way which violated the budgets within two dwell times (a failed
   probe) needs twice the dwell before the next climb to it (up to the cap), until it holds.
 
 - the *home*: the variant the loop left on a violation (the first of a chain of them) is where
