@@ -32,6 +32,11 @@ Examples:
   hmt specialize --supernet runs/r18 --front-within 1 --candidates runs/r18-front.csv --epochs 40 \\
       --data ../shared/datasets/cifar10-jpeg --out runs/r18-1pt
 
+  # distil from an ensemble: the original and two more trainings of its architecture
+  hmt specialize --supernet runs/r18 --variants e3.555555555555 --epochs 200 \
+      --teacher-weights r18-seed1.safetensors --teacher-weights r18-seed2.safetensors \
+      --data ../shared/datasets/cifar10-jpeg --out runs/r18-w50-ens
+
   # then convert it as any supernet variant
   hmt convert --supernet runs/r18-w50 --variant e3.555555555555 --out runs/r18-w50.onnx
 
@@ -70,6 +75,13 @@ def specialize_command(
         int, typer.Option("--seed", help="Training-order seed (0: the supernet's). The training and validation "
                           "split stay the supernet's, so runs with several seeds compare on the same images.")
     ] = 0,
+    teacher_weights: Annotated[
+        list[Path] | None,
+        typer.Option("--teacher-weights", metavar="<path>",
+                     help="Weights of the original's own architecture trained again (another seed, say), "
+                     "repeatable: each teaches beside the original, the soft targets averaged over all (an "
+                     "ensemble teacher). Recorded by name and sha256.")
+    ] = None,
     data: Annotated[
         Path | None, typer.Option("--data", help="The data the supernet was trained on (checked by sha256); "
                                   "default: where its manifest says.")
@@ -102,6 +114,7 @@ def specialize_command(
             front_within=front_within, candidates=str(candidates) if candidates else None, epochs=epochs, lr=lr,
             data_path=str(data) if data else None, device=device, batch_size=batch_size,
             max_train_samples=max_train_samples, exits=exits, kd_temperature=kd_temperature, seed=seed,
+            teachers=tuple(str(p) for p in teacher_weights or ()),
         ).validate()
         if variants is not None and not request.variants:
             from hmt.errors import UsageError

@@ -62,10 +62,13 @@ def exit_step(net: ElastifiedSupernet, config: TrainConfig) -> Callable[..., tor
 def finetune_step(
     net: ElastifiedSupernet, config: TrainConfig, finetune_original: bool,
     fixed: Sequence[ArchConfig] | None = None, detach_exits: bool = False,
+    teachers: Sequence[nn.Module] = (),
 ) -> Callable[..., torch.Tensor]:
     """One step of the sandwich fine-tuning: the original teaches (KD) the subnets of the
     sandwich rule, or, with ``fixed``, those architectures every step (specialization).
-    ``detach_exits``: the early exits' losses train their heads only, not the blocks."""
+    ``detach_exits``: the early exits' losses train their heads only, not the blocks.
+    ``teachers`` (frozen, eval mode) teach beside the original: the soft targets are the
+    average of all their tempered softmaxes (:func:`ensemble_logits`)."""
     from hmt.supernet.train.phases import SubnetSampling, iter_finetune_archs, kd_loss
 
     sampling = SubnetSampling.of(config)
@@ -92,6 +95,9 @@ def finetune_step(
             with torch.no_grad():
                 teacher = net(xb, largest)
             total = torch.zeros((), device=xb.device)
+        if teachers:
+            with torch.no_grad():
+                teacher = ensemble_logits([teacher, *(t(xb) for t in teachers)], config.kd_temperature)
         for arch in archs(rng):
             logits = net.forward_exits(xb, arch, detach_early=detach_exits)
             loss = F.cross_entropy(logits[-1], yb, label_smoothing=config.label_smoothing)
@@ -107,6 +113,14 @@ def finetune_step(
         return total
 
     return step
+
+
+def ensemble_logits(logits: Sequence[torch.Tensor], temperature: float) -> torch.Tensor:
+    """Logits whose softmax at ``temperature`` is the mean of the given logits' softmaxes at it
+    (Hinton et al.'s ensemble soft targets), so ``kd_loss`` distils from the ensemble."""
+    t = temperature
+    probs = torch.stack([F.softmax(z.float() / t, dim=1) for z in logits]).mean(0)
+    return t * torch.log(probs.clamp_min(torch.finfo(probs.dtype).tiny))
 
 
 def distill_step(net: ElastifiedSupernet, *, fresh_only: bool = False) -> Callable[..., torch.Tensor]:

@@ -16,6 +16,7 @@ CANDIDATE_COLUMNS = ("arch_id", "val_acc", "macs")
 
 
 SPECIALIZE_EXITS = ("joint", "detached")
+MAX_TEACHERS = 8  # extra teachers of a specialization: each runs a forward pass every step
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class SpecializeRequest:
     # Varies the order of the training images (0: the parent's); the split stays the parent's, so
     # runs with several seeds are compared on the same validation images.
     seed: int = 0
+    # Weight files for the original's own architecture (other trainings of it, another seed say):
+    # they teach beside the frozen original, the soft targets averaged over all of them.
+    teachers: tuple[str, ...] = ()
 
     def validate(self) -> SpecializeRequest:
         if not self.variants and self.front_within is None:
@@ -60,6 +64,11 @@ class SpecializeRequest:
             raise UsageError(f"--seed must be in [0, 2**31), got {self.seed}")
         if self.kd_temperature is not None and not 0 < self.kd_temperature <= 100:
             raise UsageError(f"--kd-temperature must be in (0, 100], got {self.kd_temperature}")
+        if len(self.teachers) > MAX_TEACHERS:
+            raise UsageError(f"--teacher-weights: at most {MAX_TEACHERS} files (each runs every step), "
+                             f"got {len(self.teachers)}")
+        if len(set(self.teachers)) != len(self.teachers):
+            raise UsageError("--teacher-weights: the same file is given twice")
         return self
 
 

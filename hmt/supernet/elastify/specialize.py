@@ -14,7 +14,7 @@ import copy
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -63,14 +63,16 @@ def parent_config(loaded: Any, request: SpecializeRequest) -> TrainConfig:
         raise ArtifactError(f"{loaded.artifact.root}: its manifest's training config cannot be read ({exc})") from exc
 
 
-def fingerprint(loaded: Any, config: TrainConfig, choices: list[Choice], request: SpecializeRequest) -> str:
+def fingerprint(loaded: Any, config: TrainConfig, choices: list[Choice], request: SpecializeRequest,
+                teachers: Sequence[dict[str, str]] = ()) -> str:
     """What a checkpoint must match to be resumed: the parent, the variants, the config, how the
-    exits train and the training-order seed (joint exits and seed 0 add nothing: checkpoints made
-    before those options resume)."""
+    exits train, the training-order seed and the extra teachers' weights (joint exits, seed 0 and
+    no extra teacher add nothing: checkpoints made before those options resume)."""
     text = json.dumps({"parent": loaded.artifact.manifest_sha256, "variants": [c.arch.arch_id for c in choices],
                        "config": config.fingerprint(),
                        **({} if request.exits == "joint" else {"exits": request.exits}),
-                       **({"seed": request.seed} if request.seed else {})}, sort_keys=True)
+                       **({"seed": request.seed} if request.seed else {}),
+                       **({"teachers": [t["sha256"] for t in teachers]} if teachers else {})}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -110,11 +112,16 @@ def specialize_supernet(
     table = _read_table(table_path) if request.front_within is not None else pd.DataFrame()
     choices = select_variants(loaded.space, request, table, str(table_path))
     notify("specializing " + ", ".join(c.arch.arch_id for c in choices))
+    teachers, teacher_records = load_teachers(loaded, request.teachers)
+    if teachers:
+        notify(f"distilling from the original and {len(teachers)} more teacher(s): "
+               + ", ".join(f"{t['file']} ({t['sha256'][:12]})" for t in teacher_records))
     run = _Run(loaded, config, cache_dir, progress)
     check_trainable(run.net, choices)
     before = run.table(choices)
     reference = _largest_logits(run.net, config.seed)
-    history = run.train(choices, checkpoint_dir, fingerprint(loaded, config, choices, request), request,
+    key = fingerprint(loaded, config, choices, request, teacher_records)
+    history = run.train(choices, checkpoint_dir, key, request, run.place(teachers),
                         restart=restart, stop_after_epochs=stop_after_epochs, notify=notify)
     error = float((_largest_logits(run.net, config.seed) - reference).abs().max())
     if error > EXACT_ATOL:
@@ -130,6 +137,7 @@ def specialize_supernet(
         "exits": request.exits,
         "kd_temperature": config.kd_temperature,
         "training_seed": request.seed,
+        "teachers": teacher_records,
         "largest_vs_original_max_abs_after": error,
         "device": run.device_name(),
         "specialize_train_s": train_s,
@@ -140,7 +148,10 @@ def specialize_supernet(
               "variants": [{**c.to_json_dict(), **_accuracies(before, after, c.arch)} for c in choices],
               "epochs": config.finetune_epochs, "lr": config.finetune_lr, "seed": config.seed,
               "losses": "label-smoothed cross-entropy + KD from the frozen original (+ early exits: "
-                        "detached, their heads only, or joint), as elastification's fine-tuning phase",
+                        "detached, their heads only, or joint), as elastification's fine-tuning phase"
+                        + ("; the soft targets average the original's and the extra teachers' tempered softmaxes"
+                           if teacher_records else ""),
+              "teachers": teacher_records,
               "exits": request.exits, "kd_temperature": config.kd_temperature, "training_seed": request.seed,
               "candidates": table_path.name if request.front_within is not None else None,
               "exactness": {"atol": EXACT_ATOL, "after_training": error}}
@@ -150,6 +161,36 @@ def specialize_supernet(
 
         release_checkpoint_dir(checkpoint_dir)
     return SpecializeResult(out_dir=out_dir, metrics=metrics, variants=after, before=before)
+
+
+def load_teachers(loaded: Any, paths: tuple[str, ...]) -> tuple[list[torch.nn.Module], list[dict[str, str]]]:
+    """The original's architecture, rebuilt from the artifact's record, once per weight file
+    (each loaded strictly: names and shapes must be the original's), frozen in eval mode; with
+    each file's name and sha256 (what the report records: no path of this machine)."""
+    if not paths:
+        return [], []
+    from hmt.supernet.elastify.source import ModelSpec, build_model, sha256_file
+
+    info = loaded.model_info["elastify"]
+    spec = ModelSpec.from_json_dict(info["model"])
+    source = info.get("source")
+    modules, records = [], []
+    for text in paths:
+        path = Path(text)
+        if not path.is_file():
+            raise InputError(f"--teacher-weights {path}: does not exist; expected a weights file (.safetensors, "
+                             "or a torch state dict) for the supernet's original architecture")
+        try:
+            module = build_model(replace(spec, weights=str(path)),
+                                 file_override=loaded.artifact.file(source) if source else None)
+        except InputError as exc:
+            raise InputError(f"--teacher-weights {exc}; a teacher must be the original's own architecture "
+                             f"({spec.torchvision or spec.factory})") from exc
+        for p in module.parameters():
+            p.requires_grad_(False)
+        modules.append(module.eval())
+        records.append({"file": path.name, "sha256": sha256_file(path)})
+    return modules, records
 
 
 def trainable_parameters(net: Any) -> list[torch.nn.Parameter]:
@@ -228,6 +269,11 @@ class _Run:
         if self.channels_last:
             self.net.to(memory_format=torch.channels_last)
 
+    def place(self, modules: list[torch.nn.Module]) -> list[torch.nn.Module]:
+        """Modules on the training device, in its memory format."""
+        placed = [m.to(self.device) for m in modules]
+        return [m.to(memory_format=torch.channels_last) for m in placed] if self.channels_last else placed
+
     def device_name(self) -> str:
         return str(self.device) if self.device.type == "cpu" else torch.cuda.get_device_name(self.device)
 
@@ -250,8 +296,9 @@ class _Run:
                               calibration=calibration, autocast=self.autocast, progress=self.progress)
         return table
 
-    def train(self, choices: list[Choice], checkpoint_dir: Path, key: str, request: SpecializeRequest, *,
-              restart: bool, stop_after_epochs: int | None, notify: Callable[[str], None]) -> list[dict[str, Any]]:
+    def train(self, choices: list[Choice], checkpoint_dir: Path, key: str, request: SpecializeRequest,
+              teachers: list[torch.nn.Module], *, restart: bool, stop_after_epochs: int | None,
+              notify: Callable[[str], None]) -> list[dict[str, Any]]:
         """Fine-tune the choices' paths; the request's seed varies the order of the training images
         and the sampling (0: the parent's), never the split."""
         from hmt.supernet.elastify.epochs import EpochResume, run_epochs, stop_if_requested_after_training, to_cpu
@@ -282,7 +329,7 @@ class _Run:
         resume = EpochResume(PHASE, int(saved.get("epoch", 0)), saved.get("optimizer"), save,
                              stop_after_epochs=stop_after_epochs)
         step = finetune_step(net, config, False, fixed=[c.arch for c in choices],
-                             detach_exits=request.exits == "detached")
+                             detach_exits=request.exits == "detached", teachers=teachers)
         net.train()
         run_epochs(PHASE, config.finetune_epochs, config.finetune_lr, params, step, loader, config, history,
                    self.progress, weight_decay=config.weight_decay, autocast=self.autocast, device=self.device,

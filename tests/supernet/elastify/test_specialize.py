@@ -4,6 +4,7 @@ converts, bad ids fail with a clear line and exit code 2, and a killed run resum
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -224,3 +225,80 @@ def test_the_front_of_a_specialized_supernet_is_made_of_its_listed_variants(pare
                "--out", str(tmp_path / "cli"))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "listed: the variants of its variants.csv, no search" in done.stdout + done.stderr
+
+
+def test_ensemble_logits_average_the_tempered_softmaxes() -> None:
+    from hmt.supernet.elastify.phases import ensemble_logits
+
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(5, 4, generator=g), torch.randn(5, 4, generator=g) * 3
+    for t in (1.0, 4.0):
+        mixed = ensemble_logits([a, b], t)
+        expected = (torch.softmax(a / t, 1) + torch.softmax(b / t, 1)) / 2
+        assert torch.allclose(torch.softmax(mixed / t, 1), expected, atol=1e-6)
+        assert torch.allclose(torch.softmax(ensemble_logits([a, a], t) / t, 1), torch.softmax(a / t, 1), atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def weighted_parent(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """A parent elastified from a weights file (the original), and a second training of the same
+    architecture (other weights): the files a user passes as --weights and --teacher-weights."""
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(MODELS.parent))
+    try:
+        import models  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    folder = tmp_path_factory.mktemp("teachers")
+    files = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        files.append(folder / f"user-seed{seed}.safetensors")
+        save_file({k: v.contiguous() for k, v in models.user_net().state_dict().items()}, str(files[-1]))
+    config = resolve_config(overrides={
+        **TINY, "backbone_epochs": 0, "partition_epochs": 1, "distill_epochs": 1, "finetune_epochs": 1,
+        "eval_variants": 2, "finetune_random_subnets": 1, "calibration_samples": 32, "val_fraction": 0.05,
+        "extra": {"elastify": {"input_shape": [1, 3, 32, 32], "file": str(MODELS), "factory": "user_net",
+                               "weights": str(files[0])}},
+    })
+    elastify_supernet(config, folder / "parent")
+    return folder / "parent", files[0], files[1]
+
+
+def test_extra_teachers_average_with_the_original_and_are_recorded(weighted_parent: tuple[Path, Path, Path],
+                                                                   tmp_path: Path) -> None:
+    parent, original, other = weighted_parent
+    alone = specialize_supernet(parent, tmp_path / "alone", request())
+    # The original's own weights as a second teacher: the ensemble's soft targets are the original's.
+    twice = specialize_supernet(parent, tmp_path / "twice", request(teachers=(str(original),)))
+    mixed = specialize_supernet(parent, tmp_path / "mixed", request(teachers=(str(other),)))
+    w = {name: load_file(str(tmp_path / name / "weights.safetensors")) for name in ("alone", "twice", "mixed")}
+    assert all(torch.allclose(w["alone"][k], w["twice"][k], atol=1e-5) for k in w["alone"])
+    assert any(not torch.allclose(w["alone"][k], w["mixed"][k], atol=1e-5) for k in w["alone"])  # it taught
+    assert alone.metrics["teachers"] == []
+    assert mixed.metrics["teachers"] == [{"file": other.name, "sha256": hashlib.sha256(other.read_bytes()).hexdigest()}]
+    assert mixed.metrics["largest_vs_original_max_abs_after"] == 0.0  # the original stays exact
+    report = json.loads((tmp_path / "mixed" / "specialize.json").read_text())
+    assert report["teachers"] == mixed.metrics["teachers"] and "extra teachers" in report["losses"]
+    assert str(other.parent) not in (tmp_path / "mixed" / "manifest.json").read_text()  # a name, not a path
+    assert twice.metrics["teachers"][0]["file"] == original.name
+
+
+def test_a_teacher_that_is_not_the_originals_architecture_is_refused(weighted_parent: tuple[Path, Path, Path],
+                                                                     tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    parent, original, _ = weighted_parent
+    wrong = tmp_path / "wrong.safetensors"
+    save_file({"fc.weight": torch.zeros(3, 3)}, str(wrong))
+    done = hmt("specialize", "--supernet", str(parent), "--out", str(tmp_path / "o"), "--variants", "e2.555555",
+               "--teacher-weights", str(wrong))
+    assert done.returncode == 3, done.stderr  # a bad input file, as a bad --weights
+    assert "--teacher-weights" in done.stderr and "wrong.safetensors" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "o").exists()
+    missing = hmt("specialize", "--supernet", str(parent), "--out", str(tmp_path / "o"), "--variants", "e2.555555",
+                  "--teacher-weights", str(tmp_path / "absent.safetensors"))
+    assert missing.returncode == 3 and "absent.safetensors: does not exist" in missing.stderr, missing.stderr
+    with pytest.raises(UsageError, match="given twice"):
+        request(teachers=(str(original), str(original))).validate()
