@@ -20,7 +20,8 @@ from hmt.serve.http.server import ApiServer, ServerOptions, bind_socket, connect
 
 
 async def tiny_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """Echoes the body's length; /sleep waits 1.5 s before answering (a long-running request)."""
+    """Echoes the body's length; /sleep waits 1.5 s before answering (a long-running request);
+    /early answers 413 without reading the body (as the API refuses a body over its bound)."""
     if scope["type"] == "lifespan":
         while True:
             message = await receive()
@@ -29,6 +30,10 @@ async def tiny_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             elif message["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+    if scope["path"] == "/early":
+        await send({"type": "http.response.start", "status": 413, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"{}"})
+        return
     size = 0
     while True:
         message = await receive()
@@ -173,6 +178,37 @@ def test_a_slow_body_is_cut_too(server: ApiServer) -> None:
     reply = _read_all(sock)
     assert reply.startswith(b"HTTP/1.1 408")
     assert 0.4 <= time.monotonic() - t0 < 2.5
+
+
+def test_a_request_answered_before_its_body_gets_no_second_response(server: ApiServer) -> None:
+    # The body arrives in full right after the early answer: the connection is idle and kept
+    # alive, not cut with a stray 408 once the receipt deadline (0.6 s) has passed.
+    sock = _raw(server.port, b"POST /early HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n")
+    assert _read_all_until_body(sock).startswith(b"HTTP/1.1 413")
+    sock.sendall(b"0123456789")
+    time.sleep(1.2)
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    reply = _read_all_until_body(sock)
+    assert reply.startswith(b"HTTP/1.1 200") and b"408" not in reply
+    sock.close()
+    assert server.stats.receipt_timeouts == 0
+
+
+def test_a_body_still_arriving_after_its_answer_is_cut_without_a_second_response(server: ApiServer) -> None:
+    sock = _raw(server.port, b"POST /early HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123")
+    t0 = time.monotonic()
+    reply = _read_all(sock)
+    assert reply.startswith(b"HTTP/1.1 413") and reply.count(b"HTTP/1.1") == 1, reply
+    assert 0.4 <= time.monotonic() - t0 < 2.5
+
+
+@pytest.mark.parametrize("head", [b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n",
+                                  b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\n{"])
+def test_a_v2_request_cut_at_the_deadline_gets_the_protocol_error_shape(server: ApiServer, head: bytes) -> None:
+    reply = _read_all(_raw(server.port, head))
+    assert reply.startswith(b"HTTP/1.1 408")
+    error = json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]
+    assert isinstance(error, str) and "not received within" in error  # KServe v2: {"error": "<message>"}
 
 
 def test_connection_cap_sheds_the_slowest_and_keeps_serving(server: ApiServer) -> None:

@@ -19,7 +19,10 @@ that adds, for one server:
   slowest clients first; a connection whose request is already received is never
   dropped. When every connection is running a request, the new one gets 503 and closes.
 - **a receipt deadline**, from accept (or from the first byte of a later keep-alive
-  request) to the last byte of the body, covering headers and body. Past it: 408, close.
+  request) to the last byte of the body, covering headers and body. Past it: 408 (in the Open
+  Inference Protocol's error shape for a ``/v2`` request), close. A request the app answered
+  before reading its body (401, 413) gets no second response: the connection is closed if the
+  rest of the body is late, and idle (keep-alive) once it is in.
 - **TCP_NODELAY** on every accepted socket. ``server.bind_socket`` creates the listening
   socket with ``IPPROTO_TCP`` so asyncio sets it too; this is the explicit guarantee
   (without it Nagle holds each small response until the client's delayed ACK, ~40 ms).
@@ -51,6 +54,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 FIRST_BYTE_KEY = "hmt.first_byte_s"
 _ACCEPT_ERROR = "socket.accept() out of system resource"
 _REASONS = {408: b"Request Timeout", 503: b"Service Unavailable"}
+_V2 = b"/v2"  # the Open Inference Protocol's prefix (hmt.serve.http.oip.PREFIX): its errors are {"error": str}
 
 logger = logging.getLogger("hmt.serve.http.connections")
 
@@ -112,9 +116,10 @@ class ConnectionGuard:
         return False
 
 
-def error_bytes(status: int, code: str, message: str) -> bytes:
-    """A complete HTTP/1.1 error response that closes the connection (written outside h11's state machine)."""
-    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+def error_bytes(status: int, code: str, message: str, v2: bool = False) -> bytes:
+    """A complete HTTP/1.1 error response that closes the connection (written outside h11's state machine):
+    ``/v1``'s error body, or with ``v2`` the Open Inference Protocol's ``{"error": message}``."""
+    body = json.dumps({"error": message} if v2 else {"error": {"code": code, "message": message}}).encode()
     head = (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
             % (status, _REASONS.get(status, b"Error"), len(body)))
     return head + body
@@ -167,7 +172,18 @@ class GuardedH11Protocol(H11Protocol):
             self._first_byte_s = time.monotonic()
         if not self._receiving:  # the first byte of the next request on a keep-alive connection
             self._start_receiving()
+        answered = self._answered_before_body()
         super().data_received(data)
+        if answered and self.conn.their_state is h11.IDLE:
+            # The rest of a body answered early (401, 413) is in and uvicorn started the next
+            # cycle without a keep-alive timer: idle now, as after any response.
+            self._idle()
+            if self.conn.trailing_data[0]:  # the next request has begun
+                self._first_byte_s = time.monotonic()
+                self._start_receiving()
+            else:
+                self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
+                                                                    self.timeout_keep_alive_handler)
         self._after_events()
 
     # -- uvicorn hooks -----------------------------------------------------------------------
@@ -177,12 +193,7 @@ class GuardedH11Protocol(H11Protocol):
         if self.transport.is_closing():
             return
         if self.conn.their_state is h11.IDLE:
-            # Idle between requests: uvicorn's keep-alive timeout applies; evictable meanwhile.
-            self._receiving = False
-            self._first_byte_s = None
-            self._cancel_timer()
-            self.guard.waiting.pop(self, None)
-            self.guard.waiting[self] = None
+            self._idle()
         else:
             if not self._receiving:
                 self._start_receiving()
@@ -198,6 +209,28 @@ class GuardedH11Protocol(H11Protocol):
         super().shutdown()
 
     # -- the guards ----------------------------------------------------------------------------
+
+    def _idle(self) -> None:
+        """Idle between requests: uvicorn's keep-alive timeout applies; evictable meanwhile."""
+        self._receiving = False
+        self._first_byte_s = None
+        self._cancel_timer()
+        self.guard.waiting.pop(self, None)
+        self.guard.waiting[self] = None
+
+    def _answered_before_body(self) -> bool:
+        """The request being received was already answered (the app did not wait for its body)."""
+        cycle = self.cycle
+        return cycle is not None and cycle.response_complete and self.conn.their_state is h11.SEND_BODY
+
+    def _speaks_v2(self) -> bool:
+        """The request being received is for ``/v2`` (from its parsed target, or its first line so far)."""
+        if self.conn.their_state is h11.IDLE:
+            line = bytes(self.conn.trailing_data[0][:512]).split(b"\r\n", 1)[0].split(b" ")
+            target = line[1] if len(line) > 1 else b""
+        else:
+            target = self.scope.get("path", "").encode() if self.scope is not None else b""
+        return target == _V2 or target.startswith((_V2 + b"/", _V2 + b"?"))
 
     def _start_receiving(self) -> None:
         self._receiving = True
@@ -241,8 +274,9 @@ class GuardedH11Protocol(H11Protocol):
         cycle = self.cycle
         idle = self.conn.their_state is h11.IDLE and self._first_byte_s is None and (
             cycle is None or cycle.response_complete)
-        if not idle and (cycle is None or not cycle.response_started or cycle.response_complete):
-            self.transport.write(error_bytes(status, code, message))
+        if not idle and not self._answered_before_body() and (
+                cycle is None or not cycle.response_started or cycle.response_complete):
+            self.transport.write(error_bytes(status, code, message, self._speaks_v2()))
         if cycle is not None and not cycle.response_complete:
             # The app may be waiting for the rest of the body: it now reads a disconnect, and
             # whatever it answers is dropped (the connection is gone).
