@@ -374,6 +374,25 @@ def test_inference_statistics(server: ApiServer, triton: httpclient.InferenceSer
         triton.get_inference_statistics("missing", headers=auth())
 
 
+@pytest.mark.parametrize(("extra", "words"), [
+    ({"parameters": {"top_k": 0}}, "top_k"),
+    ({"outputs": [{"name": "logits"}]}, "unknown output"),
+    ({"outputs": [{"name": "class", "parameters": {"classification": 2}}]}, "classification"),
+])
+def test_bad_outputs_are_refused_before_the_inputs_run(server: ApiServer, triton: httpclient.InferenceServerClient,
+                                                       extra: dict, words: str) -> None:  # type: ignore[type-arg]
+    """A request refused for its outputs or top_k is refused before inference: not counted as answered
+    (as /v1 refuses a bad top_k before its inputs run)."""
+    before = triton.get_inference_statistics(MODEL, headers=auth())["model_stats"][0]
+    body = json.dumps({"inputs": [{"name": "input", "shape": [2, 3, 8, 8], "datatype": "FP32",
+                                   "data": [0] * 384}], **extra}).encode()
+    status, doc = raw(server, "POST", f"/v2/models/{MODEL}/infer", body, {**AUTH, "content-type": "application/json"})
+    assert status == 400 and words in doc["error"], doc
+    after = triton.get_inference_statistics(MODEL, headers=auth())["model_stats"][0]
+    assert after["inference_count"] == before["inference_count"]
+    assert after["inference_stats"]["success"] == before["inference_stats"]["success"]
+
+
 def test_client_hints_are_accepted(server: ApiServer, triton: httpclient.InferenceServerClient) -> None:
     """Parameters common clients send that change nothing here: tritonclient's ``priority`` (one
     priority level) and the ``content_type`` codec hint MLServer's codecs write on a request and on

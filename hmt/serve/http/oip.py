@@ -241,6 +241,20 @@ def _timeout_ms(parsed: InferRequest, ctx: OipContext) -> float | None:
     return timeout_us / 1e3 if ctx.batching.enabled else None
 
 
+def _check_outputs(parsed: InferRequest, ctx: OipContext) -> None:
+    """Refuse the requested outputs and ``top_k`` before the inputs run (as ``/v1`` does): a 400
+    after inference would have spent the compute and counted the request as answered."""
+    spec = ctx.controller.bundle.spec
+    if parsed.parameters.get("top_k") is not None:
+        parse_top_k(parsed.parameters["top_k"], spec.classes, "parameter top_k")
+    names = sorted(meta["name"] for meta in _output_meta(ctx))
+    for out in parsed.outputs or ():
+        if out.name not in names:
+            raise ApiError(400, "unknown_output", f"unknown output {out.name[:40]!r}; this model has {names}")
+        if out.classification is not None and out.name != "probabilities":
+            raise ApiError(400, "bad_outputs", "classification applies to the output 'probabilities'")
+
+
 def _outputs(parsed: InferRequest, results: Sequence[Prediction], ctx: OipContext) -> list[tuple[str, str,
                                                                                                  np.ndarray, bool]]:
     spec = ctx.controller.bundle.spec
@@ -280,14 +294,9 @@ def _outputs(parsed: InferRequest, results: Sequence[Prediction], ctx: OipContex
                    *(["top_k_classes", "top_k_probabilities"] if top_k is not None else [])]
         return [(n, available[n][0], available[n][1](), parsed.binary_output) for n in default]
     tensors = []
-    for out in parsed.outputs:
-        if out.name not in available:
-            raise ApiError(400, "unknown_output", f"unknown output {out.name[:40]!r}; this model has "
-                                                  f"{sorted(available)}")
+    for out in parsed.outputs:  # names and classification checked before inference (_check_outputs)
         binary = parsed.binary_output if out.binary is None else out.binary  # the output's own word wins
         if out.classification is not None:
-            if out.name != "probabilities":
-                raise ApiError(400, "bad_outputs", "classification applies to the output 'probabilities'")
             tensors.append((out.name, BYTES, classification(out.classification), binary))
         else:
             datatype, make = available[out.name]
@@ -378,6 +387,7 @@ class _Endpoints:
 
         def prepare() -> list[np.ndarray]:  # in the decoding lane, admitted to the queue first
             parsed = parse_request(decode_content(body, encoding, ctx.body_limit), header_length)
+            _check_outputs(parsed, ctx)
             parsed_once.append((parsed, _timeout_ms(parsed, ctx)))
             return as_items(_batch_of(parsed, ctx), ctx.inputs)
 
