@@ -155,7 +155,7 @@ def run_epochs(
         start = resume.epoch
     total = len(loader) * epochs
     # Single process only: torchrun's ranks would not all stop at the same epoch.
-    with _stop_on_sigint(resume is not None and ctx is None):
+    with _stop_on_sigint(resume is not None and (ctx is None or not ctx.enabled)):
         for epoch in range(start, epochs):
             _one_epoch(name, epoch, epochs, lr, total, params, step, loader, config, optimizer, history, progress,
                        autocast=autocast, device=device, seed_word=seed_word, ctx=ctx)

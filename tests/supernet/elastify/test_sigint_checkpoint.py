@@ -15,6 +15,7 @@ import torch
 from hmt.supernet.elastify import epochs as epochs_module
 from hmt.supernet.elastify.epochs import EpochResume, run_epochs
 from hmt.supernet.train.config import TrainConfig
+from hmt.supernet.train.distributed import DistContext
 
 BATCHES = 4
 
@@ -39,9 +40,10 @@ class _Records:
     notes: list[str] = field(default_factory=list)
 
 
-def _run(records: _Records, sigints_at_step: dict[int, int], epochs: int = 5, forget: bool = True) -> None:
+def _run(records: _Records, sigints_at_step: dict[int, int], epochs: int = 5, forget: bool = True,
+         ctx: DistContext | None = None) -> None:
     """run_epochs on a linear model, sending SIGINTs to this process during the given steps; ``forget``:
-    clear a stop request left over afterwards."""
+    clear a stop request left over afterwards; ``ctx``: the distributed context train-supernet passes."""
     model = torch.nn.Linear(3, 2)
 
     def step(xb: torch.Tensor, yb: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
@@ -57,7 +59,7 @@ def _run(records: _Records, sigints_at_step: dict[int, int], epochs: int = 5, fo
     try:
         run_epochs("finetune", epochs, 0.1, list(model.parameters()), step, _Loader(),  # type: ignore[arg-type]
                    TrainConfig(), [], lambda *a: records.notes.append(str(a[-1])), weight_decay=0.0,
-                   autocast=False, device=torch.device("cpu"), seed_word=1, resume=resume)
+                   autocast=False, device=torch.device("cpu"), seed_word=1, resume=resume, ctx=ctx)
     finally:
         if forget:
             epochs_module._StopRequest.requested = False
@@ -71,6 +73,15 @@ def test_a_first_ctrl_c_ends_the_epoch_writes_the_checkpoint_then_interrupts() -
     assert records.saved == [("finetune", 2)] and records.steps == 2 * BATCHES  # that epoch ran to its end
     assert any(epochs_module.STOPPING_NOTE in n for n in records.notes)
     assert signal.getsignal(signal.SIGINT) is before  # the handler is put back
+
+
+def test_a_single_process_context_still_ends_the_epoch_on_a_first_ctrl_c() -> None:
+    # train-supernet passes the context of one process (world size 1), not None: a first Ctrl-C there
+    # interrupted at once, losing the epoch, where it must end it and write the checkpoint.
+    records = _Records()
+    with pytest.raises(KeyboardInterrupt):
+        _run(records, {BATCHES + 1: 1}, ctx=DistContext(0, 1, 0))
+    assert records.saved == [("finetune", 2)] and records.steps == 2 * BATCHES
 
 
 def test_a_second_ctrl_c_interrupts_at_once_and_no_ctrl_c_runs_every_epoch() -> None:
