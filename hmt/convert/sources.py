@@ -176,6 +176,10 @@ def apply_weights(net: torch.nn.Module, path: Path) -> None:
     mismatch = weights_mismatch(net.state_dict(), state)
     if mismatch:
         raise InputError(f"{path}: weights do not fit the model: {mismatch}")
+    broken = [k for k, v in state.items() if v.is_floating_point() and not bool(v.isfinite().all())]
+    if broken:
+        raise InputError(f"{path}: {len(broken)} tensor(s) hold NaN or infinite values ({_listed(broken)}); "
+                         "expected the weights of a trained model: save them again from a run that did not diverge")
     try:
         net.load_state_dict(state, strict=True)
     except RuntimeError as exc:

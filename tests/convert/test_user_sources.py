@@ -61,6 +61,23 @@ def test_weights_that_do_not_fit_are_refused_in_one_line(tmp_path: Path, change:
     assert ("strip it" in message) == (change in ("prefix", "compiled"))
 
 
+def test_weights_holding_nan_or_inf_are_refused_naming_the_tensors(tmp_path: Path) -> None:
+    # A diverged run's weights once trained a whole supernet on NaN and failed writing it (exit 70).
+    state = _state()
+    state["3.weight"][0, 0] = float("nan")
+    state["1.running_var"][2] = float("inf")
+    path = tmp_path / "w.safetensors"
+    save_file(state, str(path))
+    net = _net()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    with pytest.raises(InputError) as caught:
+        apply_weights(net, path)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"{path}: 2 tensor(s) hold NaN or infinite values")
+    assert "1.running_var" in message and "3.weight" in message
+    assert all(torch.equal(net.state_dict()[k], v) for k, v in before.items())  # nothing loaded
+
+
 def test_a_model_file_importing_a_module_beside_it_says_why_that_fails(tmp_path: Path) -> None:
     (tmp_path / "helpers.py").write_text("import torch\ndef head():\n    return torch.nn.Linear(3, 10)\n")
     (tmp_path / "net.py").write_text("from helpers import head\ndef build():\n    return head()\n")
