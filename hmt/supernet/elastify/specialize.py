@@ -184,8 +184,9 @@ def load_teachers(loaded: Any, paths: tuple[str, ...]) -> tuple[list[torch.nn.Mo
             module = build_model(replace(spec, weights=str(path)),
                                  file_override=loaded.artifact.file(source) if source else None)
         except InputError as exc:
-            raise InputError(f"--teacher-weights {exc}; a teacher must be the original's own architecture "
-                             f"({spec.torchvision or spec.factory})") from exc
+            hint = (f"; a teacher must be the original's own architecture ({spec.torchvision or spec.factory})"
+                    if "do not fit the model" in str(exc) else "")
+            raise InputError(f"--teacher-weights {exc}{hint}") from exc
         for p in module.parameters():
             p.requires_grad_(False)
         modules.append(module.eval())

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hmt.errors import UsageError
+from hmt.errors import InputError, UsageError
 from hmt.supernet import load_supernet
 from hmt.supernet.elastify.selection import SpecializeRequest, cheapest_within, select_variants
 from hmt.supernet.elastify.specialize import specialize_supernet
@@ -296,9 +296,17 @@ def test_a_teacher_that_is_not_the_originals_architecture_is_refused(weighted_pa
                "--teacher-weights", str(wrong))
     assert done.returncode == 3, done.stderr  # a bad input file, as a bad --weights
     assert "--teacher-weights" in done.stderr and "wrong.safetensors" in done.stderr, done.stderr
+    assert "the original's own architecture" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "o").exists()
     missing = hmt("specialize", "--supernet", str(parent), "--out", str(tmp_path / "o"), "--variants", "e2.555555",
                   "--teacher-weights", str(tmp_path / "absent.safetensors"))
     assert missing.returncode == 3 and "absent.safetensors: does not exist" in missing.stderr, missing.stderr
     with pytest.raises(UsageError, match="given twice"):
         request(teachers=(str(original), str(original))).validate()
+    diverged = load_file(str(original))
+    name = next(k for k, v in diverged.items() if v.is_floating_point())
+    diverged[name] = torch.full_like(diverged[name], float("nan"))
+    save_file(diverged, str(tmp_path / "nan.safetensors"))
+    with pytest.raises(InputError, match="NaN") as caught:
+        specialize_supernet(parent, tmp_path / "o", request(teachers=(str(tmp_path / "nan.safetensors"),)))
+    assert "architecture" not in str(caught.value) and not (tmp_path / "o").exists()
