@@ -7,23 +7,33 @@ record and depends on the artifact module, never the other way.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from torch import nn
 
 from hmt.errors import ModelError
 from hmt.supernet.elastify.source import ModelSpec, build_model
 from hmt.supernet.elastify.supernet import ElastifiedSupernet
 
 
-def rebuild(model_info: dict[str, Any], source_file: Path | None) -> ElastifiedSupernet:
-    """The supernet of an artifact, without weights (``load_supernet`` loads them next)."""
-    info = model_info["elastify"]
-    spec = ModelSpec.from_json_dict(info["model"])
+def original_model(model_info: dict[str, Any], source_file: Path | None, weights: Path | None = None) -> nn.Module:
+    """The user's network an artifact was elastified from, rebuilt from its record, in eval mode;
+    with ``weights`` loaded (strict), else as its factory builds it."""
+    spec = ModelSpec.from_json_dict(model_info["elastify"]["model"])
     try:
-        model = build_model(spec, file_override=source_file)
+        return build_model(replace(spec, weights=None if weights is None else str(weights)),
+                           file_override=source_file)
     except ModelError as exc:  # a factory that reads a file beside it, in an artifact made before that was refused
         raise ModelError(f"{exc}; the artifact rebuilds the network from its copy of the model file alone, with "
                          "nothing beside it") from exc
+
+
+def rebuild(model_info: dict[str, Any], source_file: Path | None) -> ElastifiedSupernet:
+    """The supernet of an artifact, without weights (``load_supernet`` loads them next)."""
+    spec = ModelSpec.from_json_dict(model_info["elastify"]["model"])
+    model = original_model(model_info, source_file)
     operators = model_info.get("operators")
     # The seed and init only shape fresh weights, which the artifact's weights replace.
     return ElastifiedSupernet(model, name=spec.torchvision or str(spec.factory),

@@ -169,11 +169,12 @@ def load_teachers(loaded: Any, paths: tuple[str, ...]) -> tuple[list[torch.nn.Mo
     each file's name and sha256 (what the report records: no path of this machine)."""
     if not paths:
         return [], []
-    from hmt.supernet.elastify.source import ModelSpec, build_model, sha256_file
+    from hmt.supernet.elastify.rebuild import original_model
+    from hmt.supernet.elastify.source import sha256_file
 
     info = loaded.model_info["elastify"]
-    spec = ModelSpec.from_json_dict(info["model"])
     source = info.get("source")
+    source_file = loaded.artifact.file(source) if source else None
     modules, records = [], []
     for text in paths:
         path = Path(text)
@@ -181,10 +182,10 @@ def load_teachers(loaded: Any, paths: tuple[str, ...]) -> tuple[list[torch.nn.Mo
             raise InputError(f"--teacher-weights {path}: does not exist; expected a weights file (.safetensors, "
                              "or a torch state dict) for the supernet's original architecture")
         try:
-            module = build_model(replace(spec, weights=str(path)),
-                                 file_override=loaded.artifact.file(source) if source else None)
+            module = original_model(loaded.model_info, source_file, path)
         except InputError as exc:
-            hint = (f"; a teacher must be the original's own architecture ({spec.torchvision or spec.factory})"
+            named = info["model"].get("torchvision") or info["model"].get("factory")
+            hint = (f"; a teacher must be the original's own architecture ({named})"
                     if "do not fit the model" in str(exc) else "")
             raise InputError(f"--teacher-weights {exc}{hint}") from exc
         for p in module.parameters():
