@@ -108,6 +108,7 @@ def bench_archives(bundles: dict[str, Path], work: Path, bomb_mib: int) -> dict[
     import hashlib
     import tarfile
 
+    from hmt.artifacts.manifest import content_digest
     from hmt.artifacts.signing import load_public_key
     from hmt.deploy.archive import extract_archive, write_archive
     from hmt.errors import HmtError
@@ -119,6 +120,7 @@ def bench_archives(bundles: dict[str, Path], work: Path, bomb_mib: int) -> dict[
         digest.update(bytes(1 << 20))
     manifest["files"].append({"path": "variants/x/payload.so", "sha256": digest.hexdigest(), "size_bytes": size,
                               "media_type": "application/octet-stream"})
+    manifest["content_sha256"] = content_digest(manifest)  # resealed: the bomb's maker would
     raw_manifest = json.dumps(manifest).encode()
     bomb = work / "listed-bomb.tar.gz"
     with open(bomb, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz", compresslevel=1) as tar:

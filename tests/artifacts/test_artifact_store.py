@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from hmt.artifacts import ArtifactWriter, load_artifact, safe_join
+from hmt.artifacts.manifest import content_digest
 from hmt.errors import ArtifactError, InputError, UnsafePathError
 
 
@@ -87,12 +88,69 @@ def test_wrong_kind_and_schema_refused(tmp_path: Path) -> None:
         load_artifact(out, kind="demo")
 
 
+@pytest.mark.parametrize("edit", ["config", "metrics", "files", "parents", "digest", "no digest"])
+def test_a_hand_edited_manifest_is_refused_naming_it(tmp_path: Path, edit: str) -> None:
+    """An edit of the manifest's own content (a config value, a metric, a file record, the lineage)
+    changed what later stages read from it, and every file's checksum still matched: loads took it."""
+    out = tmp_path / "art"
+    _write(out)
+    path = out / "manifest.json"
+    manifest = json.loads(path.read_text())
+    if edit == "config":
+        manifest["config"]["a"] = 2
+    elif edit == "metrics":
+        manifest["metrics"]["score"] = 0.9
+    elif edit == "files":
+        manifest["files"] = manifest["files"][:1]
+    elif edit == "parents":
+        manifest["parents"] = [{"kind": "demo", "path": "../elsewhere", "manifest_sha256": "0" * 64}]
+    elif edit == "digest":
+        manifest["content_sha256"] = "0" * 64
+    else:
+        del manifest["content_sha256"]
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    with pytest.raises(ArtifactError) as err:
+        load_artifact(out, kind="demo")
+    assert str(err.value).startswith(f"{path}: ") and "content_sha256" in str(err.value)
+
+
+def test_the_manifest_digest_survives_formatting_and_awkward_config(tmp_path: Path) -> None:
+    """The digest is of the parsed content: reformatting the file keeps it valid, and config keys
+    that JSON turns into strings (ints, sorted differently once they are strings) and non-ASCII
+    text hash the same for the writer and the reader."""
+    out = tmp_path / "art"
+    with ArtifactWriter(out, kind="demo", config={"ids": {9: "a", 10: "b", 1: "c"}, "name": "Grüße ✓",
+                                                  "x": 0.1 + 0.2, "t": (1, 2)}) as writer:
+        writer.write_bytes("data.bin", b"1")
+    path = out / "manifest.json"
+    manifest = json.loads(path.read_text())
+    assert manifest["content_sha256"] == content_digest(manifest) and manifest["schema_version"] == 2
+    path.write_text(json.dumps(manifest, ensure_ascii=False))  # one line, unescaped: same content
+    assert load_artifact(out, kind="demo").manifest.config["name"] == "Grüße ✓"
+
+
+def test_a_version_1_manifest_without_a_digest_still_loads(tmp_path: Path) -> None:
+    """Artifacts written before manifests carried their digest keep working (their files are verified)."""
+    out = tmp_path / "art"
+    _write(out)
+    path = out / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["schema_version"] = 1
+    del manifest["content_sha256"]
+    path.write_text(json.dumps(manifest))
+    assert load_artifact(out, kind="demo").manifest.schema_version == 1
+    (out / "data.bin").write_bytes(b"changed")
+    with pytest.raises(ArtifactError, match="data.bin: size"):
+        load_artifact(out, kind="demo")
+
+
 def test_manifest_entry_escaping_directory_refused(tmp_path: Path) -> None:
     out = tmp_path / "art"
     _write(out)
     (tmp_path / "secret").write_bytes(b"x")
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["files"].append({"path": "../secret", "sha256": "0" * 64, "size_bytes": 1, "media_type": "x"})
+    manifest["content_sha256"] = content_digest(manifest)  # resealed, as a writer of hostile artifacts would
     (out / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(UnsafePathError):
         load_artifact(out, kind="demo")
@@ -149,6 +207,7 @@ def test_manifest_and_listed_json_that_json_cannot_parse_are_refused_naming_them
     for record in manifest["files"]:
         if record["path"] == "nested/info.json":
             record.update(sha256=sha256_file(info), size_bytes=len(raw))
+    manifest["content_sha256"] = content_digest(manifest)
     (out / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match=r"info\.json: not valid JSON"):
         load_artifact(out, kind="demo").read_json("nested/info.json")

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_archive_bomb import _bundle, _tar, _written
 
 from hmt.artifacts import load_artifact
+from hmt.artifacts.manifest import content_digest
 from hmt.artifacts.signing import generate_key_pair, load_private_key, load_public_key, sign_artifact_dir
 from hmt.deploy.archive import PRE_MANIFEST_FLOOR_BYTES, PRE_MANIFEST_RATIO, extract_archive, write_archive
 from hmt.errors import ArtifactError, InputError
@@ -34,6 +35,7 @@ def _listed_bomb(tmp_path: Path) -> Path:
         digest.update(chunk)
     manifest["files"].append({"path": "variants/a/huge.so", "sha256": digest.hexdigest(),
                               "size_bytes": LISTED_BOMB_BYTES, "media_type": "application/octet-stream"})
+    manifest["content_sha256"] = content_digest(manifest)  # resealed, as a hostile archive's maker would
     data = json.dumps(manifest).encode()
     return _tar(tmp_path / "listed-bomb.tar.gz", [("bundle/manifest.json", len(data), data),
                                                   ("bundle/variants/a/huge.so", LISTED_BOMB_BYTES, None)])

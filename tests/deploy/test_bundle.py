@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 import commands.deploy  # noqa: F401 - registers the command
 from commands.app import app
 from hmt.artifacts import ArtifactWriter, ParentRecord, load_artifact
+from hmt.artifacts.manifest import content_digest
 from hmt.bundle import load_bundle
 from hmt.deploy import DeployOptions, deploy_bundle, verify_bundle
 from hmt.deploy.archive import archive_path_for
@@ -71,6 +72,7 @@ def test_a_blocks_spec_serve_cannot_read_fails_verify(bundle_copy: Path) -> None
     manifest = json.loads((bundle_copy / "manifest.json").read_text())
     manifest["files"].append({"path": "blocks/blocks.json", "sha256": hashlib.sha256(spec.read_bytes()).hexdigest(),
                               "size_bytes": spec.stat().st_size, "media_type": "application/json"})
+    manifest["content_sha256"] = content_digest(manifest)
     (bundle_copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match=r"blocks/blocks.json: not valid JSON \(nested too deeply\)"):
         verify_bundle(bundle_copy, run_models=False)

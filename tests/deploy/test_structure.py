@@ -22,6 +22,7 @@ import commands.deploy  # noqa: F401 - registers the command
 from commands.app import app
 from hmt.artifacts import ArtifactWriter, load_artifact
 from hmt.artifacts.checks import check_exact_files
+from hmt.artifacts.manifest import content_digest
 from hmt.artifacts.signing import (
     SIGNATURE_NAME,
     generate_key_pair,
@@ -46,6 +47,7 @@ def _reseal(root: Path, rel: str) -> None:
     record = {"path": rel, "sha256": hashlib.sha256(data).hexdigest(), "size_bytes": len(data),
               "media_type": "application/octet-stream"}
     manifest["files"] = [f for f in manifest["files"] if f["path"] != rel] + [record]
+    manifest["content_sha256"] = content_digest(manifest)
     manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from commands.app import _register, app
 from hmt.artifacts import load_artifact
+from hmt.artifacts.manifest import content_digest
 from hmt.pareto.artifact import front_variant_ids, load_front
 
 from .conftest import NANO, TINY
@@ -59,6 +60,7 @@ def test_convert_front_records_lineage_and_refuses_another_supernet(tiny_superne
     shutil.copytree(tiny_supernet, other)
     manifest = json.loads((other / "manifest.json").read_text())
     manifest["config"]["note"] = "another run"
+    manifest["content_sha256"] = content_digest(manifest)
     (other / "manifest.json").write_text(json.dumps(manifest))
     refused = invoke("convert", "--supernet", str(other), "--pareto", str(pareto), "--out", str(tmp_path / "x"))
     assert refused.exit_code == 4 and "searched on another supernet" in refused.output

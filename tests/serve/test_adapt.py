@@ -14,6 +14,7 @@ import pytest
 import torch
 from adapt_bundle import ARCH, make_adaptable_bundle
 
+from hmt.artifacts.manifest import content_digest
 from hmt.client import HmtClient
 from hmt.errors import InputError, UsageError
 from hmt.serve.http.api import ApiOptions, create_app
@@ -203,6 +204,7 @@ def _with_shipped_canary(bundle: Path, out: Path, x: np.ndarray, y: np.ndarray) 
     data = (out / "adapt" / "canary.npz").read_bytes()
     manifest["files"].append({"path": "adapt/canary.npz", "sha256": hashlib.sha256(data).hexdigest(),
                               "size_bytes": len(data), "media_type": "application/octet-stream"})
+    manifest["content_sha256"] = content_digest(manifest)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return out
 
