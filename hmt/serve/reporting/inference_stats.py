@@ -4,10 +4,12 @@
 
 Every request that reached the inference queue counts, on either protocol: a success with its
 span from the first byte in to the answer, a failure (refused when the queue is full, past its
-deadline, an input the model cannot take) with the same span. Per input (``inference_count``):
-the queue wait and the compute time. The bundle's graphs take one input at a time, so each input
-is one execution (``execution_count``, ``batch_stats`` of batch size 1); the dynamic batcher's
-shared runs are not told apart. Decoding and encoding are not timed apart from the span
+deadline, an input the model cannot take) with the same span. ``queue`` and ``compute_infer``
+count requests, as Triton's do (a dashboard's ns / count is the wait and the compute of one
+request), summing the queue wait and the compute time of the request's inputs;
+``inference_count`` counts inputs. The bundle's graphs take one input at a time, so each input
+is one execution (``execution_count``, ``batch_stats`` of batch size 1, counted per execution);
+the dynamic batcher's shared runs are not told apart. Decoding and encoding are not timed apart from the span
 (``compute_input`` and ``compute_output`` stay at zero).
 """
 
@@ -63,6 +65,7 @@ class InferenceStats:
         """One ``$model_stat`` of the statistics extension."""
         with self._lock:
             count, compute_ns, queue_ns = self.inference_count, self.compute_ns, self.queue_ns
+            requests = self.success_count
             success = _duration(self.success_count, self.success_ns)
             fail = _duration(self.fail_count, self.fail_ns)
             last_ms = self.last_inference_ms
@@ -72,8 +75,8 @@ class InferenceStats:
         return {
             "name": name, "version": version, "last_inference": last_ms,
             "inference_count": count, "execution_count": count,
-            "inference_stats": {"success": success, "fail": fail, "queue": _duration(count, queue_ns),
-                                "compute_input": none, "compute_infer": _duration(count, compute_ns),
+            "inference_stats": {"success": success, "fail": fail, "queue": _duration(requests, queue_ns),
+                                "compute_input": none, "compute_infer": _duration(requests, compute_ns),
                                 "compute_output": none, "cache_hit": none, "cache_miss": none},
             "batch_stats": batches,
         }
