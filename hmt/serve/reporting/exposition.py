@@ -1,6 +1,7 @@
-"""What the API publishes about itself: the OpenAPI 3 document of ``/v1`` (written by hand, no
-schema generator). ``/metrics`` is :mod:`hmt.serve.reporting.metrics`; ``/v2`` is described by the Open
-Inference Protocol itself (:mod:`hmt.serve.http.oip`)."""
+"""What the API publishes about itself: the OpenAPI 3 document of ``/v1`` and of the Open Inference
+Protocol routes under ``/v2`` (:mod:`hmt.serve.http.oip`; their bodies are the protocol's own, so
+the document names them and links the protocol rather than restating it), written by hand, no schema
+generator. ``/metrics`` is :mod:`hmt.serve.reporting.metrics`."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ def _error_schema() -> dict[str, Any]:
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    text = {400: "Malformed body or header", 401: "Missing or wrong bearer token", 413: "Body too large",
-            415: "Unsupported content type", 422: "Tensor of the wrong shape or dtype, or not finite",
+    text = {400: "Malformed body or header", 401: "Missing or wrong bearer token", 404: "Unknown model or version",
+            413: "Body too large", 415: "Unsupported content type",
+            422: "Tensor of the wrong shape or dtype, or not finite",
             429: "Queue full; retry after the Retry-After seconds", 503: "Not ready, or shutting down",
             504: "No answer within the deadline"}
     return {str(c): {"description": text[c], "content": {"application/json": {"schema": _error_schema()}}}
@@ -62,6 +64,53 @@ def _predict_path(spec: TensorSpec, body_limit_bytes: int, auth_errors: tuple[in
     }}
 
 
+OIP_URL = "https://kserve.github.io/website/latest/modelserving/data_plane/v2_protocol/"
+
+
+def _v2_paths(auth_errors: tuple[int, ...]) -> dict[str, Any]:
+    """The OpenAPI items of the Open Inference Protocol routes (errors in the protocol's shape)."""
+    def errors(*codes: int) -> dict[str, Any]:
+        return {str(c): {"description": _errors(c)[str(c)]["description"], "content": {"application/json": {
+            "schema": {"$ref": "#/components/schemas/V2Error"}}}} for c in codes}
+
+    def get(summary: str, *codes: int) -> dict[str, Any]:
+        return {"get": {"summary": summary, "responses": {
+            "200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}},
+            **errors(*auth_errors, *codes)}}}
+
+    model = [{"name": "model_name", "in": "path", "required": True, "schema": {"type": "string"}}]
+    versioned = [*model, {"name": "model_version", "in": "path", "required": True,
+                          "schema": {"type": "string", "enum": ["1"]}}]
+    infer = {"post": {
+        "summary": "Infer (Open Inference Protocol; JSON tensors, or the binary-data extension)",
+        "description": f"The protocol's inference request and response: {OIP_URL}. BYTES inputs are encoded "
+                       "images or raw bytes, decoded with the bundle's preprocessing. Binary data: "
+                       "application/octet-stream with header Inference-Header-Content-Length.",
+        "requestBody": {"required": True, "content": {
+            "application/json": {"schema": {"type": "object", "required": ["inputs"]}},
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+        "responses": {"200": {"description": "The inference response", "content": {
+            "application/json": {"schema": {"type": "object"}},
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+            **errors(400, *auth_errors, 404, 413, 415, 422, 429, 503, 504)}}}
+    paths: dict[str, Any] = {
+        "/v2": get("Server metadata (name, version, extensions)"),
+        "/v2/health/live": get("The process answers"),
+        "/v2/health/ready": get("A variant is loaded and warm", 503),
+        "/v2/models/stats": get("Inference statistics of every model (Triton's statistics extension)"),
+    }
+    for base, params in (("/v2/models/{model_name}", model),
+                         ("/v2/models/{model_name}/versions/{model_version}", versioned)):
+        for suffix, item in (("", get("Model metadata: inputs and outputs, variants and the running one", 404)),
+                             ("/ready", get("The model is ready", 404, 503)),
+                             ("/config", get("The model's configuration (Triton's model configuration)", 404)),
+                             ("/stats", get("The model's inference statistics", 404)),
+                             ("/infer", infer)):
+            method = next(iter(item))
+            paths[base + suffix] = {method: {**item[method], "parameters": params}}
+    return paths
+
+
 def _schemas() -> dict[str, Any]:
     """The response schemas (a new dict each call: the document is the caller's to change)."""
     return {
@@ -82,6 +131,8 @@ def _schemas() -> dict[str, Any]:
                                      "items": {"type": "object", "properties": {
                                          "class": {"type": "integer"}, "probability": {"type": "number"},
                                          "class_name": {"type": "string", "nullable": True}}}}}},
+        "V2Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}},
+                    "description": "The Open Inference Protocol's error body"},
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {
             "type": "object", "required": ["code", "message"],
             "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}},
@@ -110,6 +161,7 @@ def openapi_document(spec: TensorSpec, body_limit_bytes: int, auth: bool) -> dic
                 **_errors(*auth_errors)}}},
             "/openapi.json": {"get": {"summary": "This document", "responses": {
                 "200": {"description": "OpenAPI 3 document"}, **_errors(*auth_errors)}}},
+            **_v2_paths(auth_errors),
         },
         "components": {"schemas": _schemas()},
     }
