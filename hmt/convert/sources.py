@@ -11,6 +11,7 @@ import importlib.util
 import re
 import sys
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -167,11 +168,24 @@ def load_state_dict(path: Path) -> dict[str, Any]:
             break
     if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
         raise InputError(f"{path}: expected a dict of tensor names to tensors (a state dict)")
-    return dict(data)
+    return _with_metadata(dict(data), getattr(data, "_metadata", None))
+
+
+def _with_metadata(state: dict[str, Any], metadata: Any) -> dict[str, Any]:
+    """``state`` as an OrderedDict carrying torch's per-module ``_metadata`` (the layers'
+    versions, which ``load_state_dict`` passes to each module), as ``Module.state_dict()`` gives it."""
+    ordered: Any = OrderedDict(state)
+    if metadata is not None:
+        ordered._metadata = metadata
+    return ordered
 
 
 def apply_weights(net: torch.nn.Module, path: Path) -> None:
-    """Load ``path`` into ``net`` (strict); InputError saying in one line what does not fit."""
+    """Load ``path`` into ``net`` (strict); InputError saying in one line what does not fit.
+
+    A file without torch's per-module versions (safetensors holds none) loads at the versions of
+    ``net``'s own layers: the names and shapes match it exactly, so it was saved from this code.
+    """
     state = load_state_dict(path)
     mismatch = weights_mismatch(net.state_dict(), state)
     if mismatch:
@@ -180,11 +194,14 @@ def apply_weights(net: torch.nn.Module, path: Path) -> None:
     if broken:
         raise InputError(f"{path}: {len(broken)} tensor(s) hold NaN or infinite values ({_listed(broken)}); "
                          "expected the weights of a trained model: save them again from a run that did not diverge")
+    if getattr(state, "_metadata", None) is None:
+        state = _with_metadata(state, getattr(net.state_dict(), "_metadata", None))
     try:
         net.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
+    except Exception as exc:  # a layer's own _load_from_state_dict may raise anything
         text = " ".join(str(exc).split())
-        raise InputError(f"{path}: weights do not fit the model: {text[:300]}") from exc
+        kind = "" if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: "
+        raise InputError(f"{path}: weights do not fit the model: {kind}{text[:300]}") from exc
 
 
 def _listed(items: list[str], shown: int = 3) -> str:

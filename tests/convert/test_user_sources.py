@@ -114,3 +114,46 @@ def test_a_model_not_in_float32_is_refused_saying_so(tmp_path: Path, cast: str, 
     message = str(caught.value)
     assert f"returned a model with {name} weights; hmt takes float32 models" in message
     assert "return model.float()" in message
+
+
+class _Versioned(torch.nn.Module):
+    """Reads the state dict's version metadata, as torchvision's MNASNet does (it raised
+    ValueError 'version should be set to 1 or 2 instead of None' for a safetensors file, which
+    holds no metadata, and train-supernet --torchvision mnasnet0_5 ended in exit 70)."""
+
+    _version = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 2)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, local_metadata: dict, *args: object) -> None:  # type: ignore[override]
+        if local_metadata.get("version") not in (1, 2):
+            raise ValueError(f"version should be set to 1 or 2 instead of {local_metadata.get('version')}")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, *args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
+def test_weights_load_into_a_module_that_reads_its_version(tmp_path: Path, suffix: str) -> None:
+    source = _Versioned()
+    path = tmp_path / f"w{suffix}"
+    state = {k: v.clone() for k, v in source.state_dict().items()}
+    save_file(state, str(path)) if suffix == ".safetensors" else torch.save(source.state_dict(), path)
+    net = _Versioned()
+    apply_weights(net, path)
+    assert torch.equal(net.fc.weight, source.fc.weight)
+
+
+class _Refusing(torch.nn.Linear):
+    def _load_from_state_dict(self, *args: object) -> None:  # type: ignore[override]
+        raise ValueError("this layer refuses the file")
+
+
+def test_a_module_refusing_its_weights_is_an_input_error_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "w.safetensors"
+    save_file({k: v.clone() for k, v in torch.nn.Linear(3, 2).state_dict().items()}, str(path))
+    with pytest.raises(InputError) as caught:
+        apply_weights(_Refusing(3, 2), path)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"{path}: weights do not fit the model: ")
+    assert "ValueError: this layer refuses the file" in message
