@@ -425,7 +425,17 @@ def _write(out_dir: Path, config: TrainConfig, net: ElastifiedSupernet, spec: Mo
     from safetensors.torch import save_file
 
     from hmt.artifacts import ArtifactWriter
-    from hmt.supernet.artifact import CALIBRATION, CURVES, HISTORY, KIND, MODEL, SPACE, VARIANTS, WEIGHTS
+    from hmt.supernet.artifact import (
+        CALIBRATION,
+        CURVES,
+        HISTORY,
+        KIND,
+        MODEL,
+        SPACE,
+        VARIANTS,
+        WEIGHTS,
+        weights_for_file,
+    )
     from hmt.supernet.train.report import plot_curves
 
     model_info = {
@@ -447,7 +457,7 @@ def _write(out_dir: Path, config: TrainConfig, net: ElastifiedSupernet, spec: Mo
     with ArtifactWriter(Path(out_dir), kind=KIND, config=config_json, force=force,
                         inputs=[p for p in (config.data_path, config.pretrained, spec.file, spec.weights) if p]
                         ) as writer:
-        state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
+        state = weights_for_file(net)
         save_file(state, str(writer.path(WEIGHTS)))
         writer.write_json(SPACE, net.space.to_json_dict())
         writer.write_bytes(MODEL, json.dumps(model_info, indent=2, sort_keys=True).encode())

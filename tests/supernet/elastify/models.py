@@ -249,3 +249,11 @@ class SequenceAsImage(nn.Module):
 
 def sequence_as_image() -> nn.Module:
     return SequenceAsImage()
+
+
+def tied_resnet() -> nn.Module:
+    """The tiny ResNet with two blocks' second convolutions sharing one weight (weight tying)."""
+    net = tiny_resnet()
+    blocks = net.layers
+    blocks[1].conv2.weight = blocks[0].conv2.weight  # type: ignore[union-attr,index]
+    return net
