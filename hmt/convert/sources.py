@@ -12,6 +12,7 @@ import re
 import sys
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -96,10 +97,10 @@ def load_factory_module(spec: str) -> torch.nn.Module:
     module_spec = importlib.util.spec_from_file_location(module_name, path)
     if module_spec is None or module_spec.loader is None:
         raise InputError(f"{path}: cannot be imported as a Python module")
-    module = importlib.util.module_from_spec(module_spec)
+    module, loader = importlib.util.module_from_spec(module_spec), module_spec.loader
     sys.modules[module_name] = module
     try:
-        module_spec.loader.exec_module(module)
+        _with_torchvision(lambda: loader.exec_module(module))
     except Exception as exc:
         sys.modules.pop(module_name, None)
         raise ModelError(f"{path}: importing the model file failed: {type(exc).__name__}: {exc}"
@@ -108,7 +109,7 @@ def load_factory_module(spec: str) -> torch.nn.Module:
     if not callable(factory):
         raise InputError(f"{path}: defines no function {func_name!r}")
     try:
-        net = factory()
+        net = _with_torchvision(factory)
     except Exception as exc:
         raise ModelError(f"{path}:{func_name}() raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(net, torch.nn.Module):
@@ -119,6 +120,50 @@ def load_factory_module(spec: str) -> torch.nn.Module:
         raise ModelError(f"{path}:{func_name}() returned a model with {', '.join(dtypes)} weights; hmt takes float32 "
                          "models (precisions are hmt's to choose: pareto --precision): return model.float()")
     return net.eval()
+
+
+def import_torchvision() -> Any:
+    """``import torchvision``, also where its compiled ops do not match this torch.
+
+    PyPI's torchvision wheels link CUDA torch; with CPU torch their ``_C`` library fails to
+    load and ``torchvision._meta_registrations`` then dies registering ``torchvision::nms`` and
+    ``qnms``. The models need none of those ops, so declare the two schemas and import again.
+    """
+    import torch
+
+    try:
+        import torchvision
+
+        return torchvision
+    except ModuleNotFoundError as exc:
+        raise UsageError("--torchvision needs the torchvision package: pip install 'hmt[offline]'") from exc
+    except RuntimeError as exc:
+        if "torchvision::nms" not in str(exc):
+            raise ModelError(f"importing torchvision failed: {exc}") from exc
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        del sys.modules[name]
+    library = torch.library.Library("torchvision", "FRAGMENT")
+    for op in ("nms", "qnms"):
+        library.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _KEEP.append(library)
+    import torchvision
+
+    return torchvision
+
+
+_KEEP: list[Any] = []  # the Library object must outlive the import
+
+
+def _with_torchvision(call: Callable[[], Any]) -> Any:
+    """``call()`` (the user's file or factory); where it dies importing torchvision on its
+    ops' mismatch with this torch (see :func:`import_torchvision`), again after that import."""
+    try:
+        return call()
+    except RuntimeError as exc:
+        if "torchvision::nms" not in str(exc):
+            raise
+    import_torchvision()
+    return call()
 
 
 def _not_installed_hint(exc: Exception) -> str:

@@ -157,3 +157,28 @@ def test_a_module_refusing_its_weights_is_an_input_error_in_one_line(tmp_path: P
     message = str(caught.value)
     assert "\n" not in message and message.startswith(f"{path}: weights do not fit the model: ")
     assert "ValueError: this layer refuses the file" in message
+
+
+def test_a_model_file_importing_torchvision_loads(tmp_path: Path) -> None:
+    """PyPI's torchvision wheels link CUDA torch; with CPU torch, ``import torchvision`` dies
+    registering torchvision::nms. --torchvision worked around it, yet a model file doing its own
+    import (at the top or inside the factory) failed: 'importing the model file failed:
+    RuntimeError: operator torchvision::nms does not exist'. A fresh interpreter, so no earlier
+    test has imported torchvision already."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("torchvision") is None:
+        pytest.skip("torchvision is not installed")
+    (tmp_path / "top.py").write_text("from torchvision.models import squeezenet1_1\n"
+                                     "def build():\n    return squeezenet1_1(num_classes=10)\n")
+    (tmp_path / "inside.py").write_text("def build():\n    import torchvision\n"
+                                        "    return torchvision.models.squeezenet1_1(num_classes=10)\n")
+    code = ("import sys; from hmt.convert.sources import load_factory_module\n"
+            "for name in sys.argv[1:]:\n    print(type(load_factory_module(name + ':build')).__name__)\n")
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "top.py"), str(tmp_path / "inside.py")],
+                          capture_output=True, text=True, cwd=repo, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["SqueezeNet", "SqueezeNet"]
