@@ -231,7 +231,7 @@ def apply_weights(net: torch.nn.Module, path: Path) -> None:
     A file without torch's per-module versions (safetensors holds none) loads at the versions of
     ``net``'s own layers: the names and shapes match it exactly, so it was saved from this code.
     """
-    state = load_state_dict(path)
+    state = _with_tied(net.state_dict(), load_state_dict(path))
     mismatch = weights_mismatch(net.state_dict(), state)
     if mismatch:
         raise InputError(f"{path}: weights do not fit the model: {mismatch}")
@@ -247,6 +247,21 @@ def apply_weights(net: torch.nn.Module, path: Path) -> None:
         text = " ".join(str(exc).split())
         kind = "" if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: "
         raise InputError(f"{path}: weights do not fit the model: {kind}{text[:300]}") from exc
+
+
+def _with_tied(expected: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` with each name it lacks that is the same tensor in the model as a name it has
+    (tied weights, stored once as safetensors' save_model stores them) filled from that name."""
+    def same(tensor: Any) -> tuple[Any, ...]:
+        return tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride())
+
+    holder: dict[tuple[Any, ...], str] = {}
+    for name, tensor in expected.items():
+        if name in given and tensor.numel():
+            holder.setdefault(same(tensor), name)
+    filled = {name: given[holder[same(tensor)]] for name, tensor in expected.items()
+              if name not in given and tensor.numel() and same(tensor) in holder}
+    return _with_metadata({**given, **filled}, getattr(given, "_metadata", None)) if filled else given
 
 
 def _listed(items: list[str], shown: int = 3) -> str:

@@ -182,3 +182,34 @@ def test_a_model_file_importing_torchvision_loads(tmp_path: Path) -> None:
                           capture_output=True, text=True, cwd=repo, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["SqueezeNet", "SqueezeNet"]
+
+
+class _TiedNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 4)
+        self.b.weight = self.a.weight  # tied
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x))
+
+
+def test_weights_of_a_tied_model_saved_once_load(tmp_path: Path) -> None:
+    """safetensors' save_model (save_file refuses shared tensors) keeps one name of a tied pair;
+    the file was refused as '1 missing (b.weight)'."""
+    from safetensors.torch import save_model
+
+    source = _TiedNet()
+    path = tmp_path / "tied.safetensors"
+    save_model(source, str(path))
+    assert len(load_state_dict(path)) == len(source.state_dict()) - 1
+    net = _TiedNet()
+    apply_weights(net, path)
+    assert torch.equal(net.a.weight, source.a.weight) and torch.equal(net.b.weight, source.a.weight)
+    assert net.b.weight is net.a.weight  # still tied
+    assert torch.equal(net.b.bias, source.b.bias)
+    state = {k: v.clone() for k, v in source.state_dict().items() if k != "b.bias"}
+    save_file(state, str(path))
+    with pytest.raises(InputError, match=r"1 missing \(b\.bias\)"):  # an untied missing tensor is still refused
+        apply_weights(_TiedNet(), path)
