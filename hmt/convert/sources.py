@@ -11,6 +11,8 @@ import importlib.util
 import re
 import sys
 import uuid
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -95,10 +97,10 @@ def load_factory_module(spec: str) -> torch.nn.Module:
     module_spec = importlib.util.spec_from_file_location(module_name, path)
     if module_spec is None or module_spec.loader is None:
         raise InputError(f"{path}: cannot be imported as a Python module")
-    module = importlib.util.module_from_spec(module_spec)
+    module, loader = importlib.util.module_from_spec(module_spec), module_spec.loader
     sys.modules[module_name] = module
     try:
-        module_spec.loader.exec_module(module)
+        _with_torchvision(lambda: loader.exec_module(module))
     except Exception as exc:
         sys.modules.pop(module_name, None)
         raise ModelError(f"{path}: importing the model file failed: {type(exc).__name__}: {exc}"
@@ -107,7 +109,7 @@ def load_factory_module(spec: str) -> torch.nn.Module:
     if not callable(factory):
         raise InputError(f"{path}: defines no function {func_name!r}")
     try:
-        net = factory()
+        net = _with_torchvision(factory)
     except Exception as exc:
         raise ModelError(f"{path}:{func_name}() raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(net, torch.nn.Module):
@@ -118,6 +120,50 @@ def load_factory_module(spec: str) -> torch.nn.Module:
         raise ModelError(f"{path}:{func_name}() returned a model with {', '.join(dtypes)} weights; hmt takes float32 "
                          "models (precisions are hmt's to choose: pareto --precision): return model.float()")
     return net.eval()
+
+
+def import_torchvision() -> Any:
+    """``import torchvision``, also where its compiled ops do not match this torch.
+
+    PyPI's torchvision wheels link CUDA torch; with CPU torch their ``_C`` library fails to
+    load and ``torchvision._meta_registrations`` then dies registering ``torchvision::nms`` and
+    ``qnms``. The models need none of those ops, so declare the two schemas and import again.
+    """
+    import torch
+
+    try:
+        import torchvision
+
+        return torchvision
+    except ModuleNotFoundError as exc:
+        raise UsageError("--torchvision needs the torchvision package: pip install 'hmt[offline]'") from exc
+    except RuntimeError as exc:
+        if "torchvision::nms" not in str(exc):
+            raise ModelError(f"importing torchvision failed: {exc}") from exc
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        del sys.modules[name]
+    library = torch.library.Library("torchvision", "FRAGMENT")
+    for op in ("nms", "qnms"):
+        library.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _KEEP.append(library)
+    import torchvision
+
+    return torchvision
+
+
+_KEEP: list[Any] = []  # the Library object must outlive the import
+
+
+def _with_torchvision(call: Callable[[], Any]) -> Any:
+    """``call()`` (the user's file or factory); where it dies importing torchvision on its
+    ops' mismatch with this torch (see :func:`import_torchvision`), again after that import."""
+    try:
+        return call()
+    except RuntimeError as exc:
+        if "torchvision::nms" not in str(exc):
+            raise
+    import_torchvision()
+    return call()
 
 
 def _not_installed_hint(exc: Exception) -> str:
@@ -167,12 +213,25 @@ def load_state_dict(path: Path) -> dict[str, Any]:
             break
     if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
         raise InputError(f"{path}: expected a dict of tensor names to tensors (a state dict)")
-    return dict(data)
+    return _with_metadata(dict(data), getattr(data, "_metadata", None))
+
+
+def _with_metadata(state: dict[str, Any], metadata: Any) -> dict[str, Any]:
+    """``state`` as an OrderedDict carrying torch's per-module ``_metadata`` (the layers'
+    versions, which ``load_state_dict`` passes to each module), as ``Module.state_dict()`` gives it."""
+    ordered: Any = OrderedDict(state)
+    if metadata is not None:
+        ordered._metadata = metadata
+    return ordered
 
 
 def apply_weights(net: torch.nn.Module, path: Path) -> None:
-    """Load ``path`` into ``net`` (strict); InputError saying in one line what does not fit."""
-    state = load_state_dict(path)
+    """Load ``path`` into ``net`` (strict); InputError saying in one line what does not fit.
+
+    A file without torch's per-module versions (safetensors holds none) loads at the versions of
+    ``net``'s own layers: the names and shapes match it exactly, so it was saved from this code.
+    """
+    state = _with_tied(net.state_dict(), load_state_dict(path))
     mismatch = weights_mismatch(net.state_dict(), state)
     if mismatch:
         raise InputError(f"{path}: weights do not fit the model: {mismatch}")
@@ -180,11 +239,29 @@ def apply_weights(net: torch.nn.Module, path: Path) -> None:
     if broken:
         raise InputError(f"{path}: {len(broken)} tensor(s) hold NaN or infinite values ({_listed(broken)}); "
                          "expected the weights of a trained model: save them again from a run that did not diverge")
+    if getattr(state, "_metadata", None) is None:
+        state = _with_metadata(state, getattr(net.state_dict(), "_metadata", None))
     try:
         net.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
+    except Exception as exc:  # a layer's own _load_from_state_dict may raise anything
         text = " ".join(str(exc).split())
-        raise InputError(f"{path}: weights do not fit the model: {text[:300]}") from exc
+        kind = "" if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: "
+        raise InputError(f"{path}: weights do not fit the model: {kind}{text[:300]}") from exc
+
+
+def _with_tied(expected: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` with each name it lacks that is the same tensor in the model as a name it has
+    (tied weights, stored once as safetensors' save_model stores them) filled from that name."""
+    def same(tensor: Any) -> tuple[Any, ...]:
+        return tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride())
+
+    holder: dict[tuple[Any, ...], str] = {}
+    for name, tensor in expected.items():
+        if name in given and tensor.numel():
+            holder.setdefault(same(tensor), name)
+    filled = {name: given[holder[same(tensor)]] for name, tensor in expected.items()
+              if name not in given and tensor.numel() and same(tensor) in holder}
+    return _with_metadata({**given, **filled}, getattr(given, "_metadata", None)) if filled else given
 
 
 def _listed(items: list[str], shown: int = 3) -> str:

@@ -21,6 +21,24 @@ CURVES = "curves.png"
 CALIBRATION = "calibration.npz"
 
 
+def unshared(state: dict[str, Any]) -> dict[str, Any]:
+    """``state``'s tensors, each one sharing storage with an earlier one (tied weights, a
+    layer reused under two names) copied, as safetensors writes no shared memory; loading the
+    file into the rebuilt network, which ties them again, gives the same values."""
+    seen: set[int] = set()
+    out: dict[str, Any] = {}
+    for name, tensor in state.items():
+        pointer = tensor.untyped_storage().data_ptr()
+        out[name] = tensor.clone() if pointer in seen and tensor.numel() else tensor
+        seen.add(pointer)
+    return out
+
+
+def weights_for_file(net: Any) -> dict[str, Any]:
+    """``net``'s state dict as :data:`WEIGHTS` stores it: detached, on the CPU, contiguous, unshared."""
+    return unshared({k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()})
+
+
 @dataclass
 class LoadedSupernet:
     net: Any  # Supernet (typed loosely so this module imports without torch)

@@ -238,11 +238,17 @@ def importance(gm: fx.GraphModule, group: ChannelGroup) -> torch.Tensor:
     """L1 norm of each produced filter, times |gamma| / sigma of the first norm after it."""
     conv = gm.get_submodule(group.producer)
     score = conv.weight.detach().abs().flatten(1).sum(1).double()
-    if group.norms:
-        norm = gm.get_submodule(group.norms[0])
-        if getattr(norm, "weight", None) is not None and norm.weight.shape[0] == score.shape[0]:
-            score = score * norm.weight.detach().abs().double() / (norm.running_var.double() + norm.eps).sqrt()
-    return score
+    return scaled_by_norm(score, gm.get_submodule(group.norms[0]) if group.norms else None)
+
+
+def scaled_by_norm(score: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
+    """``score`` per channel times |gamma| / sigma of ``norm`` where it has them (a norm
+    without an affine scale or running statistics leaves the score as it is)."""
+    weight, variance = getattr(norm, "weight", None), getattr(norm, "running_var", None)
+    if weight is None or weight.shape != score.shape:
+        return score
+    score = score * weight.detach().abs().double()
+    return score if variance is None else score / (variance.double() + norm.eps).sqrt()
 
 
 def _conv_like(conv: nn.Module, **changes: int) -> nn.Module:
@@ -264,12 +270,14 @@ def _conv_like(conv: nn.Module, **changes: int) -> nn.Module:
 
 @torch.no_grad()
 def _slice_norm(norm: nn.Module, idx: torch.Tensor) -> nn.Module:
-    new = type(norm)(len(idx), eps=norm.eps, momentum=norm.momentum, affine=norm.affine)
+    new = type(norm)(len(idx), eps=norm.eps, momentum=norm.momentum, affine=norm.affine,
+                     track_running_stats=norm.track_running_stats)
     if norm.affine:
         new.weight.copy_(norm.weight[idx])
         new.bias.copy_(norm.bias[idx])
-    new.running_mean.copy_(norm.running_mean[idx])
-    new.running_var.copy_(norm.running_var[idx])
+    if norm.running_mean is not None:  # None: batch statistics in eval too (track_running_stats=False)
+        new.running_mean.copy_(norm.running_mean[idx])
+        new.running_var.copy_(norm.running_var[idx])
     return new
 
 

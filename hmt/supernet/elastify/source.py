@@ -7,7 +7,6 @@ the manifest records the source file's sha256, the factory and the weights' sha2
 from __future__ import annotations
 
 import hashlib
-import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hmt.convert.sources import import_torchvision
 from hmt.errors import InputError, ModelError, UsageError
 
 # The architectures the coverage tests and the benchmark use; any torchvision classifier
@@ -102,36 +102,6 @@ def sha256_file(path: Path | str) -> str:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def import_torchvision() -> Any:
-    """``import torchvision``, also where its compiled ops do not match this torch.
-
-    PyPI's torchvision wheels link CUDA torch; with CPU torch their ``_C`` library fails to
-    load and ``torchvision._meta_registrations`` then dies registering ``torchvision::nms`` and
-    ``qnms``. The models need none of those ops, so declare the two schemas and import again.
-    """
-    try:
-        import torchvision
-
-        return torchvision
-    except ModuleNotFoundError as exc:
-        raise UsageError("--torchvision needs the torchvision package: pip install 'hmt[offline]'") from exc
-    except RuntimeError as exc:
-        if "torchvision::nms" not in str(exc):
-            raise ModelError(f"importing torchvision failed: {exc}") from exc
-    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-        del sys.modules[name]
-    library = torch.library.Library("torchvision", "FRAGMENT")
-    for op in ("nms", "qnms"):
-        library.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    _KEEP.append(library)
-    import torchvision
-
-    return torchvision
-
-
-_KEEP: list[Any] = []  # the Library object must outlive the import
 
 
 def build_model(spec: ModelSpec, *, file_override: Path | None = None) -> nn.Module:

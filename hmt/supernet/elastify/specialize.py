@@ -347,7 +347,7 @@ def _write(out_dir: Path, loaded: Any, config: TrainConfig, run: _Run, table: An
     from safetensors.torch import save_file
 
     from hmt.artifacts import ArtifactWriter
-    from hmt.supernet.artifact import CALIBRATION, CURVES, HISTORY, MODEL, SPACE, VARIANTS, WEIGHTS
+    from hmt.supernet.artifact import CALIBRATION, CURVES, HISTORY, MODEL, SPACE, VARIANTS, WEIGHTS, weights_for_file
     from hmt.supernet.elastify.train import ELASTIFY_REPORT
     from hmt.supernet.train.config import portable_config
     from hmt.supernet.train.report import plot_curves
@@ -362,7 +362,7 @@ def _write(out_dir: Path, loaded: Any, config: TrainConfig, run: _Run, table: An
     source = loaded.model_info["elastify"].get("source")
     with ArtifactWriter(out_dir, kind=artifact.kind, config=config_json, parents=[artifact], force=force,
                         inputs=[p for p in (config.data_path,) if p]) as writer:
-        state = {k: v.detach().cpu().contiguous() for k, v in run.net.state_dict().items()}
+        state = weights_for_file(run.net)
         save_file(state, str(writer.path(WEIGHTS)))
         for name in (SPACE, MODEL, CALIBRATION, ELASTIFY_REPORT, source):
             if name and name in listed:  # copied as the parent has them

@@ -39,6 +39,7 @@ from hmt.supernet.elastify.alternatives import (
     _slice_norm,
     channel_groups,
     importance,
+    scaled_by_norm,
     spatial_dims_only,
 )
 from hmt.supernet.elastify.frozen import FrozenBatchNorm
@@ -238,10 +239,7 @@ def stream_scores(gm: fx.GraphModule, plan: SlicePlan, side: str) -> torch.Tenso
         for path, norm_path in plan.out_writers:
             w = gm.get_submodule(path).weight.detach().double()
             score = w.abs().flatten(1).sum(1)
-            norm = gm.get_submodule(norm_path) if norm_path else None
-            if norm is not None and getattr(norm, "weight", None) is not None and norm.weight.shape == score.shape:
-                score = score * norm.weight.detach().abs().double() / (norm.running_var.double() + norm.eps).sqrt()
-            parts.append(score)
+            parts.append(scaled_by_norm(score, gm.get_submodule(norm_path) if norm_path else None))
     parts = [p / p.mean().clamp_min(1e-12) for p in parts]
     return torch.stack(parts).sum(0) if parts else None
 

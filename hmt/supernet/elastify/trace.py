@@ -8,6 +8,7 @@ make the split graph differ from the original and are refused the same way.
 
 from __future__ import annotations
 
+import copy
 import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
+from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 
 from hmt.errors import ModelError
 
@@ -89,8 +91,40 @@ def _refusing_autograd_functions() -> Iterator[None]:
         torch.autograd.Function.apply = original  # type: ignore[method-assign]
 
 
+def copy_of(model: nn.Module) -> nn.Module:
+    """``copy.deepcopy(model)``; a ModelError in one line where the model cannot be copied
+    (elastification copies it: the check here, the supernet, its alternatives)."""
+    refuse_unsupported(model)
+    try:
+        return copy.deepcopy(model)
+    except Exception as exc:
+        text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        raise ModelError(f"cannot elastify: the model cannot be copied (copy.deepcopy raised {type(exc).__name__}: "
+                         f"{text}); hmt copies it to build the supernet") from exc
+
+
+def refuse_unsupported(model: nn.Module) -> None:
+    """Models torch.fx cannot trace or hmt cannot copy, refused saying what to change:
+    TorchScript, lazy layers not yet run, the deprecated hook-based weight norm."""
+    if isinstance(model, torch.jit.ScriptModule):
+        raise ModelError("cannot elastify a TorchScript module (torch.jit.script or trace): torch.fx traces the "
+                         "Python code; return the nn.Module itself from the factory")
+    lazy = [name for name, t in (*model.named_parameters(), *model.named_buffers())
+            if isinstance(t, UninitializedParameter | UninitializedBuffer)]
+    if lazy:
+        shown = ", ".join(lazy[:3]) + (f" and {len(lazy) - 3} more" if len(lazy) > 3 else "")
+        raise ModelError(f"cannot elastify: the model has uninitialized lazy parameters ({shown}); run it once on an "
+                         "example input in the factory (model(torch.zeros(...))) so their shapes are set")
+    for name, module in model.named_modules():
+        if any(type(hook).__name__ == "WeightNorm" for hook in module._forward_pre_hooks.values()):
+            raise ModelError(f"cannot elastify: module {name!r} uses torch.nn.utils.weight_norm (deprecated: its hook "
+                             "cannot be copied); use torch.nn.utils.parametrizations.weight_norm, or "
+                             "fold it into the weight with torch.nn.utils.remove_weight_norm")
+
+
 def trace_model(model: nn.Module, leaves: Sequence[str] = ()) -> fx.GraphModule:
     """Symbolically trace ``model`` (in eval mode) into a GraphModule; ModelError on failure."""
+    refuse_unsupported(model)
     known = {name for name, _ in model.named_modules()}
     unknown = [leaf for leaf in leaves if leaf not in known]
     if unknown:

@@ -32,7 +32,7 @@ from hmt.supernet.elastify.evaluate import evaluate, table_metrics
 from hmt.supernet.elastify.phases import train_elastic, train_original
 from hmt.supernet.elastify.source import ModelSpec, build_model, check_rebuilds_alone, sha256_file
 from hmt.supernet.elastify.supernet import ElastifiedSupernet, largest_error
-from hmt.supernet.elastify.trace import trace_model
+from hmt.supernet.elastify.trace import copy_of, trace_model
 from hmt.supernet.train.config import TrainConfig
 from hmt.supernet.train.distributed import DistContext
 
@@ -400,7 +400,7 @@ def _user_model(spec: ModelSpec, config: TrainConfig, num_classes: int) -> nn.Mo
     with torch.random.fork_rng():
         torch.manual_seed(derive_seed(config.seed, 0))  # the user's model's own initialisation
         model = build_model(spec if spec.torchvision is None else replace(spec, num_classes=num_classes))
-    trace_model(copy.deepcopy(model), spec.leaves)
+    trace_model(copy_of(model), spec.leaves)
     _check_output(model, spec, num_classes)
     check_rebuilds_alone(spec, model, copy_name=SOURCE_COPY)
     _check_priced(model, spec)
@@ -425,7 +425,17 @@ def _write(out_dir: Path, config: TrainConfig, net: ElastifiedSupernet, spec: Mo
     from safetensors.torch import save_file
 
     from hmt.artifacts import ArtifactWriter
-    from hmt.supernet.artifact import CALIBRATION, CURVES, HISTORY, KIND, MODEL, SPACE, VARIANTS, WEIGHTS
+    from hmt.supernet.artifact import (
+        CALIBRATION,
+        CURVES,
+        HISTORY,
+        KIND,
+        MODEL,
+        SPACE,
+        VARIANTS,
+        WEIGHTS,
+        weights_for_file,
+    )
     from hmt.supernet.train.report import plot_curves
 
     model_info = {
@@ -447,7 +457,7 @@ def _write(out_dir: Path, config: TrainConfig, net: ElastifiedSupernet, spec: Mo
     with ArtifactWriter(Path(out_dir), kind=KIND, config=config_json, force=force,
                         inputs=[p for p in (config.data_path, config.pretrained, spec.file, spec.weights) if p]
                         ) as writer:
-        state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
+        state = weights_for_file(net)
         save_file(state, str(writer.path(WEIGHTS)))
         writer.write_json(SPACE, net.space.to_json_dict())
         writer.write_bytes(MODEL, json.dumps(model_info, indent=2, sort_keys=True).encode())

@@ -15,7 +15,18 @@ from hmt.artifacts import ArtifactWriter
 from hmt.data import BatchLoader
 from hmt.errors import InputError
 from hmt.progress import ProgressCallback, no_progress
-from hmt.supernet.artifact import CALIBRATION, CURVES, HISTORY, KIND, MODEL, SPACE, VARIANTS, WEIGHTS, write_model_info
+from hmt.supernet.artifact import (
+    CALIBRATION,
+    CURVES,
+    HISTORY,
+    KIND,
+    MODEL,
+    SPACE,
+    VARIANTS,
+    WEIGHTS,
+    weights_for_file,
+    write_model_info,
+)
 from hmt.supernet.train.checkpoint import release_checkpoint_dir
 from hmt.supernet.train.config import PRESETS, TrainConfig, portable_config, resolve_config
 from hmt.supernet.train.trainer import TrainedSupernet, TrainingInterrupted, derive_seed, train_supernet_model
@@ -183,7 +194,7 @@ def _write_artifact(out_dir: Path, config: TrainConfig, trained: TrainedSupernet
     net, data, history = trained.net, trained.dataset, trained.state.history
     with ArtifactWriter(out_dir, kind=KIND, config=portable_config(config.to_json_dict(), out_dir),
                         inputs=[p for p in (config.data_path, config.pretrained) if p], force=force) as writer:
-        state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
+        state = weights_for_file(net)
         save_file(state, str(writer.path(WEIGHTS)))
         writer.write_json(SPACE, net.space.to_json_dict())
         writer.write_bytes(

@@ -249,3 +249,34 @@ class SequenceAsImage(nn.Module):
 
 def sequence_as_image() -> nn.Module:
     return SequenceAsImage()
+
+
+def tied_resnet() -> nn.Module:
+    """The tiny ResNet with two blocks' second convolutions sharing one weight (weight tying)."""
+    net = tiny_resnet()
+    blocks = net.layers
+    blocks[1].conv2.weight = blocks[0].conv2.weight  # type: ignore[union-attr,index]
+    return net
+
+
+def batch_statistics_net() -> nn.Module:
+    """Norms without running statistics (track_running_stats=False: batch statistics in eval
+    too), with and without an affine scale, in the stem, a width group and the stream."""
+    def norm(c: int, affine: bool = True) -> nn.Module:
+        return nn.BatchNorm2d(c, affine=affine, track_running_stats=False)
+
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), norm(8), nn.ReLU(),
+        Residual(nn.Sequential(nn.Conv2d(8, 16, 3, padding=1, bias=False), norm(16), nn.ReLU(),
+                               nn.Conv2d(16, 8, 3, padding=1, bias=False), norm(8, affine=False))),
+        nn.Conv2d(8, 16, 3, 2, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+
+
+class Residual(nn.Module):
+    def __init__(self, body: nn.Module) -> None:
+        super().__init__()
+        self.body = body
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + self.body(x))

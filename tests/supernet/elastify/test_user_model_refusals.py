@@ -3,6 +3,8 @@ what it got, what is supported and how to get there."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -103,3 +105,58 @@ def test_a_model_ending_in_softmax_is_refused() -> None:
         _check_output(nn.Sequential(*body, nn.Softmax(dim=1)), spec, 10)
     _check_output(nn.Sequential(*body, nn.LogSoftmax(dim=1)), spec, 10)
     _check_output(nn.Sequential(*body), spec, 10)
+
+
+def _convnet() -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+
+
+def _old_weight_norm() -> nn.Module:
+    net = _convnet()
+    with pytest.warns(FutureWarning):
+        torch.nn.utils.weight_norm(net[2])
+    return net
+
+
+def _scripted() -> nn.Module:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script is deprecated
+        return torch.jit.script(_convnet())
+
+
+def _lazy() -> nn.Module:
+    return nn.Sequential(nn.LazyConv2d(8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+
+
+@pytest.mark.parametrize(("make", "needles"), [
+    # Each ended in exit 70 (copy.deepcopy of the model) or in a refusal pointing at --leaf.
+    (_old_weight_norm, ["'2' uses torch.nn.utils.weight_norm", "parametrizations.weight_norm", "remove_weight_norm"]),
+    (_lazy, ["uninitialized lazy parameters (0.weight, 0.bias)", "once on an example input"]),
+    (_scripted, ["TorchScript module", "return the nn.Module"]),
+], ids=["old-weight-norm", "lazy", "torchscript"])
+def test_a_model_hmt_cannot_copy_or_trace_is_refused_saying_what_to_change(make: object, needles: list[str]) -> None:
+    from hmt.supernet.elastify.trace import copy_of
+
+    model = make()  # type: ignore[operator]
+    for attempt in (lambda: copy_of(model), lambda: ElastifiedSupernet(model, name="m", input_shape=(3, 8, 8))):
+        with pytest.raises(ModelError) as caught:
+            attempt()
+        message = str(caught.value)
+        assert "\n" not in message and message.startswith("cannot elastify")
+        assert "--leaf" not in message
+        for needle in needles:
+            assert needle in message
+
+
+def test_a_model_that_cannot_be_deep_copied_is_refused_in_one_line() -> None:
+    from hmt.supernet.elastify.trace import copy_of
+
+    class _NoCopy(nn.Sequential):
+        def __deepcopy__(self, memo: dict) -> nn.Module:
+            raise RuntimeError("holds a handle\nthat cannot be copied")
+
+    with pytest.raises(ModelError, match=r"^cannot elastify: the model cannot be copied \(copy\.deepcopy raised "
+                                         r"RuntimeError: holds a handle\)"):
+        copy_of(_NoCopy(*_convnet()))
