@@ -194,35 +194,26 @@ def train_supernet_command(
                 force=force,
                 notify=output.note,
             )
-        if result is None:
-            return
-        m = result.metrics
-        table = result.variants.sort_values("params", ascending=False)
-        rows = [
-            [
-                r.arch_id,
-                r.role,
-                r.exit_stage,
-                f"{100 * r.val_acc:.2f}",
-                f"{100 * r.test_acc:.2f}",
-                f"{r.params / 1e6:.3f}",
-                f"{r.macs / 1e6:.1f}",
-            ]
-            for r in table.head(12).itertuples()
-        ]
-        output.table(
-            "variants (largest 12 by parameters)",
-            ["arch id", "role", "exit", "val %", "test %", "params M", "MMACs"],
-            rows,
-        )
-        output.result(
-            {"out": str(out), "metrics": m},
-            f"wrote {out}: largest {100 * m['largest_test_acc']:.2f}% test, "
-            f"smallest {100 * m['smallest_test_acc']:.2f}% "
-            f"({m['variants_evaluated']} variants in {out / 'variants.csv'})",
-        )
+        if result is not None:
+            _report_trained(output, out, result)
 
     run_command(body, json_mode=json_mode, quiet=quiet, debug=debug)
+
+
+def _report_trained(output: Output, out: Path, result: Any) -> None:
+    """The variant table and the summary line of a preset/backbone training."""
+    m = result.metrics
+    table = result.variants.sort_values("params", ascending=False)
+    rows = [[r.arch_id, r.role, r.exit_stage, f"{100 * r.val_acc:.2f}", f"{100 * r.test_acc:.2f}",
+             f"{r.params / 1e6:.3f}", f"{r.macs / 1e6:.1f}"] for r in table.head(12).itertuples()]
+    output.table("variants (largest 12 by parameters)",
+                 ["arch id", "role", "exit", "val %", "test %", "params M", "MMACs"], rows)
+    output.result(
+        {"out": str(out), "metrics": m},
+        f"wrote {out}: largest {100 * m['largest_test_acc']:.2f}% test, "
+        f"smallest {100 * m['smallest_test_acc']:.2f}% "
+        f"({m['variants_evaluated']} variants in {out / 'variants.csv'})",
+    )
 
 
 def _list_backbones(output: Output) -> None:
