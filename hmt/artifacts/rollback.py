@@ -68,7 +68,7 @@ def _locked(path: Path) -> Iterator[None]:
         fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as exc:
         raise InputError(f"{path.parent}: cannot create the roll-back state directory ({exc.strerror or exc}); "
-                         "pass --state-dir DIR or --allow-rollback") from exc
+                         "pass --state-dir DIR (a writable folder)") from exc
     try:
         try:
             import fcntl
@@ -112,7 +112,12 @@ def _is_release(seen: Any) -> bool:
 
 
 def _write(path: Path, doc: dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Atomically; a state that cannot be written (a full or read-only disk) is refused naming it: serving
+    a signed release unrecorded would let an older one in after it."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _unwritable(path, exc) from exc
     try:
         with os.fdopen(fd, "w") as handle:
             json.dump(doc, handle, indent=2, sort_keys=True)
@@ -120,9 +125,17 @@ def _write(path: Path, doc: dict[str, Any]) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise _unwritable(path, exc) from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _unwritable(path: Path, exc: OSError) -> InputError:
+    return InputError(f"{path}: cannot record the signed release served ({exc.strerror or exc}); free space "
+                      "there or pass --state-dir DIR (a writable folder)")
 
 
 def _release(version: int | None, created_utc: str | None) -> tuple[int, str]:

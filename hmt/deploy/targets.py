@@ -29,19 +29,19 @@ from hmt.errors import DeviceError, UsageError
 ARCH_ELF_MACHINE = {"x86_64": "x86_64", "aarch64": "aarch64"}
 
 # Runtimes every target needs for ``hmt serve`` (the on-device half imports no torch).
-_BASE_RUNTIMES = ("python>=3.8 for the device half (hmt.serve's library; the hmt CLI needs 3.10)",
-                  "numpy>=1.24", "psutil>=5.9", "onnxruntime>=1.19")
+_BASE_RUNTIMES = ("python>=3.8 for the device half (hmt serve; the offline stages need 3.10)",
+                  "numpy>=1.24", "psutil>=5.9", "onnxruntime>=1.18")
 # JetPack 5 ships Python 3.8 (the device half's floor); JetPack 4 ships 3.6, below it.
 _PYTHON_FLOOR_NOTE = (
-    "the device half runs on Python 3.8 (JetPack 5's: numpy 1.24, onnxruntime 1.19, started from Python "
-    "with hmt.serve.running.session.serve_forever; the hmt CLI needs Python 3.10); on JetPack 4 (Python 3.6) "
+    "the device half runs on Python 3.8 (JetPack 5's: numpy 1.24, onnxruntime 1.19; `hmt serve BUNDLE` runs "
+    "there, the offline stages need Python 3.10); on JetPack 4 (Python 3.6) "
     "install Python 3.8 or newer beside the system one (e.g. Miniforge for aarch64, or deadsnakes' "
     "python3.8 on Ubuntu 18.04) and serve from that"
 )
 # Boards without JetPack (a Raspberry Pi OS, a generic aarch64 Linux): the same floor, no JetPack advice.
 _PYTHON_FLOOR_NOTE_PLAIN = (
-    "the device half runs on Python 3.8 or newer (numpy 1.24, onnxruntime 1.19 at the least, started from "
-    "Python with hmt.serve.running.session.serve_forever; the hmt CLI needs Python 3.10)"
+    "the device half runs on Python 3.8 or newer (numpy 1.24 and onnxruntime 1.18 at the least; `hmt serve "
+    "BUNDLE` runs there, the offline stages need Python 3.10)"
 )
 _TVM_RUNTIME_HOST = "apache-tvm 0.27 runtime (pip apache-tvm==0.27.0.post1; the .so files need this TVM version)"
 # Why Arm bundles carry no TVM libraries: a Relax module library (.so) is loaded by the

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hmt.errors import ModelError, UsageError
+from hmt.errors import DeviceError, ModelError, UsageError
 
 LEVELS = ("disable", "basic", "extended", "all")
 EXECUTION_MODES = ("sequential", "parallel")
@@ -140,9 +140,31 @@ def parse_providers(text: str | None, where: str = "--providers") -> tuple[str, 
     return names
 
 
+# The oldest ONNX Runtime that loads the graphs hmt bundles (they import the ai.onnx.ml opset 5 domain, which
+# 1.16 and 1.17 refuse to load: "Current official support for domain ai.onnx.ml is till opset 4");
+# pyproject.toml's floor for Python < 3.10 is this one (tests/runtime/test_python_floor.py).
+ORT_MIN_VERSION = (1, 18)
+
+
+def check_version(version: str) -> None:
+    """Refuse (DeviceError) an ONNX Runtime older than :data:`ORT_MIN_VERSION`, naming both: such a build
+    fails every graph with a long opset message (an older pip picks 1.16 on JetPack 5; NVIDIA's Jetson wheels
+    go back to it too)."""
+    import re
+
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None or (int(match.group(1)), int(match.group(2))) >= ORT_MIN_VERSION:
+        return
+    floor = ".".join(map(str, ORT_MIN_VERSION))
+    raise DeviceError(f"onnxruntime {version[:40]} is installed; hmt's bundles need onnxruntime >= {floor} "
+                      f"(pip install --upgrade 'onnxruntime>={floor}', after pip install --upgrade pip on "
+                      "an older pip)")
+
+
 def available_providers() -> list[str]:
     import onnxruntime as ort
 
+    check_version(str(getattr(ort, "__version__", "")))
     return list(ort.get_available_providers())
 
 

@@ -25,10 +25,11 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from hmt.artifacts import Artifact, safe_join
 from hmt.artifacts.manifest import MANIFEST_NAME, FileRecord
-from hmt.errors import ArtifactError
+from hmt.errors import ArtifactError, DeviceError
 
 _CHUNK_BYTES = 1 << 20
 
@@ -97,6 +98,55 @@ def _private_dir() -> str:
         return _PRIVATE_DIR[0]
 
 
+def _copy_error(folder: Path, source: Path, exc: OSError) -> DeviceError:
+    """A private copy that cannot be written (a full or read-only temporary folder) is this machine's
+    problem, not the bundle's: name the folder and what to do."""
+    return DeviceError(f"{folder}: cannot write the private copy of {source} that is loaded in its place "
+                       f"({exc.strerror or exc}); free space there or point TMPDIR at another folder")
+
+
+def _read_error(source: Path, exc: OSError) -> ArtifactError:
+    return ArtifactError(f"{source}: cannot be read ({exc.strerror or exc})")
+
+
+def _copy_hashed(source: Path, fd: int, copy: Path) -> tuple[int, str]:
+    """Copy ``source`` into the open ``fd`` (the file ``copy``); (size, sha256). A read error names the
+    bundle's file (ArtifactError), a write error the copy's folder (DeviceError)."""
+    digest = hashlib.sha256()
+    size = 0
+    out = os.fdopen(fd, "wb")
+    try:
+        with open(source, "rb") as handle:
+            while True:
+                try:
+                    chunk = handle.read(_CHUNK_BYTES)
+                except OSError as exc:
+                    raise _read_error(source, exc) from exc
+                if not chunk:
+                    break
+                digest.update(chunk)
+                size += len(chunk)
+                _write(out, chunk, source, copy)
+        _write(out, None, source, copy)
+    except OSError as exc:  # opening the bundle's file: reads and writes raise HmtErrors above
+        raise _read_error(source, exc) from exc
+    finally:
+        with contextlib.suppress(OSError):
+            out.close()
+    return size, digest.hexdigest()
+
+
+def _write(out: Any, chunk: bytes | None, source: Path, copy: Path) -> None:
+    """``chunk`` into the copy (None: close it, which flushes); a failure names the copy's folder."""
+    try:
+        if chunk is None:
+            out.close()
+        else:
+            out.write(chunk)
+    except OSError as exc:
+        raise _copy_error(copy.parent, source, exc) from exc
+
+
 @contextlib.contextmanager
 def private_copy(artifact: Artifact, relative: str) -> Iterator[tuple[Path, str]]:
     """``(path, sha256)`` of a private copy of ``relative``, hashed while copied and matched with the
@@ -104,20 +154,14 @@ def private_copy(artifact: Artifact, relative: str) -> Iterator[tuple[Path, str]
     record = _record(artifact, relative)
     source = safe_join(artifact.root, relative, what="manifest entry")
     suffix = "".join(source.suffixes[-1:])
-    fd, name = tempfile.mkstemp(prefix="lib-", suffix=suffix, dir=_private_dir())
+    try:
+        fd, name = tempfile.mkstemp(prefix="lib-", suffix=suffix, dir=_private_dir())
+    except OSError as exc:
+        raise _copy_error(Path(exc.filename or tempfile.gettempdir()), source, exc) from exc
     copy = Path(name)
     try:
-        digest = hashlib.sha256()
-        size = 0
-        try:
-            with open(source, "rb") as handle, os.fdopen(fd, "wb") as out:
-                while chunk := handle.read(_CHUNK_BYTES):
-                    digest.update(chunk)
-                    size += len(chunk)
-                    out.write(chunk)
-        except OSError as exc:
-            raise ArtifactError(f"{source}: cannot be read ({exc.strerror or exc})") from exc
-        _check(source, record, size, digest.hexdigest(), artifact.root / MANIFEST_NAME)
+        size, digest = _copy_hashed(source, fd, copy)
+        _check(source, record, size, digest, artifact.root / MANIFEST_NAME)
         os.chmod(copy, 0o500)
         yield copy, record.sha256
     finally:

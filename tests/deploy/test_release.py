@@ -103,6 +103,27 @@ def test_a_corrupt_state_file_refuses_rather_than_forgets(bundle_copy: Path, key
             load_checked_bundle(bundle_copy, trusted_key=public, rollback=RollbackPolicy(tmp_path / "state"))
 
 
+def test_a_state_that_cannot_be_written_is_one_line_naming_it(bundle_copy: Path, keys: tuple[Path, Path],
+                                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk under the state folder: the file and what to do, not an OSError without a path (exit 3
+    from the full command line, a traceback from the device one)."""
+    from hmt.artifacts import rollback
+    from hmt.errors import InputError
+
+    private, public = keys
+    _sign(bundle_copy, private, 1, OLD)
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(rollback.os, "fsync", full)
+    state = tmp_path / "state"
+    with pytest.raises(InputError, match=r"signed-releases\.json: cannot record the signed release served "
+                                         r"\(No space left on device\); free space there or pass --state-dir"):
+        load_checked_bundle(bundle_copy, trusted_key=public, rollback=RollbackPolicy(state))
+    assert not [p for p in state.iterdir() if p.suffix == ".tmp"]
+
+
 def test_state_dir_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("HMT_STATE_DIR", raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))

@@ -83,3 +83,15 @@ def test_a_bundle_without_a_front_says_where_one_comes_from() -> None:
     assert result.exit_code == UsageError.exit_code and "Traceback" not in result.output
     message = " ".join(result.output.split())
     assert "building a bundle needs --pareto" in message and "train-supernet --model" in message
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_the_python_floor_note_says_hmt_serve_runs_there_and_the_real_onnxruntime_floor(name: str) -> None:
+    """The notes told a board user to start serve from Python (hmt.serve.running.session.serve_forever)
+    on 3.8, where `hmt serve` runs (commands/device_cli.py), and named onnxruntime 1.19 as the floor."""
+    from hmt.runtime.ort import ORT_MIN_VERSION
+
+    target = get_target(name)
+    text = " ".join([*target.notes, *target.runtimes])
+    assert "serve_forever" not in text and "`hmt serve BUNDLE` runs there" in text
+    assert f"onnxruntime>={'.'.join(map(str, ORT_MIN_VERSION))}" in target.runtimes

@@ -45,9 +45,29 @@ def test_requires_python_admits_the_device_python_and_every_dependency_has_a_38_
             assert req.specifier.contains("1.26.0" if req.name == "numpy" else "1.20.0"), text
     # numpy 1.24 and onnxruntime 1.19 are the newest with Python 3.8 wheels (JetPack 5).
     assert on38["numpy"].contains("1.24.4") and on38["onnxruntime"].contains("1.19.2")
+    # onnxruntime 1.16 and 1.17 refuse the bundles' graphs (ai.onnx.ml opset 5): JetPack 5's pip 20.0, which
+    # sees no manylinux_2_28 wheel, installed 1.16.3 and serve failed every variant.
+    from hmt.runtime.ort import ORT_MIN_VERSION
+
+    floor = ".".join(map(str, ORT_MIN_VERSION))
+    assert on38["onnxruntime"].contains(f"{floor}.0") and not on38["onnxruntime"].contains("1.17.3")
     # numpy.lib.format's header readers take max_header_size from 1.24 (hmt.serve.http.inputs passes it):
     # with 1.23, which the 3.8 floor admitted, every .npy request was a 400 bad_npy.
     assert not on38["numpy"].contains("1.23.5")
+
+
+@pytest.mark.parametrize(("version", "refused"), [("1.16.3", True), ("1.17.3", True), ("1.18.0", False),
+                                                   ("1.19.2", False), ("1.20.0", False), ("2.0.0", False)])
+def test_serve_names_an_onnxruntime_too_old_for_the_bundles(version: str, refused: bool) -> None:
+    from hmt.errors import DeviceError
+    from hmt.runtime.ort import check_version
+
+    if not refused:
+        check_version(version)
+        return
+    with pytest.raises(DeviceError, match=rf"onnxruntime {version} is installed; hmt's bundles need "
+                                          r"onnxruntime >= 1\.18"):
+        check_version(version)
 
 
 @pytest.mark.skipif(PY38 is None, reason="no working python3.8 (set HMT_PY38)")

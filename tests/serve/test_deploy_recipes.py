@@ -79,6 +79,35 @@ def test_recipes_run_the_same_server() -> None:
     assert {a for a in docker if a.startswith("--")} <= flags | {"--trusted-key"}
 
 
+def _unit_settings(path: Path) -> dict[str, list[str]]:
+    settings: dict[str, list[str]] = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and not line.lstrip().startswith("#"):
+            settings.setdefault(key, []).append(value)
+    return settings
+
+
+@pytest.mark.parametrize("recipe", ["systemd", "docker"])
+def test_the_recipes_command_line_parses_on_the_python38_device_command_line(recipe: str) -> None:
+    """JetPack 5 boards run Python 3.8, where `hmt serve` is commands/device_cli.py: the unit's --access-log
+    was not one of its options, so the service failed at start there."""
+    from commands.device_cli import _parser
+
+    argv = unit_command(UNIT) if recipe == "systemd" else dockerfile_command(DOCKERFILE)
+    _parser().parse_args([*argv[2:], "--trusted-key", "/etc/hmt/bundle.pub"])
+
+
+def test_the_unit_gives_the_roll_back_state_a_writable_folder() -> None:
+    """ProtectSystem=strict and ProtectHome leave serve nowhere to record the signed releases --trusted-key
+    needs (~/.local/state/hmt is read-only): it refused to start. The state goes to the StateDirectory."""
+    settings = _unit_settings(UNIT)
+    assert "--trusted-key" in unit_command(UNIT) and settings.get("ProtectSystem") == ["strict"]
+    state = [v.partition("=")[2] for v in settings.get("Environment", []) if v.startswith("HMT_STATE_DIR=")]
+    assert state and settings.get("StateDirectory") == ["hmt-serve"] and state[0] == "/var/lib/hmt-serve"
+    assert any(line.startswith("ENV HMT_STATE_DIR=") for line in DOCKERFILE.read_text().splitlines())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["systemd", "docker"])
 def test_the_recipes_command_line_serves_a_bundle(recipe: str, bundle_dir: Path, tmp_path: Path) -> None:
