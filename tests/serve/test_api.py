@@ -139,6 +139,10 @@ def test_health_status_metrics_openapi(client: TestClient) -> None:
     infer = doc["paths"]["/v2/models/{model_name}/infer"]["post"]
     assert infer["responses"]["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/V2Error")
     assert error_code(client.get("/nope")) == "not_found"
+    long_path = "/" + "x" * 60_000  # echoed whole before: a 60 kB error body for one wrong path
+    for path in (long_path, "/v2" + long_path):
+        answer = client.get(path)
+        assert answer.status_code == 404 and len(answer.content) < 1_000 and f"({len(path)} characters)" in answer.text
     assert error_code(client.get("/v1/predict")) == "method_not_allowed"
 
 

@@ -153,6 +153,9 @@ def _guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Req
     return wrapped
 
 
+_PATH_SHOWN_CHARS = 200  # a wrong path is echoed in its error at most this long (uvicorn admits paths of 64 KiB)
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own errors (404, 405, 500) in the dialect of the path: /v1 JSON or /v2 (OIP)."""
     v2 = request.url.path.startswith(V2_PREFIX)
@@ -161,7 +164,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     status = exc.status_code
     code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
     # 405 carries Allow (RFC 9110 15.5.6); the route put it in the exception's headers.
-    message = f"{request.method} {request.url.path}: {exc.detail}"
+    path = request.url.path
+    shown = path if len(path) <= _PATH_SHOWN_CHARS else f"{path[:_PATH_SHOWN_CHARS]}... ({len(path)} characters)"
+    message = f"{request.method[:16]} {shown}: {exc.detail}"
     headers = dict(exc.headers) if exc.headers else None
     return v2_error_response(status, message, headers) if v2 else error_response(status, code, message, headers)
 
