@@ -87,6 +87,28 @@ class BlockPlan:
         return [str(n.target) for n in self.nodes if n.op == "call_module"]
 
 
+def channels_last(gm: fx.GraphModule, block: BlockPlan) -> bool:
+    """Whether ``block`` hands its features on channels-last ((N, H, W, C) or (N, L, C)), as the stages
+    of Swin-style transformers do: the last layer with weights that computes it is a Linear or
+    LayerNorm over the last axis whose output has the block's own shape, and that axis is not axis 1
+    (ConvNeXt's blocks also run a Linear channels-last, but permute back: their output is (N, C, H, W))."""
+    shape = block.out_shape
+    for node in reversed(block.nodes):
+        if node.op != "call_module":
+            continue
+        module = gm.get_submodule(str(node.target))
+        if not any(True for _ in module.parameters()):
+            continue
+        if isinstance(module, nn.Linear):
+            width = module.out_features
+        elif isinstance(module, nn.LayerNorm) and len(module.normalized_shape) == 1:
+            width = module.normalized_shape[0]
+        else:
+            return False
+        return len(shape) >= 3 and _shape(node) == shape and width == shape[-1] != shape[1]
+    return False
+
+
 @dataclass
 class ModelPlan:
     stem: BlockPlan | None

@@ -43,6 +43,7 @@ from hmt.supernet.elastify.alternatives import (
     spatial_dims_only,
 )
 from hmt.supernet.elastify.frozen import FrozenBatchNorm
+from hmt.supernet.exits import to_channels_first
 from hmt.supernet.space import WIDTH_RATIOS
 
 # Operators that turn stream widths on (opt-in, as for the built-in backbones).
@@ -367,6 +368,8 @@ def exit_forward(head: nn.Module, x: torch.Tensor, index: torch.Tensor | None) -
     """An early exit head (ExitHead) reading stream channels ``index`` of its full input."""
     if index is None:
         return head(x)
+    if getattr(head, "channels_last", False):
+        x = to_channels_first(x)
     conv, norm, act = list(head.features)
     fn = F.conv2d if isinstance(conv, nn.Conv2d) else F.conv1d
     h = act(norm(fn(x, conv.weight.index_select(1, index), conv.bias, conv.stride, conv.padding)))

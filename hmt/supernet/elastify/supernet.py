@@ -23,7 +23,7 @@ from torch import fx, nn
 from hmt.errors import ModelError
 from hmt.supernet.elastify import alternatives as alt_ops
 from hmt.supernet.elastify.frozen import freeze
-from hmt.supernet.elastify.graph import ModelPlan, plan_model, submodule_of
+from hmt.supernet.elastify.graph import ModelPlan, channels_last, plan_model, submodule_of
 from hmt.supernet.elastify.stream import INNER_WIDTHS, exit_forward, stream_levels
 from hmt.supernet.elastify.trace import propagate_shapes, trace_model
 from hmt.supernet.elastify.widths import StreamUnavailable, StreamWidths, WidthSlot
@@ -175,7 +175,10 @@ class ElastifiedSupernet(nn.Module):
         for s in range(plan.num_stages - 1):
             last = max(p for p in range(len(plan.blocks)) if plan.stages[p] == s)
             features = plan.blocks[last].out_shape  # each exit takes its stage's features, 1-D or 2-D
-            exits.append(ExitHead(len(features) - 2, int(features[1]), num_classes))
+            if channels_last(gm, plan.blocks[last]):  # (N, H, W, C): a transformer's stage (Swin, ConvNeXt)
+                exits.append(ExitHead(len(features) - 2, int(features[-1]), num_classes, channels_last=True))
+            else:
+                exits.append(ExitHead(len(features) - 2, int(features[1]), num_classes))
         exits.append(submodule_of(gm, plan.head, "Head"))
         return nn.ModuleList(exits)
 

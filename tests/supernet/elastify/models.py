@@ -280,3 +280,70 @@ class Residual(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(x + self.body(x))
+
+
+class ChannelsLastBlock(nn.Module):
+    """A transformer block's MLP half on (N, H, W, C) features, as Swin's stages run."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(channels)
+        self.fc1 = nn.Linear(channels, 2 * channels)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(2 * channels, channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(self.act(self.fc1(self.norm(x))))
+
+
+class PatchMerging(nn.Module):
+    """Swin's downsampling: 2x2 neighbours concatenated on the channel axis, then a Linear to 2C."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(4 * channels)
+        self.reduce = nn.Linear(4 * channels, 2 * channels, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = [x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]]
+        return self.reduce(self.norm(torch.cat(parts, -1)))
+
+
+class SwinLike(nn.Module):
+    """Channels-last stages ((N, H, W, C) between them): 16 channels at 8x8, then 32 at 4x4."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.embed = nn.Conv2d(3, 16, 4, 4)
+        self.stage1 = nn.Sequential(ChannelsLastBlock(16), ChannelsLastBlock(16))
+        self.merge = PatchMerging(16)
+        self.stage2 = nn.Sequential(ChannelsLastBlock(32), ChannelsLastBlock(32))
+        self.norm = nn.LayerNorm(32)
+        self.head = nn.Linear(32, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stage2(self.merge(self.stage1(self.embed(x).permute(0, 2, 3, 1))))
+        return self.head(self.norm(x).mean(dim=(1, 2)))
+
+
+def swin_like() -> nn.Module:
+    return SwinLike()
+
+
+class ConvNeXtBlock(nn.Module):
+    """ConvNeXt's block: depthwise conv, then LayerNorm and the MLP channels-last, permuted back."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(channels, channels, 7, padding=3, groups=channels)
+        self.mlp = ChannelsLastBlock(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.dw(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+def convnext_like() -> nn.Module:
+    """(N, C, H, W) between stages, though every block runs channels-last inside."""
+    return nn.Sequential(nn.Conv2d(3, 16, 4, 4), ConvNeXtBlock(16), ConvNeXtBlock(16),
+                         nn.Conv2d(16, 32, 2, 2), ConvNeXtBlock(32), ConvNeXtBlock(32),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))

@@ -16,10 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 import torch
 from torch import nn
 
+from hmt.convert.export import export_module
 from hmt.supernet.elastify.supernet import ElastifiedSupernet, largest_error
 from hmt.supernet.space import SearchSpace
 
@@ -69,6 +71,9 @@ REGISTRY: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...], tuple[str, .
     # BatchNorm without running statistics: importance and slicing read none (exit 70 with sw50).
     "user_batch_statistics": (lambda: user_models().batch_statistics_net(), (3, 16, 16),  # type: ignore[attr-defined]
                               ("w50", "sw50", "lr50", "k1", "skip")),
+    # Channels-last stages (Swin-style) and channels-last inside channels-first blocks (ConvNeXt-style).
+    "user_swin_like": (lambda: user_models().swin_like(), (3, 32, 32), ("lr50", "skip")),  # type: ignore[attr-defined]
+    "user_convnext_like": (lambda: user_models().convnext_like(), (3, 32, 32), FAST_OPERATORS),  # type: ignore[attr-defined]
 }
 CASES = [pytest.param(key, marks=pytest.mark.slow) if key in SLOW else key for key in REGISTRY]
 
@@ -94,6 +99,30 @@ def test_model_elastifies_exactly(key: str) -> None:
             assert torch.allclose(variant(x), net(x, arch), atol=1e-5, rtol=0)
         stem = net.variant_blocks(arch)[0]
         assert stem[0] == "stem" and (stem[1] == "base" or net.stream is not None)  # a slim stream slims the stem
+
+
+@pytest.mark.parametrize(("key", "last"), [("user_swin_like", True), ("user_convnext_like", False),
+                                           ("user_se_hardswish_silu_dw_maxpool_concat", False)])
+def test_early_exits_read_channels_where_the_stage_keeps_them(key: str, last: bool) -> None:
+    """A stage handing on (N, H, W, C) got an exit head built for H channels, run over the W and C
+    axes as if they were space: nothing failed, the exits were built on the wrong axis."""
+    factory, shape, operators = REGISTRY[key]
+    torch.manual_seed(0)
+    net = ElastifiedSupernet(factory().eval(), name=key, input_shape=shape, operators=operators, seed=0).eval()
+    heads = list(net.exits)[:-1]
+    assert heads, "the model has one stage: no early exit to check"
+    x = torch.randn(2, *shape)
+    for stage, head in enumerate(heads):
+        features = net.forward_stage_features(x, net.space.largest())[stage]
+        channels = features.shape[-1] if last else features.shape[1]
+        assert head.channels_last is last and head.features[0].in_channels == channels
+        assert net.run_exit(stage, features).shape == (2, 10)
+        # Through convert's exporter to ONNX Runtime (movedim(-1, 1) exported an invalid Transpose).
+        proto, _ = export_module(head, [features[:1]], input_names=["x"], what="exit head")
+        session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        with torch.no_grad():
+            expected = head(features[:1]).numpy()
+        assert np.abs(session.run(None, {"x": features[:1].numpy()})[0] - expected).max() < 1e-4
 
 
 def test_every_operator_appears_somewhere() -> None:
