@@ -16,7 +16,7 @@ from rich.console import Console
 
 from commands._output import Output, error_document, styled, write_json_document
 from hmt import __version__
-from hmt.errors import STORAGE_ERRNOS, DeviceError, HmtError, InputError
+from hmt.errors import STORAGE_ERRNOS, DeviceError, HmtError, InputError, storage_error_message
 
 T = TypeVar("T")
 
@@ -124,8 +124,7 @@ def _run_body(body: Callable[[Output], T], output: Output, err: Console, show_tr
             _internal_error(exc, err, output, show_trace)
         if show_trace:
             traceback.print_exc()
-        where = " -> ".join(str(name) for name in (exc.filename, exc.filename2) if name is not None) or "a file"
-        message = f"{where}: {exc.strerror}"
+        message = storage_error_message(exc)
         err.print(styled("error:", "bold red", message))
         output.error(message, InputError.exit_code, "InputError")
         raise typer.Exit(InputError.exit_code) from None

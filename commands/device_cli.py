@@ -192,7 +192,7 @@ def _run(args: argparse.Namespace) -> Any:
 
 def _failed(exc: BaseException, debug: bool) -> int:
     """One line and the exit code for what ended serve, as commands/app.py reports it (traceback: --debug)."""
-    from hmt.errors import STORAGE_ERRNOS, HmtError, InputError
+    from hmt.errors import STORAGE_ERRNOS, HmtError, InputError, storage_error_message
 
     if debug and not isinstance(exc, KeyboardInterrupt):
         traceback.print_exception(type(exc), exc, exc.__traceback__)
@@ -203,8 +203,7 @@ def _failed(exc: BaseException, debug: bool) -> int:
         _note(f"error: {exc}")
         return exc.exit_code
     if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:  # a full, read-only or forbidden disk
-        where = " -> ".join(str(n) for n in (exc.filename, exc.filename2) if n is not None) or "a file"
-        _note(f"error: {where}: {exc.strerror}")
+        _note(f"error: {storage_error_message(exc)}")
         return InputError.exit_code
     _note(f"internal error: {type(exc).__name__}: {exc}\nrerun with --debug for the traceback, and report it")
     return INTERNAL_ERROR_EXIT

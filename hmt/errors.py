@@ -24,6 +24,12 @@ STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG
 WRITE_ONLY_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
 
 
+def storage_error_message(exc: OSError) -> str:
+    """The one line for an OSError of :data:`STORAGE_ERRNOS`: the file(s) it names, then why."""
+    where = " -> ".join(str(name) for name in (exc.filename, exc.filename2) if name is not None) or "a file"
+    return f"{where}: {exc.strerror}"
+
+
 class HmtError(Exception):
     """Base of every error hmt raises on purpose. ``exit_code`` is what the CLI returns."""
 

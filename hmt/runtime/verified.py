@@ -25,7 +25,6 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from hmt.artifacts import Artifact, safe_join
 from hmt.artifacts.manifest import MANIFEST_NAME, FileRecord
@@ -116,7 +115,11 @@ def _copy_hashed(source: Path, fd: int, copy: Path) -> tuple[int, str]:
     size = 0
     out = os.fdopen(fd, "wb")
     try:
-        with open(source, "rb") as handle:
+        try:
+            handle = open(source, "rb")  # noqa: SIM115 - the with below closes it; open errors name the file
+        except OSError as exc:
+            raise _read_error(source, exc) from exc
+        with handle:
             while True:
                 try:
                     chunk = handle.read(_CHUNK_BYTES)
@@ -126,25 +129,18 @@ def _copy_hashed(source: Path, fd: int, copy: Path) -> tuple[int, str]:
                     break
                 digest.update(chunk)
                 size += len(chunk)
-                _write(out, chunk, source, copy)
-        _write(out, None, source, copy)
-    except OSError as exc:  # opening the bundle's file: reads and writes raise HmtErrors above
-        raise _read_error(source, exc) from exc
+                try:
+                    out.write(chunk)
+                except OSError as exc:
+                    raise _copy_error(copy.parent, source, exc) from exc
+        try:
+            out.close()  # flushes: a full disk may only say so here
+        except OSError as exc:
+            raise _copy_error(copy.parent, source, exc) from exc
     finally:
         with contextlib.suppress(OSError):
             out.close()
     return size, digest.hexdigest()
-
-
-def _write(out: Any, chunk: bytes | None, source: Path, copy: Path) -> None:
-    """``chunk`` into the copy (None: close it, which flushes); a failure names the copy's folder."""
-    try:
-        if chunk is None:
-            out.close()
-        else:
-            out.write(chunk)
-    except OSError as exc:
-        raise _copy_error(copy.parent, source, exc) from exc
 
 
 @contextlib.contextmanager

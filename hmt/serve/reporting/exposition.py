@@ -14,13 +14,15 @@ def _error_schema() -> dict[str, Any]:
     return {"$ref": "#/components/schemas/Error"}
 
 
+_ERROR_TEXT = {400: "Malformed body or header", 401: "Missing or wrong bearer token", 404: "Unknown model or version",
+               413: "Body too large", 415: "Unsupported content type",
+               422: "Tensor of the wrong shape or dtype, or not finite",
+               429: "Queue full; retry after the Retry-After seconds", 503: "Not ready, or shutting down",
+               504: "No answer within the deadline"}
+
+
 def _errors(*codes: int) -> dict[str, Any]:
-    text = {400: "Malformed body or header", 401: "Missing or wrong bearer token", 404: "Unknown model or version",
-            413: "Body too large", 415: "Unsupported content type",
-            422: "Tensor of the wrong shape or dtype, or not finite",
-            429: "Queue full; retry after the Retry-After seconds", 503: "Not ready, or shutting down",
-            504: "No answer within the deadline"}
-    return {str(c): {"description": text[c], "content": {"application/json": {"schema": _error_schema()}}}
+    return {str(c): {"description": _ERROR_TEXT[c], "content": {"application/json": {"schema": _error_schema()}}}
             for c in codes}
 
 
@@ -70,7 +72,7 @@ OIP_URL = "https://kserve.github.io/website/latest/modelserving/data_plane/v2_pr
 def _v2_paths(auth_errors: tuple[int, ...]) -> dict[str, Any]:
     """The OpenAPI items of the Open Inference Protocol routes (errors in the protocol's shape)."""
     def errors(*codes: int) -> dict[str, Any]:
-        return {str(c): {"description": _errors(c)[str(c)]["description"], "content": {"application/json": {
+        return {str(c): {"description": _ERROR_TEXT[c], "content": {"application/json": {
             "schema": {"$ref": "#/components/schemas/V2Error"}}}} for c in codes}
 
     def get(summary: str, *codes: int) -> dict[str, Any]:
